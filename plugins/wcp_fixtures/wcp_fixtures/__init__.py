@@ -1,0 +1,95 @@
+"""Fixture model architectures for worstcase_profiler (a vLLM general plugin).
+
+Entry point ``vllm.general_plugins: wcp_fixtures = wcp_fixtures:register``.
+
+Architectures (registered lazily as ``"module:Class"`` strings):
+
+* ``WcpScratchLlamaForCausalLM`` (``wcp_fixtures.scratch``): configs ``scratch``
+  (linear rule) and ``tile`` (tile rule; run with max_num_batched_tokens=512).
+  Context-scaled attention workspace on two WorkspaceManager lanes (seed 002).
+* ``WcpOvercommitLlamaForCausalLM`` (``wcp_fixtures.overcommit``): config
+  ``overcommit``.  One visible attention layer for KV planning, one KV buffer per
+  real layer, plus a recurrent state outside the budget (seed 000).
+
+``model_dir(name)`` returns the directory holding ``config.json`` for a config
+name; pass it as ``LLM(model=...)`` with ``load_format="dummy"`` and
+``skip_tokenizer_init=True``.  Pure sizing rules live in ``wcp_fixtures.rules``
+(re-exported here; importing them needs neither torch nor vLLM).
+
+Version notes: the fixtures target vLLM 0.32 (CPU here) and 0.26 (CUDA).  On
+0.26 the WorkspaceManager has no lanes, so the ``scratch``/``tile`` fixtures use
+one lane there (the lane-1 half of seed 002 is not reproducible on 0.26).  Both
+fixtures are eager-only (``enforce_eager=True``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .rules import (
+    attention_page_bytes,
+    brute_force_argmax,
+    linear_scratch_bytes,
+    overcommit_expected_bytes,
+    overcommit_num_blocks,
+    recurrent_state_bytes,
+    scratch_bytes,
+    tile_plan,
+    tile_scratch_bytes,
+    workspace_slot_bytes,
+)
+
+__all__ = [
+    "ARCHITECTURES",
+    "CONFIG_NAMES",
+    "attention_page_bytes",
+    "brute_force_argmax",
+    "linear_scratch_bytes",
+    "model_dir",
+    "overcommit_expected_bytes",
+    "overcommit_num_blocks",
+    "recurrent_state_bytes",
+    "register",
+    "scratch_bytes",
+    "tile_plan",
+    "tile_scratch_bytes",
+    "workspace_slot_bytes",
+]
+
+ARCHITECTURES: dict[str, str] = {
+    "WcpScratchLlamaForCausalLM": "wcp_fixtures.scratch:WcpScratchLlamaForCausalLM",
+    "WcpOvercommitLlamaForCausalLM": "wcp_fixtures.overcommit:WcpOvercommitLlamaForCausalLM",
+}
+
+CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "overcommit")
+
+_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def model_dir(name: str) -> Path:
+    """Directory containing the ``config.json`` of fixture config ``name``."""
+    d = _CONFIGS / name
+    if not (d / "config.json").is_file():
+        raise KeyError(f"unknown wcp fixture {name!r}; known: {', '.join(CONFIG_NAMES)}")
+    return d
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register the fixture architectures with vLLM's ModelRegistry.
+
+    Idempotent and cheap: lazy ``module:Class`` strings (nothing imports torch
+    model code here), and an architecture already present is left alone.
+    """
+    global _registered
+    if _registered:
+        return
+    from vllm import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    for arch, target in ARCHITECTURES.items():
+        if arch not in supported:
+            ModelRegistry.register_model(arch, target)
+    _registered = True

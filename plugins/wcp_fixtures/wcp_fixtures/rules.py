@@ -1,0 +1,162 @@
+"""Pure sizing rules of the fixtures (no torch, no vLLM imports).
+
+Tests and the profiler's own checks import these to compute, exactly, what a
+fixture will allocate.  Every function takes the fixture's ``config.json`` as a
+plain dict (only the ``wcp_*`` keys and a few standard Llama keys are read).
+
+Scratch fixtures (``scratch``, ``tile``)
+----------------------------------------
+``scratch_bytes(rows, kv_extent, cfg)`` is the byte count one attention layer
+requests from vLLM's WorkspaceManager in one step, where ``rows`` is the number
+of tokens in the step and ``kv_extent`` is the largest sequence length (cached
++ new tokens) in the step's attention metadata.  When a step has no attention
+metadata (vLLM's stock profile step) the fixture calls it with
+``kv_extent=1`` (the "rows-only" amount).
+
+* rule ``"linear"`` (config ``scratch``)::
+
+      scratch = rows * kv_extent * wcp_scratch_bytes_per_row_token
+
+* rule ``"tile"`` (config ``tile``): a kernel-plan-like rule whose row tile and
+  KV-split count depend on ``rows`` (``wcp_tile_tiers``: ``[max_rows, tile,
+  splits]``, first tier with ``rows <= max_rows`` wins, ``max_rows`` ``null`` =
+  unbounded)::
+
+      scratch = round_up(rows, tile(rows)) * splits(rows) * kv_extent
+                * wcp_scratch_bytes_per_row_token
+
+  It is a non-monotone step function of ``rows``.  With the shipped tiers
+  ``[[256, 64, 2], [288, 96, 3], [null, 32, 1]]`` the peak is the plateau
+  ``rows = 257..288`` (864 row-units), while ``rows = 256`` and ``rows = 512``
+  (the shipped ``max_num_batched_tokens``) both give 512 row-units; at
+  ``kv_extent = 2048`` and 32 B/row/token that is 54 MiB against 32 MiB.
+
+The WorkspaceManager rounds every request up to 256 bytes; a slot that served a
+request of ``n`` bytes holds ``workspace_slot_bytes(n)`` bytes.
+
+Overcommit fixture (``overcommit``)
+-----------------------------------
+vLLM sizes the KV block count against ONE visible attention layer, while the
+fixture allocates one buffer of that size per real decoder layer, plus a
+recurrent state of ``max_num_seqs * wcp_recurrent_state_bytes_per_slot`` that
+no KV budget sees.  ``overcommit_expected_bytes`` gives the total.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+WORKSPACE_ALIGN = 256  # vllm/v1/worker/workspace.py get_simultaneous: round_up(actual, 256)
+
+
+def _round_up(x: int, m: int) -> int:
+    return ((x + m - 1) // m) * m
+
+
+def workspace_slot_bytes(nbytes: int) -> int:
+    """Bytes a WorkspaceManager slot holds after serving one ``nbytes`` request."""
+    return _round_up(int(nbytes), WORKSPACE_ALIGN)
+
+
+def bytes_per_row_token(cfg: Mapping[str, Any]) -> int:
+    return int(cfg["wcp_scratch_bytes_per_row_token"])
+
+
+def tile_plan(rows: int, cfg: Mapping[str, Any]) -> tuple[int, int]:
+    """(tile_rows, kv_splits) the ``tile`` rule picks for ``rows``."""
+    for max_rows, tile, splits in cfg["wcp_tile_tiers"]:
+        if max_rows is None or rows <= int(max_rows):
+            return int(tile), int(splits)
+    raise ValueError(f"wcp_tile_tiers has no tier for rows={rows}; end with a null bound")
+
+
+def linear_scratch_bytes(rows: int, kv_extent: int, cfg: Mapping[str, Any]) -> int:
+    """``rows * kv_extent * bytes_per_row_token``."""
+    return int(rows) * int(kv_extent) * bytes_per_row_token(cfg)
+
+
+def tile_scratch_bytes(rows: int, kv_extent: int, cfg: Mapping[str, Any]) -> int:
+    """``round_up(rows, tile) * splits * kv_extent * bytes_per_row_token``."""
+    tile, splits = tile_plan(rows, cfg)
+    return _round_up(int(rows), tile) * splits * int(kv_extent) * bytes_per_row_token(cfg)
+
+
+def scratch_bytes(rows: int, kv_extent: int, cfg: Mapping[str, Any]) -> int:
+    """Scratch bytes ONE attention layer requests for a step of ``rows`` tokens
+    whose longest sequence is ``kv_extent`` tokens (dispatch on
+    ``cfg["wcp_scratch_rule"]``, default ``"linear"``)."""
+    if rows <= 0:
+        return 0
+    kv_extent = max(1, int(kv_extent))
+    rule = cfg.get("wcp_scratch_rule", "linear")
+    if rule == "linear":
+        return linear_scratch_bytes(rows, kv_extent, cfg)
+    if rule == "tile":
+        return tile_scratch_bytes(rows, kv_extent, cfg)
+    raise ValueError(f"unknown wcp_scratch_rule {rule!r}")
+
+
+def brute_force_argmax(
+    n: int, kv_extent: int, cfg: Mapping[str, Any]
+) -> tuple[int, int]:
+    """(rows, bytes): the smallest ``rows`` in ``1..n`` maximising
+    ``scratch_bytes(rows, kv_extent, cfg)``."""
+    best_rows, best = 0, -1
+    for rows in range(1, int(n) + 1):
+        b = scratch_bytes(rows, kv_extent, cfg)
+        if b > best:
+            best_rows, best = rows, b
+    return best_rows, best
+
+
+# ----------------------------------------------------------------- overcommit
+
+
+def attention_page_bytes(
+    cfg: Mapping[str, Any], block_size: int, dtype_bytes: int = 2
+) -> int:
+    """KV page bytes of ONE full-attention layer: ``block_size * 2 (K,V) *
+    num_kv_heads * head_dim * dtype_bytes`` (vLLM FullAttentionSpec.page_size_bytes
+    for an unquantised cache)."""
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
+    kv_heads = int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"])
+    return int(block_size) * 2 * kv_heads * head_dim * int(dtype_bytes)
+
+
+def overcommit_real_layers(cfg: Mapping[str, Any]) -> int:
+    return int(cfg["num_hidden_layers"])
+
+
+def recurrent_state_bytes(cfg: Mapping[str, Any], max_num_seqs: int) -> int:
+    """Bytes of the recurrent state allocated beside (outside) the KV budget."""
+    return int(max_num_seqs) * int(cfg.get("wcp_recurrent_state_bytes_per_slot", 0))
+
+
+def overcommit_num_blocks(
+    budget_bytes: int, cfg: Mapping[str, Any], block_size: int, dtype_bytes: int = 2
+) -> int:
+    """The block count vLLM plans when only ONE attention layer is visible."""
+    return int(budget_bytes) // attention_page_bytes(cfg, block_size, dtype_bytes)
+
+
+def overcommit_expected_bytes(
+    budget_bytes: int,
+    cfg: Mapping[str, Any],
+    *,
+    max_num_seqs: int,
+    block_size: int,
+    dtype_bytes: int = 2,
+    num_blocks: int | None = None,
+) -> int:
+    """Total bytes the overcommit fixture holds for a KV budget of
+    ``budget_bytes``: ``real_layers * num_blocks * page + max_num_seqs *
+    wcp_recurrent_state_bytes_per_slot``, where ``num_blocks = budget // page``
+    unless the engine's actual ``num_blocks`` is passed."""
+    page = attention_page_bytes(cfg, block_size, dtype_bytes)
+    if num_blocks is None:
+        num_blocks = int(budget_bytes) // page
+    return (
+        overcommit_real_layers(cfg) * int(num_blocks) * page
+        + recurrent_state_bytes(cfg, max_num_seqs)
+    )

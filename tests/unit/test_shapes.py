@@ -1,0 +1,148 @@
+"""The step plan is a pure function of the limits and never exceeds what the scheduler allows."""
+
+from __future__ import annotations
+
+import pytest
+
+from worstcase_profiler.errors import ConfigError
+from worstcase_profiler.report import Shape
+from worstcase_profiler.shapes import (
+    Limits, context_ladder, decode_batch, mixed_step, plan_fingerprint, prefill_chunk,
+    request_layout, stock_shape)
+
+LIMITS = Limits(max_model_len=4096, max_num_batched_tokens=8192, max_num_seqs=256)
+
+
+def assert_within_limits(limits: Limits, shape: Shape) -> None:
+    layout = request_layout(limits, shape)
+    assert len(layout) == shape.num_reqs
+    assert sum(q for q, _ in layout) == shape.rows
+    assert shape.rows <= limits.max_num_batched_tokens
+    for query_len, context_len in layout:
+        assert query_len >= 1 and context_len >= 0
+        assert query_len + context_len <= limits.max_model_len
+
+
+@pytest.mark.parametrize("field,value", [
+    ("max_model_len", 0), ("max_num_batched_tokens", -1), ("max_num_seqs", 0),
+    ("num_speculative_tokens", -1), ("block_size", 0), ("kv_capacity_tokens", 0),
+    ("max_model_len", 4096.0), ("max_num_seqs", True)])
+def test_limits_validation(field, value):
+    kwargs = dict(max_model_len=4096, max_num_batched_tokens=8192, max_num_seqs=256)
+    kwargs[field] = value
+    with pytest.raises(ConfigError) as err:
+        Limits(**kwargs)
+    assert field in str(err.value) and err.value.hint
+
+
+def test_limits_accept_zero_speculative_tokens_and_unknown_capacity():
+    limits = Limits(4096, 8192, 256, num_speculative_tokens=0, kv_capacity_tokens=None)
+    assert limits.max_resident_requests is None
+    assert limits.rows_per_decode == 1
+
+
+def test_prefill_chunk_sits_on_a_full_length_context():
+    shape = prefill_chunk(LIMITS, 1000)
+    assert shape == Shape(kind="prefill", rows=1000, context_len=3096, num_reqs=1)
+    assert prefill_chunk(LIMITS, 4096) == Shape(kind="prefill", rows=4096, context_len=0)
+    assert_within_limits(LIMITS, shape)
+
+
+@pytest.mark.parametrize("rows", [4097, 8191, 8192, 5000])
+def test_prefill_beyond_max_model_len_splits_into_full_extent_requests(rows):
+    shape = prefill_chunk(LIMITS, rows)
+    assert shape.num_reqs == 2
+    assert_within_limits(LIMITS, shape)
+    largest = max(q for q, _ in request_layout(LIMITS, shape))
+    assert largest + shape.context_len == LIMITS.max_model_len
+
+
+def test_prefill_rows_out_of_range():
+    with pytest.raises(ValueError):
+        prefill_chunk(LIMITS, 0)
+    with pytest.raises(ValueError):
+        prefill_chunk(LIMITS, 8193)
+
+
+def test_decode_batch_limited_by_each_limit():
+    assert decode_batch(LIMITS) == Shape(kind="decode", rows=256, context_len=4095, num_reqs=256)
+    by_tokens = Limits(4096, 100, 256)
+    assert decode_batch(by_tokens).num_reqs == 100
+    spec = Limits(4096, 8192, 256, num_speculative_tokens=3)
+    assert decode_batch(spec) == Shape(kind="decode", rows=1024, context_len=4092, num_reqs=256)
+    spec_tokens = Limits(4096, 500, 256, num_speculative_tokens=3)
+    assert decode_batch(spec_tokens).num_reqs == 125
+    by_kv = Limits(4096, 8192, 256, kv_capacity_tokens=10 * 4096 + 100)
+    assert decode_batch(by_kv).num_reqs == 10
+    tiny_kv = Limits(4096, 8192, 256, kv_capacity_tokens=16)
+    assert decode_batch(tiny_kv).num_reqs == 1  # at least one
+    for limits in (LIMITS, by_tokens, spec, spec_tokens, by_kv):
+        assert_within_limits(limits, decode_batch(limits))
+
+
+def test_kv_capacity_counts_whole_blocks():
+    odd = Limits(max_model_len=1000, max_num_batched_tokens=8192, max_num_seqs=256,
+                 block_size=16, kv_capacity_tokens=3 * 1000)
+    assert odd.tokens_per_full_request == 1008
+    assert decode_batch(odd).num_reqs == 2
+
+
+def test_mixed_step_fills_the_token_budget():
+    shape = mixed_step(LIMITS)
+    assert shape is not None and shape.kind == "mixed"
+    assert shape.num_reqs == 256
+    layout = request_layout(LIMITS, shape)
+    assert layout[:-1] == [(1, 4095)] * 255
+    prefill_rows, prefill_ctx = layout[-1]
+    assert prefill_rows == 4096 and prefill_ctx == 0  # 8192 - 255 capped at max_model_len
+    assert_within_limits(LIMITS, shape)
+
+    small = Limits(max_model_len=32768, max_num_batched_tokens=2048, max_num_seqs=64)
+    shape = mixed_step(small)
+    assert shape.rows == 2048 and shape.num_reqs == 64
+    assert request_layout(small, shape)[-1] == (2048 - 63, 32768 - (2048 - 63))
+    assert_within_limits(small, shape)
+
+
+def test_mixed_step_with_speculative_decoding():
+    limits = Limits(max_model_len=32768, max_num_batched_tokens=2048, max_num_seqs=64,
+                    num_speculative_tokens=2)
+    shape = mixed_step(limits)
+    layout = request_layout(limits, shape)
+    assert layout[:-1] == [(3, 32765)] * 63
+    assert layout[-1][0] == 2048 - 63 * 3
+    assert_within_limits(limits, shape)
+
+
+def test_mixed_step_none_when_it_would_be_a_pure_shape():
+    assert mixed_step(Limits(4096, 8192, max_num_seqs=1)) is None  # no room for a decode
+    assert mixed_step(Limits(4096, 256, max_num_seqs=256)) is None  # prefill part is 1 row
+    assert mixed_step(Limits(4096, 8192, 256, kv_capacity_tokens=4096)) is None
+    limited = mixed_step(Limits(4096, 8192, 256, kv_capacity_tokens=3 * 4096))
+    assert limited is not None and limited.num_reqs == 3
+
+
+def test_context_ladder():
+    assert context_ladder(LIMITS, 1000) == [0, 512, 1024, 2048, 3096]
+    assert context_ladder(LIMITS, 3500) == [0, 512, 596]
+    assert context_ladder(LIMITS, 4096) == [0]
+    assert context_ladder(LIMITS, 1) == [0, 512, 1024, 2048, 4095]
+    # a chunk spread over two requests tops out at the split chunk's own context
+    assert context_ladder(LIMITS, 8000) == [0, 96]
+
+
+def test_stock_shape_matches_vllm_profile_run():
+    assert stock_shape(LIMITS) == Shape(kind="stock", rows=8192, context_len=0, num_reqs=256)
+    layout = request_layout(LIMITS, stock_shape(LIMITS))
+    assert sum(q for q, _ in layout) == 8192 and {q for q, _ in layout} == {32}
+
+
+def test_plan_fingerprint_is_stable_and_order_sensitive():
+    plan = [prefill_chunk(LIMITS, r) for r in (1, 64, 8192)] + [decode_batch(LIMITS)]
+    same = [prefill_chunk(LIMITS, r) for r in (1, 64, 8192)] + [decode_batch(LIMITS)]
+    fp = plan_fingerprint(plan)
+    assert len(fp) == 16 and int(fp, 16) >= 0
+    assert fp == plan_fingerprint(same) == plan_fingerprint(iter(same))
+    assert fp != plan_fingerprint(list(reversed(plan)))
+    assert fp != plan_fingerprint(plan[:-1])
+    assert plan_fingerprint([]) == plan_fingerprint(())

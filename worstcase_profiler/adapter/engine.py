@@ -1,0 +1,306 @@
+"""The worker-side flow, called by the patches in patches.py:
+
+  determine_available_memory: stock figure (vLLM's own method) -> worst-case sweep -> grow every
+      workspace slot -> read what the process holds -> admission -> report; returns the budget.
+  initialize_from_config:     audit the KV the engine actually allocated against that budget.
+  compile_or_warm_up_model:   lock the workspace after warm-up; log the summary; write the JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+
+from .. import __version__
+from ..admission import compute_admission
+from ..errors import DoesNotFit, KVOvercommit, WcprofError
+from ..meters import meter_for
+from ..report import DeviceInfo, EngineConfig, Report, RunnerInfo
+from ..settings import ProfilerSettings
+from ..shapes import Limits
+from ..sizes import fmt_bytes
+from ..sweep import run_sweep
+from . import kv as kvmod
+from . import workspace as ws
+from .runner import is_v2_runner, make_driver
+from .versions import vllm_version
+
+log = logging.getLogger("vllm.wcprof")
+
+REPORT_ATTR = "_wcprof_report"
+BUDGET_ATTR = "_wcprof_budget"
+
+
+def limits_of(vllm_config, runner=None) -> Limits:
+    spec = vllm_config.speculative_config
+    k = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+    return Limits(
+        max_model_len=int(vllm_config.model_config.max_model_len),
+        max_num_batched_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
+        max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
+        num_speculative_tokens=k,
+        block_size=int(vllm_config.cache_config.block_size or 16),
+    )
+
+
+def _rank() -> int:
+    try:
+        from vllm.distributed import get_world_group
+
+        return int(get_world_group().rank)
+    except Exception:  # noqa: BLE001 - before distributed init (CLI tests): rank 0
+        return 0
+
+
+def _agree_max_fn():
+    """Max over every rank of the world group, on its CPU group, so that adaptive choices in the
+    sweep (bisection) are identical everywhere and no rank waits in a collective alone."""
+    try:
+        from vllm.distributed import get_world_group
+
+        group = get_world_group()
+        if group.world_size <= 1:
+            return None
+    except Exception:  # noqa: BLE001
+        return None
+    import torch
+    import torch.distributed as dist
+
+    def agree(value: int) -> int:
+        t = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group.cpu_group)
+        return int(t.item())
+
+    return agree
+
+
+def _device_info(worker) -> DeviceInfo:
+    dev = getattr(worker, "device", None)
+    if getattr(dev, "type", "cpu") == "cuda":
+        import torch
+
+        props = torch.cuda.get_device_properties(dev)
+        return DeviceInfo(kind="cuda", name=props.name, total_bytes=int(props.total_memory))
+    import psutil
+
+    return DeviceInfo(kind="cpu", name=os.uname().machine, total_bytes=int(psutil.virtual_memory().total))
+
+
+def _engine_config(vllm_config) -> EngineConfig:
+    lim = limits_of(vllm_config)
+    return EngineConfig(
+        model=str(vllm_config.model_config.model),
+        max_model_len=lim.max_model_len,
+        max_num_batched_tokens=lim.max_num_batched_tokens,
+        max_num_seqs=lim.max_num_seqs,
+        num_speculative_tokens=lim.num_speculative_tokens,
+        block_size=lim.block_size,
+        kv_cache_dtype=str(vllm_config.cache_config.cache_dtype),
+        enforce_eager=bool(vllm_config.model_config.enforce_eager),
+        gpu_memory_utilization=float(vllm_config.cache_config.gpu_memory_utilization),
+        tensor_parallel_size=int(vllm_config.parallel_config.tensor_parallel_size),
+    )
+
+
+def _attention_backends(runner) -> list[str]:
+    names = set()
+    for layer in runner.vllm_config.compilation_config.static_forward_context.values():
+        impl = getattr(layer, "impl", None)
+        if impl is not None:
+            names.add(type(impl).__name__)
+    return sorted(names)
+
+
+def _requested(worker) -> int:
+    for attr in ("requested_memory", "requested_cpu_memory"):
+        v = getattr(worker, attr, None)
+        if v:
+            return int(v)
+    raise WcprofError(f"{type(worker).__name__} exposes no requested memory figure",
+                      hint="unsupported worker class for worstcase_profiler")
+
+
+def _consumed(worker, meter) -> int:
+    """What this process holds on the device now. CUDA: free memory at worker init minus free now
+    (vLLM 0.32's total_consumed); CPU: RSS (what CPUWorker subtracts)."""
+    if meter.device_kind == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+        import gc
+
+        gc.collect()
+        torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
+        init = getattr(worker, "init_snapshot", None)
+        return int(init.free_memory - free) if init is not None else meter.consumed()
+    return meter.in_use()
+
+
+def _non_torch(meter, consumed: int) -> int:
+    if meter.device_kind == "cuda":
+        import torch
+
+        return max(0, consumed - int(torch.cuda.memory_reserved()))
+    return 0
+
+
+def _cudagraph_applied(worker) -> int:
+    est = int(getattr(worker, "cudagraph_memory_estimate", 0) or 0)
+    try:
+        import vllm.envs as envs
+
+        return est if getattr(envs, "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", True) else 0
+    except Exception:  # noqa: BLE001
+        return est
+
+
+def _progress_logger(settings: ProfilerSettings):
+    count = [0]
+
+    def on_step(result) -> None:
+        count[0] += 1
+        if settings.progress:
+            log.info("[wcprof] step %d: %s -> %s in %.2fs", count[0], result.shape.label(),
+                     fmt_bytes(result.peak_bytes), result.seconds)
+
+    return on_step
+
+
+def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
+    runner = worker.model_runner
+    vllm_config = worker.vllm_config
+    limits = limits_of(vllm_config)
+    meter = meter_for(getattr(worker, "device", "cpu"))
+    explicit = vllm_config.cache_config.kv_cache_memory_bytes
+
+    stock_kv = int(original(worker))  # vLLM's own figure, its own profile included
+
+    driver = make_driver(worker, limits, meter, _agree_max_fn())
+    tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None else meter.resolution_bytes
+    log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner",
+             limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind)
+    outcome = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
+                        context_ladder=settings.context_ladder,
+                        attribute_ops=settings.attribute_ops,
+                        on_step=_progress_logger(settings))
+
+    mgr = ws.manager()
+    wc = outcome.worstcase
+    if mgr is not None:
+        wc.workspace_slots = ws.grow_all_slots(mgr)
+        wc.workspace_bytes = ws.total_bytes(mgr)
+
+    consumed = _consumed(worker, meter) + wc.post_profile_bytes
+    requested = _requested(worker)
+    bpt = kvmod.bytes_per_token(runner)
+    curve = [(r.shape.context_len, r.peak_bytes) for r in wc.context_curve]
+    admission = compute_admission(
+        requested=requested, consumed=consumed,
+        weights=int(getattr(runner, "model_memory_usage", 0) or 0),
+        non_torch=_non_torch(meter, consumed), worst_peak=wc.peak_activation_bytes,
+        stock_peak=outcome.stock.peak_activation_bytes, cudagraph=_cudagraph_applied(worker),
+        margin=settings.margin_bytes, bytes_per_token=bpt, block_size=limits.block_size,
+        max_model_len=limits.max_model_len, explicit_kv=explicit, context_curve=curve)
+    admission.stock_kv_cache_bytes = stock_kv
+    admission.kv_tokens_stock = (stock_kv // (bpt * limits.block_size)) * limits.block_size if bpt else 0
+
+    report = Report(
+        tool_version=__version__, vllm_version=vllm_version(),
+        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        rank=_rank(), device=_device_info(worker), config=_engine_config(vllm_config),
+        runner=RunnerInfo(runner="v2" if is_v2_runner(runner) else "v1",
+                          worker=type(worker).__name__,
+                          attention_backends=_attention_backends(runner)),
+        stock=outcome.stock, worstcase=wc, admission=admission)
+    setattr(worker, REPORT_ATTR, report)
+    write_report(report, settings)
+
+    if not admission.fits and settings.mode == "enforce":
+        need = kvmod.one_request_bytes(runner, vllm_config)
+        if explicit is not None and explicit > max(admission.budget_bytes, 0) and admission.budget_bytes >= need:
+            raise DoesNotFit(
+                f"--kv-cache-memory-bytes {explicit} ({fmt_bytes(explicit)}) leaves no room for the "
+                f"worst-case step ({fmt_bytes(wc.peak_activation_bytes)} at {wc.worst_shape.label()})",
+                hint=f"use --kv-cache-memory-bytes {admission.recommended_kv_cache_memory_bytes} or less")
+        raise DoesNotFit(
+            f"after the worst-case step ({fmt_bytes(wc.peak_activation_bytes)} at "
+            f"{wc.worst_shape.label()}) the KV budget is {fmt_bytes(admission.budget_bytes)}; one "
+            f"request at max_model_len={limits.max_model_len} needs {fmt_bytes(need)}",
+            hint="lower --max-model-len or --max-num-batched-tokens, or give the engine more memory")
+
+    budget = explicit if explicit is not None else max(0, admission.budget_bytes)
+    if settings.mode == "report":
+        budget = stock_kv
+    if settings.kv_cap_bytes is not None:
+        budget = min(budget, max(settings.kv_cap_bytes, kvmod.one_request_bytes(runner, vllm_config)))
+    # Keep vLLM's own suggestion log and startup plan consistent with ours.
+    worker.peak_activation_memory = wc.peak_activation_bytes
+    worker.available_kv_cache_memory_bytes = budget
+    setattr(worker, BUDGET_ATTR, budget)
+    log.info("[wcprof] stock KV %s (peak %s) -> worst-case KV %s (peak %s at %s%s); "
+             "recommended --kv-cache-memory-bytes %d", fmt_bytes(stock_kv),
+             fmt_bytes(outcome.stock.peak_activation_bytes), fmt_bytes(admission.budget_bytes),
+             fmt_bytes(wc.peak_activation_bytes), wc.worst_shape.label(),
+             f", op {wc.worst_op}" if wc.worst_op else "",
+             admission.recommended_kv_cache_memory_bytes)
+    return int(budget)
+
+
+def initialize_from_config(worker, original, kv_cache_config, settings: ProfilerSettings):
+    meter = meter_for(getattr(worker, "device", "cpu"))
+    before = meter.consumed()
+    result = original(worker, kv_cache_config)
+    report: Report | None = getattr(worker, REPORT_ATTR, None)
+    budget = getattr(worker, BUDGET_ATTR, None)
+    if settings.kv_audit == "off" or budget is None:
+        return result
+    audit = kvmod.audit(worker.model_runner, kv_cache_config, int(budget),
+                        delta_process=meter.consumed() - before)
+    if report is not None:
+        report.kv_audit = audit
+        write_report(report, settings)
+    if audit.verdict != "ok":
+        if settings.kv_audit == "error":
+            raise KVOvercommit(
+                audit.message,
+                hint="the engine refuses to start; fix the KV planning of this model, or set "
+                     "worstcase_profiler.kv_audit=warn to start anyway")
+        log.warning("[wcprof] %s", audit.message)
+        if report is not None:
+            report.warnings.append(audit.message)
+    else:
+        log.info("[wcprof] %s", audit.message)
+    return result
+
+
+def after_warm_up(worker, settings: ProfilerSettings) -> None:
+    report: Report | None = getattr(worker, REPORT_ATTR, None)
+    mgr = ws.manager()
+    if mgr is not None and settings.lock_workspace and settings.mode == "enforce":
+        if report is not None:
+            # Warm-up may have grown a slot after the budget was fixed: say so, loudly.
+            grown = ws.total_bytes(mgr) - report.worstcase.workspace_bytes
+            if grown > 0:
+                msg = f"workspace grew by {fmt_bytes(grown)} during warm-up, after the KV budget"
+                log.warning("[wcprof] %s", msg)
+                report.warnings.append(msg)
+            report.worstcase.workspace_locked = True
+        ws.lock(mgr)
+        log.info("[wcprof] workspace locked at %s per slot; growth now raises an error naming the "
+                 "caller", fmt_bytes(max(ws.slot_sizes(mgr), default=0)))
+    if report is not None:
+        write_report(report, settings)
+
+
+def write_report(report: Report, settings: ProfilerSettings) -> None:
+    if not settings.json_path:
+        return
+    from ..render.json_report import JsonReporter
+
+    path = settings.json_path
+    if report.rank:
+        root, ext = os.path.splitext(path)
+        path = f"{root}.rank{report.rank}{ext or '.json'}"
+    JsonReporter().write(report, path)

@@ -1,0 +1,172 @@
+"""KV-cache arithmetic read from vLLM's own specs, and the allocation audit (seed 000).
+
+The audit does not trust the planner: after the engine's real KV initialisation it sums the
+bytes actually allocated — unique storages of every `kv_cache` attribute on every module of the
+model and every layer of the forward context (recurrent state included) — and compares the sum
+with the budget the worker returned. A divisor that counts one placeholder layer per group
+while one buffer is allocated per real layer shows up as a ratio near the layer count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..report import KVAudit, KVAuditGroup
+
+
+def _tensors(obj) -> Iterable:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if obj.numel() > 0:
+            yield obj
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _storage_key(t):
+    s = t.untyped_storage()
+    return (str(t.device), s.data_ptr()), s.nbytes()
+
+
+def kv_holders(runner) -> dict[str, object]:
+    """name -> kv_cache object, from the forward context and from every module of the model."""
+    holders: dict[str, object] = {}
+    ctx = runner.vllm_config.compilation_config.static_forward_context
+    for name, layer in ctx.items():
+        if hasattr(layer, "kv_cache"):
+            holders[name] = layer.kv_cache
+    known = {id(layer) for layer in ctx.values()}
+    model = getattr(runner, "model", None)
+    if model is not None:
+        for name, mod in model.named_modules():
+            kv = getattr(mod, "kv_cache", None)
+            if kv is not None and id(mod) not in known:
+                holders[name] = kv
+    for i, t in enumerate(getattr(runner, "kv_caches", []) or []):
+        holders.setdefault(f"runner.kv_caches[{i}]", t)
+    return holders
+
+
+def allocated_kv_bytes(runner) -> int:
+    seen: dict = {}
+    for obj in kv_holders(runner).values():
+        for t in _tensors(obj):
+            k, n = _storage_key(t)
+            seen[k] = max(seen.get(k, 0), n)
+    return sum(seen.values())
+
+
+def bytes_per_token(runner) -> int:
+    """KV bytes one token costs across every attention layer (per-token specs only)."""
+    total = 0.0
+    for spec in runner.get_kv_cache_spec().values():
+        bs = getattr(spec, "block_size", None)
+        if bs and hasattr(spec, "num_kv_heads"):
+            total += spec.page_size_bytes / bs
+    return int(round(total))
+
+
+def one_request_bytes(runner, vllm_config) -> int:
+    """What one request at max_model_len needs, from each layer's own spec (vLLM's check)."""
+    return sum(spec.max_memory_usage_bytes(vllm_config)
+               for spec in runner.get_kv_cache_spec().values())
+
+
+def kv_cache_config_with_blocks(runner, num_blocks: int):
+    """A KVCacheConfig of exactly `num_blocks` blocks for this runner's layers.
+
+    v26/v32: `num_gpu_blocks_override` + get_kv_cache_config_from_groups(available_memory=0), the
+    trick vLLM's own _init_minimal_kv_cache_for_profiling uses. v33: the KVCacheConfigBuilder
+    (`builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=)`; untested here).
+    """
+    vllm_config = runner.vllm_config
+    spec = runner.get_kv_cache_spec()
+    try:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
+    except ImportError:
+        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+        from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
+
+        builder = get_kv_cache_config_builder(vllm_config)
+        groups = get_kv_cache_groups_from_builder(builder, vllm_config, spec)
+        return builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=num_blocks)
+    groups = get_kv_cache_groups(vllm_config, spec)
+    cache_config = vllm_config.cache_config
+    saved = cache_config.num_gpu_blocks_override
+    cache_config.num_gpu_blocks_override = num_blocks
+    try:
+        return get_kv_cache_config_from_groups(vllm_config, groups, available_memory=0)
+    finally:
+        cache_config.num_gpu_blocks_override = saved
+
+
+def declared_bytes(kv_cache_config) -> int:
+    """What the plan says it allocates: unique backing sizes (v32+: one backing, many overlays;
+    v26: one tensor per KVCacheTensor, packed ones counted once)."""
+    seen = set()
+    total = 0
+    for t in kv_cache_config.kv_cache_tensors:
+        if getattr(t, "host_resident", False):
+            continue
+        key = (t.size, getattr(t, "block_stride", 0)) if getattr(t, "layers", None) is not None else id(t)
+        if getattr(t, "layers", None) is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        total += t.size
+    return total
+
+
+def audit(runner, kv_cache_config, budget: int, *, delta_process: int | None = None,
+          tolerance: float = 0.01) -> KVAudit:
+    """Compare what KV initialisation allocated with the budget, per group and in total."""
+    holders = kv_holders(runner)
+    seen: dict = {}
+    owner: dict = {}
+    for name, obj in holders.items():
+        for t in _tensors(obj):
+            k, n = _storage_key(t)
+            if n > seen.get(k, 0):
+                seen[k] = n
+                owner.setdefault(k, name)
+    allocated = sum(seen.values())
+
+    groups: list[KVAuditGroup] = []
+    grouped_layers: set[str] = set()
+    for gi, group in enumerate(kv_cache_config.kv_cache_groups):
+        names = list(group.layer_names)
+        grouped_layers.update(names)
+        keys = {k for k, o in owner.items() if o in names}
+        spec = group.kv_cache_spec
+        declared = kv_cache_config.num_blocks * sum(
+            getattr(spec, "page_size_bytes", 0) for _ in names)
+        groups.append(KVAuditGroup(name=f"group{gi}:{type(spec).__name__}", layers=names,
+                                   declared_bytes=declared,
+                                   allocated_bytes=sum(seen[k] for k in keys)))
+    outside = {k for k, o in owner.items() if o not in grouped_layers}
+    if outside:
+        groups.append(KVAuditGroup(
+            name="outside the plan", layers=sorted({owner[k] for k in outside}),
+            declared_bytes=0, allocated_bytes=sum(seen[k] for k in outside)))
+
+    allowed = budget
+    override = getattr(runner.vllm_config.cache_config, "num_gpu_blocks_override", None)
+    if override is not None:
+        allowed = max(budget, declared_bytes(kv_cache_config))
+    ratio = allocated / allowed if allowed > 0 else float("inf")
+    over = allocated > allowed * (1 + tolerance)
+    if over:
+        worst = max(groups, key=lambda g: g.allocated_bytes)
+        msg = (f"KV initialisation allocated {allocated} B against a budget of {allowed} B "
+               f"(x{ratio:.2f}); largest share: {worst.name} with {worst.allocated_bytes} B over "
+               f"{len(worst.layers)} layer(s)")
+    else:
+        msg = f"KV allocation within budget (x{ratio:.3f})"
+    return KVAudit(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
+                   ratio=ratio, delta_process_bytes=delta_process, groups=groups,
+                   verdict="over-budget" if over else "ok", message=msg)

@@ -1,0 +1,168 @@
+"""StepDrivers: synthetic forward passes at real KV extent through vLLM's own model runners.
+
+V1 runner (vLLM 0.26 / 0.32 GPU and CPU):
+  `_dummy_run(R, force_attention=True, profile_seq_lens=S, is_profile=True, skip_eplb=True)` builds
+  attention metadata for min(R, scheduler_config.max_num_seqs) requests, each with seq_len S. We
+  pin `scheduler_config.max_num_seqs` to the shape's request count for the call (read at call time;
+  restored in `finally`). Slot mappings are -1, so nothing is written to the KV cache.
+V2 runner: see runner_v2.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+from ..errors import DoesNotFit, UnsupportedModel
+from ..report import Shape
+from ..shapes import Limits
+from ..sweep import ProvisionalKV
+from . import kv as kvmod
+from .versions import version_tuple
+
+
+def _set_config_ctx(vllm_config):
+    try:
+        from vllm.config import set_current_vllm_config
+    except ImportError:  # pragma: no cover - very old vLLM
+        return contextlib.nullcontext()
+    return set_current_vllm_config(vllm_config)
+
+
+def is_v2_runner(runner) -> bool:
+    return type(runner).__module__.startswith(("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu."))
+
+
+class V1Driver:
+    """Drives vllm.v1.worker.gpu_model_runner.GPUModelRunner (and its CPU subclass)."""
+
+    runner_kind = "v1"
+
+    def __init__(self, runner, limits: Limits, meter, agree_max=None):
+        for attr in ("_dummy_run", "_dummy_sampler_run", "initialize_kv_cache",
+                     "_cleanup_profiling_kv_cache", "get_kv_cache_spec"):
+            if not hasattr(runner, attr):
+                raise UnsupportedModel(
+                    f"the V1 model runner {type(runner).__name__} lacks {attr}()",
+                    hint="this vLLM version is not supported by worstcase_profiler; "
+                         "run without --profiler worstcase or report the version")
+        self.runner = runner
+        self.limits = limits
+        self.meter = meter
+        self.model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        self._agree = agree_max
+        self._pool_blocks = 0
+
+    def agree_max(self, value: int) -> int:
+        return self._agree(value) if self._agree else value
+
+    # -- the stock step ---------------------------------------------------------------------
+    def run_stock(self) -> None:
+        """vLLM's own profile step, as profile_run does it (no attention metadata)."""
+        r = self.runner
+        hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
+        out = r._dummy_sampler_run(last)
+        r._sync_device() if hasattr(r, "_sync_device") else None
+        del hidden, last, out
+
+    # -- provisional KV cache -----------------------------------------------------------------
+    @contextlib.contextmanager
+    def provisional_kv(self):
+        r = self.runner
+        vllm_config = r.vllm_config
+        need_blocks = math.ceil(self.limits.max_model_len / self.limits.block_size) + 1
+        with _set_config_ctx(vllm_config):
+            cfg = kvmod.kv_cache_config_with_blocks(r, need_blocks)
+            before = self.meter.in_use()
+            try:
+                r.initialize_kv_cache(cfg, is_profiling=True)
+            except TypeError:  # v26 V1 also takes is_profiling; keep the door open
+                r.initialize_kv_cache(cfg)
+            except (MemoryError, RuntimeError) as e:
+                if "out of memory" in str(e).lower() or isinstance(e, MemoryError):
+                    raise DoesNotFit(
+                        f"a KV cache for one request at max_model_len={self.limits.max_model_len} "
+                        f"({need_blocks} blocks) does not fit next to the weights",
+                        hint="lower --max-model-len or use a device with more memory") from e
+                raise
+            grown = self.meter.in_use() - before
+            kv_bytes = kvmod.allocated_kv_bytes(r)
+            self._pool_blocks = cfg.num_blocks
+            info = ProvisionalKV(num_blocks=cfg.num_blocks, kv_bytes=kv_bytes,
+                                 post_profile_bytes=max(0, grown - kv_bytes))
+            try:
+                yield info
+            finally:
+                self._clear_block_tables()
+                r._cleanup_profiling_kv_cache()
+                self._pool_blocks = 0
+
+    # -- synthetic steps ----------------------------------------------------------------------
+    def run(self, shape: Shape) -> None:
+        r = self.runner
+        sched = r.scheduler_config
+        saved = sched.max_num_seqs
+        seq_len = shape.context_len + max(1, shape.rows // shape.num_reqs)
+        kwargs = dict(force_attention=True, profile_seq_lens=seq_len, is_profile=True,
+                      skip_eplb=True)
+        try:
+            if shape.kind == "decode":
+                sched.max_num_seqs = shape.num_reqs
+                self._fill_block_tables(shape.num_reqs, shape.context_len + r.uniform_decode_query_len)
+                kwargs["profile_seq_lens"] = shape.context_len + r.uniform_decode_query_len
+                hidden, last = r._dummy_run(shape.rows, uniform_decode=True, **kwargs)
+            elif shape.kind == "mixed":
+                # create_mixed_batch: min(max_num_seqs-1, R//2) one-token decodes + one prefill.
+                sched.max_num_seqs = shape.num_reqs
+                kwargs["profile_seq_lens"] = self.limits.max_model_len
+                self._fill_block_tables(shape.num_reqs, self.limits.max_model_len)
+                hidden, last = r._dummy_run(shape.rows, create_mixed_batch=True, **kwargs)
+            else:
+                sched.max_num_seqs = shape.num_reqs
+                self._fill_block_tables(shape.num_reqs, seq_len)
+                hidden, last = r._dummy_run(shape.rows, **kwargs)
+            out = r._dummy_sampler_run(last)
+            if hasattr(r, "_sync_device"):
+                r._sync_device()
+            del hidden, last, out
+        finally:
+            sched.max_num_seqs = saved
+
+    def _block_tables(self):
+        batch = getattr(self.runner, "input_batch", None)
+        bt = getattr(batch, "block_table", None)
+        return list(getattr(bt, "block_tables", []) or [])
+
+    def _fill_block_tables(self, num_reqs: int, seq_len: int) -> None:
+        """Give each dummy request its own blocks (wrapping when the pool runs out), so the
+        kernels read a realistic spread of pages rather than block 0 over and over."""
+        if not self._pool_blocks:
+            return
+        import numpy as np
+
+        for bt in self._block_tables():
+            arr = bt.get_numpy_array()
+            kb = int(getattr(bt, "block_size", self.limits.block_size)) or 1
+            per_kv = max(1, self.limits.block_size // kb)
+            pool = max(1, (self._pool_blocks - 1) * per_kv)
+            nb = min(arr.shape[1], math.ceil(seq_len / kb))
+            n = min(num_reqs, arr.shape[0])
+            ids = (np.arange(n * nb, dtype=np.int64) % pool + per_kv).reshape(n, nb)
+            arr[:n, :nb] = ids
+            arr[:n, nb:] = 0
+
+    def _clear_block_tables(self) -> None:
+        for bt in self._block_tables():
+            bt.clear()
+
+
+def make_driver(worker, limits: Limits, meter, agree_max=None):
+    runner = worker.model_runner
+    if is_v2_runner(runner):
+        from .runner_v2 import V2Driver
+
+        return V2Driver(runner, limits, meter, agree_max)
+    return V1Driver(runner, limits, meter, agree_max)
+
+
+__all__ = ["V1Driver", "make_driver", "is_v2_runner", "version_tuple"]

@@ -1,0 +1,56 @@
+"""vLLM's WorkspaceManager (vllm/v1/worker/workspace.py): read every (ubatch, lane) slot, grow
+them all to the worst case seen on any slot, lock after warm-up (seed 002).
+
+Private attributes used, by version (docs/vllm-hooks.md §4):
+  `_current_workspaces` (list of uint8 tensors or None, one per slot): 0.26, 0.32, 0.33
+  `_num_lanes`: 0.32, 0.33 (0.26 has no lanes: slot = ubatch)
+The CPU worker never initialises a manager; then there is nothing to grow or lock.
+"""
+
+from __future__ import annotations
+
+from ..report import WorkspaceSlot
+
+
+def manager():
+    try:
+        from vllm.v1.worker.workspace import (current_workspace_manager,
+                                              is_workspace_manager_initialized)
+    except ImportError:
+        return None
+    return current_workspace_manager() if is_workspace_manager_initialized() else None
+
+
+def _nbytes(t) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def slot_sizes(mgr) -> list[int]:
+    return [_nbytes(t) for t in mgr._current_workspaces]
+
+
+def grow_all_slots(mgr) -> list[WorkspaceSlot]:
+    """Every slot to the largest size any slot reached. Written (zeroed), so the memory is real
+    on the CPU too and the consumed figure read afterwards includes it."""
+    import torch
+
+    lanes = int(getattr(mgr, "_num_lanes", 1))
+    before = slot_sizes(mgr)
+    target = max(before, default=0)
+    out = []
+    for i, size in enumerate(before):
+        if size < target:
+            mgr._current_workspaces[i] = None
+            mgr._current_workspaces[i] = torch.zeros(target, dtype=torch.uint8,
+                                                     device=mgr._device)
+        out.append(WorkspaceSlot(ubatch=i // lanes, lane=i % lanes, bytes_before=size,
+                                 bytes_after=_nbytes(mgr._current_workspaces[i])))
+    return out
+
+
+def total_bytes(mgr) -> int:
+    return sum(slot_sizes(mgr)) if mgr is not None else 0
+
+
+def lock(mgr) -> None:
+    mgr.lock()

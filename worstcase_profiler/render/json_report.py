@@ -1,0 +1,99 @@
+"""The JSON report: the machine-readable artefact CI gates read back. Written atomically, so a
+crash or full disk never leaves a half-written report that a later `wcprof diff` would trust."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from worstcase_profiler.errors import ConfigError
+from worstcase_profiler.report import SCHEMA_VERSION, Report
+
+
+class JsonReporter:
+    def write(self, report: Report, dest: Any) -> None:
+        """dest: a path (written atomically), an open text stream, or None / "-" for stdout."""
+        payload = report.model_dump_json(indent=2) + "\n"
+        if dest is None or dest == "-":
+            sys.stdout.write(payload)
+        elif hasattr(dest, "write"):
+            dest.write(payload)
+        else:
+            write_atomically(Path(dest), payload)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Temp file in the same directory, fsync, os.replace: the destination is either the old
+    file or the complete new one, never a prefix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+            # mkstemp makes the file 0600; keep the old file's mode, else the usual 0644.
+            os.fchmod(tmp.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
+            tmp.write(text)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename itself durable; best effort (not every platform can open a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _major(version: str) -> str:
+    return str(version).split(".", 1)[0]
+
+
+def load_report(path: Any) -> Report:
+    """Read a report written by JsonReporter. ConfigError if it is missing, not JSON, not a
+    report, or from another major schema version."""
+    path = Path(path)
+    hint = "pass a file written by `wcprof --format json`"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read report {path}: {exc.strerror or exc}", hint=hint) from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not a wcprof report (not valid JSON: {exc.msg} at line "
+                          f"{exc.lineno})", hint=hint) from exc
+    if not isinstance(data, dict) or "schema_version" not in data:
+        raise ConfigError(f"{path} is not a wcprof report (no schema_version)", hint=hint)
+    found = data["schema_version"]
+    if _major(found) != _major(SCHEMA_VERSION):
+        raise ConfigError(
+            f"{path} has report schema {found}; this wcprof reads schema {SCHEMA_VERSION}",
+            hint="re-run the profile with this wcprof version, or read it with the wcprof "
+                 "that wrote it")
+    try:
+        return Report.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{path} is not a valid wcprof report: {where}: {first['msg']} "
+                          f"({exc.error_count()} problem(s))", hint=hint) from exc

@@ -1,0 +1,125 @@
+"""Profiler settings and where they come from.
+
+Three switches turn the profiler on, in this order of precedence:
+  1. `vllm serve --profiler worstcase` (the plugin adds this exact flag; it lands in 2.)
+  2. `--additional-config '{"worstcase_profiler": {...}}'` or `{"worstcase_profiler": "worstcase"}`
+  3. the environment: WCPROF_PROFILER=worstcase, WCPROF_CONFIG='{"json_path": ...}'
+     (not VLLM_-prefixed: vLLM warns about unknown VLLM_ variables).
+Disabled means the plugin changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
+
+from .errors import ConfigError
+from .sizes import parse_size
+
+CONFIG_KEY = "worstcase_profiler"
+ENV_SWITCH = "WCPROF_PROFILER"
+ENV_CONFIG = "WCPROF_CONFIG"
+PROFILER_CHOICES = ("default", "worstcase")
+
+Mode = Literal["off", "enforce", "report"]
+
+
+@dataclass(frozen=True)
+class ProfilerSettings:
+    mode: Mode = "off"
+    """enforce: the worst-case budget is what the engine gets. report: measure and report, but
+    return vLLM's own figure (used by tests that compare both on one engine)."""
+    json_path: str | None = None
+    margin_bytes: int = 64 << 20
+    tolerance_bytes: int | None = None
+    """Chord tolerance for rows coverage; None = the meter's resolution."""
+    exhaustive: bool = False
+    lock_workspace: bool = True
+    kv_audit: Literal["error", "warn", "off"] = "error"
+    context_ladder: bool = True
+    attribute_ops: bool = True
+    validate: bool = False
+    kv_cap_bytes: int | None = None
+    """Give the engine at most this much KV (the report still states the full budget). wcprof
+    uses it so a report run does not fill a CPU host with a KV cache nobody will use."""
+    progress: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+_BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops", "validate",
+              "progress"}
+
+
+def _coerce(key: str, value: Any) -> Any:
+    if key in ("margin_bytes", "tolerance_bytes", "kv_cap_bytes"):
+        return None if value is None else parse_size(value)
+    if key in _BOOL_KEYS:
+        if isinstance(value, str):
+            if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise ConfigError(f"{CONFIG_KEY}.{key} must be true/false, got {value!r}")
+            return value.lower() in ("1", "true", "yes", "on")
+        return bool(value)
+    if key == "mode":
+        if value not in ("off", "enforce", "report"):
+            raise ConfigError(f"{CONFIG_KEY}.mode must be off, enforce or report, got {value!r}")
+    if key == "kv_audit" and value not in ("error", "warn", "off"):
+        raise ConfigError(f"{CONFIG_KEY}.kv_audit must be error, warn or off, got {value!r}")
+    return value
+
+
+def from_mapping(raw: Any, base: ProfilerSettings | None = None) -> ProfilerSettings:
+    """Settings from the `worstcase_profiler` value: a profiler name or a dict of fields."""
+    base = base or ProfilerSettings()
+    if raw is None:
+        return base
+    if isinstance(raw, str):
+        return replace(base, mode=profiler_choice_to_mode(raw))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{CONFIG_KEY} must be a profiler name or an object, got {type(raw).__name__}")
+    known = {f.name for f in fields(ProfilerSettings)} - {"extra"}
+    unknown = sorted(set(raw) - known - {"profiler"})
+    if unknown:
+        raise ConfigError(f"unknown {CONFIG_KEY} setting(s): {', '.join(unknown)}",
+                          hint=f"valid settings: {', '.join(sorted(known))}")
+    values = {k: _coerce(k, v) for k, v in raw.items() if k != "profiler"}
+    if "profiler" in raw:
+        values.setdefault("mode", profiler_choice_to_mode(raw["profiler"]))
+    elif "mode" not in values and base.mode == "off":
+        values["mode"] = "enforce"  # giving settings at all means "on"
+    return replace(base, **values)
+
+
+def profiler_choice_to_mode(choice: str) -> Mode:
+    if choice not in PROFILER_CHOICES:
+        raise ConfigError(f"unknown profiler {choice!r}",
+                          hint=f"use --profiler {' or --profiler '.join(PROFILER_CHOICES)}")
+    return "enforce" if choice == "worstcase" else "off"
+
+
+def from_env(environ: dict[str, str] | None = None) -> ProfilerSettings:
+    env = os.environ if environ is None else environ
+    settings = ProfilerSettings()
+    if env.get(ENV_CONFIG):
+        try:
+            raw = json.loads(env[ENV_CONFIG])
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{ENV_CONFIG} is not valid JSON: {e}") from e
+        settings = from_mapping(raw, settings)
+    if env.get(ENV_SWITCH):
+        settings = replace(settings, mode=profiler_choice_to_mode(env[ENV_SWITCH]))
+    return settings
+
+
+def resolve(additional_config: Any, environ: dict[str, str] | None = None) -> ProfilerSettings:
+    """Environment first, then additional_config on top (the engine's own config wins)."""
+    settings = from_env(environ)
+    raw = None
+    if isinstance(additional_config, dict):
+        raw = additional_config.get(CONFIG_KEY)
+    return from_mapping(raw, settings) if raw is not None else settings

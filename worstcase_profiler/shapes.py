@@ -1,0 +1,151 @@
+"""Which synthetic steps the scheduler can form: a pure function of the engine limits.
+
+Every tensor-parallel rank derives the same plan from the same limits, and `plan_fingerprint`
+lets the ranks prove it before any step runs (a mismatch would deadlock the collectives).
+Worst case within a step means the longest KV extent each request can have: a request never
+grows past max_model_len, so a chunk of R rows sits on max_model_len - R cached tokens.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, fields
+from typing import Iterable
+
+from worstcase_profiler.errors import ConfigError
+from worstcase_profiler.report import Shape
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The scheduler limits that bound a step. kv_capacity_tokens, when known, caps how many
+    full-length requests can be resident at once."""
+
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    num_speculative_tokens: int = 0
+    block_size: int = 16
+    kv_capacity_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name == "kv_capacity_tokens":
+                continue
+            floor = 0 if f.name == "num_speculative_tokens" else 1
+            if isinstance(value, bool) or not isinstance(value, int) or value < floor:
+                raise ConfigError(
+                    f"{f.name} must be an integer >= {floor}, got {value!r}",
+                    hint=f"pass a {'non-negative' if floor == 0 else 'positive'} --"
+                         f"{f.name.replace('_', '-')} (or fix the engine config)")
+
+    @property
+    def rows_per_decode(self) -> int:
+        """A decode request schedules its next token plus every speculative token."""
+        return self.num_speculative_tokens + 1
+
+    @property
+    def tokens_per_full_request(self) -> int:
+        """KV tokens one request at max_model_len occupies, rounded up to whole blocks."""
+        return -(-self.max_model_len // self.block_size) * self.block_size
+
+    @property
+    def max_resident_requests(self) -> int | None:
+        """How many max_model_len requests the KV cache holds; None when capacity is unknown."""
+        if self.kv_capacity_tokens is None:
+            return None
+        return self.kv_capacity_tokens // self.tokens_per_full_request
+
+
+def stock_shape(limits: Limits) -> Shape:
+    """vLLM's own profile step: max_num_batched_tokens rows spread over up to max_num_seqs
+    requests, no KV."""
+    rows = limits.max_num_batched_tokens
+    return Shape(kind="stock", rows=rows, context_len=0, num_reqs=min(limits.max_num_seqs, rows))
+
+
+def prefill_chunk(limits: Limits, rows: int) -> Shape:
+    """R new tokens for one request on top of max_model_len - R cached tokens. R beyond
+    max_model_len cannot belong to one request, so it is split as evenly as possible over
+    ceil(R / max_model_len) requests, the largest of which ends exactly at max_model_len
+    (see `request_layout`). The request count is not capped by max_num_seqs: a step the
+    scheduler cannot form only over-estimates, which is the safe direction."""
+    _check_rows(limits, rows)
+    num_reqs = -(-rows // limits.max_model_len)
+    largest = -(-rows // num_reqs)
+    return Shape(kind="prefill", rows=rows, context_len=limits.max_model_len - largest,
+                 num_reqs=num_reqs)
+
+
+def decode_batch(limits: Limits) -> Shape:
+    """As many decode requests as the limits allow, each scheduling 1 + k speculative rows on
+    a full-length context."""
+    per_req = limits.rows_per_decode
+    candidates = [limits.max_num_seqs, limits.max_num_batched_tokens // per_req]
+    if limits.max_resident_requests is not None:
+        candidates.append(limits.max_resident_requests)
+    n = max(1, min(candidates))
+    return Shape(kind="decode", rows=n * per_req,
+                 context_len=max(0, limits.max_model_len - per_req), num_reqs=n)
+
+
+def mixed_step(limits: Limits) -> Shape | None:
+    """Full-context decodes (at most max_num_seqs - 1, leaving at least one row) plus one
+    prefill chunk filling the remaining rows, capped at max_model_len. num_reqs - 1 requests
+    are decodes; the shape's context_len is the prefill's. None when no decode fits (that is
+    a pure prefill) or the prefill part is no bigger than a decode (a pure decode batch)."""
+    per_req = limits.rows_per_decode
+    n_budget = limits.max_num_batched_tokens
+    candidates = [limits.max_num_seqs - 1, (n_budget - 1) // per_req]
+    if limits.max_resident_requests is not None:
+        candidates.append(limits.max_resident_requests - 1)
+    decodes = min(candidates)
+    if decodes <= 0:
+        return None
+    prefill_rows = min(n_budget - decodes * per_req, limits.max_model_len)
+    if prefill_rows <= per_req:
+        return None
+    return Shape(kind="mixed", rows=decodes * per_req + prefill_rows,
+                 context_len=limits.max_model_len - prefill_rows, num_reqs=decodes + 1)
+
+
+def request_layout(limits: Limits, shape: Shape) -> list[tuple[int, int]]:
+    """(query_len, context_len) per request: how the adapter should build `shape`.
+
+    prefill/stock: rows split evenly over num_reqs (the first rows % num_reqs get one more),
+    each on shape.context_len. decode: num_reqs x (k+1) rows on shape.context_len. mixed:
+    num_reqs - 1 full-context decodes, then the prefill chunk on shape.context_len."""
+    if shape.kind == "mixed":
+        per_req = limits.rows_per_decode
+        decodes = shape.num_reqs - 1
+        decode_ctx = max(0, limits.max_model_len - per_req)
+        prefill_rows = shape.rows - decodes * per_req
+        return [(per_req, decode_ctx)] * decodes + [(prefill_rows, shape.context_len)]
+    base, extra = divmod(shape.rows, shape.num_reqs)
+    return [(base + (1 if i < extra else 0), shape.context_len) for i in range(shape.num_reqs)]
+
+
+def context_ladder(limits: Limits, rows: int) -> list[int]:
+    """KV extents at which a chunk of `rows` is re-run: empty, 1/8, 1/4, 1/2 and full length.
+    The top rung is the prefill chunk's own context (max_model_len - rows for one request)."""
+    top = prefill_chunk(limits, rows).context_len
+    mml = limits.max_model_len
+    rungs = {0, mml // 8, mml // 4, mml // 2, top}
+    return sorted(c for c in rungs if 0 <= c <= top)
+
+
+def plan_fingerprint(shapes: Iterable[Shape]) -> str:
+    """16 hex chars of sha256 over the canonical JSON of the ordered shape list; ranks compare
+    it before running anything."""
+    canonical = json.dumps([s.model_dump(mode="json") for s in shapes], sort_keys=True,
+                           separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _check_rows(limits: Limits, rows: int) -> None:
+    if not (1 <= rows <= limits.max_num_batched_tokens):
+        raise ValueError(
+            f"rows must be in 1..max_num_batched_tokens={limits.max_num_batched_tokens}, "
+            f"got {rows}")

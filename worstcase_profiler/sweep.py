@@ -1,0 +1,166 @@
+"""The worst-case sweep, independent of vLLM: which steps run, in which order, and what the
+results mean. The engine side is a `StepDriver` (adapter/runner.py implements it over vLLM's model
+runners); unit tests drive this module with a fake driver.
+
+Order of work (identical on every rank — decisions use the rank-agreed maximum peak):
+  1. stock step: vLLM's own profile shape (max_num_batched_tokens rows, empty KV, no attention
+     metadata), measured by the same meter;
+  2. on a provisional KV cache that holds one request at max_model_len:
+     a. prefill chunks of R rows on top of max_model_len - R cached tokens, for every R in
+        1..max_num_batched_tokens (executed, or certified by the chord argument of coverage.py);
+     b. the full-context decode batch and the mixed prefill+decode step the scheduler can form;
+     c. the worst rows value at growing KV extent (the curve that says when stock runs out);
+     d. the worst shape once more with per-module hooks, to name the op that set the peak.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+from . import shapes as plan
+from .coverage import cover_rows
+from .meters import MemoryMeter, PeakAttributor
+from .report import RowsCovered, Shape, StepResult, StockFigures, WorstCase
+
+
+@dataclass
+class ProvisionalKV:
+    """What the provisional KV cache cost: its own tensors, and what else vLLM allocated while
+    initialising it (attention-metadata builders, input buffers) — memory stock leaves out."""
+
+    num_blocks: int
+    kv_bytes: int
+    post_profile_bytes: int
+
+
+class StepDriver(Protocol):
+    limits: plan.Limits
+    meter: MemoryMeter
+    model: object
+
+    def run_stock(self) -> None: ...
+
+    def provisional_kv(self) -> AbstractContextManager[ProvisionalKV]: ...
+
+    def run(self, shape: Shape) -> None: ...
+
+    def agree_max(self, value: int) -> int:
+        """Max over every rank (identity on one rank): keeps adaptive decisions identical."""
+        ...
+
+
+StepCallback = Callable[[StepResult], None]
+
+
+@dataclass
+class SweepOutcome:
+    stock: StockFigures
+    worstcase: WorstCase
+    provisional: ProvisionalKV
+    log: list[StepResult] = field(default_factory=list)
+
+
+def _timed_step(driver: StepDriver, shape: Shape, attribute: bool = False) -> StepResult:
+    meter = driver.meter
+    meter.begin()
+    t0 = time.perf_counter()
+    top = None
+    if attribute:
+        with PeakAttributor(driver.model, meter) as attr:
+            driver.run(shape)
+        top = attr.top_op
+    else:
+        driver.run(shape)
+    seconds = time.perf_counter() - t0
+    peak = driver.agree_max(meter.end())
+    return StepResult(shape=shape, peak_bytes=peak, seconds=seconds, top_op=top)
+
+
+def measure_stock(driver: StepDriver) -> StockFigures:
+    meter = driver.meter
+    meter.begin()
+    t0 = time.perf_counter()
+    driver.run_stock()
+    seconds = time.perf_counter() - t0
+    limits = driver.limits
+    shape = Shape(kind="stock", rows=limits.max_num_batched_tokens, context_len=0,
+                  num_reqs=min(limits.max_num_batched_tokens, limits.max_num_seqs))
+    # Same semantics as every synthetic step: the transient above what the step leaves live
+    # (lazy one-time initialisations land in the consumed figure instead).
+    return StockFigures(peak_activation_bytes=driver.agree_max(meter.end()), shape=shape,
+                        seconds=seconds)
+
+
+def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
+              context_ladder: bool = True, attribute_ops: bool = True,
+              on_step: StepCallback | None = None) -> SweepOutcome:
+    t_start = time.perf_counter()
+    limits = driver.limits
+    log: list[StepResult] = []
+
+    def step(shape: Shape, attribute: bool = False) -> StepResult:
+        result = _timed_step(driver, shape, attribute)
+        log.append(result)
+        if on_step:
+            on_step(result)
+        return result
+
+    stock = measure_stock(driver)
+    hi = limits.max_num_batched_tokens
+    with driver.provisional_kv() as provisional:
+        by_rows: dict[int, StepResult] = {}
+
+        def measure_rows(rows: int) -> int:
+            by_rows[rows] = step(plan.prefill_chunk(limits, rows))
+            return by_rows[rows].peak_bytes
+
+        seeds = [1 << k for k in range(hi.bit_length()) if (1 << k) <= hi]
+        rows_cov = cover_rows(measure_rows, 1, hi, tolerance=tolerance, exhaustive=exhaustive,
+                              seeds=seeds)
+        candidates = [by_rows[rows_cov.worst_rows]]
+        for extra in (plan.decode_batch(limits), plan.mixed_step(limits)):
+            if extra is not None:
+                candidates.append(step(extra))
+        # The stock step is a step vLLM itself runs: the worst case is never below it.
+        candidates.append(StepResult(shape=stock.shape, peak_bytes=stock.peak_activation_bytes,
+                                     seconds=stock.seconds))
+        worst = max(candidates, key=lambda r: r.peak_bytes)
+
+        curve: list[StepResult] = []
+        if context_ladder:
+            wr = rows_cov.worst_rows
+            for ctx in plan.context_ladder(limits, wr):
+                shape = plan.prefill_chunk(limits, wr).model_copy(update={"context_len": ctx})
+                if shape == by_rows[wr].shape:
+                    curve.append(by_rows[wr])
+                else:
+                    curve.append(step(shape))
+            worst = max([worst, *curve], key=lambda r: r.peak_bytes)
+
+        worst_op = None
+        if attribute_ops and worst.shape.kind != "stock":
+            again = step(worst.shape, attribute=True)
+            worst_op = again.top_op
+            if again.peak_bytes > worst.peak_bytes:
+                worst = again
+
+    # The chord bound covers rows never executed: the admitted peak is that bound, not just
+    # the largest executed step.
+    peak = max(worst.peak_bytes, rows_cov.bound)
+    wc = WorstCase(
+        peak_activation_bytes=peak,
+        workspace_bytes=0,
+        post_profile_bytes=provisional.post_profile_bytes,
+        worst_shape=worst.shape,
+        worst_op=worst_op,
+        rows_covered=RowsCovered(min=1, max=hi),
+        shapes_executed=len(log),
+        coverage=rows_cov.to_model(),
+        context_curve=curve,
+        steps=log,
+        seconds=time.perf_counter() - t_start,
+    )
+    return SweepOutcome(stock=stock, worstcase=wc, provisional=provisional, log=log)
