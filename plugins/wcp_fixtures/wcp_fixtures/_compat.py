@@ -5,11 +5,13 @@ Hooks used, per vLLM version (paths relative to the ``vllm/`` package):
 
 * ``v1/worker/workspace.py``
   - v0.32 (= v0.33): ``init_workspace_manager(device, num_ubatches=None,
-    num_lanes=1, alloc_context=nullcontext)`` (l.307), ``use_workspace_lane``
-    (l.38), ``WorkspaceManager._num_lanes`` / ``_current_workspaces`` (l.56-76),
-    ``get_simultaneous`` (l.181).
-  - v0.26: ``init_workspace_manager(device, num_ubatches=None)`` (l.216); there
-    are NO lanes (no ``use_workspace_lane``, no ``num_lanes``).  The scratch
+    num_lanes=1, alloc_context=nullcontext)`` (l.307),
+    ``is_workspace_manager_initialized`` (l.283), ``use_workspace_lane`` (l.38),
+    ``WorkspaceManager._num_lanes`` / ``_current_workspaces`` (``__init__``
+    l.56-76), ``get_simultaneous`` (l.181).
+  - v0.26: ``init_workspace_manager(device, num_ubatches=None)`` (l.216),
+    ``is_workspace_manager_initialized`` (l.194), ``get_simultaneous`` (l.92);
+    there are NO lanes (no ``use_workspace_lane``, no ``num_lanes``).  The scratch
     fixture degrades to ONE lane there, so the "second lane never reserved" half
     of seed 002 cannot be reproduced on v0.26; the context-scaling half can.
 * ``forward_context.py``: ``is_forward_context_available`` /
@@ -19,8 +21,9 @@ Hooks used, per vLLM version (paths relative to the ``vllm/`` package):
   dicts (speculative decoding / ubatches; element 0 is the base model's, the
   way ``get_attention_context`` reads it).
 * metadata fields: ``max_seq_len`` and ``num_actual_tokens`` exist on
-  ``CPUAttentionMetadata`` (v0.32 ``v1/attention/backends/cpu_attn.py:110``),
-  ``FlashAttentionMetadata`` (v0.26 ``flash_attn.py:232``, v0.32 ``:525``) and
+  ``CPUAttentionMetadata`` (``v1/attention/backends/cpu_attn.py`` v0.32 l.110,
+  v0.26 l.113), ``FlashAttentionMetadata`` (``flash_attn.py`` v0.32 l.513,
+  v0.26 l.232) and
   ``TritonAttentionMetadata``; ``FlashInferMetadata`` keeps ``max_seq_len`` on its
   ``prefill`` / ``decode`` parts, which we also read; last resort ``seq_lens``.
 """

