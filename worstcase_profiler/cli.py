@@ -165,12 +165,16 @@ def profile(argv: list[str]) -> int:
     try:
         llm = LLM(**{f: getattr(engine_args, f) for f in engine_args.__dataclass_fields__})
     except WcprofError:
+        if os.path.exists(report_path):
+            _emit(load_report(report_path), ns)
         raise
     except Exception as e:  # the plugin's own errors arrive wrapped by the engine: unwrap them
         cause = e
         while cause is not None and not isinstance(cause, WcprofError):
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
+            if os.path.exists(report_path):  # the report up to the refusal: show what was seen
+                _emit(load_report(report_path), ns)
             raise cause from None
         if isinstance(e, (ValueError, TypeError)):  # vLLM's own config validation
             raise ConfigError(f"vLLM refused the configuration: {e}") from None

@@ -31,6 +31,12 @@ class StepResult(BaseModel):
     peak_bytes: int = Field(description="transient peak above the pre-step baseline")
     seconds: float
     top_op: str | None = Field(None, description="module during which the peak was reached")
+    workspace_bytes: int = Field(0, description="WorkspaceManager bytes live after the step")
+
+    @property
+    def need_bytes(self) -> int:
+        """Non-KV memory the step needs: its transient plus the workspace it leaves live."""
+        return self.peak_bytes + self.workspace_bytes
 
 
 class StockFigures(BaseModel):
@@ -40,6 +46,7 @@ class StockFigures(BaseModel):
     peak_activation_bytes: int
     shape: Shape
     seconds: float
+    workspace_bytes: int = Field(0, description="workspace the stock step left live")
 
 
 class RowsCovered(BaseModel):

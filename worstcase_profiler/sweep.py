@@ -51,6 +51,10 @@ class StepDriver(Protocol):
         """Max over every rank (identity on one rank): keeps adaptive decisions identical."""
         ...
 
+    def workspace_bytes(self) -> int:
+        """Bytes the engine's WorkspaceManager holds now (0 without one)."""
+        ...
+
 
 StepCallback = Callable[[StepResult], None]
 
@@ -76,7 +80,8 @@ def _timed_step(driver: StepDriver, shape: Shape, attribute: bool = False) -> St
         driver.run(shape)
     seconds = time.perf_counter() - t0
     peak = driver.agree_max(meter.end())
-    return StepResult(shape=shape, peak_bytes=peak, seconds=seconds, top_op=top)
+    return StepResult(shape=shape, peak_bytes=peak, seconds=seconds, top_op=top,
+                      workspace_bytes=driver.agree_max(driver.workspace_bytes()))
 
 
 def measure_stock(driver: StepDriver) -> StockFigures:
@@ -91,7 +96,7 @@ def measure_stock(driver: StepDriver) -> StockFigures:
     # Same semantics as every synthetic step: the transient above what the step leaves live
     # (lazy one-time initialisations land in the consumed figure instead).
     return StockFigures(peak_activation_bytes=driver.agree_max(meter.end()), shape=shape,
-                        seconds=seconds)
+                        seconds=seconds, workspace_bytes=driver.agree_max(driver.workspace_bytes()))
 
 
 def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,

@@ -82,7 +82,7 @@ def test_terminal_stock_unsafe_with_audit_and_validation(make_report):
         warnings=["attention backend fell back to TRITON"])
     text = terminal_text(report)
     assert text.splitlines()[0].strip().startswith("STOCK UNSAFE")
-    assert "would OOM at context length 12,345" in text
+    assert "runs out at context length 12,345" in text
     assert f"KV audit: allocated {fmt_bytes(99 * GiB)} vs budget {fmt_bytes(100 * GiB)}" in text
     assert "ratio 0.990" in text
     assert f"validation: measured {fmt_bytes(3 * GiB)} vs predicted {fmt_bytes(4 * GiB)}" in text

@@ -195,12 +195,15 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     consumed = _consumed(worker, meter) + wc.post_profile_bytes
     requested = _requested(worker)
     bpt = kvmod.bytes_per_token(runner)
-    curve = [(r.shape.context_len, r.peak_bytes) for r in wc.context_curve]
+    # The stock-OOM question is about everything non-KV a step needs, workspace included: stock
+    # budgets its own step's need; a longer context needs more (seed 002).
+    curve = [(r.shape.context_len, r.need_bytes) for r in wc.context_curve]
+    stock_need = outcome.stock.peak_activation_bytes + outcome.stock.workspace_bytes
     admission = compute_admission(
         requested=requested, consumed=consumed,
         weights=int(getattr(runner, "model_memory_usage", 0) or 0),
         non_torch=_non_torch(meter, consumed), worst_peak=wc.peak_activation_bytes,
-        stock_peak=outcome.stock.peak_activation_bytes, cudagraph=_cudagraph_applied(worker),
+        stock_peak=stock_need, cudagraph=_cudagraph_applied(worker),
         margin=settings.margin_bytes, bytes_per_token=bpt, block_size=limits.block_size,
         max_model_len=limits.max_model_len, explicit_kv=explicit, context_curve=curve)
     admission.stock_kv_cache_bytes = stock_kv

@@ -18,6 +18,7 @@ from ..report import Shape
 from ..shapes import Limits
 from ..sweep import ProvisionalKV
 from . import kv as kvmod
+from . import workspace as ws
 from .versions import version_tuple
 
 
@@ -52,16 +53,22 @@ class V1Driver:
         self.model = runner.get_model() if hasattr(runner, "get_model") else runner.model
         self._agree = agree_max
         self._pool_blocks = 0
+        self._requests = ws.RequestRecorder()
 
     def agree_max(self, value: int) -> int:
         return self._agree(value) if self._agree else value
+
+    def workspace_bytes(self) -> int:
+        """Workspace the last step asked for, summed over slots."""
+        return self._requests.total()
 
     # -- the stock step ---------------------------------------------------------------------
     def run_stock(self) -> None:
         """vLLM's own profile step, as profile_run does it (no attention metadata)."""
         r = self.runner
-        hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
-        out = r._dummy_sampler_run(last)
+        with self._requests:
+            hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
+            out = r._dummy_sampler_run(last)
         r._sync_device() if hasattr(r, "_sync_device") else None
         del hidden, last, out
 
@@ -99,6 +106,10 @@ class V1Driver:
 
     # -- synthetic steps ----------------------------------------------------------------------
     def run(self, shape: Shape) -> None:
+        with self._requests:
+            self._run(shape)
+
+    def _run(self, shape: Shape) -> None:
         r = self.runner
         sched = r.scheduler_config
         saved = sched.max_num_seqs

@@ -59,6 +59,7 @@ from ..report import Shape
 from ..shapes import Limits, request_layout
 from ..sweep import ProvisionalKV
 from . import kv as kvmod
+from . import workspace as ws
 from .runner import _set_config_ctx
 
 log = logging.getLogger("vllm.wcprof")
@@ -114,9 +115,14 @@ class V2Driver:
             cudagraph_utils = None
         self._vllm_teardown = getattr(cudagraph_utils, "_teardown_profiling_state", None)
         self.injected: list[tuple[int, int, int]] = []   # (num_reqs, tokens, max seq_len) per step
+        self._requests = ws.RequestRecorder()  # workspace each step asks for, as V1Driver
 
     def agree_max(self, value: int) -> int:
         return self._agree(value) if self._agree else value
+
+    def workspace_bytes(self) -> int:
+        """Workspace the last step asked for, summed over slots."""
+        return self._requests.total()
 
     def _has_mamba(self) -> bool:
         try:
@@ -148,8 +154,9 @@ class V2Driver:
         """profile_run's step: max_num_tokens rows, skip_attn=True, is_profile=True, then the
         sampler (the MM-encoder profile of v32 profile_run is not part of it)."""
         r = self.runner
-        hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **self._common_kwargs())
-        self._sample(hidden, last)
+        with self._requests:
+            hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **self._common_kwargs())
+            self._sample(hidden, last)
         del hidden, last
 
     # -- provisional KV cache -----------------------------------------------------------------
@@ -228,6 +235,10 @@ class V2Driver:
 
     # -- synthetic steps ----------------------------------------------------------------------
     def run(self, shape: Shape) -> None:
+        with self._requests:
+            self._run(shape)
+
+    def _run(self, shape: Shape) -> None:
         r = self.runner
         layout = request_layout(self.limits, shape)
         n, rows = len(layout), sum(q for q, _ in layout)

@@ -54,3 +54,35 @@ def total_bytes(mgr) -> int:
 
 def lock(mgr) -> None:
     mgr.lock()
+
+
+class RequestRecorder:
+    """Records what each (ubatch, lane) slot was asked for during one step, by wrapping the
+    manager's `_ensure_workspace_size` on the instance (0.26, 0.32, 0.33). Slot sizes alone
+    cannot say what a step needs once an earlier step has grown the slot."""
+
+    def __init__(self) -> None:
+        self.per_slot: dict[int, int] = {}
+
+    def total(self) -> int:
+        return sum(self.per_slot.values())
+
+    def __enter__(self) -> "RequestRecorder":
+        self.per_slot.clear()
+        self._mgr = mgr = manager()
+        if mgr is None:
+            return self
+        original = mgr._ensure_workspace_size
+        slot_of = getattr(mgr, "_get_workspace_id", None)
+
+        def ensure(required_bytes, *a, **kw):
+            sid = slot_of() if slot_of is not None else 0
+            self.per_slot[sid] = max(self.per_slot.get(sid, 0), int(required_bytes))
+            return original(required_bytes, *a, **kw)
+
+        mgr._ensure_workspace_size = ensure
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._mgr is not None:
+            self._mgr.__dict__.pop("_ensure_workspace_size", None)

@@ -75,6 +75,10 @@ def comparison_table(report: Report) -> Table:
     table.add_row("peak activation", fmt_bytes(stock.peak_activation_bytes),
                   fmt_bytes(wc.peak_activation_bytes),
                   _signed_bytes(wc.peak_activation_bytes - stock.peak_activation_bytes))
+    if wc.workspace_bytes or stock.workspace_bytes:
+        table.add_row("workspace (all slots)", fmt_bytes(stock.workspace_bytes),
+                      fmt_bytes(wc.workspace_bytes),
+                      _signed_bytes(wc.workspace_bytes - stock.workspace_bytes))
     table.add_row("KV cache bytes", fmt_bytes(adm.stock_kv_cache_bytes),
                   fmt_bytes(adm.kv_cache_bytes),
                   _signed_bytes(adm.kv_cache_bytes - adm.stock_kv_cache_bytes))
@@ -106,9 +110,12 @@ def detail_lines(report: Report) -> list[Text]:
         flag.append(f"; explicit setting {fmt_bytes(adm.explicit_kv_cache_memory_bytes)}")
     lines.append(flag)
     if adm.stock_oom_context_len is not None:
-        lines.append(Text(f"stock setting would OOM at context length "
-                          f"{fmt_tokens(adm.stock_oom_context_len)} (max_model_len "
-                          f"{fmt_tokens(cfg.max_model_len)})", style="yellow"))
+        stock_need = report.stock.peak_activation_bytes + report.stock.workspace_bytes
+        worst_need = max((r.need_bytes for r in report.worstcase.context_curve), default=0)
+        lines.append(Text(f"stock setting runs out at context length "
+                          f"{fmt_tokens(adm.stock_oom_context_len)}: from there a step needs more "
+                          f"than stock reserved, up to {fmt_bytes(worst_need - stock_need)} more "
+                          f"(max_model_len {fmt_tokens(cfg.max_model_len)})", style="yellow"))
     else:
         lines.append(Text(f"stock holds up to max_model_len ({fmt_tokens(cfg.max_model_len)})"))
     lines.append(Text(coverage_line(report)))

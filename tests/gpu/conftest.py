@@ -1,0 +1,54 @@
+"""GPU tests: `wcprof --validate` on real engines (vLLM 0.26 on an H200), through bench/gpu_suite.py.
+
+  pytest tests/gpu --results DIR   read DIR/summary.json written by the suite on the GPU host
+                                   (bench/device_run.sh packs it into $OUT); runs anywhere
+  pytest tests/gpu                 run the suite here (needs CUDA and vLLM; ~6-9 min), then check
+
+Without --results every test is skipped unless torch.cuda.is_available() and vllm is importable.
+The suite runs each engine in its own process (isolation) from one driver (import-time overlap);
+the tests only read its summary (helpers: gpu_results.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from gpu_results import CASES, HERE, gpu_available, load_summary, run_suite
+
+
+def pytest_addoption(parser):
+    parser.addoption("--results", default=None, metavar="DIR",
+                     help="directory holding bench/gpu_suite.py's summary.json (read, not run)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--results") or gpu_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA and vLLM, or --results DIR from bench/gpu_suite.py")
+    for item in items:
+        if HERE in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def suite(request, tmp_path_factory) -> dict:
+    given = request.config.getoption("--results")
+    if given:
+        return load_summary(Path(given))
+    out = tmp_path_factory.mktemp("gpu-suite")
+    run_suite(out)
+    return load_summary(out)
+
+
+@pytest.fixture(params=CASES)
+def case(request, suite) -> dict:
+    name = request.param
+    if suite.get("error"):
+        pytest.fail(f"the suite did not run: {suite['error']}")
+    c = suite["by_case"].get(name)
+    if c is None:
+        pytest.fail(f"{name} is not in the suite's results (was it requested?)")
+    if c["status"] == "skipped":
+        pytest.fail(f"{name} was skipped by the suite: {c.get('detail')}")
+    return c

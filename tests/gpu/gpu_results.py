@@ -1,0 +1,66 @@
+"""Helpers for tests/gpu: where the suite's results are, how to read them (no vLLM import)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+SUITE = ROOT / "bench" / "gpu_suite.py"
+CASES = ("llama_v2", "llama_v1", "llama_graphs", "dsv32_bf16", "dsv32_fp8")
+GiB = 1 << 30
+
+
+def gpu_available() -> bool:
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def find_summary(path: Path) -> Path:
+    if path.is_file():
+        return path
+    direct = path / "summary.json"
+    if direct.exists():
+        return direct
+    found = sorted(path.rglob("summary.json"))
+    if not found:
+        raise FileNotFoundError(f"no summary.json under {path}")
+    return found[0]
+
+
+def load_summary(path: Path) -> dict:
+    summary = json.loads(find_summary(path).read_text())
+    summary["by_case"] = {c["case"]: c for c in summary.get("cases", [])}
+    return summary
+
+
+def run_suite(out: Path, timeout_s: int = 900) -> None:
+    """bench/gpu_suite.py on this machine (each engine in its own subprocess)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    subprocess.run([sys.executable, str(SUITE), "--out", str(out), *CASES], cwd=ROOT, env=env,
+                   timeout=timeout_s, check=False)
+
+
+def report_of(c: dict) -> dict:
+    r = c.get("report")
+    if r is None:
+        tail = "\n".join(c.get("log_tail", [])[-40:])
+        pytest.fail(f"{c['case']}: no report (rc={c.get('rc')}, status {c['status']})\n{tail}")
+    return r
+
+
+def gib(b: int) -> str:
+    return f"{b / GiB:.3f} GiB"

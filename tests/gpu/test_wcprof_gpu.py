@@ -1,0 +1,69 @@
+"""`wcprof --validate` on five engines (see bench/gpu_suite.py for their settings):
+
+  llama_v2      Llama 8L/2048 FA3, default runner (V2 on 0.26), eager
+  llama_v1      the same with VLLM_USE_V2_MODEL_RUNNER=0
+  llama_graphs  the same as llama_v2 with torch.compile + CUDA graphs
+  dsv32_bf16    DeepSeek-V3.2-style sparse MLA + indexer, 8 dense layers, kv_cache_dtype auto
+  dsv32_fp8     the same with kv_cache_dtype fp8 (fp8_ds_mla)
+
+max_model_len 131072, max_num_batched_tokens 8192, gpu_memory_utilization 0.5.
+"""
+
+from __future__ import annotations
+
+from gpu_results import gib, report_of
+
+EXPECTED_RUNNER = {"llama_v2": "v2", "llama_graphs": "v2", "llama_v1": "v1"}
+
+
+def test_wcprof_validate_succeeds(case):
+    r = report_of(case)
+    assert case["rc"] == 0, f"wcprof exited {case['rc']}: {case.get('log_tail', [])[-20:]}"
+    assert r["validation"] is not None, "wcprof --validate wrote no validation section"
+    assert r["kv_audit"] is None or r["kv_audit"]["verdict"] == "ok", r["kv_audit"]["message"]
+
+
+def test_worst_case_at_least_stock(case):
+    r = report_of(case)
+    worst, stock = r["worstcase"]["peak_activation_bytes"], r["stock"]["peak_activation_bytes"]
+    assert worst >= stock, f"worst-case peak {gib(worst)} < stock peak {gib(stock)}"
+
+
+def test_measured_peak_within_prediction(case):
+    v = report_of(case)["validation"]
+    assert v is not None
+    assert v["measured_peak_bytes"] <= v["predicted_peak_bytes"], (
+        f"real requests peaked at {gib(v['measured_peak_bytes'])}, above the predicted "
+        f"{gib(v['predicted_peak_bytes'])} ({v['requests']})")
+
+
+def test_every_rows_value_covered(case):
+    assert report_of(case)["worstcase"]["rows_covered"] == {"min": 1, "max": 8192}
+
+
+def test_engine_is_the_one_asked_for(case):
+    r = report_of(case)
+    name = case["case"]
+    assert r["config"]["max_model_len"] == 131072
+    assert r["config"]["max_num_batched_tokens"] == 8192
+    assert r["config"]["enforce_eager"] is (name != "llama_graphs")
+    if name in EXPECTED_RUNNER:
+        assert r["runner"]["runner"] == EXPECTED_RUNNER[name]
+    if name == "dsv32_fp8":
+        assert r["config"]["kv_cache_dtype"].startswith("fp8")
+    if name == "dsv32_bf16":
+        assert r["config"]["kv_cache_dtype"] in ("auto", "bfloat16")
+
+
+def test_v2_steps_carried_kv_context(case):
+    """On vLLM 0.26 the V2 driver injects context through prepare_dummy_attn and logs it once:
+    without that line attention ran at seq_len == query_len and the sweep measured nothing new."""
+    r = report_of(case)
+    if r["runner"]["runner"] != "v2" or not str(r["vllm_version"]).startswith("0.26"):
+        return
+    assert case["v2_injection_lines"], "no '[wcprof] V2 context injected' line in the engine log"
+    assert "131072" in case["v2_injection_lines"][0]
+
+
+def test_suite_fits_one_device_call(suite):
+    assert suite["wall_s"] <= 570, f"the GPU suite took {suite['wall_s']:.0f}s"

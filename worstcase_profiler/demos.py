@@ -1,0 +1,62 @@
+"""`wcprof demo NAME`: the bundled scenarios, each a real engine, so the failure is caught on
+screen rather than described.
+
+  tiny        the bundled tiny Llama: a correct model, audits at ratio <= 1.01
+  scratch     seed 002: attention scratch from the WorkspaceManager sized rows x KV extent on two
+              lanes; the stock step sees a 16 KiB slot, runtime needs tens of MiB per lane
+  overcommit  seed 000: one placeholder layer per KV group, one buffer per real layer, recurrent
+              state outside the budget; the audit refuses to start (then starts with kv_audit=warn)
+  tile        scratch that is a non-monotone step function of rows: the worst rows value is
+              neither a power of two nor max_num_batched_tokens
+"""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+
+COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+          "--gpu-memory-utilization", "0.25"]
+
+SCENARIOS: dict[str, tuple[str | None, list[str], str]] = {
+    "tiny": (None, [], "a correct model: SAFE, KV audit ratio <= 1.01"),
+    "scratch": ("scratch", ["--max-model-len", "2048", "--max-num-batched-tokens", "256",
+                            "--max-num-seqs", "4", "--validate"],
+                "context-scaled workspace on two lanes (seed 002)"),
+    "overcommit": ("overcommit", ["--max-model-len", "2048", "--max-num-batched-tokens", "256",
+                                  "--max-num-seqs", "4"],
+                   "KV over-commit: placeholder divisor + recurrent state (seed 000)"),
+    "tile": ("tile", ["--max-model-len", "2048", "--max-num-batched-tokens", "512",
+                      "--max-num-seqs", "4"],
+             "tile-rounded scratch peaking at an odd rows value"),
+}
+
+
+def fixture_dir(name: str) -> str:
+    try:
+        import wcp_fixtures
+    except ImportError as e:
+        raise ConfigError(f"demo {name!r} needs the fixture plugins",
+                          hint="pip install -e plugins/wcp_fixtures (make demo does this)") from e
+    return str(wcp_fixtures.model_dir(name))
+
+
+def scenario_args(name: str) -> list[str]:
+    if name not in SCENARIOS:
+        raise ConfigError(f"unknown demo {name!r}", hint=f"choose one of: {', '.join(SCENARIOS)}")
+    fixture, args, _ = SCENARIOS[name]
+    if fixture is None:
+        return list(args)
+    return ["--model", fixture_dir(fixture), *COMMON, *args]
+
+
+def run_demo(argv: list[str]) -> int:
+    from rich.console import Console
+
+    from .cli import profile
+
+    if not argv or argv[0] in ("-h", "--help"):
+        Console().print(__doc__)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    Console().rule(f"wcprof demo {name}: {SCENARIOS.get(name, ('', [], '?'))[2]}")
+    return profile(scenario_args(name) + rest)
