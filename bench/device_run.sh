@@ -69,7 +69,7 @@ do_run() {
   local left=$(( LIMIT_S - ($(date +%s) - T0) - 20 ))   # 20 s to pack $OUT
   echo "suite budget ${left}s"
   rm -rf "$WORK"
-  python3 bench/gpu_suite.py --out "$WORK" --budget-s "$left" "$@"
+  python3 bench/gpu_suite.py --out "$WORK" --mirror "$OUTDIR" --budget-s "$left" "$@"
   local rc=$?
   cp "$WORK/summary.json" "$WORK/summary.md" "$OUTDIR/" 2>/dev/null
   tar -czf "$OUTDIR/cases.tar.gz" -C "$WORK" --exclude=summary.json --exclude=summary.md . || true

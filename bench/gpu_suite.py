@@ -71,13 +71,15 @@ def _env(name: str) -> dict[str, str]:
 def child(argv: list[str]) -> int:
     """Import everything, wait for "go" on stdin, then run the CLI in this process."""
     t0 = time.time()
-    import torch  # noqa: F401
+    import torch
     import vllm
     import vllm.entrypoints.llm  # noqa: F401  (the LLM class: the bulk of the import time)
 
     import worstcase_profiler.cli as cli
 
-    print(f"[suite] imported vllm {vllm.__version__} in {time.time() - t0:.1f}s; waiting", flush=True)
+    # A CUDA context made while waiting would hold device memory during the running case.
+    print(f"[suite] imported vllm {vllm.__version__} in {time.time() - t0:.1f}s "
+          f"(cuda initialized: {torch.cuda.is_initialized()}); waiting", flush=True)
     if sys.stdin.readline().strip() != "go":
         return 98
     print(f"[suite] go: wcprof {' '.join(argv)}", flush=True)
@@ -126,9 +128,10 @@ class Run:
         return rc
 
 
-def _import_seconds(log_text: str) -> float | None:
-    m = re.search(r"\[suite\] imported vllm \S+ in ([0-9.]+)s", log_text)
-    return float(m.group(1)) if m else None
+def _import_info(log_text: str) -> tuple[float | None, bool | None]:
+    """(import seconds, whether CUDA was initialised while the child waited) from its log."""
+    m = re.search(r"\[suite\] imported vllm \S+ in ([0-9.]+)s \(cuda initialized: (\w+)\)", log_text)
+    return (float(m.group(1)), m.group(2) == "True") if m else (None, None)
 
 
 def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
@@ -178,7 +181,12 @@ def _summary_row(c: dict) -> str:
         ", ".join(k for k, v in c.get("checks", {}).items() if not v["ok"]) or "-"]) + " |"
 
 
-def _write_summary(out: Path, summary: dict) -> None:
+def _write_summary(out: Path, summary: dict, mirror: Path | None = None) -> None:
+    for d in filter(None, (out, mirror)):
+        _write_summary_to(d, summary)
+
+
+def _write_summary_to(out: Path, summary: dict) -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     head = ("| case | status | rc | runner | backends | stock peak GiB | worst peak GiB | worst shape "
             "(kind rows/ctx) | validation measured / predicted GiB | post-profile GiB | steps | "
@@ -216,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-case-s", type=float, default=60.0, help="don't start a case with less left")
     p.add_argument("--no-prespawn", action="store_true")
     p.add_argument("--python", default=sys.executable)
+    p.add_argument("--mirror", type=Path, default=None,
+                   help="also write summary.json/.md here after every case (e.g. $OUT)")
     a = p.parse_args(argv)
     names = a.cases or list(CASES)
     unknown = [n for n in names if n not in CASES]
@@ -229,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     problem = _entrypoint_problem()
     if problem:
         summary.update(error=problem, all_passed=False)
-        _write_summary(a.out, summary)
+        _write_summary(a.out, summary, a.mirror)
         print(f"[suite] {problem}", flush=True)
         return 2
     pending: Run | None = None
@@ -258,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         ok = all(c["ok"] for c in checks.values())
         case = {"case": name, "status": "pass" if ok else ("timeout" if rc == 124 else "fail"),
                 "rc": rc, "cli_argv": _cli_argv(name, a.out), "env": CASES[name][2],
-                "import_s": _import_seconds(log_text), "run_s": round(t_end - run.t_go, 1),
+                "import_s": _import_info(log_text)[0], "run_s": round(t_end - run.t_go, 1),
+                "cuda_initialized_at_import": _import_info(log_text)[1],
                 "checks": checks, "v2_injection_lines": [ln for ln in log_text.splitlines()
                                                          if V2_EVIDENCE in ln][:3],
                 "report": report}
@@ -268,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
         if report and "vllm_version" not in summary:
             summary["vllm_version"] = report.get("vllm_version")
         summary["wall_s"] = time.time() - t_start
-        _write_summary(a.out, summary)
+        _write_summary(a.out, summary, a.mirror)
         print(f"[suite] {name}: {case['status']} rc={rc} in {case['run_s']}s "
-              f"(import {case['import_s']}s) {[k for k, v in checks.items() if not v['ok']]}", flush=True)
+              f"(import {case['import_s'] or '?'}s) {[k for k, v in checks.items() if not v['ok']]}", flush=True)
     if pending is not None:
         pending.kill()
     summary["wall_s"] = time.time() - t_start
     summary["all_passed"] = bool(summary["cases"]) and all(c["status"] == "pass" for c in summary["cases"])
-    _write_summary(a.out, summary)
+    _write_summary(a.out, summary, a.mirror)
     print((a.out / "summary.md").read_text(), flush=True)
     return 0 if summary["all_passed"] else 1
 

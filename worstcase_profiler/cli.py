@@ -215,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     except WcprofError as e:
         from rich.console import Console
 
-        Console(stderr=True).print(f"[bold red]wcprof: error:[/] {e.message}" +
-                                   (f"\n  [yellow]->[/] {e.hint}" if e.hint else ""))
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]wcprof: error:[/] {e.message}" +
+            (f"\n  [yellow]->[/] {e.hint}" if e.hint else ""), markup=True, highlight=False)
         return e.exit_code
     except KeyboardInterrupt:
         return 130

@@ -119,42 +119,37 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         by_rows: dict[int, StepResult] = {}
 
         def measure_rows(rows: int) -> int:
+            # The certificate runs on what a step needs (transient + workspace it asks for): a
+            # tile-rounded scratch request is exactly the kind of step function it must catch.
             by_rows[rows] = step(plan.prefill_chunk(limits, rows))
-            return by_rows[rows].peak_bytes
+            return by_rows[rows].need_bytes
 
         seeds = [1 << k for k in range(hi.bit_length()) if (1 << k) <= hi]
         rows_cov = cover_rows(measure_rows, 1, hi, tolerance=tolerance, exhaustive=exhaustive,
                               seeds=seeds)
-        candidates = [by_rows[rows_cov.worst_rows]]
         for extra in (plan.decode_batch(limits), plan.mixed_step(limits)):
             if extra is not None:
-                candidates.append(step(extra))
-        # The stock step is a step vLLM itself runs: the worst case is never below it.
-        candidates.append(StepResult(shape=stock.shape, peak_bytes=stock.peak_activation_bytes,
-                                     seconds=stock.seconds))
-        worst = max(candidates, key=lambda r: r.peak_bytes)
+                step(extra)
 
         curve: list[StepResult] = []
         if context_ladder:
             wr = rows_cov.worst_rows
             for ctx in plan.context_ladder(limits, wr):
                 shape = plan.prefill_chunk(limits, wr).model_copy(update={"context_len": ctx})
-                if shape == by_rows[wr].shape:
-                    curve.append(by_rows[wr])
-                else:
-                    curve.append(step(shape))
-            worst = max([worst, *curve], key=lambda r: r.peak_bytes)
+                curve.append(by_rows[wr] if shape == by_rows[wr].shape else step(shape))
 
+        # The stock step is a step vLLM itself runs: the worst case is never below it.
+        stock_step = StepResult(shape=stock.shape, peak_bytes=stock.peak_activation_bytes,
+                                seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
+        worst = max([*log, stock_step], key=lambda r: (r.need_bytes, r.peak_bytes))
         worst_op = None
         if attribute_ops and worst.shape.kind != "stock":
-            again = step(worst.shape, attribute=True)
-            worst_op = again.top_op
-            if again.peak_bytes > worst.peak_bytes:
-                worst = again
+            worst_op = step(worst.shape, attribute=True).top_op
 
-    # The chord bound covers rows never executed: the admitted peak is that bound, not just
-    # the largest executed step.
-    peak = max(worst.peak_bytes, rows_cov.bound)
+    # Rows never executed are bounded by the chord certificate: whatever it adds above the
+    # largest executed need is added to the admitted transient (conservative: it may be workspace).
+    chord_slack = max(0, rows_cov.bound - rows_cov.worst_peak)
+    peak = max(r.peak_bytes for r in [*log, stock_step]) + chord_slack
     wc = WorstCase(
         peak_activation_bytes=peak,
         workspace_bytes=0,

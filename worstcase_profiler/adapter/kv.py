@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..report import KVAudit, KVAuditGroup
+from ..sizes import fmt_bytes
 
 
 def _tensors(obj) -> Iterable:
@@ -160,13 +161,13 @@ def audit(runner, kv_cache_config, budget: int, *, delta_process: int | None = N
         allowed = max(budget, declared_bytes(kv_cache_config))
     ratio = allocated / allowed if allowed > 0 else float("inf")
     over = allocated > allowed * (1 + tolerance)
+    shares = "; ".join(f"{g.name}: {fmt_bytes(g.allocated_bytes)} in {len(g.layers)} holder(s)"
+                       f" (plan {fmt_bytes(g.declared_bytes)})" for g in groups)
     if over:
-        worst = max(groups, key=lambda g: g.allocated_bytes)
-        msg = (f"KV initialisation allocated {allocated} B against a budget of {allowed} B "
-               f"(x{ratio:.2f}); largest share: {worst.name} with {worst.allocated_bytes} B over "
-               f"{len(worst.layers)} layer(s)")
+        msg = (f"KV initialisation allocated {fmt_bytes(allocated)} against a budget of "
+               f"{fmt_bytes(allowed)} (x{ratio:.2f}): {shares}")
     else:
-        msg = f"KV allocation within budget (x{ratio:.3f})"
+        msg = f"KV allocation within budget (x{ratio:.3f}): {shares}"
     return KVAudit(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
                    ratio=ratio, delta_process_bytes=delta_process, groups=groups,
                    verdict="over-budget" if over else "ok", message=msg)

