@@ -106,8 +106,35 @@ class V1Driver:
 
     # -- synthetic steps ----------------------------------------------------------------------
     def run(self, shape: Shape) -> None:
-        with self._requests:
+        with self._requests, self._computed_tokens(shape):
             self._run(shape)
+
+    @contextlib.contextmanager
+    def _computed_tokens(self, shape: Shape):
+        """`_dummy_run` leaves input_batch.num_computed_tokens at 0, so metadata builders that
+        read it (chunked-prefill context paths, e.g. the sparse-MLA indexer's) take the fresh-
+        prompt branch. Fill in each dummy request's cached tokens for the step, zero after."""
+        ib = getattr(self.runner, "input_batch", None)
+        arr = getattr(ib, "num_computed_tokens_cpu", None)
+        if arr is None:
+            yield
+            return
+        n = min(shape.num_reqs, len(arr))
+        if shape.kind == "mixed":
+            q = [1] * (n - 1) + [shape.rows - (n - 1)]
+            seq = self.limits.max_model_len
+        elif shape.kind == "decode":
+            q = [self.runner.uniform_decode_query_len] * n
+            seq = shape.context_len + q[0]
+        else:
+            q = [shape.rows // n] * n
+            q[-1] += shape.rows % n
+            seq = shape.context_len + max(1, shape.rows // n)
+        arr[:n] = [max(0, seq - qi) for qi in q]
+        try:
+            yield
+        finally:
+            arr[:n] = 0
 
     def _run(self, shape: Shape) -> None:
         r = self.runner

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Seed 002 on a real GPU: a card held to its budget, long-context chunked prefill with prefix-cache
+hits. Stock admission dies with a CUDA OOM; `--profiler worstcase` serves the same traffic.
+
+  python3 bench/oom_repro.py --model tests/gpu/models/dsv32-8l-dense --kv-cache-dtype fp8 \
+      --mode stock|worstcase --soak 200 --out DIR/case.json
+
+The card is held the way production holds it: a ballast allocation (made in this process before the
+engine starts) leaves free exactly `requested + slack` bytes, where requested is what
+--gpu-memory-utilization asks for. vLLM then fills `requested` with weights + KV + what its profile
+predicted; whatever a real step needs beyond the prediction must fit in `slack` or the step dies.
+
+Traffic (token ids, dummy weights): one prompt of --prefix tokens (chunked prefill from 0 to the
+prefix), then --soak requests that hit the prefix cache and add a new chunk of ~max_num_batched_tokens
+rows on top of it (a different suffix length each, so rows values vary), sent in batches of
+--batch. One JSON per run: boot seconds, served count, the error line if any, and the runtime peak
+(torch allocator, above the post-boot baseline) next to the prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--mode", choices=("stock", "worstcase"), required=True)
+    p.add_argument("--util", type=float, default=0.5)
+    p.add_argument("--slack-mib", type=int, default=256)
+    p.add_argument("--max-model-len", type=int, default=131072)
+    p.add_argument("--mnbt", type=int, default=8192)
+    p.add_argument("--prefix", type=int, default=120000)
+    p.add_argument("--soak", type=int, default=200)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    import torch
+
+    result: dict = {"mode": a.mode, "model": os.path.basename(a.model.rstrip("/")),
+                    "kv_cache_dtype": a.kv_cache_dtype, "util": a.util, "slack_bytes": a.slack_mib << 20,
+                    "served": 0, "error": None, "command": " ".join(sys.argv)}
+
+    def dump() -> None:
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f, indent=2)
+        os.replace(tmp, a.out)
+
+    free, total = torch.cuda.mem_get_info()
+    requested = int(total * a.util) + 1
+    ballast_bytes = free - requested - (a.slack_mib << 20)
+    ballast = torch.empty(ballast_bytes, dtype=torch.uint8, device="cuda")
+    result.update(total_bytes=total, requested_bytes=requested, ballast_bytes=ballast_bytes,
+                  free_after_ballast=torch.cuda.mem_get_info()[0])
+    from vllm import LLM, SamplingParams
+
+    extra = {}
+    report_path = a.out.replace(".json", ".report.json")
+    if a.mode == "worstcase":
+        extra["additional_config"] = {"worstcase_profiler": {"profiler": "worstcase",
+                                                              "json_path": report_path}}
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(model=a.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+                  max_model_len=a.max_model_len, max_num_batched_tokens=a.mnbt,
+                  gpu_memory_utilization=a.util, kv_cache_dtype=a.kv_cache_dtype, seed=0,
+                  enable_prefix_caching=True, **extra)
+    except Exception as e:  # noqa: BLE001
+        result["error"] = f"engine start: {type(e).__name__}: {str(e).splitlines()[0][:400]}"
+        dump()
+        return 1
+    result["boot_s"] = time.perf_counter() - t0
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+    result["predicted_peak_bytes"] = int(worker.peak_activation_memory)
+    result["kv_tokens"] = int(worker.model_runner.kv_cache_config.num_blocks) * int(
+        llm.llm_engine.vllm_config.cache_config.block_size)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    prefix = [(i * 7919) % (vocab - 1) + 1 for i in range(a.prefix)]
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    result["free_at_traffic_start"] = torch.cuda.mem_get_info()[0]
+    dump()
+    t1 = time.perf_counter()
+    try:
+        llm.generate([{"prompt_token_ids": prefix + [1] * 64}], params, use_tqdm=False)
+        result["served"] = 1
+        room = a.max_model_len - a.prefix - 4
+        for start in range(0, a.soak, a.batch):
+            batch = []
+            for i in range(start, min(a.soak, start + a.batch)):
+                n = max(1, min(room, a.mnbt - (i * 37) % 512))  # rows vary near the chunk size
+                batch.append({"prompt_token_ids": prefix + [(i * 131 + j) % (vocab - 1) + 1
+                                                            for j in range(n)]})
+            llm.generate(batch, params, use_tqdm=False)
+            result["served"] += len(batch)
+            result["traffic_s"] = time.perf_counter() - t1
+            if start % (a.batch * 5) == 0:
+                dump()
+    except Exception as e:  # noqa: BLE001
+        lines = [l for l in traceback.format_exception_only(type(e), e)[-1].splitlines() if l.strip()]
+        result["error"] = f"{type(e).__name__}: {lines[0][:500] if lines else ''}"
+    torch.cuda.synchronize()
+    result["traffic_s"] = time.perf_counter() - t1
+    result["measured_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+    if os.path.exists(report_path):
+        rep = json.load(open(report_path))
+        wc = rep["worstcase"]
+        result["predicted_peak_bytes"] = wc["peak_activation_bytes"]
+        result["workspace_bytes"] = wc["workspace_bytes"]
+        result["stock_peak_bytes"] = rep["stock"]["peak_activation_bytes"]
+        result["sweep_s"] = wc["seconds"]
+    if result.get("predicted_peak_bytes"):
+        result["ratio_measured_over_predicted"] = result["measured_peak_bytes"] / result["predicted_peak_bytes"]
+    del ballast
+    dump()
+    print(json.dumps({k: v for k, v in result.items() if k != "command"}))
+    return 0 if result["error"] is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
