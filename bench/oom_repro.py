@@ -48,7 +48,8 @@ def main() -> int:
 
     result: dict = {"mode": a.mode, "model": os.path.basename(a.model.rstrip("/")),
                     "kv_cache_dtype": a.kv_cache_dtype, "util": a.util, "slack_bytes": a.slack_mib << 20,
-                    "served": 0, "error": None, "command": " ".join(sys.argv)}
+                    "served": 0, "error": None, "command": " ".join(sys.argv),
+                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
 
     def dump() -> None:
         tmp = a.out + ".tmp"
@@ -114,6 +115,7 @@ def main() -> int:
     torch.cuda.synchronize()
     result["traffic_s"] = time.perf_counter() - t1
     result["measured_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+    result["reserved_unallocated_at_end"] = int(torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
     if os.path.exists(report_path):
         rep = json.load(open(report_path))
         wc = rep["worstcase"]

@@ -5,6 +5,9 @@
 set -uo pipefail
 source .stage/env.sh 2>/dev/null || export PYTHONPATH=/tmp/site
 export PYTHONPATH=$PWD:$PYTHONPATH VLLM_ENABLE_V1_MULTIPROCESSING=0
+# Seed 002's host ran with expandable segments; without them a held card also dies of caching-
+# allocator fragmentation, which no profile can bound (first H200 run, docs/results).
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
 python3 bench/install_entrypoint.py --target /tmp/site >/dev/null || exit 1
 OUTDIR=${OUT:-/tmp/oom-out}; W=/tmp/oom-runs; mkdir -p "$OUTDIR" "$W"
 DS=tests/gpu/models/dsv32-8l-dense; LL=tests/gpu/models/llama-8l-2048

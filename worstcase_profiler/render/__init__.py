@@ -21,6 +21,8 @@ class Reporter(Protocol):
 REPORTERS: dict[str, str] = {
     "terminal": "worstcase_profiler.render.terminal:TerminalReporter",
     "json": "worstcase_profiler.render.json_report:JsonReporter",
+    "html": "worstcase_profiler.render.html:HtmlReporter",
+    "png": "worstcase_profiler.render.png:PngReporter",
 }
 
 

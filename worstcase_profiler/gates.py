@@ -1,0 +1,274 @@
+"""CI gates over JSON reports: `wcprof diff` (did memory get worse between two runs?) and
+`wcprof check` (is this --kv-cache-memory-bytes value safe for the engine a report describes?).
+
+Both read reports only (no engine, no vLLM, no torch), so they run anywhere CI does.
+
+Exit codes, both subcommands:
+  0  diff: no gated metric got worse by more than the threshold.
+     check: the value is safe (one request at max_model_len <= value <= the worst-case budget).
+  1  diff: at least one gated metric got worse by more than the threshold.
+     check: the value is over the budget, below one request at max_model_len, the
+     configuration does not fit at all, or the report's KV audit found the engine allocating
+     more KV than it is given (the flag alone then bounds nothing).
+  2  bad input: a missing file, a file that is not a wcprof report, a bad threshold, metric or
+     size (raised as errors.ConfigError; cli.main prints the one-line message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from .admission import bytes_for_one_request
+from .errors import ConfigError
+from .report import Report
+from .sizes import fmt_bytes, fmt_tokens, parse_size
+
+Better = Literal["lower", "higher"]
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    title: str
+    better: Better  # which direction is an improvement
+    unit: Literal["bytes", "tokens", "flag"]
+    read: Callable[[Report], int | None]
+    gated_by_default: bool = True
+
+
+def _need(r: Report) -> int:
+    return r.worstcase.peak_activation_bytes + r.worstcase.workspace_bytes
+
+
+def _stock_oom(r: Report) -> int:
+    """The context length at which stock runs out; None (stock holds) reads as max_model_len,
+    so 'stock became unsafe' is a decrease like any other."""
+    oom = r.admission.stock_oom_context_len
+    return r.config.max_model_len if oom is None else oom
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in [
+    Metric("peak", "worst-case peak", "lower", "bytes",
+           lambda r: r.worstcase.peak_activation_bytes),
+    Metric("workspace", "workspace, all slots", "lower", "bytes",
+           lambda r: r.worstcase.workspace_bytes),
+    Metric("need", "peak + workspace", "lower", "bytes", _need),
+    Metric("kv_flag", "recommended KV flag", "higher", "flag",
+           lambda r: r.admission.recommended_kv_cache_memory_bytes),
+    Metric("kv_tokens", "worst-case KV tokens", "higher", "tokens",
+           lambda r: r.admission.kv_tokens_worstcase),
+    Metric("stock_oom", "stock runs out at ctx", "higher", "tokens", _stock_oom,
+           gated_by_default=False),
+]}
+DEFAULT_GATED = [m.name for m in METRICS.values() if m.gated_by_default]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (exit 2, one line) instead of printing usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
+
+
+def parse_threshold(text: str) -> float:
+    """'5%' or '5' -> 0.05 (a fraction of the old value). Negative or not a number: ConfigError."""
+    raw = str(text).strip()
+    number = raw[:-1].strip() if raw.endswith("%") else raw
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"bad --max-increase {text!r}: use a non-negative percentage such as 5%")
+    return value / 100.0
+
+
+def parse_metrics(values: list[str] | None) -> list[str]:
+    if not values:
+        return list(DEFAULT_GATED)
+    names: list[str] = []
+    for value in values:
+        for name in (v.strip() for v in value.split(",")):
+            if not name:
+                continue
+            if name == "all":
+                names.extend(METRICS)
+            elif name in METRICS:
+                names.append(name)
+            else:
+                raise ConfigError(f"unknown metric {name!r}",
+                                  hint=f"use one or more of: {', '.join(METRICS)}, all")
+    return list(dict.fromkeys(names))
+
+
+def worsening(metric: Metric, old: int, new: int) -> float:
+    """How much worse `new` is than `old`, as a fraction of old (<= 0: not worse). From zero,
+    any worsening is infinite."""
+    delta = (new - old) if metric.better == "lower" else (old - new)
+    if delta <= 0:
+        return delta / old if old else 0.0
+    return delta / old if old else math.inf
+
+
+def _fmt(metric: Metric, value: int | None) -> str:
+    if value is None:
+        return "n/a"
+    if metric.unit == "bytes":
+        return fmt_bytes(value)
+    if metric.unit == "flag":
+        return str(value)  # pasteable; the change column says it in GiB
+    return fmt_tokens(value)
+
+
+def _show(metric: Metric, report: Report, value: int | None) -> str:
+    if metric.name == "stock_oom" and report.admission.stock_oom_context_len is None:
+        return f"never (≤ {fmt_tokens(value)})"
+    return _fmt(metric, value)
+
+
+def _fmt_change(metric: Metric, old: int, new: int) -> str:
+    delta = new - old
+    sign = "+" if delta > 0 else ""
+    absolute = (sign + fmt_bytes(delta)) if metric.unit in ("bytes", "flag") \
+        else (sign + fmt_tokens(delta))
+    if old:
+        return f"{absolute} ({sign}{100.0 * delta / old:.2f}%)"
+    return absolute if delta else "0"
+
+
+def _load(path: str) -> Report:
+    from .render.json_report import load_report
+
+    return load_report(path)
+
+
+def _config_differences(old: Report, new: Report) -> list[str]:
+    keys = ("model", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
+            "tensor_parallel_size")
+    a, b = old.config.model_dump(), new.config.model_dump()
+    out = [f"{k}: {a[k]} -> {b[k]}" for k in keys if a[k] != b[k]]
+    if old.device.name != new.device.name:
+        out.append(f"device: {old.device.name} -> {new.device.name}")
+    return out
+
+
+def diff_main(argv: list[str]) -> int:
+    """wcprof diff OLD.json NEW.json [--max-increase 5%] [--metric NAME[,NAME]]...
+
+    Compares the worst-case figures of two reports. A gated metric fails when it got worse by
+    more than --max-increase, relative to OLD: peak, workspace and need fail when they grow;
+    kv_flag, kv_tokens and stock_oom fail when they shrink. Exit 0: nothing gated got worse by
+    more than the threshold; 1: something did; 2: bad input (see the module docstring)."""
+    parser = _Parser(prog="wcprof diff",
+                     description="fail CI when worst-case memory got worse between two reports")
+    parser.add_argument("old", metavar="OLD.json")
+    parser.add_argument("new", metavar="NEW.json")
+    parser.add_argument("--max-increase", default="5%", metavar="PCT",
+                        help="largest tolerated worsening, relative to OLD (default 5%%)")
+    parser.add_argument("--metric", action="append", metavar="NAME",
+                        help=f"metric(s) to gate, repeatable or comma-separated: "
+                             f"{', '.join(METRICS)}, all (default: {', '.join(DEFAULT_GATED)})")
+    ns = parser.parse_args(argv)
+    threshold = parse_threshold(ns.max_increase)
+    gated = parse_metrics(ns.metric)
+    old, new = _load(ns.old), _load(ns.new)
+
+    table = Table(title=f"wcprof diff (gate: worse by more than {100 * threshold:g}%)",
+                  title_justify="left")
+    for col, justify in (("metric", "left"), ("", "left"), ("old", "right"), ("new", "right"),
+                         ("change", "right"), ("gate", "left")):
+        table.add_column(col, justify=justify)
+    failed: list[str] = []
+    for metric in METRICS.values():
+        a, b = metric.read(old), metric.read(new)
+        worse = worsening(metric, a, b)
+        if metric.name not in gated:
+            verdict = "[dim]not gated[/]"
+        elif worse > threshold:
+            verdict = "[bold red]FAIL[/]"
+            failed.append(metric.name)
+        else:
+            verdict = "[green]ok[/]"
+        table.add_row(metric.name, metric.title, _show(metric, old, a), _show(metric, new, b),
+                      _fmt_change(metric, a, b), verdict)
+    console = Console(soft_wrap=True, highlight=False)
+    console.print(table)
+    for line in _config_differences(old, new):
+        console.print(f"[yellow]note: the reports differ in {line}[/]")
+    if old.verdict != new.verdict:
+        console.print(f"verdict: {old.verdict} -> {new.verdict}")
+    if failed:
+        console.print(f"[bold red]FAIL[/]: {', '.join(failed)} got worse by more than "
+                      f"{100 * threshold:g}%")
+        return 1
+    console.print(f"[green]ok[/]: no gated metric got worse by more than {100 * threshold:g}%")
+    return 0
+
+
+def one_request_bytes(report: Report) -> int:
+    """KV bytes one request at max_model_len needs (whole blocks when the block size is known),
+    as the admission computes it."""
+    adm, cfg = report.admission, report.config
+    return bytes_for_one_request(adm.bytes_per_token, cfg.block_size or 1, cfg.max_model_len)
+
+
+def check_main(argv: list[str]) -> int:
+    """wcprof check REPORT.json --kv-cache-memory-bytes N   (or --kv-cache-memory 60GiB)
+
+    Safe (exit 0) when one request at max_model_len <= N <= the report's worst-case budget
+    (admission.budget_bytes). Otherwise exit 1, saying by how much N is off and what to pass
+    instead. Exit 2: bad input."""
+    parser = _Parser(prog="wcprof check",
+                     description="is this --kv-cache-memory-bytes value safe for the engine the "
+                                 "report describes?")
+    parser.add_argument("report", metavar="REPORT.json")
+    parser.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv", required=True,
+                        metavar="N", help="bytes, or a size such as 60GiB")
+    ns = parser.parse_args(argv)
+    try:
+        value = parse_size(ns.kv)
+    except ValueError as e:
+        raise ConfigError(f"bad --kv-cache-memory-bytes: {e}") from e
+    report = _load(ns.report)
+    adm, cfg = report.admission, report.config
+    budget, recommended = adm.budget_bytes, adm.recommended_kv_cache_memory_bytes
+    need_one = one_request_bytes(report)
+    console = Console(soft_wrap=True, highlight=False)
+    shown = f"--kv-cache-memory-bytes {value} ({fmt_bytes(value)})"
+    mml = f"max_model_len={fmt_tokens(cfg.max_model_len)}"
+    where = (f"report: {cfg.model}, {mml}, "
+             f"max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}")
+
+    if budget < need_one:
+        console.print(f"[bold red]unsafe[/]: {shown}: nothing fits. After the worst-case step the "
+                      f"KV budget is {fmt_bytes(budget)}; one request at {mml} needs "
+                      f"{fmt_bytes(need_one)}. Lower --max-model-len or --max-num-batched-tokens, "
+                      f"or give the engine more memory ({where}).")
+        return 1
+    if report.kv_audit is not None and report.kv_audit.verdict != "ok":
+        console.print(f"[bold red]unsafe[/]: the report's KV audit found the engine allocating "
+                      f"{fmt_bytes(report.kv_audit.allocated_bytes)} of KV for a budget of "
+                      f"{fmt_bytes(report.kv_audit.budget_bytes)} (x{report.kv_audit.ratio:.2f}), "
+                      f"so {shown} does not bound what it allocates: "
+                      f"{report.kv_audit.message}")
+        return 1
+    if value > budget:
+        console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(value - budget)} over the "
+                      f"worst-case budget {fmt_bytes(budget)}; use --kv-cache-memory-bytes "
+                      f"{recommended} ({fmt_bytes(recommended)}) or less ({where}).")
+        return 1
+    if value < need_one:
+        console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(need_one - value)} short of one "
+                      f"request at {mml} ({fmt_bytes(need_one)}); use at least "
+                      f"--kv-cache-memory-bytes {need_one}, at most {recommended} ({where}).")
+        return 1
+    console.print(f"[bold green]safe[/]: {shown} is within the worst-case budget "
+                  f"{fmt_bytes(budget)} ({fmt_bytes(budget - value)} to spare) and holds one "
+                  f"request at {mml} ({fmt_bytes(need_one)}); {where}.")
+    return 0

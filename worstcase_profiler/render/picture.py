@@ -1,0 +1,523 @@
+"""The picture shared by the html and png reporters: where the card's memory goes under stock
+admission and under the worst case, and the measured steps behind the difference.
+
+Four panels, all from the report alone (no engine):
+  card      the requested memory as two stacked bars, stock vs worst-case, to scale;
+  non-KV    the same reservations without the KV cache, as a waterfall, so the small parts
+            (workspace per slot, transient, CUDA graphs, margin) stay readable;
+  rows      what each prefill chunk at full KV extent needs (transient + workspace) against its
+            rows value, chord-certified segments shaded, the worst shape marked, stock's
+            reservation as a horizontal line;
+  context   the worst rows value at growing KV extent, where stock runs out.
+
+The bar arithmetic (`card_bars`) is pure Python so it is tested without drawing. Matplotlib is
+imported lazily, through the object API (Figure + Agg canvas), never pyplot: no global state and
+no display needed.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from worstcase_profiler.errors import ConfigError
+from worstcase_profiler.report import Report, Shape, StepResult
+from worstcase_profiler.sizes import GiB, MiB, fmt_bytes, fmt_tokens
+
+# category -> (colour, legend label). Colour-blind-safe (Okabe-Ito plus greys).
+CATEGORIES: dict[str, tuple[str, str]] = {
+    "weights": ("#0072B2", "weights"),
+    "non_torch": ("#56B4E9", "non-torch"),
+    "other": ("#999999", "other consumed"),
+    "workspace": ("#CC79A7", "workspace"),
+    "post_profile": ("#009E73", "post-profile buffers"),
+    "transient": ("#D55E00", "step transient"),
+    "cudagraph": ("#8C564B", "CUDA graphs"),
+    "margin": ("#F0E442", "margin"),
+    "kv": ("#B8E0B0", "KV cache"),
+    "headroom": ("#FFFFFF", "headroom (budget unused)"),
+}
+WATERFALL_NAMES = {"post_profile": "post-profile\nbuffers", "other": "other\nconsumed",
+                   "transient": "step\ntransient", "cudagraph": "CUDA\ngraphs"}
+VERDICT_COLOURS = {"SAFE": "#1b7837", "STOCK UNSAFE": "#b35806", "KV OVER-COMMIT": "#b2182b",
+                   "DOES NOT FIT": "#b2182b"}
+
+
+@dataclass
+class Segment:
+    category: str
+    label: str
+    nbytes: int
+
+
+@dataclass
+class Bar:
+    name: str
+    segments: list[Segment]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(s.nbytes for s in self.segments)
+
+    def non_kv(self) -> list[Segment]:
+        return [s for s in self.segments if s.category not in ("kv", "headroom")]
+
+
+def _take(remaining: int, want: int) -> int:
+    return max(0, min(remaining, want))
+
+
+def _split_consumed(consumed: int, weights: int, non_torch: int,
+                    parts: list[tuple[str, str, int]], notes: list[str],
+                    whose: str) -> list[Segment]:
+    """Split `consumed` bottom to top into weights, non-torch, other consumed (the rest), then
+    `parts`. What wcprof measured itself (the workspace tensors, post-profile buffers) is taken
+    first, then non-torch, then vLLM's weights figure, which can include load-time temporaries
+    freed before the sweep (seen with fp8 weights); each is clamped to what is left, with a
+    note, so the bar always adds up."""
+    remaining = max(0, consumed)
+    taken: list[Segment] = []
+    for category, label, want in parts:
+        got = _take(remaining, want)
+        remaining -= got
+        if got < want:
+            notes.append(f"{whose} {label} ({fmt_bytes(want)}) exceeds what the consumed figure "
+                         f"leaves; drawn as {fmt_bytes(got)}")
+        taken.append(Segment(category, label, got))
+    nt = _take(remaining, non_torch)
+    remaining -= nt
+    w = _take(remaining, weights)
+    remaining -= w
+    if w < weights:
+        notes.append(f"vLLM reports {fmt_bytes(weights)} of weights, more than {whose} consumed "
+                     f"memory leaves for them ({fmt_bytes(w)}; load-time temporaries?): drawn as "
+                     f"{fmt_bytes(w)}")
+    return [Segment("weights", "weights", w), Segment("non_torch", "non-torch", nt),
+            Segment("other", "other consumed", remaining), *taken]
+
+
+def worst_transient(report: Report) -> int:
+    """The transient admission subtracted, recovered from the admission so the bar adds up to
+    requested (the measured worst peak, plus any chord slack)."""
+    adm = report.admission
+    return (adm.requested_bytes - adm.consumed_bytes - adm.cudagraph_bytes - adm.margin_bytes
+            - adm.budget_bytes)
+
+
+def card_bars(report: Report) -> tuple[Bar, Bar]:
+    """(stock, worst-case): the requested memory, bottom to top.
+
+    worst-case: consumed (weights, non-torch, other, workspace per slot, post-profile buffers)
+    + worst-case transient + CUDA graphs + margin + KV cache + headroom (budget the KV cache
+    does not use). It sums to requested_bytes exactly, unless the KV cache exceeds the budget
+    (an explicit --kv-cache-memory-bytes too large, or a budget below zero): then it overshoots
+    requested, which is the point.
+
+    stock: vLLM's own KV figure + its profile step (transient + the workspace it left) + CUDA
+    graphs; the rest of requested is what stock counted as consumed, drawn with the same
+    weights and non-torch as the worst-case bar, the remainder as other consumed."""
+    adm, wc, stock = report.admission, report.worstcase, report.stock
+
+    notes: list[str] = []
+    slots = wc.workspace_slots
+    if slots and sum(s.bytes_after for s in slots) == wc.workspace_bytes:
+        ws_parts = [("workspace", f"workspace u{s.ubatch}/l{s.lane}", s.bytes_after)
+                    for s in slots]
+    else:
+        ws_parts = [("workspace", "workspace", wc.workspace_bytes)]
+    parts = [*ws_parts, ("post_profile", "post-profile buffers", wc.post_profile_bytes)]
+    consumed = _split_consumed(adm.consumed_bytes, adm.weights_bytes, adm.non_torch_bytes,
+                               parts, notes, "the")
+    weights, non_torch = consumed[0].nbytes, consumed[1].nbytes
+    worst_segments = consumed + [
+        Segment("transient", "worst-case transient", max(0, worst_transient(report))),
+        Segment("cudagraph", "CUDA graphs", adm.cudagraph_bytes),
+        Segment("margin", "margin", adm.margin_bytes),
+        Segment("kv", "KV cache", adm.kv_cache_bytes),
+        Segment("headroom", "headroom", max(0, adm.budget_bytes - adm.kv_cache_bytes)),
+    ]
+    if adm.kv_cache_bytes > adm.budget_bytes:
+        notes.append(f"KV cache {fmt_bytes(adm.kv_cache_bytes)} exceeds the worst-case budget "
+                     f"{fmt_bytes(adm.budget_bytes)} by "
+                     f"{fmt_bytes(adm.kv_cache_bytes - adm.budget_bytes)}")
+    worst = Bar("worst-case", [s for s in worst_segments if s.nbytes > 0], notes)
+
+    snotes: list[str] = []
+    stock_consumed = (adm.requested_bytes - adm.stock_kv_cache_bytes
+                      - stock.peak_activation_bytes - adm.cudagraph_bytes)
+    stock_segments = _split_consumed(
+        stock_consumed, weights, non_torch,
+        [("workspace", "workspace (stock step)", stock.workspace_bytes)], snotes, "stock's")
+    stock_segments += [
+        Segment("transient", "stock profile transient", stock.peak_activation_bytes),
+        Segment("cudagraph", "CUDA graphs", adm.cudagraph_bytes),
+        Segment("kv", "KV cache", adm.stock_kv_cache_bytes),
+    ]
+    return Bar("stock", [s for s in stock_segments if s.nbytes > 0], snotes), worst
+
+
+def full_extent_prefill(report: Report) -> list[StepResult]:
+    """The rows sweep: prefill chunks whose largest request ends exactly at max_model_len,
+    one per rows value (the last measurement wins), sorted by rows."""
+    mml = report.config.max_model_len
+    by_rows: dict[int, StepResult] = {}
+    for step in report.worstcase.steps:
+        s = step.shape
+        if s.kind != "prefill":
+            continue
+        largest = -(-s.rows // s.num_reqs)
+        if s.context_len + largest == mml:
+            by_rows[s.rows] = step
+    return [by_rows[r] for r in sorted(by_rows)]
+
+
+def stock_need(report: Report) -> int:
+    return report.stock.peak_activation_bytes + report.stock.workspace_bytes
+
+
+def worst_need(report: Report) -> int:
+    return report.worstcase.peak_activation_bytes + report.worstcase.workspace_bytes
+
+
+def short_model(name: str, limit: int = 48) -> str:
+    """A local checkpoint directory by its last component; a hub id as it is."""
+    if name.startswith(("/", "./", "../", "~")) and Path(name).name:
+        name = Path(name).name
+    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+
+
+def shape_text(shape: Shape) -> str:
+    return (f"{shape.kind} rows={fmt_tokens(shape.rows)} ctx={fmt_tokens(shape.context_len)} "
+            f"reqs={shape.num_reqs}")
+
+
+# --------------------------------------------------------------------------- drawing
+
+def _matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.figure import Figure
+    except ImportError as e:
+        raise ConfigError("--html and --png need matplotlib",
+                          hint="pip install 'worstcase_profiler[picture]' (make venv does this)"
+                          ) from e
+    return Figure
+
+
+def _byte_axis(axis) -> None:
+    """Ticks at round GiB/MiB values, labelled by sizes.fmt_bytes."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    class ByteLocator(MaxNLocator):
+        def tick_values(self, vmin, vmax):
+            top = max(abs(vmin), abs(vmax))
+            unit = GiB if top >= GiB else MiB if top >= MiB else 1024
+            return super().tick_values(vmin / unit, vmax / unit) * unit
+
+    axis.set_major_locator(ByteLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_bytes(v)))
+
+
+def _token_axis(axis, xmax: int) -> None:
+    """Ticks at quarters of xmax when that is a whole number (powers of two stay powers of
+    two: 2,048 / 4,096 rather than 1,500 / 3,000)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator, MultipleLocator
+
+    if xmax >= 4 and xmax % 4 == 0:
+        axis.set_major_locator(MultipleLocator(xmax // 4))
+    else:
+        axis.set_major_locator(MaxNLocator(nbins=6, integer=True, min_n_ticks=3))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_tokens(int(round(v)))))
+
+
+def build_figure(report: Report):
+    """The matplotlib Figure (no pyplot)."""
+    Figure = _matplotlib()
+    fig = Figure(figsize=(14, 13.5), dpi=100, layout="constrained")
+    grid = fig.add_gridspec(3, 2, height_ratios=[1.0, 1.9, 2.1])
+    ax_card = fig.add_subplot(grid[0, :])
+    ax_fall = fig.add_subplot(grid[1, :])
+    ax_rows = fig.add_subplot(grid[2, 0])
+    ax_ctx = fig.add_subplot(grid[2, 1])
+
+    adm, cfg = report.admission, report.config
+    verdict = report.verdict
+    fig.suptitle(f"{verdict}  —  {short_model(cfg.model)}   max_model_len={fmt_tokens(cfg.max_model_len)}"
+                 f"  max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}"
+                 f"  max_num_seqs={cfg.max_num_seqs}",
+                 fontsize=15, fontweight="bold", color=VERDICT_COLOURS.get(verdict, "black"))
+    stock_bar, worst_bar = card_bars(report)
+    _draw_card(ax_card, report, stock_bar, worst_bar)
+    _draw_waterfall(ax_fall, report, stock_bar, worst_bar)
+    _draw_rows(ax_rows, report)
+    _draw_context(ax_ctx, report)
+    notes = worst_bar.notes + stock_bar.notes
+    foot = (f"{report.device.name} · vLLM {report.vllm_version} ({report.runner.runner} runner) · "
+            f"TP={cfg.tensor_parallel_size} · wcprof {report.tool_version} · {report.created_at}")
+    if notes:
+        foot = "note: " + "; ".join(notes) + "\n" + foot
+    fig.text(0.5, -0.005, foot, ha="center", va="top", fontsize=8.5, color="#555555", wrap=True)
+    return fig
+
+
+def _draw_card(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
+    adm = report.admission
+    total = max(adm.requested_bytes, stock_bar.total, worst_bar.total)
+    bars = [(1, stock_bar, adm.kv_tokens_stock), (0, worst_bar, adm.kv_tokens_worstcase)]
+    for y, bar, tokens in bars:
+        left = 0
+        for seg in bar.segments:
+            colour = CATEGORIES[seg.category][0]
+            hatch = "//" if seg.category == "headroom" else None
+            ax.barh(y, seg.nbytes, left=left, height=0.62, color=colour, edgecolor="#333333",
+                    linewidth=0.6, hatch=hatch)
+            frac = seg.nbytes / total if total else 0
+            if seg.category == "kv" and frac > 0.25:
+                ax.text(left + seg.nbytes / 2, y, f"KV cache {fmt_bytes(seg.nbytes)}\n"
+                        f"{fmt_tokens(tokens)} tokens", ha="center", va="center", fontsize=10.5,
+                        fontweight="bold")
+            elif frac > 0.12:
+                ax.text(left + seg.nbytes / 2, y, f"{seg.label}\n{fmt_bytes(seg.nbytes)}",
+                        ha="center", va="center", fontsize=9)
+            left += seg.nbytes
+        non_kv = sum(s.nbytes for s in bar.non_kv())
+        ax.text(-0.005 * total, y - 0.42, f"non-KV {fmt_bytes(non_kv)}", ha="left", va="top",
+                fontsize=8.5, color="#333333")
+    ax.axvline(adm.requested_bytes, color="black", linestyle="--", linewidth=1)
+    ax.text(adm.requested_bytes, 1.47, f"requested {fmt_bytes(adm.requested_bytes)}",
+            ha="right", va="bottom", fontsize=9)
+    from matplotlib.patches import Patch
+
+    present = {s.category for bar in (stock_bar, worst_bar) for s in bar.segments}
+    ax.legend(handles=[Patch(facecolor=c, edgecolor="#333333", hatch="//" if k == "headroom"
+                             else None, label=lbl)
+                       for k, (c, lbl) in CATEGORIES.items() if k in present],
+              loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=10, fontsize=9,
+              frameon=False)
+    ax.set_yticks([1, 0], ["stock", "worst-case"], fontsize=11)
+    ax.set_ylim(-0.75, 1.75)
+    ax.set_xlim(0, total * 1.005)
+    _byte_axis(ax.xaxis)
+    ax.set_title("the card: where requested memory goes (to scale)", loc="left", fontsize=12)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _draw_waterfall(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
+    """Non-KV reservations as a waterfall: one slot per category, stock (left, hatched) and
+    worst-case (right) side by side, each step floating on its bar's running total, the total
+    at the end. Several segments of one category (workspace slots) stack inside one slot."""
+    from matplotlib.patches import Patch
+
+    present = {s.category for bar in (stock_bar, worst_bar) for s in bar.non_kv()}
+    order = [c for c in CATEGORIES if c in present]
+    width = 0.38
+    top = 0
+    for offset, bar in ((-width / 2, stock_bar), (width / 2, worst_bar)):
+        is_stock = bar is stock_bar
+        running = 0
+        for i, cat in enumerate(order):
+            segs = [s for s in bar.non_kv() if s.category == cat]
+            if not segs:
+                continue
+            lines = []
+            for j, seg in enumerate(segs):
+                ax.bar(i + offset, seg.nbytes, bottom=running, width=width * 0.95,
+                       color=CATEGORIES[cat][0], edgecolor="#333333", linewidth=0.6,
+                       hatch="xx" if is_stock else ("\\\\" if j % 2 else None),
+                       alpha=0.55 if is_stock else 1)
+                running += seg.nbytes
+                lines.append(f"{seg.label.removeprefix('workspace ')} {fmt_bytes(seg.nbytes)}"
+                             if len(segs) > 1 else fmt_bytes(seg.nbytes).replace(" ", "\n"))
+            ax.text(i + offset, running, "\n".join(lines), ha="center", va="bottom",
+                    fontsize=8)
+        n = len(order)
+        ax.bar(n + offset, running, width=width * 0.95,
+               color="#bbbbbb" if is_stock else "#444444", edgecolor="#333333", linewidth=0.6,
+               hatch="xx" if is_stock else None)
+        ax.text(n + offset, running, fmt_bytes(running).replace(" ", "\n"), ha="center",
+                va="bottom", fontsize=9, fontweight="bold")
+        top = max(top, running)
+    names = []
+    for cat in order:
+        name = WATERFALL_NAMES.get(cat, CATEGORIES[cat][1])
+        slots = sum(1 for s in worst_bar.non_kv() if s.category == cat)
+        if cat == "workspace" and slots > 1:
+            name += f"\n({slots} slots)"
+        names.append(name)
+    ax.set_xticks(range(len(order) + 1), names + ["non-KV\ntotal"], fontsize=9.5)
+    ax.set_ylim(0, top * 1.18 if top else 1)
+    _byte_axis(ax.yaxis)
+    ax.grid(axis="y", color="#e5e5e5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    ax.legend(handles=[Patch(facecolor="#dddddd", edgecolor="#333333", hatch="xx",
+                             label="stock (left of each pair)"),
+                       Patch(facecolor="#777777", edgecolor="#333333",
+                             label="worst-case (right of each pair)")],
+              loc="upper left", fontsize=9, frameon=False)
+    adm = report.admission
+    ax.set_title(f"everything but the KV cache (waterfall): worst-case transient "
+                 f"{fmt_bytes(worst_transient(report))} vs stock "
+                 f"{fmt_bytes(report.stock.peak_activation_bytes)}; worst-case KV "
+                 f"{_signed(adm.kv_cache_bytes - adm.stock_kv_cache_bytes)} vs stock",
+                 loc="left", fontsize=12)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "") + fmt_bytes(n)
+
+
+def _draw_reference_lines(ax, report: Report) -> None:
+    ax.axhline(stock_need(report), color="#b2182b", linestyle="--", linewidth=1.4,
+               label=f"stock reserves {fmt_bytes(stock_need(report))} (profile peak + workspace)")
+    ax.axhline(worst_need(report), color="#1b7837", linestyle=":", linewidth=1.6,
+               label=f"worst-case reserves {fmt_bytes(worst_need(report))} (peak + workspace)")
+
+
+def _draw_rows(ax, report: Report) -> None:
+    wc = report.worstcase
+    sweep = full_extent_prefill(report)
+    strip = _coverage_strip(ax, report)
+    if sweep:
+        xs = [s.shape.rows for s in sweep]
+        ax.plot(xs, [s.peak_bytes for s in sweep], color="#fdae6b", linewidth=1,
+                label="transient only")
+        ax.plot(xs, [s.need_bytes for s in sweep], color="#D55E00", linewidth=1.6, marker="o",
+                markersize=3, label=f"need = transient + workspace ({len(sweep)} rows executed)")
+    markers = {"decode": ("s", "#6a3d9a"), "mixed": ("D", "#1f78b4")}
+    for step in wc.steps:
+        if step.shape.kind in markers:
+            m, c = markers[step.shape.kind]
+            ax.plot([step.shape.rows], [step.need_bytes], marker=m, color=c, linestyle="none",
+                    markersize=7, label=f"{step.shape.kind}: {step.shape.num_reqs} reqs at ctx "
+                                        f"{fmt_tokens(step.shape.context_len)}")
+            markers.pop(step.shape.kind)
+    _draw_reference_lines(ax, report)
+    worst = _find_step(wc.steps, wc.worst_shape)
+    if worst is not None:
+        ax.plot([worst.shape.rows], [worst.need_bytes], marker="*", color="black", markersize=16,
+                linestyle="none", label=f"worst: {shape_text(worst.shape)}")
+    ax.set_xlim(0, report.config.max_num_batched_tokens * 1.02)
+    _finish_step_axes(ax, report, "rows in the step (prefill chunk at full KV extent)",
+                      report.config.max_num_batched_tokens, strip)
+    ax.set_title("what a step needs vs its rows value", loc="left", fontsize=12)
+
+
+def _coverage_strip(ax, report: Report) -> list:
+    """A strip along the bottom of the rows axes: chord-certified segments in alternating
+    blues (so each segment's ends show), fully executed segments in orange."""
+    from matplotlib.patches import Patch
+
+    cov = report.worstcase.coverage
+    chord, executed = [], []
+    for seg in cov.segments:
+        (chord if seg.how == "chord" else executed).append((seg.lo, max(seg.hi - seg.lo, 1)))
+    band = ax.get_xaxis_transform()  # x in data, y in axes fraction
+    if chord:
+        ax.broken_barh(chord[0::2], (0, 0.045), transform=band, color="#6baed6", linewidth=0)
+        ax.broken_barh(chord[1::2], (0, 0.045), transform=band, color="#c6dbef", linewidth=0)
+    if executed:
+        ax.broken_barh(executed, (0, 0.045), transform=band, color="#e6550d", linewidth=0)
+    return [Patch(color="#6baed6", label=f"strip: {len(chord)} segments certified by chord "
+                  f"(tolerance {fmt_bytes(cov.tolerance_bytes)})"),
+            Patch(color="#e6550d", label="strip: every rows value executed")]
+
+
+def _draw_context(ax, report: Report) -> None:
+    wc, adm = report.worstcase, report.admission
+    curve = sorted(wc.context_curve, key=lambda s: s.shape.context_len)
+    if curve:
+        rows = curve[-1].shape.rows
+        ax.plot([s.shape.context_len for s in curve], [s.need_bytes for s in curve],
+                color="#D55E00", linewidth=1.8, marker="o", markersize=5,
+                label=f"need at rows={fmt_tokens(rows)}")
+        ax.plot([s.shape.context_len for s in curve], [s.peak_bytes for s in curve],
+                color="#fdae6b", linewidth=1, label="transient only")
+        worst = next((s for s in curve if s.shape == wc.worst_shape), None)
+        if worst is not None:
+            ax.plot([worst.shape.context_len], [worst.need_bytes], marker="*", color="black",
+                    markersize=16, linestyle="none", label="worst shape")
+    else:
+        ax.text(0.5, 0.5, "no context curve in this report", transform=ax.transAxes,
+                ha="center", va="center", color="#555555")
+    _draw_reference_lines(ax, report)
+    if adm.stock_oom_context_len is not None:
+        ax.axvline(adm.stock_oom_context_len, color="#b2182b", linewidth=1.2)
+        ax.annotate(f"stock runs out at ctx {fmt_tokens(adm.stock_oom_context_len)}",
+                    xy=(adm.stock_oom_context_len, stock_need(report)), xytext=(8, 10),
+                    textcoords="offset points", color="#b2182b", fontsize=9.5,
+                    fontweight="bold")
+    else:
+        ax.text(0.98, 0.04, f"stock holds up to max_model_len "
+                f"{fmt_tokens(report.config.max_model_len)}", transform=ax.transAxes,
+                ha="right", va="bottom", color="#1b7837", fontsize=9.5)
+    ax.set_xlim(-0.01 * report.config.max_model_len, report.config.max_model_len * 1.02)
+    _finish_step_axes(ax, report, "KV extent already cached (tokens)",
+                      report.config.max_model_len)
+    ax.set_title("what the worst rows value needs as the context grows", loc="left",
+                 fontsize=12)
+
+
+def _finish_step_axes(ax, report: Report, xlabel: str, xmax: int, extra=()) -> None:
+    lo, hi = ax.get_ylim()
+    top = max(hi, worst_need(report), stock_need(report)) * 1.12
+    # a band below zero for the rows coverage strip, so it never hides a measurement
+    ax.set_ylim(-0.07 * top if extra else 0, top)
+    _byte_axis(ax.yaxis)
+    _token_axis(ax.xaxis, xmax)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="y", color="#e5e5e5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    handles, _labels = ax.get_legend_handles_labels()
+    ax.legend(handles=[*handles, *extra], loc="upper left", bbox_to_anchor=(0.0, -0.13),
+              fontsize=8.5, frameon=False, ncol=1)
+    ax.spines[["top", "right"]].set_visible(False)
+
+
+def _find_step(steps: list[StepResult], shape: Shape) -> StepResult | None:
+    found = [s for s in steps if s.shape == shape]
+    return max(found, key=lambda s: s.need_bytes) if found else None
+
+
+def figure_bytes(report: Report, fmt: str) -> bytes:
+    """Render to 'png' or 'svg' bytes. SVG keeps its text as text (searchable, selectable) and
+    carries no date, so the same report gives the same file."""
+    import matplotlib
+
+    fig = build_figure(report)
+    buf = io.BytesIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "wcprof"}):
+        if fmt == "png":
+            fig.savefig(buf, format="png", dpi=100, metadata={"Software": None},
+                        bbox_inches="tight", pad_inches=0.25, facecolor="white")
+        else:
+            fig.savefig(buf, format=fmt, metadata={"Date": None}, bbox_inches="tight",
+                        pad_inches=0.25, facecolor="white")
+    return buf.getvalue()
+
+
+def write_bytes_atomically(path: Path, data: bytes) -> None:
+    """render.json_report.write_atomically, for bytes: temp file in the same directory, fsync,
+    os.replace, so a crash never leaves half a picture."""
+    from worstcase_profiler.render.json_report import _fsync_dir
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            os.fchmod(tmp.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
