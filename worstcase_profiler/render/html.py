@@ -111,6 +111,11 @@ def render_html(report: Report) -> str:
     stock_oom = (f"stock runs out at context length {fmt_tokens(adm.stock_oom_context_len)}"
                  if adm.stock_oom_context_len is not None
                  else f"stock holds up to max_model_len ({fmt_tokens(cfg.max_model_len)})")
+    summary = (f"worst-case peak {fmt_bytes(report.worstcase.peak_activation_bytes)} vs stock peak "
+               f"{fmt_bytes(report.stock.peak_activation_bytes)}; KV tokens "
+               f"{fmt_tokens(adm.kv_tokens_worstcase)} (worst-case) vs "
+               f"{fmt_tokens(adm.kv_tokens_stock)} (stock); {stock_oom}; worst step "
+               f"{shape_text(report.worstcase.worst_shape)}.")
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -126,13 +131,11 @@ def render_html(report: Report) -> str:
 <p class="sub">max_model_len={fmt_tokens(cfg.max_model_len)} ·
 max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)} ·
 max_num_seqs={cfg.max_num_seqs} · TP={cfg.tensor_parallel_size} ·
-{escape(report.device.name)} · vLLM {escape(report.vllm_version)} ({escape(report.runner.runner)} runner)</p>
+{escape(report.device.name)} · vLLM {escape(report.vllm_version)}
+({escape(report.runner.runner)} runner)</p>
 <div>recommended:</div>
 <div class="flag"><code id="flag">--kv-cache-memory-bytes {flag}</code> ({fmt_bytes(flag)})</div>
-<p id="summary">worst-case peak {fmt_bytes(report.worstcase.peak_activation_bytes)} vs stock peak
-{fmt_bytes(report.stock.peak_activation_bytes)}; KV tokens {fmt_tokens(adm.kv_tokens_worstcase)}
-(worst-case) vs {fmt_tokens(adm.kv_tokens_stock)} (stock); {escape(stock_oom)}; worst step
-{escape(shape_text(report.worstcase.worst_shape))}.</p>
+<p id="summary">{escape(summary)}</p>
 <table id="comparison">
 <thead><tr><th></th><th>stock</th><th>worst-case</th><th>difference</th></tr></thead>
 <tbody>

@@ -199,7 +199,6 @@ def shape_text(shape: Shape) -> str:
 
 def _matplotlib():
     try:
-        import matplotlib  # noqa: F401
         from matplotlib.figure import Figure
     except ImportError as e:
         raise ConfigError("--html and --png need matplotlib",
@@ -216,7 +215,8 @@ def _byte_axis(axis) -> None:
         def tick_values(self, vmin, vmax):
             top = max(abs(vmin), abs(vmax))
             unit = GiB if top >= GiB else MiB if top >= MiB else 1024
-            return super().tick_values(vmin / unit, vmax / unit) * unit
+            ticks = super().tick_values(vmin / unit, vmax / unit) * unit
+            return ticks[ticks >= 0]  # sizes are never negative (the band below 0 is the strip)
 
     axis.set_major_locator(ByteLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
     axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_bytes(v)))
@@ -244,9 +244,10 @@ def build_figure(report: Report):
     ax_rows = fig.add_subplot(grid[2, 0])
     ax_ctx = fig.add_subplot(grid[2, 1])
 
-    adm, cfg = report.admission, report.config
+    cfg = report.config
     verdict = report.verdict
-    fig.suptitle(f"{verdict}  —  {short_model(cfg.model)}   max_model_len={fmt_tokens(cfg.max_model_len)}"
+    fig.suptitle(f"{verdict}  —  {short_model(cfg.model)}   "
+                 f"max_model_len={fmt_tokens(cfg.max_model_len)}"
                  f"  max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}"
                  f"  max_num_seqs={cfg.max_num_seqs}",
                  fontsize=15, fontweight="bold", color=VERDICT_COLOURS.get(verdict, "black"))
@@ -256,8 +257,9 @@ def build_figure(report: Report):
     _draw_rows(ax_rows, report)
     _draw_context(ax_ctx, report)
     notes = worst_bar.notes + stock_bar.notes
-    foot = (f"{report.device.name} · vLLM {report.vllm_version} ({report.runner.runner} runner) · "
-            f"TP={cfg.tensor_parallel_size} · wcprof {report.tool_version} · {report.created_at}")
+    foot = (f"{report.device.name} · vLLM {report.vllm_version} "
+            f"({report.runner.runner} runner) · TP={cfg.tensor_parallel_size} · "
+            f"wcprof {report.tool_version} · {report.created_at}")
     if notes:
         foot = "note: " + "; ".join(notes) + "\n" + foot
     fig.text(0.5, -0.005, foot, ha="center", va="top", fontsize=8.5, color="#555555", wrap=True)
@@ -285,7 +287,7 @@ def _draw_card(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
                         ha="center", va="center", fontsize=9)
             left += seg.nbytes
         non_kv = sum(s.nbytes for s in bar.non_kv())
-        ax.text(-0.005 * total, y - 0.42, f"non-KV {fmt_bytes(non_kv)}", ha="left", va="top",
+        ax.text(0.003 * total, y - 0.42, f"non-KV {fmt_bytes(non_kv)}", ha="left", va="top",
                 fontsize=8.5, color="#333333")
     ax.axvline(adm.requested_bytes, color="black", linestyle="--", linewidth=1)
     ax.text(adm.requested_bytes, 1.47, f"requested {fmt_bytes(adm.requested_bytes)}",
@@ -392,15 +394,16 @@ def _draw_rows(ax, report: Report) -> None:
     for step in wc.steps:
         if step.shape.kind in markers:
             m, c = markers[step.shape.kind]
+            label = (f"{step.shape.kind}: {step.shape.num_reqs} reqs at ctx "
+                     f"{fmt_tokens(step.shape.context_len)}")
             ax.plot([step.shape.rows], [step.need_bytes], marker=m, color=c, linestyle="none",
-                    markersize=7, label=f"{step.shape.kind}: {step.shape.num_reqs} reqs at ctx "
-                                        f"{fmt_tokens(step.shape.context_len)}")
+                    markersize=6, zorder=6, label=label)
             markers.pop(step.shape.kind)
     _draw_reference_lines(ax, report)
     worst = _find_step(wc.steps, wc.worst_shape)
     if worst is not None:
         ax.plot([worst.shape.rows], [worst.need_bytes], marker="*", color="black", markersize=16,
-                linestyle="none", label=f"worst: {shape_text(worst.shape)}")
+                linestyle="none", zorder=5, label=f"worst: {shape_text(worst.shape)}")
     ax.set_xlim(0, report.config.max_num_batched_tokens * 1.02)
     _finish_step_axes(ax, report, "rows in the step (prefill chunk at full KV extent)",
                       report.config.max_num_batched_tokens, strip)
