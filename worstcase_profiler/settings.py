@@ -40,7 +40,6 @@ class ProfilerSettings:
     kv_audit: Literal["error", "warn", "off"] = "error"
     context_ladder: bool = True
     attribute_ops: bool = True
-    validate: bool = False
     kv_cap_bytes: int | None = None
     """Give the engine at most this much KV (the report still states the full budget). wcprof
     uses it so a report run does not fill a CPU host with a KV cache nobody will use."""
@@ -52,8 +51,7 @@ class ProfilerSettings:
         return self.mode != "off"
 
 
-_BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops", "validate",
-              "progress"}
+_BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops", "progress"}
 
 
 def _coerce(key: str, value: Any) -> Any:

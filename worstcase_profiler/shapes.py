@@ -79,6 +79,22 @@ def prefill_chunk(limits: Limits, rows: int) -> Shape:
                  num_reqs=num_reqs)
 
 
+def split_prefills(limits: Limits, rows: int) -> list[Shape]:
+    """The same R rows spread over n = 2, 4, 8, ... prefill requests (up to max_num_seqs), each
+    ending at max_model_len: the scheduler forms these when one request's last chunk and the
+    next one's first share a step. Per-request metadata and kernel splits scale with n."""
+    _check_rows(limits, rows)
+    out = []
+    n = 2
+    while n <= min(limits.max_num_seqs, rows):
+        largest = -(-rows // n)
+        if largest <= limits.max_model_len:
+            out.append(Shape(kind="prefill", rows=rows, context_len=limits.max_model_len - largest,
+                             num_reqs=n))
+        n *= 2
+    return out
+
+
 def decode_batch(limits: Limits) -> Shape:
     """As many decode requests as the limits allow, each scheduling 1 + k speculative rows on
     a full-length context."""

@@ -127,7 +127,8 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         seeds = [1 << k for k in range(hi.bit_length()) if (1 << k) <= hi]
         rows_cov = cover_rows(measure_rows, 1, hi, tolerance=tolerance, exhaustive=exhaustive,
                               seeds=seeds)
-        for extra in (plan.decode_batch(limits), plan.mixed_step(limits)):
+        for extra in (*plan.split_prefills(limits, rows_cov.worst_rows), plan.decode_batch(limits),
+                      plan.mixed_step(limits)):
             if extra is not None:
                 step(extra)
 

@@ -192,7 +192,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         wc.workspace_slots = ws.grow_all_slots(mgr)
         wc.workspace_bytes = ws.total_bytes(mgr)
 
-    consumed = _consumed(worker, meter) + wc.post_profile_bytes
+    measured_consumed = _consumed(worker, meter)
+    consumed = measured_consumed + wc.post_profile_bytes
     requested = _requested(worker)
     bpt = kvmod.bytes_per_token(runner)
     # The stock-OOM question is about everything non-KV a step needs, workspace included: stock
@@ -202,7 +203,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     admission = compute_admission(
         requested=requested, consumed=consumed,
         weights=int(getattr(runner, "model_memory_usage", 0) or 0),
-        non_torch=_non_torch(meter, consumed), worst_peak=wc.peak_activation_bytes,
+        non_torch=_non_torch(meter, measured_consumed), worst_peak=wc.peak_activation_bytes,
         stock_peak=stock_need, cudagraph=_cudagraph_applied(worker),
         margin=settings.margin_bytes, bytes_per_token=bpt, block_size=limits.block_size,
         max_model_len=limits.max_model_len, explicit_kv=explicit, context_curve=curve)

@@ -72,7 +72,7 @@ def load_report(path: Any) -> Report:
     """Read a report written by JsonReporter. ConfigError if it is missing, not JSON, not a
     report, or from another major schema version."""
     path = Path(path)
-    hint = "pass a file written by `wcprof --format json`"
+    hint = "pass a file written by `wcprof --json PATH`"
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
