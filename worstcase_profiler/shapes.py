@@ -88,11 +88,30 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     n = 2
     while n <= min(limits.max_num_seqs, rows):
         largest = -(-rows // n)
-        if largest <= limits.max_model_len:
-            out.append(Shape(kind="prefill", rows=rows, context_len=limits.max_model_len - largest,
-                             num_reqs=n))
+        extent = _extent_for(limits, n)
+        if largest <= extent:
+            out.append(Shape(kind="prefill", rows=rows, context_len=extent - largest, num_reqs=n))
         n *= 2
     return out
+
+
+def _extent_for(limits: Limits, num_reqs: int) -> int:
+    """The longest sequence each of `num_reqs` requests can have at once: max_model_len, or the
+    KV capacity shared between them when that is smaller."""
+    if limits.kv_capacity_tokens is None:
+        return limits.max_model_len
+    return max(1, min(limits.max_model_len, limits.kv_capacity_tokens // num_reqs))
+
+
+def wide_decode_batch(limits: Limits) -> Shape | None:
+    """As many decode requests as max_num_seqs and the token budget allow, each as long as the
+    KV capacity lets that many be at once: more sampler rows and metadata than the full-context
+    batch, which the capacity caps. None when it is the same shape as decode_batch."""
+    per_req = limits.rows_per_decode
+    n = max(1, min(limits.max_num_seqs, limits.max_num_batched_tokens // per_req))
+    shape = Shape(kind="decode", rows=n * per_req,
+                  context_len=max(0, _extent_for(limits, n) - per_req), num_reqs=n)
+    return None if shape == decode_batch(limits) else shape
 
 
 def decode_batch(limits: Limits) -> Shape:

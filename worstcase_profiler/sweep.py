@@ -128,7 +128,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         rows_cov = cover_rows(measure_rows, 1, hi, tolerance=tolerance, exhaustive=exhaustive,
                               seeds=seeds)
         for extra in (*plan.split_prefills(limits, rows_cov.worst_rows), plan.decode_batch(limits),
-                      plan.mixed_step(limits)):
+                      plan.wide_decode_batch(limits), plan.mixed_step(limits)):
             if extra is not None:
                 step(extra)
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import logging
 import os
@@ -177,6 +178,12 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
 
     stock_kv = int(original(worker))  # vLLM's own figure, its own profile included
 
+    # What the scheduler can form is bounded by the KV pool: vLLM's own budget is an upper bound
+    # on it (ours only comes out smaller), so shapes never exceed what could be resident at once.
+    bpt = kvmod.bytes_per_token(runner)
+    if bpt:
+        limits = dataclasses.replace(limits, kv_capacity_tokens=max(
+            limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt))
     driver = make_driver(worker, limits, meter, _agree_max_fn())
     tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None else meter.resolution_bytes
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner",
@@ -195,7 +202,6 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     measured_consumed = _consumed(worker, meter)
     consumed = measured_consumed + wc.post_profile_bytes
     requested = _requested(worker)
-    bpt = kvmod.bytes_per_token(runner)
     # The stock-OOM question is about everything non-KV a step needs, workspace included: stock
     # budgets its own step's need; a longer context needs more (seed 002).
     curve = [(r.shape.context_len, r.need_bytes) for r in wc.context_curve]
