@@ -16,7 +16,7 @@ endif
 export MALLOC_MMAP_THRESHOLD_ := 65536
 export VLLM_NO_USAGE_STATS := 1
 
-.PHONY: venv demo test test-unit test-cpu clean
+.PHONY: venv demo test test-unit test-cpu clean chromium
 
 venv: $(STAMP)
 
@@ -35,8 +35,14 @@ $(STAMP): pyproject.toml plugins/wcp_fixtures/pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/wcprof
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(VPY) -m pytest -q -ra
+
+# Headless Chromium renders the HTML report in a test (Debian package; skipped where apt can't).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; } || \
+	  echo "chromium could not be installed: tests/cpu/test_html_chromium.py will skip"
 
 test-unit: $(STAMP)
 	$(VPY) -m pytest -q tests/unit
