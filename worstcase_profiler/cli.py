@@ -14,7 +14,6 @@ renders it. Exit codes: 0 safe, 1 gate failed / unsafe, 2 bad input, 3 does not 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -158,7 +157,6 @@ def profile(argv: list[str]) -> int:
     from vllm import LLM
 
     from .adapter.engine import limits_of
-    from .render import get_reporter
     from .render.json_report import load_report
 
     t0 = time.perf_counter()

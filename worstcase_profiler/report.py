@@ -96,6 +96,10 @@ class WorstCase(BaseModel):
     workspace_slots: list[WorkspaceSlot] = []
     workspace_locked: bool = False
     seconds: float
+    plan_fingerprints: list[str] = Field(
+        default_factory=list, description="plan_fingerprint of the executed step shapes (`steps` "
+        "in order), one per rank of the world group, indexed by rank; every entry must be equal "
+        "(tensor-parallel ranks run the same steps in the same order)")
 
 
 class Admission(BaseModel):

@@ -76,6 +76,45 @@ def _agree_max_fn():
     return agree
 
 
+def _check_same_plan(report: Report, settings: ProfilerSettings) -> None:
+    """Prove every rank executed the same synthetic steps in the same order: all-gather the
+    plan_fingerprint of the executed step shapes over the world group's CPU group, store every
+    rank's fingerprint (indexed by rank) in the report, and fail closed naming the ranks that
+    disagree (after writing this rank's report, so the mismatch can be read back)."""
+    from ..shapes import plan_fingerprint
+
+    wc = report.worstcase
+    mine = plan_fingerprint([s.shape for s in wc.steps])
+    fingerprints = [mine]
+    try:
+        from vllm.distributed import get_world_group
+
+        group = get_world_group()
+        world_size = int(group.world_size)
+    except Exception:  # noqa: BLE001 - no distributed state (CLI tests): one rank
+        world_size = 1
+    if world_size > 1:
+        import torch
+        import torch.distributed as dist
+
+        mine_t = torch.tensor(list(mine.encode("ascii")), dtype=torch.uint8)
+        gathered = [torch.empty_like(mine_t) for _ in range(world_size)]
+        dist.all_gather(gathered, mine_t, group=group.cpu_group)
+        fingerprints = [bytes(t.tolist()).decode("ascii") for t in gathered]
+    wc.plan_fingerprints = fingerprints
+    if len(set(fingerprints)) > 1:
+        groups: dict[str, list[int]] = {}
+        for rank, fp in enumerate(fingerprints):
+            groups.setdefault(fp, []).append(rank)
+        detail = "; ".join(f"ranks {ranks}: {fp}" for fp, ranks in groups.items())
+        write_report(report, settings)
+        raise WcprofError(
+            f"tensor-parallel ranks executed different worst-case sweeps (plan fingerprints "
+            f"differ: {detail}); rank {report.rank} ran {len(wc.steps)} steps",
+            hint="every rank must see the same engine limits and settings; compare the per-rank "
+                 "reports (.rankN.json)")
+
+
 def _device_info(worker) -> DeviceInfo:
     dev = getattr(worker, "device", None)
     if getattr(dev, "type", "cpu") == "cuda":
@@ -224,6 +263,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                           worker=type(worker).__name__,
                           attention_backends=_attention_backends(runner)),
         stock=outcome.stock, worstcase=wc, admission=admission)
+    _check_same_plan(report, settings)
     setattr(worker, REPORT_ATTR, report)
     write_report(report, settings)
 

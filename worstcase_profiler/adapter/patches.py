@@ -25,7 +25,6 @@ class Patch:
     what: str
     why: str
     versions: str
-    apply: Callable[[], bool]
 
 
 def settings_of(worker) -> ProfilerSettings:
@@ -152,6 +151,7 @@ def _patch_cli() -> bool:
     return True
 
 
+# The registry is documentation that ships with the code (and what `apply_all` below installs).
 PATCHES: tuple[Patch, ...] = (
     Patch(
         name="worker-budget",
@@ -161,31 +161,27 @@ PATCHES: tuple[Patch, ...] = (
              "worst-case budget",
         why="the stock profile runs one max_num_batched_tokens step on an empty KV cache with no "
             "attention metadata, so context-scaled memory is never seen (seed 002)",
-        versions="0.26 (GPU), 0.32 (CPU) verified; 0.33 by reading",
-        apply=lambda: True),
+        versions="0.26 (GPU), 0.32 (CPU) verified; 0.33 by reading"),
     Patch(
         name="worker-kv-audit",
         target="vllm.v1.worker.gpu_worker.Worker.initialize_from_config (CPUWorker inherits it)",
         what="sums the storages KV initialisation actually allocated and compares with the budget",
         why="nothing checked that KV initialisation stays within its budget (seed 000: 8.5x)",
-        versions="0.26, 0.32 verified; 0.33 by reading",
-        apply=lambda: True),
+        versions="0.26, 0.32 verified; 0.33 by reading"),
     Patch(
         name="worker-workspace-lock",
         target="Worker.compile_or_warm_up_model, CPUWorker.compile_or_warm_up_model",
         what="after warm-up, locks the WorkspaceManager (all slots already grown to the worst case)",
         why="vLLM locks only when CUDA graphs are captured (never in eager mode, never on 0.26's V2 "
             "runner); unlocked growth takes memory promised to the KV cache",
-        versions="0.26, 0.32 verified",
-        apply=lambda: True),
+        versions="0.26, 0.32 verified"),
     Patch(
         name="serve-profiler-flag",
         target="vllm.engine.arg_utils.EngineArgs.add_cli_args / from_cli_args",
         what="adds exact --profiler {default,worstcase} and --profiler-report PATH options and "
              "carries them to every process through additional_config",
         why="without an exact option argparse abbreviates --profiler to --profiler-config and fails",
-        versions="0.26, 0.32 verified",
-        apply=lambda: True),
+        versions="0.26, 0.32 verified"),
 )
 
 

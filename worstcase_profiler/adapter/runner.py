@@ -30,6 +30,30 @@ def _set_config_ctx(vllm_config):
     return set_current_vllm_config(vllm_config)
 
 
+def init_provisional_kv(runner, limits: Limits, meter, num_blocks: int, initialize,
+                        on_error=None):
+    """Build and initialise a KV cache of `num_blocks` blocks; measure what it cost. Whatever the
+    process grew beyond the KV tensors themselves (metadata builders, input buffers) is what vLLM
+    allocates after its own profile: `post_profile_bytes`."""
+    cfg = kvmod.kv_cache_config_with_blocks(runner, num_blocks)
+    before = meter.in_use()
+    try:
+        initialize(cfg)
+    except (MemoryError, RuntimeError) as e:
+        if on_error is not None:
+            on_error()
+        if "out of memory" in str(e).lower() or isinstance(e, MemoryError):
+            raise DoesNotFit(
+                f"a KV cache for one request at max_model_len={limits.max_model_len} "
+                f"({num_blocks} blocks) does not fit next to the weights",
+                hint="lower --max-model-len or use a device with more memory") from e
+        raise
+    grown = meter.in_use() - before
+    kv_bytes = kvmod.allocated_kv_bytes(runner)
+    return cfg, ProvisionalKV(num_blocks=cfg.num_blocks, kv_bytes=kv_bytes,
+                              post_profile_bytes=max(0, grown - kv_bytes))
+
+
 def is_v2_runner(runner) -> bool:
     return type(runner).__module__.startswith(("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu."))
 
@@ -79,24 +103,10 @@ class V1Driver:
         vllm_config = r.vllm_config
         need_blocks = math.ceil(self.limits.max_model_len / self.limits.block_size) + 1
         with _set_config_ctx(vllm_config):
-            cfg = kvmod.kv_cache_config_with_blocks(r, need_blocks)
-            before = self.meter.in_use()
-            try:
-                r.initialize_kv_cache(cfg, is_profiling=True)
-            except TypeError:  # v26 V1 also takes is_profiling; keep the door open
-                r.initialize_kv_cache(cfg)
-            except (MemoryError, RuntimeError) as e:
-                if "out of memory" in str(e).lower() or isinstance(e, MemoryError):
-                    raise DoesNotFit(
-                        f"a KV cache for one request at max_model_len={self.limits.max_model_len} "
-                        f"({need_blocks} blocks) does not fit next to the weights",
-                        hint="lower --max-model-len or use a device with more memory") from e
-                raise
-            grown = self.meter.in_use() - before
-            kv_bytes = kvmod.allocated_kv_bytes(r)
+            cfg, info = init_provisional_kv(
+                r, self.limits, self.meter, need_blocks,
+                lambda cfg: r.initialize_kv_cache(cfg, is_profiling=True))
             self._pool_blocks = cfg.num_blocks
-            info = ProvisionalKV(num_blocks=cfg.num_blocks, kv_bytes=kv_bytes,
-                                 post_profile_bytes=max(0, grown - kv_bytes))
             try:
                 yield info
             finally:

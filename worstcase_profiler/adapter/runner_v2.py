@@ -56,13 +56,11 @@ import math
 
 import numpy as np
 
-from ..errors import DoesNotFit, UnsupportedModel
+from ..errors import UnsupportedModel
 from ..report import Shape
 from ..shapes import Limits, request_layout
-from ..sweep import ProvisionalKV
-from . import kv as kvmod
 from . import workspace as ws
-from .runner import _set_config_ctx
+from .runner import _set_config_ctx, init_provisional_kv
 
 log = logging.getLogger("vllm.wcprof")
 _HINT = "this vLLM version's V2 model runner is not supported by worstcase_profiler; " \
@@ -162,23 +160,12 @@ class V2Driver:
         r = self.runner
         need = self._blocks_for_one_request()
         with _set_config_ctx(r.vllm_config):
-            cfg = kvmod.kv_cache_config_with_blocks(r, need)
-            before = self.meter.in_use()
-            try:
-                r.initialize_kv_cache(cfg, **({"is_profiling": True} if self._is_profiling else {}))
-            except (MemoryError, RuntimeError) as e:
-                self._teardown()
-                if "out of memory" in str(e).lower() or isinstance(e, MemoryError):
-                    raise DoesNotFit(
-                        f"a KV cache for one request at max_model_len={self.limits.max_model_len} "
-                        f"({need} blocks) does not fit next to the weights",
-                        hint="lower --max-model-len or use a device with more memory") from e
-                raise
+            cfg, info = init_provisional_kv(
+                r, self.limits, self.meter, need,
+                lambda cfg: r.initialize_kv_cache(
+                    cfg, **({"is_profiling": True} if self._is_profiling else {})),
+                on_error=self._teardown)
             r.cache_config.num_gpu_blocks = cfg.num_blocks
-            grown = self.meter.in_use() - before
-            kv_bytes = kvmod.allocated_kv_bytes(r)
-            info = ProvisionalKV(num_blocks=cfg.num_blocks, kv_bytes=kv_bytes,
-                                 post_profile_bytes=max(0, grown - kv_bytes))
             try:
                 yield info
             finally:

@@ -6,12 +6,10 @@ tokens), so they can be searched and copied. Written atomically."""
 from __future__ import annotations
 
 import re
-import sys
 from html import escape
-from pathlib import Path
 from typing import Any
 
-from worstcase_profiler.render.json_report import write_atomically
+from worstcase_profiler.render.json_report import emit_text
 from worstcase_profiler.render.picture import (VERDICT_COLOURS, figure_bytes, shape_text,
                                                stock_need, worst_need)
 from worstcase_profiler.report import Report
@@ -39,13 +37,7 @@ footer { color: #777; font-size: .85em; margin-top: 1.5em; }
 class HtmlReporter:
     def write(self, report: Report, dest: Any) -> None:
         """dest: a path (written atomically), an open text stream, or None / "-" for stdout."""
-        page = render_html(report)
-        if dest is None or dest == "-":
-            sys.stdout.write(page)
-        elif hasattr(dest, "write"):
-            dest.write(page)
-        else:
-            write_atomically(Path(dest), page)
+        emit_text(render_html(report), dest)
 
 
 def inline_svg(report: Report) -> str:

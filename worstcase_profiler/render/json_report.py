@@ -19,25 +19,30 @@ from worstcase_profiler.report import SCHEMA_VERSION, Report
 class JsonReporter:
     def write(self, report: Report, dest: Any) -> None:
         """dest: a path (written atomically), an open text stream, or None / "-" for stdout."""
-        payload = report.model_dump_json(indent=2) + "\n"
-        if dest is None or dest == "-":
-            sys.stdout.write(payload)
-        elif hasattr(dest, "write"):
-            dest.write(payload)
-        else:
-            write_atomically(Path(dest), payload)
+        emit_text(report.model_dump_json(indent=2) + "\n", dest)
 
 
-def write_atomically(path: Path, text: str) -> None:
+def emit_text(text: str, dest: Any) -> None:
+    """Text reporters' one way out: stdout for None / "-", a stream as is, a path atomically."""
+    if dest is None or dest == "-":
+        sys.stdout.write(text)
+    elif hasattr(dest, "write"):
+        dest.write(text)
+    else:
+        write_atomically(Path(dest), text)
+
+
+def write_atomically(path: Path, data: str | bytes) -> None:
     """Temp file in the same directory, fsync, os.replace: the destination is either the old
     file or the complete new one, never a prefix."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    binary = isinstance(data, bytes)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as tmp:
             # mkstemp makes the file 0600; keep the old file's mode, else the usual 0644.
             os.fchmod(tmp.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
-            tmp.write(text)
+            tmp.write(data)
             tmp.flush()
             os.fsync(tmp.fileno())
         os.replace(tmp_name, path)

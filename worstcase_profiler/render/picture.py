@@ -18,8 +18,6 @@ no display needed.
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -504,23 +502,7 @@ def figure_bytes(report: Report, fmt: str) -> bytes:
 
 
 def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """render.json_report.write_atomically, for bytes: temp file in the same directory, fsync,
-    os.replace, so a crash never leaves half a picture."""
-    from worstcase_profiler.render.json_report import _fsync_dir
+    """A crash never leaves half a picture (same mechanism as the JSON report)."""
+    from worstcase_profiler.render.json_report import write_atomically
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            os.fchmod(tmp.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
-            tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
+    write_atomically(path, data)
