@@ -185,9 +185,10 @@ def profile(argv: list[str]) -> int:
     report = load_report(report_path)
     if ns.validate:
         limits = limits_of(llm.llm_engine.vllm_config)
-        report.validation = _validate(llm, report, limits)
-    report.warnings.append(f"engine boot with sweep took {boot_s:.1f}s")
+        with err.status("validating: replaying a max_model_len prompt and a decode batch…"):
+            report.validation = _validate(llm, report, limits)
     _emit(report, ns)
+    err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
     code = 0 if report.admission.fits and (report.kv_audit is None or report.kv_audit.verdict == "ok") else 1
     if report.validation and report.validation.measured_peak_bytes > report.validation.predicted_peak_bytes:
         code = 1

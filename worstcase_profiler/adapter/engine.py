@@ -12,6 +12,7 @@ import dataclasses
 import datetime as _dt
 import logging
 import os
+import sys
 
 from .. import __version__
 from ..admission import compute_admission
@@ -196,16 +197,36 @@ def _cudagraph_applied(worker) -> int:
         return est
 
 
-def _progress_logger(settings: ProfilerSettings):
-    count = [0]
+class _SweepProgress:
+    """A live progress line on a terminal (steps done, the step that ran, the worst so far), one
+    log line per step otherwise. The step count is not known up front: bisection decides it."""
 
-    def on_step(result) -> None:
-        count[0] += 1
-        if settings.progress:
-            log.info("[wcprof] step %d: %s -> %s in %.2fs", count[0], result.shape.label(),
-                     fmt_bytes(result.peak_bytes), result.seconds)
+    def __init__(self, settings: ProfilerSettings, rows_max: int):
+        self.count = 0
+        self.worst = 0
+        self._enabled = settings.progress
+        self._bar = None
+        if self._enabled and sys.stderr.isatty() and _rank() == 0:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    return on_step
+            self._bar = Progress(SpinnerColumn(), TextColumn("[bold]wcprof sweep[/] {task.description}"),
+                                 TimeElapsedColumn(), transient=True)
+            self._task = self._bar.add_task(f"rows 1..{rows_max}", total=None)
+            self._bar.start()
+
+    def __call__(self, result) -> None:
+        self.count += 1
+        self.worst = max(self.worst, result.need_bytes)
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"step {self.count}: {result.shape.label()} "
+                             f"-> {fmt_bytes(result.need_bytes)} (worst {fmt_bytes(self.worst)})")
+        elif self._enabled:
+            log.info("[wcprof] step %d: %s -> %s in %.2fs", self.count, result.shape.label(),
+                     fmt_bytes(result.need_bytes), result.seconds)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
 
 
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
@@ -227,10 +248,15 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None else meter.resolution_bytes
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner",
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind)
-    outcome = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
-                        context_ladder=settings.context_ladder,
-                        attribute_ops=settings.attribute_ops,
-                        on_step=_progress_logger(settings))
+    progress = _SweepProgress(settings, limits.max_num_batched_tokens)
+    try:
+        outcome = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
+                            context_ladder=settings.context_ladder,
+                            attribute_ops=settings.attribute_ops, on_step=progress)
+    finally:
+        progress.close()
+    log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
+             outcome.worstcase.seconds, outcome.stock.seconds)
 
     mgr = ws.manager()
     wc = outcome.worstcase

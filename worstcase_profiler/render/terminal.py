@@ -161,7 +161,8 @@ def coverage_line(report: Report) -> str:
             f" by {cov.method}; {wc.shapes_executed} shapes executed; "
             f"{fmt_tokens(len(cov.executed_rows))} rows executed, "
             f"{fmt_tokens(certified)} certified by "
-            f"chord (tolerance {fmt_bytes(cov.tolerance_bytes)})")
+            f"chord (tolerance {fmt_bytes(cov.tolerance_bytes)}); sweep {wc.seconds:.1f}s vs "
+            f"stock step {report.stock.seconds:.2f}s")
 
 
 def _signed_bytes(n: int) -> str:

@@ -1,0 +1,465 @@
+#!/usr/bin/env python3
+"""CPU benchmark of `--profiler worstcase` against stock vLLM, side by side, in one run.
+
+  .venv/bin/python bench/cpu_bench.py            # tiny, scratch, tile; 2 boots of each mode
+
+For each workload (engine args from worstcase_profiler.demos.SCENARIOS, tiny = the bundled model
+with wcprof's defaults) it measures, every engine in its own subprocess, in-process engine core
+(VLLM_ENABLE_V1_MULTIPROCESSING=0), stock and worstcase boots alternating:
+
+  1. start-up: wall time of `LLM(...)` alone (before the call -> after it returns); stock = the
+     plugin installed but not enabled; median of --reps boots per mode and worstcase/stock;
+  2. prediction vs runtime: in the last worstcase engine, adversarial traffic replayed through
+     `llm.generate` — one max_model_len-2 prompt (chunked), ~20 requests that hit the prefix cache
+     of a max_model_len - ~max_num_batched_tokens prefix and add a chunk of varying rows, sent in
+     small batches, and min(max_num_seqs, 4) long prompts decoding a few tokens. Each generate call
+     is read by the project's own meter (CpuMeter: begin() before, end() after = transient above
+     max(baseline, what is left live)); measured = max transient + live workspace bytes;
+     predicted = report.worstcase.peak_activation_bytes + report.worstcase.workspace_bytes;
+  3. KV admitted vs ideal: ideal = the report's own admission arithmetic with the measured
+     transient in place of the predicted one; ratio kv_tokens_worstcase / ideal.
+
+Writes docs/results/cpu-bench.json (every raw number, the command, vLLM version, nproc/free) and
+docs/results/cpu-bench.md (the table, the command, column meanings, what limits the rest).
+Internal: `--child` runs one engine and writes one JSON (used by the parent, not by hand).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ("tiny", "scratch", "tile")
+KV_CAP = 512 << 20
+N_PREFIX_REQS = 20
+PREFIX_BATCH = 2
+TARGETS = {"measured_over_predicted": ("<=", 1.00), "predicted_over_measured": ("<=", 1.02),
+           "kv_worstcase_over_ideal": (">=", 0.98)}
+
+
+# ---------------------------------------------------------------------------------------------
+# child: one engine
+# ---------------------------------------------------------------------------------------------
+
+def _engine_kwargs(workload: str) -> dict:
+    from worstcase_profiler.cli import build_engine_args
+    from worstcase_profiler.demos import scenario_args
+
+    _ns, ea = build_engine_args(scenario_args(workload))
+    return {f: getattr(ea, f) for f in ea.__dataclass_fields__}
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _replay(llm, report: dict, out: dict) -> None:
+    """Adversarial traffic through the real engine, every generate call read by CpuMeter."""
+    from vllm import SamplingParams
+
+    from worstcase_profiler.adapter import workspace as ws
+    from worstcase_profiler.adapter.engine import limits_of
+    from worstcase_profiler.meters import CpuMeter, _read_status_kb
+
+    lim = limits_of(llm.llm_engine.vllm_config)
+    mml, mnbt, bs = lim.max_model_len, lim.max_num_batched_tokens, lim.block_size
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+    kv_tokens = int(worker.model_runner.kv_cache_config.num_blocks) * bs
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    ids = lambda n, s: [(s * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]  # noqa: E731
+    scratch_log = sys.modules.get("wcp_fixtures.scratch")
+    scratch_log = getattr(scratch_log, "SCRATCH_LOG", None)
+
+    long_prompt = ids(mml - 2, 1)
+    prefix_len = max(bs, ((mml - mnbt - 2) // bs) * bs)  # whole blocks: all of it can be a hit
+    room = mml - prefix_len - 2                          # leave room for 2 generated tokens
+    prefix_reqs = []
+    for i in range(N_PREFIX_REQS):
+        n = max(1, min(room, mnbt - (i * 37) % (mnbt // 2)))
+        prefix_reqs.append(long_prompt[:prefix_len] + [(i * 131 + j) % (vocab - 1) + 1 for j in range(n)])
+    n_dec = max(1, min(lim.max_num_seqs, 4, kv_tokens // mml - 1))
+    calls = [(f"1 prompt of {mml - 2} tokens (chunked by {mnbt})", [long_prompt], 2)]
+    for b in range(0, N_PREFIX_REQS, PREFIX_BATCH):
+        batch = prefix_reqs[b:b + PREFIX_BATCH]
+        calls.append((f"prefix-hit {prefix_len} + new rows {[len(p) - prefix_len for p in batch]}",
+                      batch, 2))
+    calls.append((f"{n_dec} prompts of {mml - 8} tokens then 6 decode steps",
+                  [ids(mml - 8, 10 + i) for i in range(n_dec)], 6))
+
+    mgr = ws.manager()
+    slots_before = ws.slot_sizes(mgr) if mgr is not None else []
+    meter = CpuMeter()
+    rows = []
+    t0 = time.perf_counter()
+    out["replay"] = {"prefix_len": prefix_len, "block_size": bs, "kv_tokens_allocated": kv_tokens,
+                     "n_decode_prompts": n_dec, "calls": rows, "error": None}
+    try:
+        for label, prompts, max_tokens in calls:
+            mark = len(scratch_log) if scratch_log is not None else 0
+            if scratch_log is not None:
+                scratch_log.clear()
+            meter.begin()
+            base = meter._base
+            t = time.perf_counter()
+            res = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                               SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+            secs = time.perf_counter() - t
+            st = _read_status_kb("VmHWM", "VmRSS")
+            transient = meter.end()
+            row = {"label": label, "requests": len(prompts), "prompt_tokens": [len(p) for p in prompts],
+                   "max_tokens": max_tokens, "transient_bytes": transient, "rss_before": base,
+                   "hwm": st["VmHWM"], "rss_after": st["VmRSS"], "seconds": secs,
+                   "cached_tokens": [int(getattr(r, "num_cached_tokens", 0) or 0) for r in res],
+                   "generated": [len(r.outputs[0].token_ids) for r in res]}
+            if scratch_log is not None and len(scratch_log):
+                top = max(scratch_log, key=lambda e: e[4])
+                row["max_scratch_request"] = {"layer": top[0], "lane": top[1], "rows": top[2],
+                                              "kv_extent": top[3], "bytes": top[4]}
+            del mark
+            rows.append(row)
+    except Exception as e:  # noqa: BLE001 - a failing replay is a result: record it
+        out["replay"]["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:500] if str(e) else ''}"
+    out["replay"]["seconds"] = time.perf_counter() - t0
+    live_ws = ws.total_bytes(mgr) if mgr is not None else 0
+    out["replay"].update(workspace_slots_before=slots_before,
+                         workspace_slots_after=ws.slot_sizes(mgr) if mgr is not None else [],
+                         live_workspace_bytes=live_ws,
+                         max_transient_bytes=max((r["transient_bytes"] for r in rows), default=0))
+
+
+def child(a) -> int:
+    out: dict = {"workload": a.workload, "mode": a.mode, "rep": a.rep, "error": None}
+
+    def dump() -> None:
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(tmp, a.out)
+
+    import vllm
+    from vllm import LLM
+
+    out["vllm_version"] = vllm.__version__
+    kwargs = _engine_kwargs(a.workload)
+    report_path = a.out.replace(".json", ".report.json")
+    if a.mode == "worstcase":
+        extra = dict(kwargs.get("additional_config") or {})
+        extra["worstcase_profiler"] = {"profiler": "worstcase", "json_path": report_path,
+                                       "kv_cap_bytes": KV_CAP}
+        kwargs["additional_config"] = extra
+    out["engine_args"] = {k: kwargs[k] for k in ("model", "max_model_len", "max_num_batched_tokens",
+                                                  "max_num_seqs", "gpu_memory_utilization",
+                                                  "load_format", "enforce_eager", "additional_config")}
+    t0 = time.perf_counter()
+    try:
+        llm = LLM(**kwargs)
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"engine start: {type(e).__name__}: {str(e).splitlines()[0][:400] if str(e) else ''}"
+        dump()
+        return 1
+    out["boot_s"] = time.perf_counter() - t0
+    from vllm.v1.worker.cpu_worker import CPUWorker
+
+    out["plugin_patched"] = hasattr(CPUWorker.determine_available_memory, "_wcprof_original")
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+    cc = llm.llm_engine.vllm_config.cache_config
+    nb = int(worker.model_runner.kv_cache_config.num_blocks)
+    out.update(num_blocks=nb, block_size=int(cc.block_size), kv_tokens_allocated=nb * int(cc.block_size),
+               enable_prefix_caching=bool(cc.enable_prefix_caching), rss_after_boot=_rss(),
+               requested_cpu_memory=int(getattr(worker, "requested_cpu_memory", 0) or 0))
+    if a.mode == "worstcase":
+        if not os.path.exists(report_path):
+            out["error"] = "worstcase engine wrote no report"
+            dump()
+            return 1
+        report = json.load(open(report_path))
+        out["report"] = report
+        if a.replay:
+            _replay(llm, report, out)
+    dump()
+    return 0 if out["error"] is None and not (out.get("replay") or {}).get("error") else 1
+
+
+# ---------------------------------------------------------------------------------------------
+# parent: orchestrate, compute, render
+# ---------------------------------------------------------------------------------------------
+
+def _engine_env() -> dict:
+    env = dict(os.environ)
+    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MALLOC_MMAP_THRESHOLD_": "65536",
+                "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1"})
+    env.pop("WCPROF_PROFILER", None)  # stock must be "installed but not enabled"
+    env.pop("WCPROF_CONFIG", None)
+    return env
+
+
+def _machine() -> dict:
+    def sh(cmd: str) -> str:
+        try:
+            return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout.strip()
+        except Exception as e:  # noqa: BLE001
+            return f"error: {e}"
+
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    return {"nproc": sh("nproc"), "free_b": sh("free -b"), "free_h": sh("free -h"), "cpu_model": cpu,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def _run_child(workload: str, mode: str, rep: int, replay: bool, tmp: Path, log) -> dict:
+    out = tmp / f"{workload}_{mode}_{rep}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workload", workload,
+           "--mode", mode, "--rep", str(rep), "--out", str(out)] + (["--replay"] if replay else [])
+    logf = tmp / f"{workload}_{mode}_{rep}.log"
+    t0 = time.perf_counter()
+    with open(logf, "w") as lf:
+        p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=_engine_env(), cwd=ROOT,
+                           timeout=600)
+    wall = time.perf_counter() - t0
+    res = json.loads(out.read_text()) if out.exists() else {"workload": workload, "mode": mode,
+                                                             "rep": rep, "error": "child wrote nothing"}
+    res["process_wall_s"] = wall
+    res["rc"] = p.returncode
+    if p.returncode != 0:
+        res["log_tail"] = logf.read_text()[-4000:]
+    b = res.get("boot_s")
+    log(f"  {workload:8s} {mode:9s} rep {rep}: rc={p.returncode} boot="
+        f"{'-' if b is None else f'{b:.1f}s'} process={wall:.1f}s"
+        + (f"  ERROR {res.get('error') or (res.get('replay') or {}).get('error')}" if p.returncode else ""))
+    return res
+
+
+def _summarise(workload: str, runs: list[dict]) -> dict:
+    stock = [r for r in runs if r["mode"] == "stock"]
+    wc = [r for r in runs if r["mode"] == "worstcase"]
+    s: dict = {"workload": workload}
+    sb = [r["boot_s"] for r in stock if r.get("boot_s") is not None]
+    wb = [r["boot_s"] for r in wc if r.get("boot_s") is not None]
+    s["boot_stock_s"] = sb
+    s["boot_worstcase_s"] = wb
+    s["boot_stock_median_s"] = statistics.median(sb) if sb else None
+    s["boot_worstcase_median_s"] = statistics.median(wb) if wb else None
+    s["boot_ratio"] = (s["boot_worstcase_median_s"] / s["boot_stock_median_s"]
+                       if sb and wb else None)
+    s["kv_tokens_allocated_stock_engine"] = [r.get("kv_tokens_allocated") for r in stock]
+    s["kv_tokens_allocated_worstcase_engine"] = [r.get("kv_tokens_allocated") for r in wc]
+    rep_run = next((r for r in reversed(wc) if r.get("replay")), None)
+    if rep_run is None or "report" not in rep_run:
+        s["error"] = "no worstcase replay"
+        return s
+    rep = rep_run["report"]
+    w, adm = rep["worstcase"], rep["admission"]
+    replay = rep_run["replay"]
+    s["sweep_s"] = w["seconds"]
+    s["sweep_s_all"] = [r["report"]["worstcase"]["seconds"] for r in wc if "report" in r]
+    s["shapes_executed"] = w["shapes_executed"]
+    s["worst_shape"] = w["worst_shape"]
+    s["stock_peak_activation_bytes"] = rep["stock"]["peak_activation_bytes"]
+    s["predicted_transient_bytes"] = w["peak_activation_bytes"]
+    s["predicted_workspace_bytes"] = w["workspace_bytes"]
+    s["predicted_bytes"] = w["peak_activation_bytes"] + w["workspace_bytes"]
+    s["measured_transient_bytes"] = replay["max_transient_bytes"]
+    s["live_workspace_bytes"] = replay["live_workspace_bytes"]
+    s["measured_bytes"] = replay["max_transient_bytes"] + replay["live_workspace_bytes"]
+    worst_call = max(replay["calls"], key=lambda c: c["transient_bytes"], default=None)
+    s["worst_call"] = worst_call["label"] if worst_call else None
+    s["replay_error"] = replay["error"]
+    s["measured_over_predicted"] = s["measured_bytes"] / s["predicted_bytes"] if s["predicted_bytes"] else None
+    s["predicted_over_measured"] = s["predicted_bytes"] / s["measured_bytes"] if s["measured_bytes"] else None
+    block_bytes = adm["bytes_per_token"] * rep["config"]["block_size"]
+    ideal_bytes = (adm["requested_bytes"] - adm["consumed_bytes"] - s["measured_transient_bytes"]
+                   - adm["margin_bytes"])
+    s["ideal_kv_bytes"] = ideal_bytes
+    s["kv_tokens_ideal"] = (max(0, ideal_bytes) // block_bytes) * rep["config"]["block_size"] if block_bytes else 0
+    s["kv_tokens_worstcase"] = adm["kv_tokens_worstcase"]
+    s["kv_tokens_stock"] = adm["kv_tokens_stock"]
+    s["kv_worstcase_over_ideal"] = (adm["kv_tokens_worstcase"] / s["kv_tokens_ideal"]
+                                    if s["kv_tokens_ideal"] else None)
+    s["admission"] = adm
+    s["prefix_cache_hit_tokens"] = sum(sum(c["cached_tokens"]) for c in replay["calls"])
+    s["replay_s"] = replay["seconds"]
+    return s
+
+
+def _ok(key: str, v) -> bool | None:
+    if v is None:
+        return None
+    op, t = TARGETS[key]
+    return v <= t + 1e-12 if op == "<=" else v >= t - 1e-12
+
+
+def _mib(b) -> str:
+    return "-" if b is None else f"{b / (1 << 20):.2f}"
+
+
+def _f(v, fmt="{:.3f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def _table_rows(summaries: list[dict]) -> list[list[str]]:
+    rows = []
+    for s in summaries:
+        def mark(k):
+            ok = _ok(k, s.get(k))
+            return _f(s.get(k), "{:.4f}") + ("" if ok is None else (" ok" if ok else " MISS"))
+        rows.append([s["workload"], _f(s.get("boot_stock_median_s"), "{:.1f}"),
+                     _f(s.get("boot_worstcase_median_s"), "{:.1f}"), _f(s.get("boot_ratio"), "{:.2f}"),
+                     _mib(s.get("predicted_bytes")), _mib(s.get("measured_bytes")),
+                     mark("measured_over_predicted"), mark("predicted_over_measured"),
+                     str(s.get("kv_tokens_ideal", "-")), str(s.get("kv_tokens_worstcase", "-")),
+                     mark("kv_worstcase_over_ideal"), str(s.get("kv_tokens_stock", "-"))])
+    return rows
+
+
+HEADERS = ["workload", "boot stock s", "boot wc s", "wc/stock", "predicted MiB", "measured MiB",
+           "meas/pred (<=1.00)", "pred/meas (<=1.02)", "KV ideal tok", "KV wc tok",
+           "wc/ideal (>=0.98)", "KV stock tok"]
+
+
+def _limits_paragraph(summaries: list[dict], result: dict) -> str:
+    """Built from the measured numbers: which targets were missed and by how much, and why the
+    remaining numbers are what they are."""
+    out = []
+    misses = []
+    for s in summaries:
+        for k in TARGETS:
+            if _ok(k, s.get(k)) is False:
+                misses.append(f"{s['workload']} {k.replace('_', ' ')} = {s[k]:.4f}")
+    out.append("Targets missed in this run: " + ("; ".join(misses) + "." if misses else "none."))
+    for s in summaries:
+        if s.get("measured_bytes") is None:
+            continue
+        gap = s["predicted_bytes"] - s["measured_bytes"]
+        out.append(
+            f"{s['workload']}: predicted {_mib(s['predicted_bytes'])} MiB "
+            f"(transient {_mib(s['predicted_transient_bytes'])} + workspace "
+            f"{_mib(s['predicted_workspace_bytes'])}), measured {_mib(s['measured_bytes'])} MiB "
+            f"(worst call: {s['worst_call']}); the prediction is "
+            f"{'above' if gap >= 0 else 'BELOW'} the measurement by {_mib(abs(gap))} MiB. "
+            f"Worst swept shape: {s['worst_shape']['kind']} rows={s['worst_shape']['rows']} "
+            f"ctx={s['worst_shape']['context_len']} reqs={s['worst_shape']['num_reqs']}.")
+    return " ".join(out)
+
+
+def _markdown(result: dict, summaries: list[dict]) -> str:
+    rows = _table_rows(summaries)
+    md = ["# CPU benchmark: stock vs `--profiler worstcase`", "",
+          f"Generated by `bench/cpu_bench.py` on {result['created_at']} ({result['machine']['cpu_model']}, "
+          f"nproc {result['machine']['nproc']}, {result['machine']['free_h'].splitlines()[1].split()[1]} RAM), "
+          f"vLLM {result['vllm_version']}, total runtime {result['total_s']:.0f} s. "
+          "Every number below is read from `cpu-bench.json`, which holds the raw figures.", "",
+          "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    md += ["| " + " | ".join(r) + " |" for r in rows]
+    md += ["", "Command:", "", "```", result["command"], "```", "",
+           "## Columns", "",
+           "- **boot stock s / boot wc s**: median wall time of `LLM(...)` (before the call to after it "
+           f"returns), {result['reps']} boots per mode, each in its own subprocess, in-process engine "
+           "core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), stock and worstcase alternating. Stock = the "
+           "plugin installed (patches applied, `plugin_patched` in the JSON) but not enabled. "
+           "Python start-up and `import vllm` are outside the timing.",
+           "- **wc/stock**: ratio of the two medians.",
+           "- **predicted MiB**: `report.worstcase.peak_activation_bytes + report.worstcase.workspace_bytes` "
+           "of the worstcase engine that served the replay.",
+           "- **measured MiB**: the largest `CpuMeter.end()` over the replay's `generate` calls "
+           "(VmHWM above max(baseline RSS, RSS after the call), `begin()` before each call) plus the "
+           "workspace bytes live after the replay (`adapter.workspace.total_bytes`). Replay: one "
+           "`max_model_len-2` prompt (chunked), "
+           f"{N_PREFIX_REQS} requests that hit the prefix cache of a block-aligned "
+           "`max_model_len - max_num_batched_tokens - 2` prefix and add a chunk of "
+           "`max_num_batched_tokens - (i*37 % (max_num_batched_tokens/2))` rows, in batches of "
+           f"{PREFIX_BATCH}, then min(max_num_seqs, 4) prompts of `max_model_len-8` tokens decoding 6 tokens.",
+           "- **meas/pred**: measured / predicted; above 1.00 the prediction did not bound the runtime.",
+           "- **pred/meas**: predicted / measured; how much the prediction over-reserves.",
+           "- **KV ideal tok**: `(requested - consumed - measured transient - margin)` from the report's "
+           "admission, in whole blocks of `bytes_per_token * block_size`, in tokens; measured transient = "
+           "measured minus live workspace (the workspace is already inside `consumed`).",
+           "- **KV wc tok**: `admission.kv_tokens_worstcase` (the full budget; the run itself caps the "
+           f"allocated KV at {KV_CAP >> 20} MiB with `kv_cap_bytes`). **wc/ideal** = KV wc tok / KV ideal tok.",
+           "- **KV stock tok**: `admission.kv_tokens_stock`, what stock admission would give in the same "
+           "process; the stock engines' own allocations are in the JSON (`kv_tokens_allocated_stock_engine`).",
+           "", "## What limits the rest", "", _limits_paragraph(summaries, result), "",
+           result.get("notes", ""), ""]
+    return "\n".join(md)
+
+
+def parent(a) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t_start = time.perf_counter()
+    workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
+    tmp = Path(tempfile.mkdtemp(prefix="cpu-bench-"))
+    con.print(f"[bold]cpu_bench[/]: {', '.join(workloads)}, {a.reps} boots per mode; logs in {tmp}")
+    all_runs: dict[str, list[dict]] = {}
+    for w in workloads:
+        runs = []
+        for rep in range(a.reps):
+            for mode in ("stock", "worstcase"):
+                runs.append(_run_child(w, mode, rep, replay=(mode == "worstcase" and rep == a.reps - 1),
+                                       tmp=tmp, log=con.print))
+        all_runs[w] = runs
+    summaries = [_summarise(w, all_runs[w]) for w in workloads]
+    total = time.perf_counter() - t_start
+    vver = next((r.get("vllm_version") for runs in all_runs.values() for r in runs if r.get("vllm_version")), None)
+    result = {
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": " ".join([shlex.quote(os.path.relpath(sys.executable, ROOT)
+                                         if sys.executable.startswith(str(ROOT)) else sys.executable),
+                             "bench/cpu_bench.py", *map(shlex.quote, sys.argv[1:])]),
+        "vllm_version": vver, "machine": _machine(), "reps": a.reps, "workloads": workloads,
+        "kv_cap_bytes": KV_CAP, "targets": TARGETS, "total_s": total, "summaries": summaries,
+        "runs": all_runs, "logs_dir": str(tmp)}
+    table = Table(title="worstcase vs stock on this CPU box (ratios)")
+    for h in HEADERS:
+        table.add_column(h, justify="left" if h == "workload" else "right")
+    for r in _table_rows(summaries):
+        table.add_row(*r)
+    con.print(table)
+    con.print(f"total runtime {total:.0f} s")
+    if a.notes_file and os.path.exists(a.notes_file):
+        result["notes"] = Path(a.notes_file).read_text()
+    if not a.no_write:
+        jp, mp = ROOT / a.json, ROOT / a.md
+        jp.parent.mkdir(parents=True, exist_ok=True)
+        jp.write_text(json.dumps(result, indent=1) + "\n")
+        mp.write_text(_markdown(result, summaries))
+        con.print(f"wrote {jp.relative_to(ROOT)} and {mp.relative_to(ROOT)}")
+    failed = any(r.get("rc") for runs in all_runs.values() for r in runs)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--reps", type=int, default=2)
+    p.add_argument("--json", default="docs/results/cpu-bench.json")
+    p.add_argument("--md", default="docs/results/cpu-bench.md")
+    p.add_argument("--no-write", action="store_true", help="print the table only")
+    p.add_argument("--notes-file", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--workload", choices=WORKLOADS)
+    p.add_argument("--mode", choices=("stock", "worstcase"))
+    p.add_argument("--rep", type=int, default=0)
+    p.add_argument("--replay", action="store_true")
+    p.add_argument("--out")
+    a = p.parse_args()
+    return child(a) if a.child else parent(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
