@@ -183,6 +183,9 @@ def profile(argv: list[str]) -> int:
                           hint="is the worstcase_profiler plugin installed in this environment? "
                                "(`pip show worstcase_profiler`; VLLM_PLUGINS must allow it)")
     report = load_report(report_path)
+    others = sorted(Path(tmpdir).glob("report.rank*.json"))
+    if others:  # tensor/pipeline parallel: every rank measured its own budget
+        report.ranks = [report.model_copy(deep=True)] + [load_report(p) for p in others]
     if ns.validate:
         limits = limits_of(llm.llm_engine.vllm_config)
         with err.status("validating: replaying a max_model_len prompt and a decode batch…"):

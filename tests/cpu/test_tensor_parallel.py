@@ -13,8 +13,8 @@ import pytest
 
 from conftest import TINY, engine_env, run_python
 
-from worstcase_profiler.shapes import plan_fingerprint
 from worstcase_profiler.report import Shape
+from worstcase_profiler.shapes import plan_fingerprint
 
 pytestmark = pytest.mark.engine
 

@@ -136,6 +136,12 @@ def detail_lines(report: Report) -> list[Text]:
                              for r in report.ranks)
         lines.append(Text(f"TP ranks (worst peak): {per_rank}"))
     lines.extend(Text(f"warning: {w}", style="yellow") for w in report.warnings)
+    if report.ranks:
+        same = len({tuple(r.worstcase.plan_fingerprints) for r in report.ranks}) == 1
+        lines.append(Text("ranks: " + "; ".join(
+            f"rank {r.rank}: peak {fmt_bytes(r.worstcase.peak_activation_bytes)}, KV "
+            f"{fmt_bytes(r.admission.budget_bytes)}" for r in report.ranks)
+            + (" (identical sweep on every rank)" if same else " (SWEEPS DIFFER)")))
     return lines
 
 
