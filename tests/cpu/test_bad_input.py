@@ -46,7 +46,9 @@ def test_explicit_kv_too_large_for_the_worst_case(tmp_path):
 
 @pytest.mark.engine
 def test_one_request_cannot_fit(tmp_path):
-    run = run_wcprof(["--gpu-memory-utilization", "0.08", "--max-model-len", "8192"],
+    """A KV budget smaller than one max_model_len request (8192 tokens x 1 KiB on the tiny model)."""
+    run = run_wcprof(["--kv-cache-memory-bytes", "1048576", "--max-model-len", "8192"],
                      tmp_path, timeout=300)
-    assert run.rc in (2, 3), run.text[-3000:]
+    assert run.rc == 3, run.text[-3000:]
     _clean(run)
+    assert "max_model_len=8192" in run.err
