@@ -18,7 +18,7 @@ COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
           "--gpu-memory-utilization", "0.25"]
 
 SCENARIOS: dict[str, tuple[str | None, list[str], str]] = {
-    "tiny": (None, [], "a correct model: SAFE, KV audit ratio <= 1.01"),
+    "tiny": (None, [], "a correct model: KV audit ratio <= 1.01"),
     "scratch": ("scratch", ["--max-model-len", "2048", "--max-num-batched-tokens", "256",
                             "--max-num-seqs", "4", "--validate"],
                 "context-scaled workspace on two lanes (seed 002)"),
