@@ -168,3 +168,8 @@ def test_enabled_by_additional_config():
     extra = 'additional_config={"worstcase_profiler": {"profiler": "worstcase", "context_ladder": False}}'
     run = run_python(ENGINE_SNIPPET.format(model=str(TINY), extra=extra))
     assert _result(run)["report"] is True
+
+
+def test_correct_model_audits_within_budget(validated):
+    audit = validated.report["kv_audit"]
+    assert audit["verdict"] == "ok" and audit["ratio"] <= 1.01, audit
