@@ -230,6 +230,19 @@ def _machine() -> dict:
             "MALLOC_MMAP_THRESHOLD_": "65536"}
 
 
+def _git() -> dict:
+    """Which code ran: other people edit this tree concurrently."""
+    def g(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], capture_output=True, text=True, cwd=ROOT,
+                                  timeout=10).stdout.strip()
+        except Exception as e:  # noqa: BLE001
+            return f"error: {e}"
+
+    return {"head": g("rev-parse", "HEAD"),
+            "dirty_code": g("status", "--porcelain", "--", "worstcase_profiler", "plugins").splitlines()}
+
+
 def _run_child(workload: str, mode: str, rep: int, replay: bool, tmp: Path, log) -> dict:
     out = tmp / f"{workload}_{mode}_{rep}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workload", workload,
@@ -303,6 +316,10 @@ def _summarise(workload: str, runs: list[dict]) -> dict:
     s["replay_error"] = replay["error"]
     s["measured_over_predicted"] = s["measured_bytes"] / s["predicted_bytes"] if s["predicted_bytes"] else None
     s["predicted_over_measured"] = s["predicted_bytes"] / s["measured_bytes"] if s["measured_bytes"] else None
+    # Diagnostic: the same ratio without the chord slack (largest executed step + workspace).
+    s["predicted_over_measured_without_chord_slack"] = (
+        (s["max_executed_step_bytes"] + s["predicted_workspace_bytes"]) / s["measured_bytes"]
+        if s["measured_bytes"] else None)
     block_bytes = adm["bytes_per_token"] * rep["config"]["block_size"]
     ideal_bytes = (adm["requested_bytes"] - adm["consumed_bytes"] - s["measured_transient_bytes"]
                    - adm["margin_bytes"])
@@ -380,10 +397,11 @@ def _limits_paragraph(summaries: list[dict], result: dict) -> str:
                 f"(worst call: {s['worst_call']}) + live workspace {_mib(s['live_workspace_bytes'])}; "
                 f"prediction {'above' if gap >= 0 else 'BELOW'} measurement by {_mib(abs(gap))} MiB. "
                 f"The largest executed synthetic step was {_mib(s['max_executed_step_bytes'])} MiB, so the "
-                f"replay's transient is {_mib(abs(over))} MiB {'above' if over > 0 else 'below'} every "
-                f"executed step; the chord slack ({_mib(s['chord_slack_bytes'])} MiB from "
+                f"replay's transient is {_mib(abs(over))} MiB {'above' if over > 0 else 'below'} the "
+                f"largest executed step; the chord slack ({_mib(s['chord_slack_bytes'])} MiB, "
                 f"{s['chord_segments']} chord-certified segments at tolerance "
-                f"{_mib(s['coverage_tolerance_bytes'])} MiB) is what the prediction adds on top. "
+                f"{_mib(s['coverage_tolerance_bytes'])} MiB) is what the prediction adds on top "
+                f"(pred/meas without it: {_f(s['predicted_over_measured_without_chord_slack'], '{:.4f}')}). "
                 + (f"Largest scratch request in the replay: {ms['bytes'] / (1 << 20):.2f} MiB at rows="
                    f"{ms['rows']} kv_extent={ms['kv_extent']}; workspace "
                    f"{'GREW' if s['workspace_grew_during_replay'] else 'did not grow'} during the replay. "
@@ -395,9 +413,13 @@ def _limits_paragraph(summaries: list[dict], result: dict) -> str:
             f"{_mib(ok[0]['coverage_tolerance_bytes'])} MiB (the chord tolerance). The transients of these "
             "toy models are a few MiB (" + ", ".join(
                 f"{s['workload']} {_mib(s['measured_transient_bytes'])}" for s in ok) + " MiB measured), so "
-            "one tolerance of chord slack is a large fraction of the transient and pred/meas on the "
-            "workloads without a large workspace is set by the meter's resolution, not by the sweep. "
-            "Where a persistent workspace dominates (scratch, tile) the same slack is a small fraction.")
+            "a chord-certified segment adds up to one tolerance (max of its ends + tolerance) to the "
+            "predicted transient. As a share of the predicted total the chord slack is " + ", ".join(
+                f"{s['workload']} {100 * s['chord_slack_bytes'] / s['predicted_bytes']:.1f}%" for s in ok)
+            + ": where no persistent workspace stands beside the transient, pred/meas is set by the "
+            "meter's resolution rather than by the sweep; pred/meas of the largest executed step alone "
+            "is " + ", ".join(f"{s['workload']} {_f(s['predicted_over_measured_without_chord_slack'], '{:.4f}')}"
+                              for s in ok) + ".")
         kv = []
         for s in ok:
             if s.get("ideal_kv_bytes"):
@@ -478,7 +500,10 @@ def parent(a) -> int:
     from rich.table import Table
 
     con = Console()
+    if not con.is_terminal or con.width < 160:  # the table has 12 columns: never squeeze them
+        con = Console(width=200)
     t_start = time.perf_counter()
+    git_start = _git()
     workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="cpu-bench-"))
     con.print(f"[bold]cpu_bench[/]: {', '.join(workloads)}, {a.reps} boots per mode; logs in {tmp}")
@@ -495,10 +520,12 @@ def parent(a) -> int:
     vver = next((r.get("vllm_version") for runs in all_runs.values() for r in runs if r.get("vllm_version")), None)
     result = {
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "command": " ".join([shlex.quote(os.path.relpath(sys.executable, ROOT)
+        "command": ("MALLOC_MMAP_THRESHOLD_=" + os.environ["MALLOC_MMAP_THRESHOLD_"] + " "
+                    if os.environ.get("MALLOC_MMAP_THRESHOLD_") else "") + " ".join([shlex.quote(os.path.relpath(sys.executable, ROOT)
                                          if sys.executable.startswith(str(ROOT)) else sys.executable),
                              "bench/cpu_bench.py", *map(shlex.quote, sys.argv[1:])]),
-        "vllm_version": vver, "machine": _machine(), "reps": a.reps, "workloads": workloads,
+        "vllm_version": vver, "machine": _machine(),
+        "git": {"at_start": git_start, "at_end": _git()}, "reps": a.reps, "workloads": workloads,
         "kv_cap_bytes": KV_CAP, "targets": TARGETS, "total_s": total, "summaries": summaries,
         "runs": all_runs, "logs_dir": str(tmp)}
     table = Table(title="worstcase vs stock on this CPU box (ratios)")
