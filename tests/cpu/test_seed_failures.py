@@ -8,7 +8,7 @@ import pytest
 import wcp_fixtures
 from wcp_fixtures import rules
 
-from conftest import engine_env, run_python, run_wcprof
+from conftest import run_python, run_wcprof
 
 pytestmark = pytest.mark.engine
 
