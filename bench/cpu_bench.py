@@ -225,7 +225,11 @@ def _machine() -> dict:
             return f"error: {e}"
 
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+    # vLLM's CPU worker requests gpu_memory_utilization x the NUMA node's MemTotal, which on this
+    # VM changes over time (memory hotplug): record it, it moves the stock and worstcase budgets.
+    node = sh("grep -h MemTotal /sys/devices/system/node/node*/meminfo")
     return {"nproc": sh("nproc"), "free_b": sh("free -b"), "free_h": sh("free -h"), "cpu_model": cpu,
+            "numa_node_memtotal": node, "loadavg": open("/proc/loadavg").read().split()[:3],
             "kernel": platform.release(), "python": platform.python_version(),
             "MALLOC_MMAP_THRESHOLD_": "65536"}
 
@@ -428,7 +432,10 @@ def _limits_paragraph(summaries: list[dict], result: dict) -> str:
         paras.append(
             "**Why wc/ideal is easy here.** The CPU worker requests `gpu_memory_utilization` of the node "
             "(" + ", ".join(f"{s['workload']} {_mib(s['admission']['requested_bytes'])} MiB" for s in ok)
-            + " requested), so the KV budget is gigabytes while the transient is megabytes: " + "; ".join(kv)
+            + " requested; NUMA node MemTotal "
+            + f"{result.get('machine_at_start', {}).get('numa_node_memtotal', '?').split(':')[-1].strip()} at the "
+            f"start of the run, {result['machine'].get('numa_node_memtotal', '?').split(':')[-1].strip()} at the end: "
+            "this VM's node memory changes, and the stock and worstcase budgets with it), so the KV budget is gigabytes while the transient is megabytes: " + "; ".join(kv)
             + ". The KV ratio would pass with a prediction tens of MiB too high; it is not a sensitive "
             "test on this box, the transient ratios are.")
     stock_kv = [b for s in summaries for b in s.get("kv_bytes_allocated_stock_engine", []) if b]
@@ -503,7 +510,7 @@ def parent(a) -> int:
     if not con.is_terminal or con.width < 160:  # the table has 12 columns: never squeeze them
         con = Console(width=200)
     t_start = time.perf_counter()
-    git_start = _git()
+    git_start, machine_start = _git(), _machine()
     workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
     tmp = Path(tempfile.mkdtemp(prefix="cpu-bench-"))
     con.print(f"[bold]cpu_bench[/]: {', '.join(workloads)}, {a.reps} boots per mode; logs in {tmp}")
@@ -524,7 +531,7 @@ def parent(a) -> int:
                     if os.environ.get("MALLOC_MMAP_THRESHOLD_") else "") + " ".join([shlex.quote(os.path.relpath(sys.executable, ROOT)
                                          if sys.executable.startswith(str(ROOT)) else sys.executable),
                              "bench/cpu_bench.py", *map(shlex.quote, sys.argv[1:])]),
-        "vllm_version": vver, "machine": _machine(),
+        "vllm_version": vver, "machine": _machine(), "machine_at_start": machine_start,
         "git": {"at_start": git_start, "at_end": _git()}, "reps": a.reps, "workloads": workloads,
         "kv_cap_bytes": KV_CAP, "targets": TARGETS, "total_s": total, "summaries": summaries,
         "runs": all_runs, "logs_dir": str(tmp)}
