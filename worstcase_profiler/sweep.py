@@ -8,16 +8,18 @@ Order of work (identical on every rank — decisions use the rank-agreed maximum
   2. on a provisional KV cache that holds one request at max_model_len:
      a. prefill chunks of R rows on top of max_model_len - R cached tokens, for every R in
         1..max_num_batched_tokens (executed, or certified by the chord argument of coverage.py);
-     b. the full-context decode batch and the mixed prefill+decode step the scheduler can form;
+     b. the worst rows value split over 2, 4, 8, ... prefills; the full-context decode batch;
+        the widest decode batch the KV pool can hold; the mixed prefill+decode step;
      c. the worst rows value at growing KV extent (the curve that says when stock runs out);
      d. the worst shape once more with per-module hooks, to name the op that set the peak.
+The admitted transient is the largest executed one plus the chord certificate's slack.
 """
 
 from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from . import shapes as plan
@@ -64,7 +66,6 @@ class SweepOutcome:
     stock: StockFigures
     worstcase: WorstCase
     provisional: ProvisionalKV
-    log: list[StepResult] = field(default_factory=list)
 
 
 def _timed_step(driver: StepDriver, shape: Shape, attribute: bool = False) -> StepResult:
@@ -164,4 +165,4 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         steps=log,
         seconds=time.perf_counter() - t_start,
     )
-    return SweepOutcome(stock=stock, worstcase=wc, provisional=provisional, log=log)
+    return SweepOutcome(stock=stock, worstcase=wc, provisional=provisional)
