@@ -15,7 +15,7 @@ import os
 import sys
 
 from .. import __version__
-from ..admission import compute_admission
+from ..admission import compute_admission, kv_tokens
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..meters import meter_for
 from ..report import DeviceInfo, EngineConfig, Report, RunnerInfo
@@ -279,7 +279,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         margin=settings.margin_bytes, bytes_per_token=bpt, block_size=limits.block_size,
         max_model_len=limits.max_model_len, explicit_kv=explicit, context_curve=curve)
     admission.stock_kv_cache_bytes = stock_kv
-    admission.kv_tokens_stock = (stock_kv // (bpt * limits.block_size)) * limits.block_size if bpt else 0
+    admission.kv_tokens_stock = kv_tokens(stock_kv, bpt, limits.block_size)
 
     report = Report(
         tool_version=__version__, vllm_version=vllm_version(),
