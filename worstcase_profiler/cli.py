@@ -103,11 +103,11 @@ def _validate(llm, report, limits) -> "object":
     from vllm import SamplingParams
 
     from .adapter import workspace as ws
-    from .meters import CpuMeter, CudaMeter
+    from .meters import meter_for
     from .report import Validation
 
     worker = llm.llm_engine.model_executor.driver_worker.worker
-    meter = CudaMeter() if getattr(worker.device, "type", "cpu") == "cuda" else CpuMeter()
+    meter = meter_for(getattr(worker, "device", "cpu"))
     mml = limits.max_model_len
     vocab = llm.llm_engine.model_config.get_vocab_size()
     ids = lambda n, s: [(s * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]  # noqa: E731
@@ -137,7 +137,6 @@ def _validate(llm, report, limits) -> "object":
 
 def profile(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
     if "--quiet" in argv:
         _quiet_logs()
     from rich.console import Console
@@ -162,11 +161,7 @@ def profile(argv: list[str]) -> int:
     t0 = time.perf_counter()
     try:
         llm = LLM(**{f: getattr(engine_args, f) for f in engine_args.__dataclass_fields__})
-    except WcprofError:
-        if os.path.exists(report_path):
-            _emit(load_report(report_path), ns)
-        raise
-    except Exception as e:  # the plugin's own errors arrive wrapped by the engine: unwrap them
+    except Exception as e:  # the plugin's own errors may arrive wrapped by the engine: unwrap
         cause = e
         while cause is not None and not isinstance(cause, WcprofError):
             cause = cause.__cause__ or cause.__context__

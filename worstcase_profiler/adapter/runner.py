@@ -58,7 +58,21 @@ def is_v2_runner(runner) -> bool:
     return type(runner).__module__.startswith(("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu."))
 
 
-class V1Driver:
+class DriverBase:
+    """What every StepDriver shares: rank agreement and the per-step workspace record."""
+
+    _agree = None
+    _requests: "ws.RequestRecorder"
+
+    def agree_max(self, value: int) -> int:
+        return self._agree(value) if self._agree else value
+
+    def workspace_bytes(self) -> int:
+        """Workspace the last step asked for, summed over slots."""
+        return self._requests.total()
+
+
+class V1Driver(DriverBase):
     """Drives vllm.v1.worker.gpu_model_runner.GPUModelRunner (and its CPU subclass)."""
 
     runner_kind = "v1"
@@ -78,13 +92,6 @@ class V1Driver:
         self._agree = agree_max
         self._pool_blocks = 0
         self._requests = ws.RequestRecorder()
-
-    def agree_max(self, value: int) -> int:
-        return self._agree(value) if self._agree else value
-
-    def workspace_bytes(self) -> int:
-        """Workspace the last step asked for, summed over slots."""
-        return self._requests.total()
 
     # -- the stock step ---------------------------------------------------------------------
     def run_stock(self) -> None:

@@ -60,7 +60,7 @@ from ..errors import UnsupportedModel
 from ..report import Shape
 from ..shapes import Limits, request_layout
 from . import workspace as ws
-from .runner import _set_config_ctx, init_provisional_kv
+from .runner import DriverBase, _set_config_ctx, init_provisional_kv
 
 log = logging.getLogger("vllm.wcprof")
 _HINT = "this vLLM version's V2 model runner is not supported by worstcase_profiler; " \
@@ -74,7 +74,7 @@ def _sync() -> None:
         torch.accelerator.synchronize()  # what V2 profile_run calls (a no-op on vLLM's CPU)
 
 
-class V2Driver:
+class V2Driver(DriverBase):
     """Drives vllm.v1.worker.gpu.model_runner.GPUModelRunner (V2)."""
 
     runner_kind = "v2"
@@ -110,13 +110,6 @@ class V2Driver:
         self._vllm_teardown = getattr(cudagraph_utils, "_teardown_profiling_state", None)
         self.injected: list[tuple[int, int, int]] = []   # (num_reqs, tokens, max seq_len) per step
         self._requests = ws.RequestRecorder()  # workspace each step asks for, as V1Driver
-
-    def agree_max(self, value: int) -> int:
-        return self._agree(value) if self._agree else value
-
-    def workspace_bytes(self) -> int:
-        """Workspace the last step asked for, summed over slots."""
-        return self._requests.total()
 
     def _common_kwargs(self) -> dict:
         kw = dict(is_profile=True, skip_eplb=True)
