@@ -61,9 +61,12 @@ do_run() {
     export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
       TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_USE_FLASHINFER_SAMPLER=0
   fi
-  export PYTHONPATH=$PWD:$PYTHONPATH VLLM_ENABLE_V1_MULTIPROCESSING=0
+  export PYTHONPATH=$PWD:$PWD/plugins/wcp_fixtures:$PYTHONPATH VLLM_ENABLE_V1_MULTIPROCESSING=0
+  # A fresh sweep cache: the suite measures the full sweep; bench/oom_suite.sh then reuses it.
+  export WCPROF_CACHE_DIR=${WCPROF_CACHE_DIR:-/tmp/wcprof-cache}
+  rm -rf "$WCPROF_CACHE_DIR"
   install_wheels || return 1
-  python3 bench/install_entrypoint.py --target "$SITE" || return 1
+  python3 bench/install_entrypoint.py --target "$SITE" --fixtures || return 1
   nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader || true
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
   local left=$(( LIMIT_S - ($(date +%s) - T0) - 20 ))   # 20 s to pack $OUT

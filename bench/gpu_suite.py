@@ -10,7 +10,9 @@ Cases (models under tests/gpu/models/, config.json only, dummy weights, token-id
   llama_v1      as llama_v2 with VLLM_USE_V2_MODEL_RUNNER=0
   dsv32_bf16    as dsv32_fp8 with kv_cache_dtype auto (bf16)
   llama_graphs  as llama_v2 without --enforce-eager (torch.compile + CUDA graphs)
-All at max_model_len 131072, max_num_batched_tokens 8192, gpu_memory_utilization 0.5.
+  scratch       plugins/wcp_fixtures' context-scaled-workspace model (seed 002's scratch that
+                grows with rows x KV extent), eager, max_model_len 8192, max_num_batched_tokens 2048
+The others at max_model_len 131072, max_num_batched_tokens 8192; all at gpu_memory_utilization 0.5.
 
 Writes DIR/<case>.json (wcprof's report), DIR/<case>.log, and, after every case, DIR/summary.json
 (each case's rc, timings, checks and full report) and DIR/summary.md. Exit code 0 iff every
@@ -37,18 +39,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "tests" / "gpu" / "models"
 LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
-COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--max-model-len", "131072",
-          "--max-num-batched-tokens", "8192", "--gpu-memory-utilization", "0.5", "--seed", "0",
-          "--validate"]
+FIXTURES = ROOT / "plugins" / "wcp_fixtures"
+SCRATCH = FIXTURES / "wcp_fixtures" / "configs" / "scratch"
+COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--gpu-memory-utilization", "0.5",
+          "--seed", "0", "--validate"]
+LONG = ["--max-model-len", "131072", "--max-num-batched-tokens", "8192"]
+SHORT = ["--max-model-len", "8192", "--max-num-batched-tokens", "2048"]
 # name -> (model, extra CLI args, extra env, expected runner or None)
 CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
-    "llama_v2": (LLAMA, ["--enforce-eager"], {}, "v2"),
-    "dsv32_fp8": (DSV32, ["--enforce-eager", "--kv-cache-dtype", "fp8"], {}, None),
-    "llama_v1": (LLAMA, ["--enforce-eager"], {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),
-    "dsv32_bf16": (DSV32, ["--enforce-eager", "--kv-cache-dtype", "auto"], {}, None),
-    "llama_graphs": (LLAMA, [], {}, "v2"),
+    "llama_v2": (LLAMA, [*LONG, "--enforce-eager"], {}, "v2"),
+    "dsv32_fp8": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8"], {}, None),
+    "llama_v1": (LLAMA, [*LONG, "--enforce-eager"], {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),
+    "dsv32_bf16": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto"], {}, None),
+    "llama_graphs": (LLAMA, LONG, {}, "v2"),
+    "scratch": (SCRATCH, [*SHORT, "--enforce-eager"], {}, None),
 }
-ROWS = {"min": 1, "max": 8192}
 V2_EVIDENCE = "[wcprof] V2 context injected"
 GiB = 1 << 30
 
@@ -63,7 +68,8 @@ def _env(name: str) -> dict[str, str]:
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # "default" means default
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"})
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(FIXTURES),
+                                         *filter(None, [env.get("PYTHONPATH")])])
     env.update(CASES[name][2])
     return env
 
@@ -152,12 +158,17 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
     else:
         put("validation_within_prediction", val["measured_peak_bytes"] <= val["predicted_peak_bytes"],
             f"measured {val['measured_peak_bytes']} vs predicted {val['predicted_peak_bytes']}")
-    put("rows_covered", wc["rows_covered"] == ROWS, json.dumps(wc["rows_covered"]))
+    extra = CASES[name][1]
+    rows = {"min": 1, "max": int(extra[extra.index("--max-num-batched-tokens") + 1])}
+    put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))
+    if name == "scratch":  # seed 002: the scratch grows with KV extent, which stock never runs
+        put("stock_misses_the_scratch", st["workspace_bytes"] < wc["workspace_bytes"],
+            f"workspace stock {st['workspace_bytes']} vs worst-case {wc['workspace_bytes']}")
     runner = report["runner"]["runner"]
     want = CASES[name][3]
     if want is not None:
         put("runner_kind", runner == want, f"{runner} (want {want})")
-    put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in CASES[name][1]),
+    put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in extra),
         f"enforce_eager={report['config']['enforce_eager']}")
     if runner == "v2" and str(report.get("vllm_version", "")).startswith("0.26"):
         put("v2_context_injected", V2_EVIDENCE in log_text, "log line present" if V2_EVIDENCE in

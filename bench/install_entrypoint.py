@@ -25,18 +25,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "worstcase_profiler"
+FIXTURES = ROOT / "plugins" / "wcp_fixtures"  # --fixtures: also the fixture models' plugin
 
 
-def _pyproject() -> dict:
-    text = (ROOT / "pyproject.toml").read_text()
+def _pyproject(root: Path = ROOT) -> dict:
+    text = (root / "pyproject.toml").read_text()
     try:
         import tomllib
     except ImportError:  # Python < 3.11: the few fields we need, by hand
         version = re.search(r'^version\s*=\s*"([^"]+)"', text, re.M).group(1)
-        plug = re.search(r'^worstcase_profiler\s*=\s*"([^"]+)"', text.split("vllm.general_plugins")[1], re.M)
+        name = re.search(r'^name\s*=\s*"([^"]+)"', text, re.M).group(1)
+        plug = re.search(rf'^{name}\s*=\s*"([^"]+)"', text.split("vllm.general_plugins")[1], re.M)
         script = re.search(r'^wcprof\s*=\s*"([^"]+)"', text, re.M)
-        return {"version": version, "entry-points": {"vllm.general_plugins": {NAME: plug.group(1)}},
-                "scripts": {"wcprof": script.group(1)}}
+        return {"name": name, "version": version,
+                "entry-points": {"vllm.general_plugins": {name: plug.group(1)}},
+                **({"scripts": {"wcprof": script.group(1)}} if script else {})}
     return tomllib.loads(text)["project"]
 
 
@@ -52,18 +55,19 @@ def entry_points_txt(project: dict) -> str:
     return "\n".join(out)
 
 
-def install(target: Path) -> Path:
-    project = _pyproject()
+def install(target: Path, root: Path = ROOT) -> Path:
+    project = _pyproject(root)
+    name = project["name"]
     target.mkdir(parents=True, exist_ok=True)
-    for old in target.glob(f"{NAME}-*.dist-info"):
+    for old in target.glob(f"{name}-*.dist-info"):
         shutil.rmtree(old)
-    info = target / f"{NAME}-{project['version']}.dist-info"
+    info = target / f"{name}-{project['version']}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(
-        f"Metadata-Version: 2.1\nName: {NAME}\nVersion: {project['version']}\n"
-        f"Summary: entry points only; the package imports from {ROOT} via PYTHONPATH\n")
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {project['version']}\n"
+        f"Summary: entry points only; the package imports from {root} via PYTHONPATH\n")
     (info / "entry_points.txt").write_text(entry_points_txt(project))
-    (info / "top_level.txt").write_text(f"{NAME}\n")
+    (info / "top_level.txt").write_text(f"{name}\n")
     (info / "INSTALLER").write_text("bench/install_entrypoint.py\n")
     return info
 
@@ -93,6 +97,8 @@ def main() -> int:
     p.add_argument("--target", type=Path, required=True, help="a directory on PYTHONPATH")
     p.add_argument("--remove", action="store_true")
     p.add_argument("--no-verify", action="store_true")
+    p.add_argument("--fixtures", action="store_true",
+                   help=f"also register {FIXTURES.relative_to(ROOT)} (put it on PYTHONPATH too)")
     a = p.parse_args()
     if a.remove:
         for old in a.target.glob(f"{NAME}-*.dist-info"):
@@ -101,6 +107,8 @@ def main() -> int:
         return 0
     info = install(a.target)
     print(f"wrote {info}")
+    if a.fixtures:
+        print(f"wrote {install(a.target, FIXTURES)}")
     if not a.no_verify:
         print(f"vllm.general_plugins: {verify(a.target)}")
     return 0

@@ -13,8 +13,12 @@ predicted; whatever a real step needs beyond the prediction must fit in `slack` 
 Traffic (token ids, dummy weights): one prompt of --prefix tokens (chunked prefill from 0 to the
 prefix), then --soak requests that hit the prefix cache and add a new chunk of ~max_num_batched_tokens
 rows on top of it (a different suffix length each, so rows values vary), sent in batches of
---batch. One JSON per run: boot seconds, served count, the error line if any, and the runtime peak
-(torch allocator, above the post-boot baseline) next to the prediction.
+--batch. Then, with --replay-worst (worst-case runs), the worst shape of the engine's own report
+made from real requests: its n requests share one cached prefix of the shape's context length and
+each adds rows/n - 1 new tokens (a prompt may not reach max_model_len), submitted together so the
+scheduler puts them in one step. One JSON per run: boot seconds, served count, the error line if
+any, and the runtime peak (torch allocator, above the post-boot baseline) next to the prediction,
+for the soak and for the replay separately.
 """
 
 from __future__ import annotations
@@ -41,15 +45,23 @@ def main() -> int:
     p.add_argument("--prefix", type=int, default=120000)
     p.add_argument("--soak", type=int, default=200)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--runner", choices=("default", "v1", "v2"), default="default",
+                   help="VLLM_USE_V2_MODEL_RUNNER: unset, 0 or 1")
+    p.add_argument("--graphs", action="store_true", help="CUDA graphs (default: enforce_eager)")
+    p.add_argument("--replay-worst", action="store_true",
+                   help="after the soak, replay the report's worst shape with real requests")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if a.runner != "default":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if a.runner == "v2" else "0"
     import torch
 
     result: dict = {"mode": a.mode, "model": os.path.basename(a.model.rstrip("/")),
                     "kv_cache_dtype": a.kv_cache_dtype, "util": a.util, "slack_bytes": a.slack_mib << 20,
                     "served": 0, "error": None, "command": " ".join(sys.argv),
-                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                    "runner_env": a.runner, "graphs": a.graphs}
 
     def dump() -> None:
         tmp = a.out + ".tmp"
@@ -72,7 +84,7 @@ def main() -> int:
                                                               "json_path": report_path}}
     t0 = time.perf_counter()
     try:
-        llm = LLM(model=a.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
+        llm = LLM(model=a.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=not a.graphs,
                   max_model_len=a.max_model_len, max_num_batched_tokens=a.mnbt,
                   gpu_memory_utilization=a.util, kv_cache_dtype=a.kv_cache_dtype, seed=0,
                   enable_prefix_caching=True, **extra)
@@ -114,7 +126,11 @@ def main() -> int:
         result["error"] = f"{type(e).__name__}: {lines[0][:500] if lines else ''}"
     torch.cuda.synchronize()
     result["traffic_s"] = time.perf_counter() - t1
-    result["measured_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+    result["measured_peak_bytes"] = soak_peak = int(torch.cuda.max_memory_allocated() - base)
+    result["soak_peak_bytes"] = soak_peak
+    if a.replay_worst and result["error"] is None and os.path.exists(report_path):
+        replay_worst(llm, json.load(open(report_path)), vocab, result, base, a)
+        result["measured_peak_bytes"] = max(soak_peak, result.get("replay_peak_bytes") or 0)
     result["reserved_unallocated_at_end"] = int(torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
     if os.path.exists(report_path):
         rep = json.load(open(report_path))
@@ -123,12 +139,52 @@ def main() -> int:
         result["workspace_bytes"] = wc["workspace_bytes"]
         result["stock_peak_bytes"] = rep["stock"]["peak_activation_bytes"]
         result["sweep_s"] = wc["seconds"]
+        result["cache"] = wc.get("cache")
+        result["worst_shape"] = wc["worst_shape"]
     if result.get("predicted_peak_bytes"):
-        result["ratio_measured_over_predicted"] = result["measured_peak_bytes"] / result["predicted_peak_bytes"]
+        pred = result["predicted_peak_bytes"]
+        result["ratio_measured_over_predicted"] = result["measured_peak_bytes"] / pred
+        if result.get("replay_peak_bytes"):
+            result["ratio_predicted_over_replay"] = pred / result["replay_peak_bytes"]
     del ballast
     dump()
     print(json.dumps({k: v for k, v in result.items() if k != "command"}))
     return 0 if result["error"] is None else 1
+
+
+def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> None:
+    """The report's worst shape, from real requests (see the module docstring)."""
+    import torch
+    from vllm import SamplingParams
+
+    shape = report["worstcase"]["worst_shape"]
+    block = int(report["config"]["block_size"])
+    n, rows, ctx = int(shape["num_reqs"]), int(shape["rows"]), int(shape["context_len"])
+    per_req = max(1, rows // n - 1)
+    prefix_len = ctx - ctx % block  # prefix hits come in whole blocks
+    result["replay"] = {"worst_shape": shape, "requests": n, "prefix": prefix_len,
+                        "new_tokens_each": per_req, "kind": shape["kind"]}
+    if shape["kind"] not in ("prefill", "decode") or prefix_len + per_req >= a.max_model_len:
+        result["replay"]["skipped"] = f"{shape['kind']} shape not replayable this way"
+        return
+    prefix = [(i * 104729 + 17) % (vocab - 1) + 1 for i in range(prefix_len)]
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    t0 = time.perf_counter()
+    try:
+        llm.generate([{"prompt_token_ids": prefix + [3]}], one, use_tqdm=False)  # cache the prefix
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        prompts = [{"prompt_token_ids": prefix + [(r * 7 + j) % (vocab - 1) + 1 for j in range(per_req)]}
+                   for r in range(n)]
+        outs = llm.generate(prompts, one, use_tqdm=False)
+        torch.cuda.synchronize()
+        result["replay_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        hits = [getattr(o, "num_cached_tokens", None) for o in outs]
+        result["replay"]["prefix_hits_min"] = min((h for h in hits if h is not None), default=None)
+        result["replay"]["served"] = len(outs)
+    except Exception as e:  # noqa: BLE001
+        result["replay"]["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
+    result["replay"]["seconds"] = time.perf_counter() - t0
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_
 CPU_KV_CAP = 512 << 20
 
 OUR_FLAGS = ("json", "html", "png", "validate", "exhaustive", "margin", "kv_audit",
-             "no_lock_workspace", "quiet", "kv_cap")
+             "no_lock_workspace", "quiet", "kv_cap", "no_cache")
 
 
 def _add_our_flags(p: argparse.ArgumentParser) -> None:
@@ -46,6 +46,9 @@ def _add_our_flags(p: argparse.ArgumentParser) -> None:
                    help="KV actually allocated by this run (default: full budget on GPU, "
                         "512MiB on CPU); the report always states the full budget")
     g.add_argument("--quiet", action="store_true", help="no vLLM logs, just the verdict")
+    g.add_argument("--no-cache", action="store_true",
+                   help="always run the full sweep (default: reuse a cached sweep of this exact "
+                        "model/limits/kernels/device after replaying its worst step)")
 
 
 def _engine_parser():
@@ -63,6 +66,8 @@ def _settings(ns, json_path: str, on_cpu: bool) -> dict:
 
     s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
          "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace}
+    if ns.no_cache:
+        s["cache_dir"] = "off"
     try:
         if ns.margin is not None:
             s["margin_bytes"] = parse_size(ns.margin)

@@ -79,6 +79,22 @@ class WorkspaceSlot(BaseModel):
     bytes_after: int
 
 
+class CacheUse(BaseModel):
+    """Whether this start ran the sweep or reused a cached one (cache.py), and the check that
+    decided: the cached worst shape replayed now against what it needed when cached."""
+
+    status: Literal["stored", "hit", "stale", "off"] = Field(
+        description="stored: swept and written; hit: reused after the replay matched; stale: the "
+        "replay drifted, so the sweep ran again and replaced the entry; off: no cache")
+    key: str | None = None
+    path: str | None = None
+    cached_at: str | None = None
+    cached_need_bytes: int | None = None
+    replayed_need_bytes: int | None = None
+    allowed_drift_bytes: int | None = None
+    replay_seconds: float | None = None
+
+
 class WorstCase(BaseModel):
     peak_activation_bytes: int = Field(description="largest transient over every executed shape")
     workspace_bytes: int = Field(description="persistent workspace after every slot was grown")
@@ -100,6 +116,7 @@ class WorstCase(BaseModel):
         default_factory=list, description="plan_fingerprint of the executed step shapes (`steps` "
         "in order), one per rank of the world group, indexed by rank; every entry must be equal "
         "(tensor-parallel ranks run the same steps in the same order)")
+    cache: CacheUse | None = Field(None, description="sweep cache use at this start")
 
 
 class Admission(BaseModel):

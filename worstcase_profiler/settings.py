@@ -44,6 +44,9 @@ class ProfilerSettings:
     """Give the engine at most this much KV (the report still states the full budget). wcprof
     uses it so a report run does not fill a CPU host with a KV cache nobody will use."""
     progress: bool = True
+    cache_dir: str | None = None
+    """Where sweeps are cached across starts (cache.py); None: $WCPROF_CACHE_DIR or
+    ~/.cache/worstcase_profiler; "off": always sweep."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

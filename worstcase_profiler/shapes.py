@@ -20,7 +20,10 @@ from worstcase_profiler.report import Shape
 @dataclass(frozen=True)
 class Limits:
     """The scheduler limits that bound a step. kv_capacity_tokens, when known, caps how many
-    full-length requests can be resident at once."""
+    full-length requests can be resident at once — unless prefix caching is on: then requests
+    that share one cached prefix each sit at the full extent while the pool holds the prefix
+    once plus one block per request (seed 002's traffic is exactly this), so the pool bounds
+    the request count, not each request's context."""
 
     max_model_len: int
     max_num_batched_tokens: int
@@ -28,11 +31,12 @@ class Limits:
     num_speculative_tokens: int = 0
     block_size: int = 16
     kv_capacity_tokens: int | None = None
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is None and f.name == "kv_capacity_tokens":
+            if (value is None and f.name == "kv_capacity_tokens") or f.name == "prefix_caching":
                 continue
             floor = 0 if f.name == "num_speculative_tokens" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < floor:
@@ -53,9 +57,13 @@ class Limits:
 
     @property
     def max_resident_requests(self) -> int | None:
-        """How many max_model_len requests the KV cache holds; None when capacity is unknown."""
+        """How many max_model_len requests the KV cache holds at once; None when capacity is
+        unknown. With prefix caching they share one full-length prefix and own one block each."""
         if self.kv_capacity_tokens is None:
             return None
+        if self.prefix_caching:
+            spare = self.kv_capacity_tokens - self.tokens_per_full_request
+            return max(0, spare // self.block_size + 1) if spare >= 0 else 0
         return self.kv_capacity_tokens // self.tokens_per_full_request
 
 
@@ -97,8 +105,12 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
 
 def _extent_for(limits: Limits, num_reqs: int) -> int:
     """The longest sequence each of `num_reqs` requests can have at once: max_model_len, or the
-    KV capacity shared between them when that is smaller."""
+    KV capacity shared between them when that is smaller (never smaller with prefix caching
+    while the pool holds one shared full-length prefix plus a block per request)."""
     if limits.kv_capacity_tokens is None:
+        return limits.max_model_len
+    resident = limits.max_resident_requests
+    if limits.prefix_caching and resident is not None and num_reqs <= resident:
         return limits.max_model_len
     return max(1, min(limits.max_model_len, limits.kv_capacity_tokens // num_reqs))
 

@@ -13,6 +13,9 @@ Order of work (identical on every rank — decisions use the rank-agreed maximum
      c. the worst rows value at growing KV extent (the curve that says when stock runs out);
      d. the worst shape once more with per-module hooks, to name the op that set the peak.
 The admitted transient is the largest executed one plus the chord certificate's slack.
+
+A start that finds this sweep cached (cache.py) runs `replay_worst` instead: the stock step and
+the cached worst shape, one step each, on the same provisional KV cache.
 """
 
 from __future__ import annotations
@@ -166,3 +169,26 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         seconds=time.perf_counter() - t_start,
     )
     return SweepOutcome(stock=stock, worstcase=wc, provisional=provisional)
+
+
+@dataclass
+class Replay:
+    stock: StockFigures
+    provisional: ProvisionalKV
+    step: StepResult
+    seconds: float
+
+
+def replay_worst(driver: StepDriver, worst_shape: Shape) -> Replay:
+    """The check behind a cached sweep: measure the stock step, then run the cached worst shape
+    once on a provisional KV cache and measure what it needs now."""
+    t0 = time.perf_counter()
+    stock = measure_stock(driver)
+    with driver.provisional_kv() as provisional:
+        if worst_shape.kind == "stock":
+            step = StepResult(shape=stock.shape, peak_bytes=stock.peak_activation_bytes,
+                              seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
+        else:
+            step = _timed_step(driver, worst_shape)
+    return Replay(stock=stock, provisional=provisional, step=step,
+                  seconds=time.perf_counter() - t0)

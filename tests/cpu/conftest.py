@@ -22,7 +22,7 @@ def engine_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "MALLOC_MMAP_THRESHOLD_": "65536",
                 "VLLM_NO_USAGE_STATS": "1", "PYTHONUNBUFFERED": "1", "NO_COLOR": "1",
-                "COLUMNS": "120"})
+                "COLUMNS": "120", "WCPROF_CACHE_DIR": "off"})  # tests that cache set their own
     env.pop("WCPROF_PROFILER", None)
     env.pop("WCPROF_CONFIG", None)
     env.update(extra)

@@ -14,7 +14,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 SUITE = ROOT / "bench" / "gpu_suite.py"
-CASES = ("llama_v2", "llama_v1", "llama_graphs", "dsv32_bf16", "dsv32_fp8")
+CASES = ("llama_v2", "llama_v1", "llama_graphs", "dsv32_bf16", "dsv32_fp8", "scratch")
 GiB = 1 << 30
 
 

@@ -5,8 +5,10 @@
   llama_graphs  the same as llama_v2 with torch.compile + CUDA graphs
   dsv32_bf16    DeepSeek-V3.2-style sparse MLA + indexer, 8 dense layers, kv_cache_dtype auto
   dsv32_fp8     the same with kv_cache_dtype fp8 (fp8_ds_mla)
+  scratch       plugins/wcp_fixtures' context-scaled workspace (seed 002), max_model_len 8192,
+                max_num_batched_tokens 2048
 
-max_model_len 131072, max_num_batched_tokens 8192, gpu_memory_utilization 0.5.
+The others at max_model_len 131072, max_num_batched_tokens 8192; gpu_memory_utilization 0.5.
 """
 
 from __future__ import annotations
@@ -37,15 +39,21 @@ def test_measured_peak_within_prediction(case):
         f"{gib(v['predicted_peak_bytes'])} ({v['requests']})")
 
 
+def _asked(case, flag: str) -> int:
+    argv = case["cli_argv"]
+    return int(argv[argv.index(flag) + 1])
+
+
 def test_every_rows_value_covered(case):
-    assert report_of(case)["worstcase"]["rows_covered"] == {"min": 1, "max": 8192}
+    mnbt = _asked(case, "--max-num-batched-tokens")
+    assert report_of(case)["worstcase"]["rows_covered"] == {"min": 1, "max": mnbt}
 
 
 def test_engine_is_the_one_asked_for(case):
     r = report_of(case)
     name = case["case"]
-    assert r["config"]["max_model_len"] == 131072
-    assert r["config"]["max_num_batched_tokens"] == 8192
+    assert r["config"]["max_model_len"] == _asked(case, "--max-model-len")
+    assert r["config"]["max_num_batched_tokens"] == _asked(case, "--max-num-batched-tokens")
     assert r["config"]["enforce_eager"] is (name != "llama_graphs")
     if name in EXPECTED_RUNNER:
         assert r["runner"]["runner"] == EXPECTED_RUNNER[name]
@@ -62,7 +70,16 @@ def test_v2_steps_carried_kv_context(case):
     if r["runner"]["runner"] != "v2" or not str(r["vllm_version"]).startswith("0.26"):
         return
     assert case["v2_injection_lines"], "no '[wcprof] V2 context injected' line in the engine log"
-    assert "131072" in case["v2_injection_lines"][0]
+    assert str(_asked(case, "--max-model-len")) in case["v2_injection_lines"][0]
+
+
+def test_stock_misses_the_context_scaled_scratch(suite):
+    """Seed 002 on the GPU: the fixture's scratch grows with rows x KV extent; the stock step
+    (empty KV) asks for almost none of it, the sweep finds it and validation stays inside."""
+    r = report_of(suite["by_case"]["scratch"])
+    assert r["stock"]["workspace_bytes"] < r["worstcase"]["workspace_bytes"]
+    v = r["validation"]
+    assert v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
 
 
 def test_suite_fits_one_device_call(suite):

@@ -7,7 +7,7 @@ import pytest
 from worstcase_profiler.errors import ConfigError
 from worstcase_profiler.report import Shape
 from worstcase_profiler.shapes import (
-    Limits, context_ladder, decode_batch, mixed_step, plan_fingerprint, prefill_chunk,
+    Limits, context_ladder, decode_batch, mixed_step, plan_fingerprint, prefill_chunk, split_prefills,
     request_layout, stock_shape)
 
 LIMITS = Limits(max_model_len=4096, max_num_batched_tokens=8192, max_num_seqs=256)
@@ -146,3 +146,24 @@ def test_plan_fingerprint_is_stable_and_order_sensitive():
     assert fp != plan_fingerprint(list(reversed(plan)))
     assert fp != plan_fingerprint(plan[:-1])
     assert plan_fingerprint([]) == plan_fingerprint(())
+
+
+def test_prefix_caching_lets_requests_share_a_full_length_prefix():
+    """Seed 002's traffic: many requests hit one cached prefix. The pool holds that prefix once
+    plus a block per request, so every request sits at the full extent — the capacity bound
+    that holds without prefix caching would under-estimate these steps."""
+    cap = 2 * 4096  # two private full-length requests, or one shared prefix + 256 own blocks
+    private = Limits(4096, 8192, 256, kv_capacity_tokens=cap)
+    shared = Limits(4096, 8192, 256, kv_capacity_tokens=cap, prefix_caching=True)
+    assert private.max_resident_requests == 2
+    assert shared.max_resident_requests == 4096 // 16 + 1
+    assert decode_batch(private).num_reqs == 2
+    assert decode_batch(shared) == Shape(kind="decode", rows=256, context_len=4095, num_reqs=256)
+    assert [s.context_len for s in split_prefills(shared, 8192)][-1] == 4096 - 8192 // 256
+    assert all(s.context_len + -(-s.rows // s.num_reqs) == 4096 for s in split_prefills(shared, 8192))
+    assert max(s.context_len for s in split_prefills(private, 8192)[2:]) < 4096 // 2
+    assert mixed_step(shared).num_reqs == 256
+    # a pool that cannot hold even the shared prefix plus the requests still bounds them
+    tight = Limits(4096, 8192, 256, kv_capacity_tokens=4096 + 16 * 3, prefix_caching=True)
+    assert tight.max_resident_requests == 4
+    assert decode_batch(tight).num_reqs == 4

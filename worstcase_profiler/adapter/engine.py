@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import hashlib
+import json
 import logging
 import os
 import sys
 
 from .. import __version__
 from ..admission import compute_admission, kv_tokens
+from ..cache import CacheEntry, SweepCache, cache_dir, cache_key, cached_need, round_capacity_up, verdict
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..meters import meter_for
-from ..report import DeviceInfo, EngineConfig, Report, RunnerInfo
+from ..report import CacheUse, DeviceInfo, EngineConfig, Report, RunnerInfo
 from ..settings import ProfilerSettings
 from ..shapes import Limits
 from ..sizes import fmt_bytes
-from ..sweep import run_sweep
+from ..sweep import SweepOutcome, replay_worst, run_sweep
 from . import kv as kvmod
 from . import workspace as ws
 from .runner import is_v2_runner, make_driver
@@ -43,6 +46,7 @@ def limits_of(vllm_config, runner=None) -> Limits:
         max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
         num_speculative_tokens=k,
         block_size=int(vllm_config.cache_config.block_size or 16),
+        prefix_caching=bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False)),
     )
 
 
@@ -229,6 +233,103 @@ class _SweepProgress:
             self._bar.stop()
 
 
+def _sweep_facts(worker, limits: Limits, settings: ProfilerSettings, runner_kind: str) -> dict:
+    """Everything the sweep's figures depend on (cache.py hashes it): the model, the limits,
+    the kernels and the device. What it cannot see, the replay of the worst shape checks."""
+    import inspect
+
+    import torch
+
+    vllm_config = worker.vllm_config
+    runner = worker.model_runner
+    model = getattr(runner, "model", None)
+    try:
+        source = inspect.getsourcefile(type(model)) if model is not None else None
+        model_code = hashlib.sha256(open(source, "rb").read()).hexdigest()[:16] if source else None
+    except (OSError, TypeError):
+        model_code = None
+    comp = vllm_config.compilation_config
+    facts = {
+        "tool": __version__, "vllm": vllm_version(), "torch": torch.__version__,
+        "cuda": getattr(torch.version, "cuda", None),
+        "device": _device_info(worker).model_dump(), "rank": _rank(),
+        # not the model path (its config is hf_config) nor the budget (admission is recomputed)
+        "config": _engine_config(vllm_config).model_dump(exclude={"gpu_memory_utilization", "model"}),
+        "hf_config": vllm_config.model_config.hf_config.to_dict(),
+        "dtype": str(vllm_config.model_config.dtype),
+        "quantization": str(vllm_config.model_config.quantization),
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}", "model_code": model_code,
+        "cudagraph": [str(getattr(comp, "cudagraph_mode", None)),
+                      list(getattr(comp, "cudagraph_capture_sizes", None) or [])],
+        "limits": dataclasses.asdict(limits), "runner": runner_kind,
+        "attention_backends": _attention_backends(runner),
+        "sweep": {"tolerance": settings.tolerance_bytes, "exhaustive": settings.exhaustive,
+                  "context_ladder": settings.context_ladder, "attribute_ops": settings.attribute_ops},
+    }
+    return json.loads(json.dumps(facts, sort_keys=True, default=str))
+
+
+def _sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, tolerance: int):
+    """(outcome, CacheUse, store-or-None): the full sweep, or a cached one whose worst shape,
+    replayed now, still needs what it needed (every rank must agree, or all of them sweep)."""
+    directory = cache_dir(settings.cache_dir)
+    cache = SweepCache(directory) if directory is not None else None
+    facts = _sweep_facts(worker, limits, settings, driver.runner_kind) if cache else {}
+    key = cache_key(facts) if cache else None
+    entry = cache.load(key) if cache else None
+    use = CacheUse(status="off") if cache is None else CacheUse(status="stored", key=key,
+                                                                path=str(cache.path(key)))
+    if cache is not None and driver.agree_max(int(entry is None)) == 0:
+        replay = replay_worst(driver, entry.worstcase.worst_shape)
+        expected = cached_need(entry.worstcase)
+        ok, allowed = verdict(expected, replay.step.need_bytes, tolerance)
+        use = use.model_copy(update=dict(
+            status="hit", cached_at=entry.created_at, cached_need_bytes=expected,
+            replayed_need_bytes=replay.step.need_bytes, allowed_drift_bytes=allowed,
+            replay_seconds=round(replay.seconds, 3)))
+        if driver.agree_max(int(not ok)) == 0:
+            wc = entry.worstcase.model_copy(deep=True)
+            wc.peak_activation_bytes = max(wc.peak_activation_bytes, replay.step.peak_bytes,
+                                           replay.stock.peak_activation_bytes)
+            log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
+                     "allowed %s) in %.1fs", cache.path(key), wc.worst_shape.label(),
+                     fmt_bytes(replay.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
+                     replay.seconds)
+            return SweepOutcome(stock=replay.stock, worstcase=wc, provisional=replay.provisional), use, None
+        log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
+                    "drift %s); running the full sweep", cache.path(key), entry.worstcase.worst_shape.label(),
+                    fmt_bytes(replay.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
+        use.status = "stale"
+
+    log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner",
+             limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind)
+    progress = _SweepProgress(settings, limits.max_num_batched_tokens)
+    try:
+        outcome = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
+                            context_ladder=settings.context_ladder,
+                            attribute_ops=settings.attribute_ops, on_step=progress)
+    finally:
+        progress.close()
+    log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
+             outcome.worstcase.seconds, outcome.stock.seconds)
+    if cache is None:
+        return outcome, use, None
+
+    def store(wc) -> None:
+        try:
+            path = cache.store(CacheEntry(key=key, facts=facts, worstcase=wc, created_at=_now()))
+            log.info("[wcprof] sweep cached at %s", path)
+        except OSError as e:  # a read-only home must not stop the engine
+            log.warning("[wcprof] could not write the sweep cache in %s: %s", cache.directory, e)
+            wc.cache = wc.cache.model_copy(update={"status": "off", "path": None})
+
+    return outcome, use, store
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
     runner = worker.model_runner
     vllm_config = worker.vllm_config
@@ -242,27 +343,22 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     # on it (ours only comes out smaller), so shapes never exceed what could be resident at once.
     bpt = kvmod.bytes_per_token(runner)
     if bpt:
-        limits = dataclasses.replace(limits, kv_capacity_tokens=max(
-            limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt))
+        limits = dataclasses.replace(limits, kv_capacity_tokens=round_capacity_up(max(
+            limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt)))
     driver = make_driver(worker, limits, meter, _agree_max_fn())
     tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None else meter.resolution_bytes
-    log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner",
-             limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind)
-    progress = _SweepProgress(settings, limits.max_num_batched_tokens)
-    try:
-        outcome = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
-                            context_ladder=settings.context_ladder,
-                            attribute_ops=settings.attribute_ops, on_step=progress)
-    finally:
-        progress.close()
-    log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
-             outcome.worstcase.seconds, outcome.stock.seconds)
+    outcome, cache_use, store = _sweep_or_reuse(worker, driver, limits, settings, tolerance)
 
     mgr = ws.manager()
     wc = outcome.worstcase
     if mgr is not None:
-        wc.workspace_slots = ws.grow_all_slots(mgr)
+        # A reused sweep replayed only its worst shape: grow to what every cached step asked.
+        cached_slot = max((s.bytes_after for s in wc.workspace_slots), default=0)
+        wc.workspace_slots = ws.grow_all_slots(mgr, at_least=cached_slot)
         wc.workspace_bytes = ws.total_bytes(mgr)
+    wc.cache = cache_use
+    if store is not None:
+        store(wc)
 
     measured_consumed = _consumed(worker, meter)
     consumed = measured_consumed + wc.post_profile_bytes
@@ -283,7 +379,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
 
     report = Report(
         tool_version=__version__, vllm_version=vllm_version(),
-        created_at=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        created_at=_now(),
         rank=_rank(), device=_device_info(worker), config=_engine_config(vllm_config),
         runner=RunnerInfo(runner="v2" if is_v2_runner(runner) else "v1",
                           worker=type(worker).__name__,

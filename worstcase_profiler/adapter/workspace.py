@@ -29,14 +29,15 @@ def slot_sizes(mgr) -> list[int]:
     return [_nbytes(t) for t in mgr._current_workspaces]
 
 
-def grow_all_slots(mgr) -> list[WorkspaceSlot]:
-    """Every slot to the largest size any slot reached. Written (zeroed), so the memory is real
-    on the CPU too and the consumed figure read afterwards includes it."""
+def grow_all_slots(mgr, at_least: int = 0) -> list[WorkspaceSlot]:
+    """Every slot to the largest size any slot reached (or `at_least`, what a cached sweep's
+    slots reached). Written (zeroed), so the memory is real on the CPU too and the consumed
+    figure read afterwards includes it."""
     import torch
 
     lanes = int(getattr(mgr, "_num_lanes", 1))
     before = slot_sizes(mgr)
-    target = max(before, default=0)
+    target = max([*before, at_least])
     out = []
     for i, size in enumerate(before):
         if size < target:

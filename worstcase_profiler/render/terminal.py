@@ -119,6 +119,8 @@ def detail_lines(report: Report) -> list[Text]:
     else:
         lines.append(Text(f"stock holds up to max_model_len ({fmt_tokens(cfg.max_model_len)})"))
     lines.append(Text(coverage_line(report)))
+    if report.worstcase.cache is not None and report.worstcase.cache.status != "off":
+        lines.append(Text(cache_line(report.worstcase.cache)))
     if report.kv_audit is not None:
         audit = report.kv_audit
         style = "" if audit.verdict == "ok" else "red"
@@ -167,8 +169,18 @@ def coverage_line(report: Report) -> str:
             f" by {cov.method}; {wc.shapes_executed} shapes executed; "
             f"{fmt_tokens(len(cov.executed_rows))} rows executed, "
             f"{fmt_tokens(certified)} certified by "
-            f"chord (tolerance {fmt_bytes(cov.tolerance_bytes)}); sweep {wc.seconds:.1f}s vs "
+            f"chord (tolerance {fmt_bytes(cov.tolerance_bytes)}); sweep {wc.seconds:.1f}s"
+            f"{' (when cached)' if wc.cache is not None and wc.cache.status == 'hit' else ''} vs "
             f"stock step {report.stock.seconds:.2f}s")
+
+
+def cache_line(use) -> str:
+    if use.status == "stored":
+        return f"sweep cached at {use.path} (the next start with this config replays its worst step)"
+    verb = "reused" if use.status == "hit" else "cache STALE, swept again"
+    return (f"sweep {verb}: cached worst step needs {fmt_bytes(use.replayed_need_bytes)} now vs "
+            f"{fmt_bytes(use.cached_need_bytes)} when cached {use.cached_at} (allowed drift "
+            f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s)")
 
 
 def _signed_bytes(n: int) -> str:

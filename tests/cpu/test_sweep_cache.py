@@ -1,0 +1,56 @@
+"""Issue 5 (start-up cost): a restart with the same model, limits, kernels and device reuses the
+cached sweep after replaying its worst step; an entry whose replay drifts is discarded and the
+full sweep runs again (the engine never starts on a stale figure)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import engine_env, run_wcprof
+
+pytestmark = pytest.mark.engine
+
+
+def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
+    env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
+    (tmp_path / "a").mkdir()
+    first = run_wcprof([], tmp_path / "a", env=env)
+    assert first.rc == 0, first.text[-3000:]
+    wc1 = first.report["worstcase"]
+    assert wc1["cache"]["status"] == "stored"
+    entry = tmp_path / "cache" / f"{wc1['cache']['key']}.json"
+    assert json.loads(entry.read_text())["worstcase"]["peak_activation_bytes"] == wc1["peak_activation_bytes"]
+
+    (tmp_path / "b").mkdir()
+    second = run_wcprof([], tmp_path / "b", env=env)
+    assert second.rc == 0, second.text[-3000:]
+    wc2 = second.report["worstcase"]
+    use = wc2["cache"]
+    assert use["status"] == "hit" and use["key"] == wc1["cache"]["key"]
+    assert abs(use["replayed_need_bytes"] - use["cached_need_bytes"]) <= use["allowed_drift_bytes"]
+    assert wc2["peak_activation_bytes"] >= wc1["peak_activation_bytes"]
+    assert wc2["worst_shape"] == wc1["worst_shape"]
+    assert use["replay_seconds"] < wc1["seconds"]
+    assert "sweep reused" in second.out
+
+    # An entry that under-states its worst step (another build wrote it, say) must not be used.
+    data = json.loads(entry.read_text())
+    worst = data["worstcase"]["worst_shape"]
+    for step in data["worstcase"]["steps"]:
+        if step["shape"] == worst:
+            step["peak_bytes"] //= 4
+    data["worstcase"]["peak_activation_bytes"] //= 4
+    entry.write_text(json.dumps(data))
+    (tmp_path / "c").mkdir()
+    third = run_wcprof([], tmp_path / "c", env=env)
+    assert third.rc == 0, third.text[-3000:]
+    wc3 = third.report["worstcase"]
+    assert wc3["cache"]["status"] == "stale"
+    assert wc3["cache"]["replayed_need_bytes"] > wc3["cache"]["cached_need_bytes"] + wc3["cache"]["allowed_drift_bytes"]
+    assert wc3["shapes_executed"] == wc1["shapes_executed"]  # the full sweep ran
+    assert wc3["peak_activation_bytes"] >= wc1["peak_activation_bytes"] - wc1["coverage"]["tolerance_bytes"]
+    assert "stale" in third.text
+    # ...and the entry now holds the fresh sweep
+    assert json.loads(entry.read_text())["worstcase"]["peak_activation_bytes"] == wc3["peak_activation_bytes"]

@@ -1,0 +1,85 @@
+"""The sweep cache (cache.py): the key sees every fact, entries round-trip atomically, a corrupt
+or foreign file is a miss, and the replay verdict rejects drift in both directions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from worstcase_profiler.cache import (CacheEntry, SweepCache, cache_dir, cache_key, cached_need,
+                                      round_capacity_up, verdict)
+from worstcase_profiler.report import (Coverage, RowsCovered, Shape, StepResult, WorstCase)
+
+FACTS = {"vllm": "0.32.0", "limits": {"max_model_len": 4096}, "device": {"name": "x"}}
+
+
+def _worstcase(need_step: int = 100, other: int = 50) -> WorstCase:
+    worst = Shape(kind="prefill", rows=512, context_len=3584)
+    steps = [StepResult(shape=Shape(kind="prefill", rows=1, context_len=4095), peak_bytes=other,
+                        seconds=0.1),
+             StepResult(shape=worst, peak_bytes=need_step - 10, workspace_bytes=10, seconds=0.2)]
+    return WorstCase(peak_activation_bytes=need_step, workspace_bytes=0, worst_shape=worst,
+                     rows_covered=RowsCovered(min=1, max=512), shapes_executed=2,
+                     coverage=Coverage(method="m", argument="a", tolerance_bytes=1,
+                                       executed_rows=[1, 512], segments=[]),
+                     steps=steps, seconds=3.0)
+
+
+def test_key_changes_with_any_fact_and_not_with_order():
+    base = cache_key(FACTS)
+    assert cache_key(dict(reversed(list(FACTS.items())))) == base
+    for field, value in (("vllm", "0.33.0"), ("limits", {"max_model_len": 8192}),
+                         ("device", {"name": "y"})):
+        assert cache_key({**FACTS, field: value}) != base
+    assert len(base) == 24
+
+
+def test_capacity_rounds_up_within_a_sixteenth():
+    for tokens in (1, 15, 16, 17, 1000, 2_226_928, 11_305_664):
+        up = round_capacity_up(tokens)
+        assert tokens <= up <= tokens * 17 // 16 + 1
+    # two starts a few blocks apart share one key
+    assert round_capacity_up(11_305_664) == round_capacity_up(11_307_904)
+
+
+def test_dir_setting_env_default_and_off(tmp_path):
+    assert cache_dir(str(tmp_path), {}) == tmp_path
+    assert cache_dir(None, {"WCPROF_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert cache_dir(None, {"XDG_CACHE_HOME": "/c"}) == tmp_path.__class__("/c/worstcase_profiler")
+    assert cache_dir("off", {"WCPROF_CACHE_DIR": str(tmp_path)}) is None
+    assert cache_dir(None, {"WCPROF_CACHE_DIR": "OFF"}) is None
+
+
+def test_entries_round_trip_and_bad_files_are_misses(tmp_path):
+    cache = SweepCache(tmp_path / "sub")
+    key = cache_key(FACTS)
+    assert cache.load(key) is None
+    path = cache.store(CacheEntry(key=key, facts=FACTS, created_at="t", worstcase=_worstcase()))
+    assert path == cache.path(key) and not list(path.parent.glob(".*.tmp"))
+    loaded = cache.load(key)
+    assert loaded is not None and loaded.worstcase == _worstcase()
+    path.write_text("{not json")
+    assert cache.load(key) is None
+    other = cache_key({**FACTS, "vllm": "x"})
+    path.write_text(CacheEntry(key=other, facts=FACTS, created_at="t",
+                               worstcase=_worstcase()).model_dump_json())
+    assert cache.load(key) is None  # a file under the wrong name is not trusted
+    assert json.loads(path.read_text())["key"] == other
+
+
+def test_cached_need_is_the_worst_shapes_need():
+    assert cached_need(_worstcase(need_step=100, other=500)) == 100
+
+
+@pytest.mark.parametrize("measured, ok", [(100, True), (101, True), (102, True), (103, False),
+                                          (90, True), (89, False)])
+def test_verdict_rejects_growth_beyond_tolerance_and_large_drops(measured, ok):
+    assert verdict(100, measured, tolerance=2) == (ok, 2)
+
+
+def test_verdict_allows_two_percent_up_and_ten_percent_down_of_large_needs():
+    assert verdict(1000, 1019, tolerance=1) == (True, 20)
+    assert verdict(1000, 1021, tolerance=1)[0] is False
+    assert verdict(1000, 901, tolerance=1)[0] is True
+    assert verdict(1000, 899, tolerance=1)[0] is False
