@@ -55,6 +55,7 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "scratch": (SCRATCH, [*SHORT, "--enforce-eager"], {}, None),
 }
 V2_EVIDENCE = "[wcprof] V2 context injected"
+RESTART_HINT = "start again with the same config"
 GiB = 1 << 30
 
 
@@ -273,6 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         rc = run.wait(min(a.case_timeout_s, left))
         t_end = time.time()
         log_text = run.log_path.read_text(errors="replace")
+        first_start = None
+        if rc == 3 and RESTART_HINT in log_text and deadline - time.time() > a.min_case_s:
+            # The warm-up audit failed the start and cached what warm-up kept (CUDA graphs on a
+            # runner that estimates them as 0): a restart with the same config subtracts it.
+            first_start = {"rc": rc, "log_tail": log_text.splitlines()[-15:]}
+            print(f"[suite] {name}: warm-up audit failed the first start; restarting", flush=True)
+            run.log_path.rename(run.log_path.with_suffix(".first.log"))
+            run = Run(name, a.out, a.python, False)
+            run.go()
+            rc = run.wait(min(a.case_timeout_s, deadline - time.time()))
+            t_end = time.time()
+            log_text = run.log_path.read_text(errors="replace")
         rpath = a.out / f"{name}.json"
         report = json.loads(rpath.read_text()) if rpath.exists() and rc != 124 else None
         checks = _check(report, name, rc, log_text)
@@ -281,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 "rc": rc, "cli_argv": _cli_argv(name, a.out), "env": CASES[name][2],
                 "import_s": _import_info(log_text)[0], "run_s": round(t_end - run.t_go, 1),
                 "cuda_initialized_at_import": _import_info(log_text)[1],
-                "checks": checks, "v2_injection_lines": [ln for ln in log_text.splitlines()
+                "checks": checks, "first_start": first_start, "v2_injection_lines": [ln for ln in log_text.splitlines()
                                                          if V2_EVIDENCE in ln][:3],
                 "report": report}
         if not ok:

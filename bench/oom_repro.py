@@ -90,6 +90,7 @@ def main() -> int:
                   enable_prefix_caching=True, **extra)
     except Exception as e:  # noqa: BLE001
         result["error"] = f"engine start: {type(e).__name__}: {str(e).splitlines()[0][:400]}"
+        result["error_full"] = "".join(traceback.format_exception_only(type(e), e))[-2000:]
         dump()
         return 1
     result["boot_s"] = time.perf_counter() - t0

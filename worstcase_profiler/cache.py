@@ -61,6 +61,9 @@ class CacheEntry(BaseModel):
     facts: dict[str, Any]
     created_at: str
     worstcase: WorstCase
+    warmup_resident_bytes: int = 0
+    """What warm-up (CUDA graph capture) kept resident at the start that wrote or last used the
+    entry; admission subtracts it up front on the next start (vLLM 0.26's V2 runner estimates 0)."""
 
 
 @dataclass

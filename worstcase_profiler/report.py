@@ -162,6 +162,18 @@ class KVAudit(BaseModel):
     message: str
 
 
+class WarmupAudit(BaseModel):
+    """What warm-up left resident after the KV budget was fixed — CUDA graphs above all (vLLM
+    0.26's V2 runner estimates them as 0) — against what admission set aside for it."""
+
+    resident_bytes: int = Field(description="device memory warm-up added and kept")
+    accounted_bytes: int = Field(description="what admission subtracted for it (cudagraph_bytes)")
+    outside_bytes: int = Field(description="resident - accounted: eats the worst step's headroom")
+    allowed_bytes: int = Field(description="the margin; more than this fails the start")
+    verdict: Literal["ok", "outside-budget"]
+    message: str
+
+
 class Validation(BaseModel):
     measured_peak_bytes: int
     predicted_peak_bytes: int
@@ -208,6 +220,7 @@ class Report(BaseModel):
     worstcase: WorstCase
     admission: Admission
     kv_audit: KVAudit | None = None
+    warmup_audit: WarmupAudit | None = None
     validation: Validation | None = None
     ranks: list["Report"] = Field(default_factory=list, description="one entry per TP rank")
     warnings: list[str] = []

@@ -21,7 +21,7 @@ from ..admission import compute_admission, kv_tokens
 from ..cache import CacheEntry, SweepCache, cache_dir, cache_key, cached_need, round_capacity_up, verdict
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..meters import meter_for
-from ..report import CacheUse, DeviceInfo, EngineConfig, Report, RunnerInfo
+from ..report import CacheUse, DeviceInfo, EngineConfig, Report, RunnerInfo, WarmupAudit
 from ..settings import ProfilerSettings
 from ..shapes import Limits
 from ..sizes import fmt_bytes
@@ -35,6 +35,8 @@ log = logging.getLogger("vllm.wcprof")
 
 REPORT_ATTR = "_wcprof_report"
 BUDGET_ATTR = "_wcprof_budget"
+CACHE_ATTR = "_wcprof_cache"          # (SweepCache, key) when the cache is on
+AFTER_KV_ATTR = "_wcprof_used_after_kv"
 
 
 def limits_of(vllm_config, runner=None) -> Limits:
@@ -255,7 +257,8 @@ def _sweep_facts(worker, limits: Limits, settings: ProfilerSettings, runner_kind
         "device": _device_info(worker).model_dump(), "rank": _rank(),
         # not the model path (its config is hf_config) nor the budget (admission is recomputed)
         "config": _engine_config(vllm_config).model_dump(exclude={"gpu_memory_utilization", "model"}),
-        "hf_config": vllm_config.model_config.hf_config.to_dict(),
+        "hf_config": {k: v for k, v in vllm_config.model_config.hf_config.to_dict().items()
+                      if k not in ("_name_or_path", "name_or_path")},  # where, not what
         "dtype": str(vllm_config.model_config.dtype),
         "quantization": str(vllm_config.model_config.quantization),
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}", "model_code": model_code,
@@ -295,6 +298,7 @@ def _sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, 
                      "allowed %s) in %.1fs", cache.path(key), wc.worst_shape.label(),
                      fmt_bytes(replay.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      replay.seconds)
+            setattr(worker, CACHE_ATTR, (cache, key, entry.warmup_resident_bytes))
             return SweepOutcome(stock=replay.stock, worstcase=wc, provisional=replay.provisional), use, None
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", cache.path(key), entry.worstcase.worst_shape.label(),
@@ -314,6 +318,7 @@ def _sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, 
              outcome.worstcase.seconds, outcome.stock.seconds)
     if cache is None:
         return outcome, use, None
+    setattr(worker, CACHE_ATTR, (cache, key, 0))
 
     def store(wc) -> None:
         try:
@@ -324,6 +329,12 @@ def _sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, 
             wc.cache = wc.cache.model_copy(update={"status": "off", "path": None})
 
     return outcome, use, store
+
+
+def _cached_warmup(worker) -> int:
+    """Warm-up memory a cached start measured (0 without one): CUDA graphs on runners whose own
+    estimate is 0."""
+    return int((getattr(worker, CACHE_ATTR, None) or (None, None, 0))[2])
 
 
 def _now() -> str:
@@ -371,7 +382,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         requested=requested, consumed=consumed,
         weights=int(getattr(runner, "model_memory_usage", 0) or 0),
         non_torch=_non_torch(meter, measured_consumed), worst_peak=wc.peak_activation_bytes,
-        stock_peak=stock_need, cudagraph=_cudagraph_applied(worker),
+        stock_peak=stock_need, cudagraph=max(_cudagraph_applied(worker), _cached_warmup(worker)),
         margin=settings.margin_bytes, bytes_per_token=bpt, block_size=limits.block_size,
         max_model_len=limits.max_model_len, explicit_kv=explicit, context_curve=curve)
     admission.stock_kv_cache_bytes = stock_kv
@@ -424,6 +435,8 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     meter = meter_for(getattr(worker, "device", "cpu"))
     before = meter.consumed()
     result = original(worker, kv_cache_config)
+    if meter.device_kind == "cuda" and getattr(worker, REPORT_ATTR, None) is not None:
+        setattr(worker, AFTER_KV_ATTR, _consumed(worker, meter))
     report: Report | None = getattr(worker, REPORT_ATTR, None)
     budget = getattr(worker, BUDGET_ATTR, None)
     if settings.kv_audit == "off" or budget is None:
@@ -447,8 +460,53 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     return result
 
 
+def _audit_warm_up(worker, report: Report, settings: ProfilerSettings) -> None:
+    """Device memory warm-up kept (CUDA graphs) vs what admission set aside for it. The figure is
+    cached with the sweep, so the next start of this config subtracts it up front; more than the
+    margin outside the budget fails this start (the worst step would no longer fit)."""
+    after_kv = getattr(worker, AFTER_KV_ATTR, None)
+    if after_kv is None:
+        return
+    meter = meter_for(getattr(worker, "device", "cpu"))
+    resident = max(0, _consumed(worker, meter) - int(after_kv))
+    adm = report.admission
+    outside = resident - adm.cudagraph_bytes
+    ok = outside <= settings.margin_bytes
+    cached = getattr(worker, CACHE_ATTR, None)
+    if cached is not None:
+        cache, key, _ = cached
+        entry = cache.load(key)
+        if entry is not None and entry.warmup_resident_bytes != resident:
+            try:
+                cache.store(entry.model_copy(update={"warmup_resident_bytes": resident}))
+            except OSError as e:
+                log.warning("[wcprof] could not update the sweep cache: %s", e)
+    fix = max(0, adm.kv_cache_bytes - max(0, outside))
+    msg = (f"warm-up kept {fmt_bytes(resident)} resident after the KV budget was fixed (CUDA graphs);"
+           f" admission set aside {fmt_bytes(adm.cudagraph_bytes)}")
+    msg += ": within the margin" if ok else (
+        f", so {fmt_bytes(outside)} of the worst step's headroom is gone")
+    report.warmup_audit = WarmupAudit(resident_bytes=resident, accounted_bytes=adm.cudagraph_bytes,
+                                      outside_bytes=outside, allowed_bytes=settings.margin_bytes,
+                                      verdict="ok" if ok else "outside-budget", message=msg)
+    if ok:
+        log.info("[wcprof] %s", msg)
+        return
+    write_report(report, settings)
+    if settings.mode != "enforce":
+        log.warning("[wcprof] %s", msg)
+        report.warnings.append(msg)
+        return
+    again = (" the figure is cached: start again with the same config and admission subtracts it"
+             if cached is not None else "")
+    raise DoesNotFit(msg, hint=f"{again.strip()}{'; or' if again else ''} pass "
+                               f"--kv-cache-memory-bytes {fix} ({fmt_bytes(fix)})")
+
+
 def after_warm_up(worker, settings: ProfilerSettings) -> None:
     report: Report | None = getattr(worker, REPORT_ATTR, None)
+    if report is not None:
+        _audit_warm_up(worker, report, settings)
     mgr = ws.manager()
     if mgr is not None and settings.lock_workspace and settings.mode == "enforce":
         if report is not None:

@@ -128,6 +128,8 @@ def detail_lines(report: Report) -> list[Text]:
                           f"{fmt_bytes(audit.budget_bytes)} (allowed "
                           f"{fmt_bytes(audit.allowed_bytes)}), ratio {audit.ratio:.3f}: "
                           f"{audit.verdict}", style=style))
+    if report.warmup_audit is not None and report.warmup_audit.verdict != "ok":
+        lines.append(Text(f"warm-up audit: {report.warmup_audit.message}", style="red"))
     if report.validation is not None:
         val = report.validation
         lines.append(Text(f"validation: measured {fmt_bytes(val.measured_peak_bytes)} vs "
