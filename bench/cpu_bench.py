@@ -154,7 +154,7 @@ def child(a) -> int:
     out["vllm_version"] = vllm.__version__
     kwargs = _engine_kwargs(a.workload)
     report_path = a.out.replace(".json", ".report.json")
-    if a.mode == "worstcase":
+    if a.mode in ("worstcase", "warm"):
         extra = dict(kwargs.get("additional_config") or {})
         extra["worstcase_profiler"] = {"profiler": "worstcase", "json_path": report_path,
                                        "kv_cap_bytes": KV_CAP}
@@ -247,15 +247,16 @@ def _git() -> dict:
             "dirty_code": g("status", "--porcelain", "--", "worstcase_profiler", "plugins").splitlines()}
 
 
-def _run_child(workload: str, mode: str, rep: int, replay: bool, tmp: Path, log) -> dict:
+def _run_child(workload: str, mode: str, rep: int, replay: bool, tmp: Path, log,
+               cache: str = "off") -> dict:
     out = tmp / f"{workload}_{mode}_{rep}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--workload", workload,
            "--mode", mode, "--rep", str(rep), "--out", str(out)] + (["--replay"] if replay else [])
     logf = tmp / f"{workload}_{mode}_{rep}.log"
     t0 = time.perf_counter()
     with open(logf, "w") as lf:
-        p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, env=_engine_env(), cwd=ROOT,
-                           timeout=600)
+        p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, cwd=ROOT, timeout=600,
+                           env={**_engine_env(), "WCPROF_CACHE_DIR": cache})
     wall = time.perf_counter() - t0
     res = json.loads(out.read_text()) if out.exists() else {"workload": workload, "mode": mode,
                                                              "rep": rep, "error": "child wrote nothing"}
@@ -282,6 +283,9 @@ def _summarise(workload: str, runs: list[dict]) -> dict:
     s["boot_worstcase_median_s"] = statistics.median(wb) if wb else None
     s["boot_ratio"] = (s["boot_worstcase_median_s"] / s["boot_stock_median_s"]
                        if sb and wb else None)
+    warm = [r["boot_s"] for r in runs if r["mode"] == "warm" and r.get("boot_s") is not None]
+    s["boot_warm_s"] = warm
+    s["boot_warm_ratio"] = warm[0] / s["boot_stock_median_s"] if warm and sb else None
     sc = [r["boot_cpu_s"] for r in stock if r.get("boot_cpu_s") is not None]
     wcpu = [r["boot_cpu_s"] for r in wc if r.get("boot_cpu_s") is not None]
     s["boot_cpu_stock_s"], s["boot_cpu_worstcase_s"] = sc, wcpu
@@ -365,6 +369,7 @@ def _table_rows(summaries: list[dict]) -> list[list[str]]:
             return _f(s.get(k), "{:.4f}") + ("" if ok is None else (" ok" if ok else " MISS"))
         rows.append([s["workload"], _f(s.get("boot_stock_median_s"), "{:.1f}"),
                      _f(s.get("boot_worstcase_median_s"), "{:.1f}"), _f(s.get("boot_ratio"), "{:.2f}"),
+                     _f((s.get("boot_warm_s") or [None])[0], "{:.1f}"), _f(s.get("boot_warm_ratio"), "{:.2f}"),
                      _mib(s.get("predicted_bytes")), _mib(s.get("measured_bytes")),
                      mark("measured_over_predicted"), mark("predicted_over_measured"),
                      str(s.get("kv_tokens_ideal", "-")), str(s.get("kv_tokens_worstcase", "-")),
@@ -372,7 +377,8 @@ def _table_rows(summaries: list[dict]) -> list[list[str]]:
     return rows
 
 
-HEADERS = ["workload", "boot stock s", "boot wc s", "wc/stock", "predicted MiB", "measured MiB",
+HEADERS = ["workload", "boot stock s", "boot wc s", "wc/stock", "boot warm s", "warm/stock",
+           "predicted MiB", "measured MiB",
            "meas/pred (<=1.00)", "pred/meas (<=1.02)", "KV ideal tok", "KV wc tok",
            "wc/ideal (>=0.98)", "KV stock tok"]
 
@@ -478,7 +484,11 @@ def _markdown(result: dict, summaries: list[dict]) -> str:
            "core (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), stock and worstcase alternating. Stock = the "
            "plugin installed (patches applied, `plugin_patched` in the JSON) but not enabled. "
            "Python start-up and `import vllm` are outside the timing.",
-           "- **wc/stock**: ratio of the two medians.",
+           "- **wc/stock**: ratio of the two medians. Every worstcase boot here is cold: it starts "
+           "from an empty sweep cache and runs the full sweep.",
+           "- **boot warm s / warm/stock**: one more worstcase boot that finds the last cold boot's "
+           "sweep cached (the restart path, `worstcase_profiler/cache.py`): it replays the cached "
+           "worst step instead of sweeping; ratio to the stock median.",
            "- **predicted MiB**: `report.worstcase.peak_activation_bytes + report.worstcase.workspace_bytes` "
            "of the worstcase engine that served the replay.",
            "- **measured MiB**: the largest `CpuMeter.end()` over the replay's `generate` calls "
@@ -517,10 +527,14 @@ def parent(a) -> int:
     all_runs: dict[str, list[dict]] = {}
     for w in workloads:
         runs = []
+        # worstcase boots are cold (a fresh sweep cache each); one warm boot at the end reuses
+        # the last one's cache: the restart path (worstcase_profiler/cache.py)
         for rep in range(a.reps):
             for mode in ("stock", "worstcase"):
                 runs.append(_run_child(w, mode, rep, replay=(mode == "worstcase" and rep == a.reps - 1),
-                                       tmp=tmp, log=con.print))
+                                       tmp=tmp, log=con.print, cache=str(tmp / f"cache-{w}-{rep}")))
+        runs.append(_run_child(w, "warm", 0, replay=False, tmp=tmp, log=con.print,
+                               cache=str(tmp / f"cache-{w}-{a.reps - 1}")))
         all_runs[w] = runs
     summaries = [_summarise(w, all_runs[w]) for w in workloads]
     total = time.perf_counter() - t_start
@@ -561,7 +575,7 @@ def main() -> int:
     p.add_argument("--no-write", action="store_true", help="print the table only")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--workload", choices=WORKLOADS)
-    p.add_argument("--mode", choices=("stock", "worstcase"))
+    p.add_argument("--mode", choices=("stock", "worstcase", "warm"))
     p.add_argument("--rep", type=int, default=0)
     p.add_argument("--replay", action="store_true")
     p.add_argument("--out")
