@@ -62,8 +62,79 @@ def oom_table(folder: Path) -> str:
     return "\n".join(rows)
 
 
+def _latest(folders: list[Path]) -> tuple[dict, dict, dict]:
+    """(suite case, soak run, folder name) per configuration; later folders replace earlier."""
+    cases, soaks, where = {}, {}, {}
+    for folder in folders:
+        for c in json.loads((folder / "summary.json").read_text())["cases"]:
+            cases[c["case"]] = c
+            where[c["case"]] = folder.name
+        oom = folder / "oom.json"
+        for r in (json.loads(oom.read_text()) if oom.exists() else []):
+            soaks[r["run"]] = r
+            where[r["run"]] = folder.name
+    return cases, soaks, where
+
+
+def configuration_table(folders: list[Path]) -> str:
+    """Issue 4's table: per configuration, stock vs worst-case prediction, what real traffic
+    measured (the 200-request soak and the worst shape replayed from real requests), KV tokens."""
+    cases, soaks, where = _latest(folders)
+    rows = ["| configuration | runner | stock predicted GiB | worst-case predicted GiB | soak peak GiB "
+            "(served) | worst shape replayed (real requests) | replay peak GiB | measured/predicted "
+            "| predicted/replay | KV tokens stock | KV tokens worst-case | sweep s | start | from |",
+            "|" + "---|" * 14]
+    for name, c in cases.items():
+        r = c.get("report") or {}
+        if not r:
+            continue
+        wc, adm = r["worstcase"], r["admission"]
+        soak = soaks.get(f"{name}_worstcase") or {}
+        rep = soak.get("replay") or {}
+        shape = rep.get("worst_shape")
+        shape_s = (f"{shape['kind']} n={rep['requests']} x {rep['new_tokens_each']} rows on "
+                   f"{rep['prefix']:,} cached" if shape else "-")
+        if rep.get("error"):
+            shape_s += f" **{rep['error'].split('. GPU 0')[0][:70]}**"
+        if name not in ("scratch",) and not soak:
+            continue
+        meas = soak.get("ratio_measured_over_predicted")
+        p_over = soak.get("ratio_predicted_over_replay")
+        served = f"{gib(soak.get('soak_peak_bytes'))} ({soak.get('served', '-')})" if soak else "-"
+        start = "first start failed closed, restart ok" if c.get("first_start") else (
+            (soak.get("cache") or wc.get("cache") or {}).get("status", "-"))
+        rows.append(
+            f"| {name} | {r['runner']['runner']} | {gib(r['stock']['peak_activation_bytes'])} | "
+            f"{gib(soak.get('predicted_peak_bytes', wc['peak_activation_bytes']))} | {served} | {shape_s} | "
+            f"{gib(soak.get('replay_peak_bytes'))} | {'n/a' if meas is None else f'{meas:.4f}'} | "
+            f"{'n/a' if p_over is None else f'{p_over:.4f}'} | {adm['kv_tokens_stock']:,} | "
+            f"{(soak.get('kv_tokens') or adm['kv_tokens_worstcase']):,} | {wc['seconds']:.1f} | {start} | "
+            f"{where.get(f'{name}_worstcase', where[name])} |")
+    return "\n".join(rows)
+
+
+def startup_table(folder: Path) -> str:
+    rows = ["| model | mode | engine start s | ratio to stock | sweep cache | sweep or replay s |",
+            "|" + "---|" * 6]
+    for f in sorted(folder.glob("startup-*.json")):
+        for model, runs in json.loads(f.read_text())["models"].items():
+            for r in runs:
+                secs = r.get("replay_s") if r.get("cache") == "hit" else r.get("sweep_s")
+                rows.append(f"| {model} | {r['mode']} | {r['boot_s']:.1f} | "
+                            f"{r.get('boot_ratio_to_stock', 0):.2f} | {r.get('cache') or '-'} | "
+                            f"{'-' if secs is None else f'{secs:.1f}'} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    for title, p in [("run 2: all cases, before the KV-capacity bound", RES / "h200-run2" / "summary.json"),
+    print("### Per configuration: prediction vs real traffic (latest run of each)\n\n"
+          f"{configuration_table([RES / 'h200-run4', RES / 'h200-run5'])}\n")
+    print(f"### Engine start-up, stock vs worst-case, side by side (run 4)\n\n"
+          f"{startup_table(RES / 'h200-run4')}\n")
+    print(f"### Run 4: llama_graphs before the warm-up audit (the replay that found the bug)\n\n"
+          f"{configuration_table([RES / 'h200-run4'])}\n")
+    for title, p in [("run 4: all six cases (the suite; validation traffic)", RES / "h200-run4" / "summary.json"),
+                     ("run 2: all cases, before the KV-capacity bound", RES / "h200-run2" / "summary.json"),
                      ("run 3: dsv32_fp8 after the KV-capacity bound", RES / "h200-run3" / "summary.json")]:
         print(f"### Suite {title}\n\n{suite_table(p)}\n")
     for title, p in [("with expandable segments (the seed-002 host's setting)", RES / "h200-oom"),

@@ -14,9 +14,9 @@ Traffic (token ids, dummy weights): one prompt of --prefix tokens (chunked prefi
 prefix), then --soak requests that hit the prefix cache and add a new chunk of ~max_num_batched_tokens
 rows on top of it (a different suffix length each, so rows values vary), sent in batches of
 --batch. Then, with --replay-worst (worst-case runs), the worst shape of the engine's own report
-made from real requests: its n requests share one cached prefix of the shape's context length and
-each adds rows/n - 1 new tokens (a prompt may not reach max_model_len), submitted together so the
-scheduler puts them in one step. One JSON per run: boot seconds, served count, the error line if
+made from real requests: its n requests share one cached prefix of about the shape's context
+length (whole blocks, a block shorter where a prompt would reach max_model_len) and each adds its
+share of the shape's rows, submitted together so the scheduler puts them in one step. One JSON per run: boot seconds, served count, the error line if
 any, and the runtime peak (torch allocator, above the post-boot baseline) next to the prediction,
 for the soak and for the replay separately.
 """
@@ -161,11 +161,17 @@ def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> N
     shape = report["worstcase"]["worst_shape"]
     block = int(report["config"]["block_size"])
     n, rows, ctx = int(shape["num_reqs"]), int(shape["rows"]), int(shape["context_len"])
-    per_req = max(1, rows // n - 1)
-    prefix_len = ctx - ctx % block  # prefix hits come in whole blocks
+    base, extra = divmod(rows, n)  # the shape's own split (shapes.request_layout)
+    new_tokens = [base + (1 if i < extra else 0) for i in range(n)]
+    # Prefix hits come in whole blocks, and a prompt plus its one output token must stay within
+    # max_model_len: the shared prefix is the shape's context rounded down to blocks, one block
+    # shorter where needed, so every request computes exactly its share of the shape's rows.
+    prefix_len = ctx - ctx % block
+    while prefix_len > 0 and prefix_len + max(new_tokens) >= a.max_model_len:
+        prefix_len -= block
     result["replay"] = {"worst_shape": shape, "requests": n, "prefix": prefix_len,
-                        "new_tokens_each": per_req, "kind": shape["kind"]}
-    if shape["kind"] not in ("prefill", "decode") or prefix_len + per_req >= a.max_model_len:
+                        "new_tokens_each": base, "rows": sum(new_tokens), "kind": shape["kind"]}
+    if shape["kind"] not in ("prefill", "decode") or prefix_len + max(new_tokens) >= a.max_model_len:
         result["replay"]["skipped"] = f"{shape['kind']} shape not replayable this way"
         return
     prefix = [(i * 104729 + 17) % (vocab - 1) + 1 for i in range(prefix_len)]
@@ -175,8 +181,8 @@ def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> N
         llm.generate([{"prompt_token_ids": prefix + [3]}], one, use_tqdm=False)  # cache the prefix
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        prompts = [{"prompt_token_ids": prefix + [(r * 7 + j) % (vocab - 1) + 1 for j in range(per_req)]}
-                   for r in range(n)]
+        prompts = [{"prompt_token_ids": prefix + [(r * 7 + j) % (vocab - 1) + 1 for j in range(k)]}
+                   for r, k in enumerate(new_tokens)]
         outs = llm.generate(prompts, one, use_tqdm=False)
         torch.cuda.synchronize()
         result["replay_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)

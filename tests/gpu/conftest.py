@@ -1,7 +1,9 @@
 """GPU tests: `wcprof --validate` on real engines (vLLM 0.26 on an H200), through bench/gpu_suite.py.
 
   pytest tests/gpu --results DIR   read DIR/summary.json written by the suite on the GPU host
-                                   (bench/device_run.sh packs it into $OUT); runs anywhere
+                                   (bench/device_run.sh packs it into $OUT) and DIR/oom.json
+                                   (bench/oom_suite.sh's soaks) if present; runs anywhere.
+                                   Repeatable: a later DIR replaces the cases it re-ran.
   pytest tests/gpu                 run the suite here (needs CUDA and vLLM; ~6-9 min), then check
 
 Without --results every test is skipped unless torch.cuda.is_available() and vllm is importable.
@@ -14,12 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpu_results import CASES, HERE, gpu_available, load_summary, run_suite
+from gpu_results import CASES, HERE, gpu_available, load_results, load_summary, run_suite
 
 
 def pytest_addoption(parser):
-    parser.addoption("--results", default=None, metavar="DIR",
-                     help="directory holding bench/gpu_suite.py's summary.json (read, not run)")
+    parser.addoption("--results", action="append", default=None, metavar="DIR",
+                     help="directory holding bench/gpu_suite.py's summary.json (read, not run); "
+                          "repeat it: later directories replace the cases they re-ran")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -35,7 +38,7 @@ def pytest_collection_modifyitems(config, items):
 def suite(request, tmp_path_factory) -> dict:
     given = request.config.getoption("--results")
     if given:
-        return load_summary(Path(given))
+        return load_results([Path(g) for g in given])
     out = tmp_path_factory.mktemp("gpu-suite")
     run_suite(out)
     return load_summary(out)

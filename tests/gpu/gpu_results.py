@@ -43,7 +43,24 @@ def find_summary(path: Path) -> Path:
 def load_summary(path: Path) -> dict:
     summary = json.loads(find_summary(path).read_text())
     summary["by_case"] = {c["case"]: c for c in summary.get("cases", [])}
+    oom = find_summary(path).parent / "oom.json"
+    summary["soak"] = {r["run"]: r for r in json.loads(oom.read_text())} if oom.exists() else {}
     return summary
+
+
+def load_results(paths: list[Path]) -> dict:
+    """Several result folders, later ones replacing the cases and soak runs they re-ran (a fix
+    re-measured on one configuration replaces that configuration's earlier result)."""
+    merged: dict = {"by_case": {}, "soak": {}, "sources": [], "wall_s": 0.0}
+    for path in paths:
+        s = load_summary(path)
+        if s.get("error"):
+            return s
+        merged["by_case"].update(s["by_case"])
+        merged["soak"].update(s["soak"])
+        merged["sources"].append(str(path))
+        merged["wall_s"] = max(merged["wall_s"], s.get("wall_s", 0.0))
+    return merged
 
 
 def run_suite(out: Path, timeout_s: int = 900) -> None:

@@ -13,6 +13,7 @@ The others at max_model_len 131072, max_num_batched_tokens 8192; gpu_memory_util
 
 from __future__ import annotations
 
+import pytest
 from gpu_results import gib, report_of
 
 EXPECTED_RUNNER = {"llama_v2": "v2", "llama_graphs": "v2", "llama_v1": "v1"}
@@ -84,3 +85,24 @@ def test_stock_misses_the_context_scaled_scratch(suite):
 
 def test_suite_fits_one_device_call(suite):
     assert suite["wall_s"] <= 570, f"the GPU suite took {suite['wall_s']:.0f}s"
+
+
+SOAK_CONFIGS = ("llama_v2", "llama_v1", "llama_graphs", "dsv32_fp8", "dsv32_bf16")
+
+
+@pytest.mark.parametrize("config", SOAK_CONFIGS)
+def test_soak_served_everything_within_the_prediction(suite, config):
+    """bench/oom_suite.sh <config>_worstcase on a card held to its budget: 200+ long-context
+    requests with prefix hits, then the report's worst shape replayed from real requests. Zero
+    errors, and the runtime peak never above the prediction."""
+    if not suite.get("soak"):
+        pytest.skip("no oom.json in the results (bench/oom_suite.sh did not run)")
+    run = suite["soak"].get(f"{config}_worstcase")
+    assert run is not None, f"no {config}_worstcase soak in the results"
+    assert run["error"] is None and run["served"] >= 201, (run.get("error"), run.get("served"))
+    replay = run.get("replay") or {}
+    assert "error" not in replay, f"worst-shape replay failed: {replay.get('error')}"
+    assert replay.get("served") == replay.get("requests"), replay
+    assert run["measured_peak_bytes"] <= run["predicted_peak_bytes"], (
+        f"runtime peak {gib(run['measured_peak_bytes'])} above the prediction "
+        f"{gib(run['predicted_peak_bytes'])}")
