@@ -18,6 +18,14 @@ def gib(n) -> str:
     return "n/a" if n is None else f"{n / G:.3f}"
 
 
+def ratio(x) -> str:
+    return "n/a" if x is None else f"{x:.4f}"
+
+
+def row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def suite_table(path: Path) -> str:
     s = json.loads(path.read_text())
     cases = s["cases"] if isinstance(s["cases"], list) else list(s["cases"].values())
@@ -32,13 +40,13 @@ def suite_table(path: Path) -> str:
             continue
         wc, adm, v = r["worstcase"], r["admission"], r.get("validation") or {}
         ws = r["worstcase"]["worst_shape"]
-        rows.append(
-            f"| {c['case']} | {r['runner']['runner']} | {gib(r['stock']['peak_activation_bytes'])} | "
-            f"{gib(wc['peak_activation_bytes'])} | {gib(wc['workspace_bytes'])} | "
-            f"{gib(v.get('measured_peak_bytes'))} | {gib(v.get('predicted_peak_bytes'))} | "
-            f"{v.get('ratio', float('nan')):.4f} | {adm['kv_tokens_stock']:,} | "
-            f"{adm['kv_tokens_worstcase']:,} | {ws['kind']} R={ws['rows']} ctx={ws['context_len']} "
-            f"n={ws['num_reqs']} | {wc['seconds']:.1f} | {c['status']} |")
+        rows.append(row(
+            c["case"], r["runner"]["runner"], gib(r["stock"]["peak_activation_bytes"]),
+            gib(wc["peak_activation_bytes"]), gib(wc["workspace_bytes"]),
+            gib(v.get("measured_peak_bytes")), gib(v.get("predicted_peak_bytes")), ratio(v.get("ratio")),
+            f"{adm['kv_tokens_stock']:,}", f"{adm['kv_tokens_worstcase']:,}",
+            f"{ws['kind']} R={ws['rows']} ctx={ws['context_len']} n={ws['num_reqs']}",
+            f"{wc['seconds']:.1f}", c["status"]))
     return "\n".join(rows)
 
 
@@ -82,8 +90,9 @@ def configuration_table(folders: list[Path]) -> str:
     cases, soaks, where = _latest(folders)
     rows = ["| configuration | runner | stock predicted GiB | worst-case predicted GiB | soak peak GiB "
             "(served) | worst shape replayed (real requests) | replay peak GiB | measured/predicted "
-            "| predicted/replay | KV tokens stock | KV tokens worst-case | sweep s | start | from |",
-            "|" + "---|" * 14]
+            "| predicted/replay | KV tokens stock | KV tokens worst-case | KV worst-case / ideal "
+            "| sweep s | start | from |",
+            "|" + "---|" * 15]
     for name, c in cases.items():
         r = c.get("report") or {}
         if not r:
@@ -101,15 +110,19 @@ def configuration_table(folders: list[Path]) -> str:
         meas = soak.get("ratio_measured_over_predicted")
         p_over = soak.get("ratio_predicted_over_replay")
         served = f"{gib(soak.get('soak_peak_bytes'))} ({soak.get('served', '-')})" if soak else "-"
+        kv_wc = soak.get("kv_tokens") or adm["kv_tokens_worstcase"]
+        # ideal: the same budget with the measured worst step in place of the predicted one
+        spare = (soak.get("predicted_peak_bytes", 0) - soak["replay_peak_bytes"]
+                 if soak.get("replay_peak_bytes") else None)
+        ideal = None if spare is None else kv_wc + max(0, spare) // adm["bytes_per_token"]
         start = "first start failed closed, restart ok" if c.get("first_start") else (
             (soak.get("cache") or wc.get("cache") or {}).get("status", "-"))
-        rows.append(
-            f"| {name} | {r['runner']['runner']} | {gib(r['stock']['peak_activation_bytes'])} | "
-            f"{gib(soak.get('predicted_peak_bytes', wc['peak_activation_bytes']))} | {served} | {shape_s} | "
-            f"{gib(soak.get('replay_peak_bytes'))} | {'n/a' if meas is None else f'{meas:.4f}'} | "
-            f"{'n/a' if p_over is None else f'{p_over:.4f}'} | {adm['kv_tokens_stock']:,} | "
-            f"{(soak.get('kv_tokens') or adm['kv_tokens_worstcase']):,} | {wc['seconds']:.1f} | {start} | "
-            f"{where.get(f'{name}_worstcase', where[name])} |")
+        rows.append(row(
+            name, r["runner"]["runner"], gib(r["stock"]["peak_activation_bytes"]),
+            gib(soak.get("predicted_peak_bytes", wc["peak_activation_bytes"])), served, shape_s,
+            gib(soak.get("replay_peak_bytes")), ratio(meas), ratio(p_over),
+            f"{adm['kv_tokens_stock']:,}", f"{kv_wc:,}", ratio(None if ideal is None else kv_wc / ideal),
+            f"{wc['seconds']:.1f}", start, where.get(f"{name}_worstcase", where[name])))
     return "\n".join(rows)
 
 

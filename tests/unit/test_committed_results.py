@@ -1,0 +1,26 @@
+"""The committed H200 results are what the doc shows and what tests/gpu accepts: every table in
+docs/results/h200-vllm-0.26.md is rendered from the raw JSON beside it, never typed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "docs" / "results"
+
+
+def test_h200_doc_tables_are_rendered_from_the_committed_json():
+    rendered = subprocess.run([sys.executable, str(ROOT / "bench" / "h200_tables.py")],
+                              capture_output=True, text=True, check=True).stdout
+    doc = (RESULTS / "h200-vllm-0.26.md").read_text()
+    assert rendered.strip() and rendered.strip() in doc
+
+
+def test_gpu_tests_pass_on_the_committed_h200_results():
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "gpu"),
+           "--results", str(RESULTS / "h200-run4"), "--results", str(RESULTS / "h200-run5")]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:]
+    assert " passed" in p.stdout and "skipped" not in p.stdout
