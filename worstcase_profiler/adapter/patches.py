@@ -171,9 +171,12 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         name="worker-workspace-lock",
         target="Worker.compile_or_warm_up_model, CPUWorker.compile_or_warm_up_model",
-        what="after warm-up, locks the WorkspaceManager (all slots already grown to the worst case)",
-        why="vLLM locks only when CUDA graphs are captured (never in eager mode, never on 0.26's V2 "
-            "runner); unlocked growth takes memory promised to the KV cache",
+        what="after warm-up, audits what warm-up kept resident (CUDA graphs) against what admission "
+             "set aside, caching the figure for the next start and failing this one beyond the "
+             "margin; then locks the WorkspaceManager (all slots already grown to the worst case)",
+        why="0.26's V2 runner estimates CUDA-graph memory as 0 (404 MiB on the H200 Llama, outside "
+            "every budget); vLLM locks only when CUDA graphs are captured (never in eager mode, "
+            "never on 0.26's V2 runner); unlocked growth takes memory promised to the KV cache",
         versions="0.26, 0.32 verified"),
     Patch(
         name="serve-profiler-flag",
