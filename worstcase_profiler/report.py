@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: worstcase.cache, warmup_audit
 
 ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
 

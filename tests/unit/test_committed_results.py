@@ -24,3 +24,9 @@ def test_gpu_tests_pass_on_the_committed_h200_results():
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:]
     assert " passed" in p.stdout and "skipped" not in p.stdout
+
+
+def test_committed_schema_docs_match_the_report_models():
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen_schema.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
