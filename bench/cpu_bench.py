@@ -72,7 +72,7 @@ def _replay(llm, out: dict) -> None:
     from vllm import SamplingParams
 
     from worstcase_profiler.adapter import workspace as ws
-    from worstcase_profiler.adapter.engine import limits_of
+    from worstcase_profiler.adapter.engine_facts import limits_of
     from worstcase_profiler.meters import CpuMeter, _read_status_kb
 
     lim = limits_of(llm.llm_engine.vllm_config)

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import engine_env, run_wcprof
 
+from worstcase_profiler.cache import verdict
+
 pytestmark = pytest.mark.engine
 
 
@@ -29,7 +31,9 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
     wc2 = second.report["worstcase"]
     use = wc2["cache"]
     assert use["status"] == "hit" and use["key"] == wc1["cache"]["key"]
-    assert abs(use["replayed_need_bytes"] - use["cached_need_bytes"]) <= use["allowed_drift_bytes"]
+    assert use["replayed_need_bytes"] <= use["cached_need_bytes"] + use["allowed_drift_bytes"]
+    assert verdict(use["cached_need_bytes"], use["replayed_need_bytes"],
+                   wc1["coverage"]["tolerance_bytes"]) == (True, use["allowed_drift_bytes"])
     assert wc2["peak_activation_bytes"] >= wc1["peak_activation_bytes"]
     assert wc2["worst_shape"] == wc1["worst_shape"]
     assert use["replay_seconds"] < wc1["seconds"]

@@ -1,4 +1,4 @@
-"""The warm-up audit (adapter/engine.py): memory warm-up keeps after the KV budget was fixed (CUDA
+"""The warm-up audit (adapter/sweeping.py): memory warm-up keeps after the KV budget was fixed (CUDA
 graphs, which vLLM 0.26's V2 runner estimates as 0) is checked against what admission set aside.
 Within the margin: recorded. Beyond it: the start fails closed with the flag that fits, and the
 figure goes into the cached sweep so the next start subtracts it. Driven with a stand-in worker:
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from worstcase_profiler.adapter import engine
+from worstcase_profiler.adapter import sweeping
 from worstcase_profiler.cache import CacheEntry, SweepCache
 from worstcase_profiler.errors import DoesNotFit
 from worstcase_profiler.report import Report
@@ -26,22 +26,22 @@ def _worker(tmp_path, accounted: int = 0):
     report.admission.cudagraph_bytes = accounted
     cache = SweepCache(tmp_path)
     cache.store(CacheEntry(key="k", facts={}, created_at="t", worstcase=report.worstcase))
-    worker = SimpleNamespace(device="cpu", **{engine.AFTER_KV_ATTR: 1000 * MiB,
-                                              engine.CACHE_ATTR: (cache, "k", accounted)})
+    worker = SimpleNamespace(device="cpu", **{sweeping.AFTER_KV_ATTR: 1000 * MiB,
+                                              sweeping.CACHE_ATTR: (cache, "k", accounted)})
     return worker, report, cache
 
 
 @pytest.fixture
 def consumed(monkeypatch):
     box = {}
-    monkeypatch.setattr(engine, "_consumed", lambda worker, meter: box["now"])
+    monkeypatch.setattr(sweeping, "device_bytes_held", lambda worker, meter: box["now"])
     return box
 
 
 def test_graphs_within_the_margin_are_recorded(tmp_path, consumed):
     worker, report, cache = _worker(tmp_path)
     consumed["now"] = 1000 * MiB + 20 * MiB
-    engine._audit_warm_up(worker, report, ProfilerSettings(mode="enforce"))
+    sweeping.audit_warm_up(worker, report, ProfilerSettings(mode="enforce"))
     audit = report.warmup_audit
     assert audit.verdict == "ok" and audit.resident_bytes == 20 * MiB and audit.outside_bytes == 20 * MiB
     assert cache.load("k").warmup_resident_bytes == 20 * MiB
@@ -50,12 +50,12 @@ def test_graphs_within_the_margin_are_recorded(tmp_path, consumed):
 def test_graphs_beyond_the_margin_fail_the_start_and_are_cached(tmp_path, consumed):
     worker, report, cache = _worker(tmp_path)
     consumed["now"] = 1000 * MiB + 404 * MiB
-    with pytest.raises(DoesNotFit) as err:
-        engine._audit_warm_up(worker, report, ProfilerSettings(mode="enforce"))
+    err = sweeping.audit_warm_up(worker, report, ProfilerSettings(mode="enforce"))
+    assert isinstance(err, DoesNotFit)
     fits = report.admission.kv_cache_bytes - 404 * MiB
-    assert "404.00 MiB" in err.value.message
-    assert "start again with the same config" in err.value.hint
-    assert f"--kv-cache-memory-bytes {fits}" in err.value.hint
+    assert "404.00 MiB" in err.message
+    assert "start again with the same config" in err.hint
+    assert f"--kv-cache-memory-bytes {fits}" in err.hint
     assert report.warmup_audit.verdict == "outside-budget"
     assert cache.load("k").warmup_resident_bytes == 404 * MiB
 
@@ -63,14 +63,14 @@ def test_graphs_beyond_the_margin_fail_the_start_and_are_cached(tmp_path, consum
 def test_a_restart_that_subtracted_the_graphs_passes(tmp_path, consumed):
     worker, report, _ = _worker(tmp_path, accounted=404 * MiB)
     consumed["now"] = 1000 * MiB + 400 * MiB
-    engine._audit_warm_up(worker, report, ProfilerSettings(mode="enforce"))
+    sweeping.audit_warm_up(worker, report, ProfilerSettings(mode="enforce"))
     assert report.warmup_audit.verdict == "ok" and report.warmup_audit.outside_bytes < 0
-    assert engine._cached_warmup(worker) == 404 * MiB
+    assert sweeping.cached_warmup(worker) == 404 * MiB
 
 
 def test_report_mode_only_warns(tmp_path, consumed):
     worker, report, _ = _worker(tmp_path)
     consumed["now"] = 1000 * MiB + 404 * MiB
-    engine._audit_warm_up(worker, report, ProfilerSettings(mode="report"))
+    sweeping.audit_warm_up(worker, report, ProfilerSettings(mode="report"))
     assert report.warmup_audit.verdict == "outside-budget"
     assert any("404.00 MiB" in w for w in report.warnings)
