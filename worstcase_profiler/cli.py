@@ -20,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import cache
 from .errors import ConfigError, WcprofError
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
@@ -67,7 +68,7 @@ def _settings(ns, json_path: str, on_cpu: bool) -> dict:
     s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
          "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace}
     if ns.no_cache:
-        s["cache_dir"] = "off"
+        s["cache_dir"] = cache.OFF
     try:
         if ns.margin is not None:
             s["margin_bytes"] = parse_size(ns.margin)
@@ -160,7 +161,7 @@ def profile(argv: list[str]) -> int:
 
     from vllm import LLM
 
-    from .adapter.engine import limits_of
+    from .adapter.engine_facts import limits_of
     from .render.json_report import load_report
 
     t0 = time.perf_counter()

@@ -63,7 +63,7 @@ class Limits:
             return None
         if self.prefix_caching:
             spare = self.kv_capacity_tokens - self.tokens_per_full_request
-            return max(0, spare // self.block_size + 1) if spare >= 0 else 0
+            return spare // self.block_size + 1 if spare >= 0 else 0
         return self.kv_capacity_tokens // self.tokens_per_full_request
 
 

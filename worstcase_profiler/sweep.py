@@ -103,16 +103,10 @@ def measure_stock(driver: StepDriver) -> StockFigures:
                         seconds=seconds, workspace_bytes=driver.agree_max(driver.workspace_bytes()))
 
 
+@gc_frozen()
 def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
               context_ladder: bool = True, attribute_ops: bool = True,
               on_step: StepCallback | None = None) -> SweepOutcome:
-    with gc_frozen():
-        return _run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
-                          context_ladder=context_ladder, attribute_ops=attribute_ops, on_step=on_step)
-
-
-def _run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
-               attribute_ops: bool, on_step: StepCallback | None) -> SweepOutcome:
     t_start = time.perf_counter()
     limits = driver.limits
     log: list[StepResult] = []
@@ -186,15 +180,11 @@ class Replay:
     seconds: float
 
 
+@gc_frozen()
 def replay_worst(driver: StepDriver, worst_shape: Shape) -> Replay:
     """The check behind a cached sweep: measure the stock step, then run the cached worst shape
     once on a provisional KV cache and measure what it needs now."""
     t0 = time.perf_counter()
-    with gc_frozen():
-        return _replay_worst(driver, worst_shape, t0)
-
-
-def _replay_worst(driver: StepDriver, worst_shape: Shape, t0: float) -> Replay:
     stock = measure_stock(driver)
     with driver.provisional_kv() as provisional:
         if worst_shape.kind == "stock":

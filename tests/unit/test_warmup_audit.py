@@ -27,7 +27,7 @@ def _worker(tmp_path, accounted: int = 0):
     cache = SweepCache(tmp_path)
     cache.store(CacheEntry(key="k", facts={}, created_at="t", worstcase=report.worstcase))
     worker = SimpleNamespace(device="cpu", **{sweeping.AFTER_KV_ATTR: 1000 * MiB,
-                                              sweeping.CACHE_ATTR: (cache, "k", accounted)})
+                                              sweeping.CACHE_ATTR: sweeping.CacheSlot(cache, "k", accounted)})
     return worker, report, cache
 
 

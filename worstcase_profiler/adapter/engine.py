@@ -171,9 +171,9 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     meter = meter_for(getattr(worker, "device", "cpu"))
     before = meter.consumed()
     result = original(worker, kv_cache_config)
-    if meter.device_kind == "cuda" and getattr(worker, REPORT_ATTR, None) is not None:
-        setattr(worker, AFTER_KV_ATTR, device_bytes_held(worker, meter))
     report: Report | None = getattr(worker, REPORT_ATTR, None)
+    if meter.device_kind == "cuda" and report is not None:
+        setattr(worker, AFTER_KV_ATTR, device_bytes_held(worker, meter))
     budget = getattr(worker, BUDGET_ATTR, None)
     if settings.kv_audit == "off" or budget is None:
         return result

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import sys
+from typing import NamedTuple
 
 from .. import __version__
 from ..cache import CacheEntry, SweepCache, cache_dir, cache_key, cached_need, verdict
@@ -31,8 +32,16 @@ from .versions import vllm_version
 
 log = logging.getLogger("vllm.wcprof")
 
-CACHE_ATTR = "_wcprof_cache"            # (SweepCache, key, cached warm-up bytes) when the cache is on
+CACHE_ATTR = "_wcprof_cache"            # a CacheSlot, when the cache is on
 AFTER_KV_ATTR = "_wcprof_used_after_kv"  # device bytes held right after the KV allocation
+
+
+class CacheSlot(NamedTuple):
+    """This start's cache entry, kept on the worker until warm-up has been audited."""
+
+    cache: SweepCache
+    key: str
+    warmup_resident_bytes: int = 0
 
 
 class SweepProgress:
@@ -130,7 +139,7 @@ def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, t
                      "allowed %s) in %.1fs", cache.path(key), wc.worst_shape.label(),
                      fmt_bytes(replay.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      replay.seconds)
-            setattr(worker, CACHE_ATTR, (cache, key, entry.warmup_resident_bytes))
+            setattr(worker, CACHE_ATTR, CacheSlot(cache, key, entry.warmup_resident_bytes))
             return SweepOutcome(stock=replay.stock, worstcase=wc, provisional=replay.provisional), use, None
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", cache.path(key), entry.worstcase.worst_shape.label(),
@@ -150,7 +159,7 @@ def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, t
              outcome.worstcase.seconds, outcome.stock.seconds)
     if cache is None:
         return outcome, use, None
-    setattr(worker, CACHE_ATTR, (cache, key, 0))
+    setattr(worker, CACHE_ATTR, CacheSlot(cache, key))
 
     def store(wc) -> None:
         try:
@@ -166,7 +175,8 @@ def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, t
 def cached_warmup(worker) -> int:
     """Warm-up memory a cached start measured (0 without one): CUDA graphs on runners whose own
     estimate is 0."""
-    return int((getattr(worker, CACHE_ATTR, None) or (None, None, 0))[2])
+    slot = getattr(worker, CACHE_ATTR, None)
+    return slot.warmup_resident_bytes if slot is not None else 0
 
 
 def now() -> str:
@@ -188,7 +198,7 @@ def audit_warm_up(worker, report: Report, settings: ProfilerSettings) -> DoesNot
     ok = outside <= settings.margin_bytes
     cached = getattr(worker, CACHE_ATTR, None)
     if cached is not None:
-        cache, key, _ = cached
+        cache, key = cached.cache, cached.key
         entry = cache.load(key)
         if entry is not None and entry.warmup_resident_bytes != resident:
             try:
