@@ -12,6 +12,10 @@ Cases (models under tests/gpu/models/, config.json only, dummy weights, token-id
   llama_graphs  as llama_v2 without --enforce-eager (torch.compile + CUDA graphs)
   scratch       plugins/wcp_fixtures' context-scaled-workspace model (seed 002's scratch that
                 grows with rows x KV extent), eager, max_model_len 8192, max_num_batched_tokens 2048
+  dsv32_fp8_tp2, dsv32_bf16_tp2
+                as dsv32_fp8 / dsv32_bf16 at tensor_parallel_size 2 (2 GPUs; named only: the
+                default list is the single-GPU cases): every rank sweeps, the same steps in the
+                same order, and is validated in its own worker
 The others at max_model_len 131072, max_num_batched_tokens 8192; all at gpu_memory_utilization 0.5.
 
 Writes DIR/<case>.json (wcprof's report), DIR/<case>.log, and, after every case, DIR/summary.json
@@ -45,6 +49,10 @@ COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--gpu-memory-utili
           "--seed", "0", "--validate"]
 LONG = ["--max-model-len", "131072", "--max-num-batched-tokens", "8192"]
 SHORT = ["--max-model-len", "8192", "--max-num-batched-tokens", "2048"]
+TP2 = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]
+# Shared hosts: NVLink multicast stays off (it can take a host's GPUs out of service).
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                "NVSHMEM_DISABLE_NVLS": "1"}
 # name -> (model, extra CLI args, extra env, expected runner or None)
 CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "llama_v2": (LLAMA, [*LONG, "--enforce-eager"], {}, "v2"),
@@ -53,7 +61,10 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "dsv32_bf16": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto"], {}, None),
     "llama_graphs": (LLAMA, LONG, {}, "v2"),
     "scratch": (SCRATCH, [*SHORT, "--enforce-eager"], {}, None),
+    "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
+    "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
+DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]]
 V2_EVIDENCE = "[wcprof] V2 context injected"
 RESTART_HINT = "start again with the same config"
 GiB = 1 << 30
@@ -69,6 +80,7 @@ def _env(name: str) -> dict[str, str]:
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # "default" means default
     env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"})
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
+    env.update(NO_MULTICAST)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(FIXTURES),
                                          *filter(None, [env.get("PYTHONPATH")])])
     env.update(CASES[name][2])
@@ -171,10 +183,42 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
         put("runner_kind", runner == want, f"{runner} (want {want})")
     put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in extra),
         f"enforce_eager={report['config']['enforce_eager']}")
+    tp = tp_size(name)
+    if tp > 1:
+        _check_ranks(report, tp, put)
     if runner == "v2" and str(report.get("vllm_version", "")).startswith("0.26"):
         put("v2_context_injected", V2_EVIDENCE in log_text, "log line present" if V2_EVIDENCE in
             log_text else f"no '{V2_EVIDENCE}' in the log (context not injected?)")
     return checks
+
+
+def tp_size(name: str) -> int:
+    extra = CASES[name][1]
+    return int(extra[extra.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in extra else 1
+
+
+def _check_ranks(report: dict, tp: int, put) -> None:
+    """Tensor parallel: one report per rank, every rank ran the same steps in the same order
+    (their plan fingerprints, all-gathered at start-up, agree), each rank's own budget held and
+    its own measured peak stayed within its own prediction."""
+    ranks = report.get("ranks") or []
+    put("one_report_per_rank", sorted(r["rank"] for r in ranks) == list(range(tp)),
+        f"ranks {[r['rank'] for r in ranks]} (want 0..{tp - 1})")
+    if not ranks:
+        return
+    steps = {r["rank"]: [s["shape"] for s in r["worstcase"]["steps"]] for r in ranks}
+    prints = {r["rank"]: r["worstcase"]["plan_fingerprints"] for r in ranks}
+    put("same_steps_on_every_rank", len({json.dumps(v) for v in steps.values()}) == 1,
+        f"{ {k: len(v) for k, v in steps.items()} } steps")
+    put("plan_fingerprints_agree", all(len(set(p)) == 1 and len(p) == tp for p in prints.values())
+        and len({tuple(p) for p in prints.values()}) == 1, json.dumps(prints))
+    vals = {r["rank"]: r.get("validation") for r in ranks}
+    put("every_rank_validated", all(v is not None and v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
+                                    for v in vals.values()),
+        "; ".join(f"rank {k}: " + (f"{v['measured_peak_bytes']}/{v['predicted_peak_bytes']}" if v else "none")
+                  for k, v in vals.items()))
+    put("every_rank_kv_audit_ok", all((r.get("kv_audit") or {}).get("verdict") == "ok" for r in ranks),
+        "; ".join(f"rank {r['rank']}: {(r.get('kv_audit') or {}).get('verdict')}" for r in ranks))
 
 
 def _summary_row(c: dict) -> str:
@@ -206,6 +250,19 @@ def _write_summary_to(out: Path, summary: dict) -> None:
     lines = [f"# wcprof GPU suite ({summary.get('vllm_version', '?')}, wall {summary['wall_s']:.0f}s"
              f" of {summary['budget_s']:.0f}s budget)", "", head, "|" + "---|" * 14]
     lines += [_summary_row(c) for c in summary["cases"]]
+    tp_rows = [(c["case"], r) for c in summary["cases"] for r in ((c.get("report") or {}).get("ranks") or [])]
+    if tp_rows:
+        lines += ["", "| case | rank | stock peak GiB | worst peak GiB | KV budget GiB | validation "
+                  "measured / predicted GiB | ratio | plan fingerprint |", "|" + "---|" * 8]
+        for name, r in tp_rows:
+            v = r.get("validation") or {}
+            fps = r["worstcase"]["plan_fingerprints"]
+            fingerprint = fps[r["rank"]] if r["rank"] < len(fps) else "-"
+            lines.append(f"| {name} | {r['rank']} | {r['stock']['peak_activation_bytes'] / GiB:.3f} | "
+                         f"{r['worstcase']['peak_activation_bytes'] / GiB:.3f} | "
+                         f"{r['admission']['budget_bytes'] / GiB:.3f} | "
+                         f"{v.get('measured_peak_bytes', 0) / GiB:.3f} / {v.get('predicted_peak_bytes', 0) / GiB:.3f} | "
+                         f"{v.get('ratio', float('nan')):.3f} | {fingerprint} |")
     if summary.get("error"):
         lines += ["", f"**error:** {summary['error']}"]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
@@ -229,7 +286,8 @@ def _entrypoint_problem() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("cases", nargs="*", help=f"default: {' '.join(CASES)}")
+    p.add_argument("cases", nargs="*", help=f"default: {' '.join(DEFAULT_CASES)}; also: "
+                                          f"{' '.join(n for n in CASES if n not in DEFAULT_CASES)}")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--budget-s", type=float, default=540.0, help="the whole suite's wall budget")
     p.add_argument("--case-timeout-s", type=float, default=300.0)
@@ -239,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mirror", type=Path, default=None,
                    help="also write summary.json/.md here after every case (e.g. $OUT)")
     a = p.parse_args(argv)
-    names = a.cases or list(CASES)
+    names = a.cases or list(DEFAULT_CASES)
     unknown = [n for n in names if n not in CASES]
     if unknown:
         p.error(f"unknown case(s) {unknown}; known: {list(CASES)}")

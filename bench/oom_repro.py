@@ -161,8 +161,8 @@ def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> N
     shape = report["worstcase"]["worst_shape"]
     block = int(report["config"]["block_size"])
     n, rows, ctx = int(shape["num_reqs"]), int(shape["rows"]), int(shape["context_len"])
-    base, extra = divmod(rows, n)  # the shape's own split (shapes.request_layout)
-    new_tokens = [base + (1 if i < extra else 0) for i in range(n)]
+    each, extra = divmod(rows, n)  # the shape's own split (shapes.request_layout)
+    new_tokens = [each + (1 if i < extra else 0) for i in range(n)]
     # Prefix hits come in whole blocks, and a prompt plus its one output token must stay within
     # max_model_len: the shared prefix is the shape's context rounded down to blocks, one block
     # shorter where needed, so every request computes exactly its share of the shape's rows.
@@ -170,7 +170,7 @@ def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> N
     while prefix_len > 0 and prefix_len + max(new_tokens) >= a.max_model_len:
         prefix_len -= block
     result["replay"] = {"worst_shape": shape, "requests": n, "prefix": prefix_len,
-                        "new_tokens_each": base, "rows": sum(new_tokens), "kind": shape["kind"]}
+                        "new_tokens_each": each, "rows": sum(new_tokens), "kind": shape["kind"]}
     if shape["kind"] not in ("prefill", "decode") or prefix_len + max(new_tokens) >= a.max_model_len:
         result["replay"]["skipped"] = f"{shape['kind']} shape not replayable this way"
         return
@@ -181,11 +181,14 @@ def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> N
         llm.generate([{"prompt_token_ids": prefix + [3]}], one, use_tqdm=False)  # cache the prefix
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        # the step's transient above what is allocated just before it (CudaMeter.begin's base)
+        before = torch.cuda.memory_allocated()
+        result["replay"]["allocated_drift_since_traffic_start"] = int(before - base)
         prompts = [{"prompt_token_ids": prefix + [(r * 7 + j) % (vocab - 1) + 1 for j in range(k)]}
                    for r, k in enumerate(new_tokens)]
         outs = llm.generate(prompts, one, use_tqdm=False)
         torch.cuda.synchronize()
-        result["replay_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        result["replay_peak_bytes"] = int(torch.cuda.max_memory_allocated() - before)
         hits = [getattr(o, "num_cached_tokens", None) for o in outs]
         result["replay"]["prefix_hits_min"] = min((h for h in hits if h is not None), default=None)
         result["replay"]["served"] = len(outs)

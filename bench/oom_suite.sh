@@ -3,8 +3,9 @@
 # still warm). Every run is bench/oom_repro.py on a card held to its budget.
 #   bash bench/oom_suite.sh RUN [RUN ...]
 # RUN is <config>_<mode>: config one of llama_v2 llama_v1 llama_graphs dsv32_fp8 dsv32_bf16
-# (bench/gpu_suite.py's cases), mode stock (40-request soak; dies) or worstcase (200-request soak,
-# then the report's worst shape replayed from real requests).
+# (bench/gpu_suite.py's cases), mode stock (40-request soak; dies), worstcase (200-request soak,
+# then the report's worst shape replayed from real requests) or replay (that replay alone: the
+# predicted/measured tightness of issue 5, exact rows per request).
 # $OUT gets oom.json (the result of every run on this warm host, in order), oom.log (engine log tails) and
 # oom-runs.tar.gz (per-run JSON, the worst-case reports and full logs).
 set -uo pipefail
@@ -30,11 +31,15 @@ declare -A CONFIG=(
 rc_all=0
 for name in "$@"; do
   config=${name%_*}; mode=${name##*_}
-  if [ -z "${CONFIG[$config]:-}" ] || [[ "$mode" != stock && "$mode" != worstcase ]]; then
+  case "$mode" in
+    stock) args="--mode stock --soak 40"; limit=150 ;;
+    worstcase) args="--mode worstcase --soak 200 --replay-worst"; limit=260 ;;
+    replay) args="--mode worstcase --soak 0 --prefix 0 --replay-worst"; limit=200 ;;
+    *) args="" ;;
+  esac
+  if [ -z "${CONFIG[$config]:-}" ] || [ -z "$args" ]; then
     echo "unknown run $name" >&2; rc_all=2; continue
   fi
-  if [ "$mode" = stock ]; then args="--mode stock --soak 40"; limit=150
-  else args="--mode worstcase --soak 200 --replay-worst"; limit=260; fi
   echo "== $name: ${CONFIG[$config]} $args"
   # shellcheck disable=SC2086
   timeout "$limit" python3 bench/oom_repro.py --out "$W/$name.json" ${CONFIG[$config]} $args \

@@ -3,15 +3,17 @@
 
   python3 bench/startup_bench.py --out startup.json [--model DIR ...] [vLLM engine options]
 
-For each model, three fresh processes one after the other, the same engine arguments each time:
+For each model, fresh processes one after the other, the same engine arguments each time:
   stock           the profiler off;
   worstcase-cold  the profiler on with an empty sweep cache: the full sweep runs;
   worstcase-warm  the profiler on again with the cache the cold start wrote: the worst step is
                   replayed and the sweep reused (worstcase_profiler/cache.py).
-Each process times `LLM(...)` (engine start; imports are the same for every mode and timed
-apart). Prints a table of ratios to stock and writes every figure to --out. Run it on a host whose
-kernel caches (Triton, inductor) are already warm — e.g. after bench/gpu_suite.py — or the first
-process pays for compiling kernels the others reuse.
+--repeat N starts stock and worstcase-warm N times each, interleaved (stock, warm, stock, warm:
+drift hits both alike), and compares medians. Each process times `LLM(...)` (engine start;
+imports are the same for every mode and timed apart), and the report's startup_seconds say where
+the profiler's part of it went. Prints a table of ratios to stock and writes every figure to
+--out. Run it on a host whose kernel caches (Triton, inductor) are already warm — e.g. after
+bench/gpu_suite.py — or the first process pays for compiling kernels the others reuse.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def child(a) -> int:
     import_s = time.perf_counter() - t0
     extra = {}
     report = Path(a.cache_dir) / "report.json"
+    report.unlink(missing_ok=True)  # the previous mode's
     if a.mode != "stock":
         extra["additional_config"] = {"worstcase_profiler": {"profiler": "worstcase",
                                                               "json_path": str(report),
@@ -51,9 +54,12 @@ def child(a) -> int:
            "kv_blocks": int(llm.llm_engine.vllm_config.cache_config.num_gpu_blocks or 0)}
     if report.exists():
         wc = json.loads(report.read_text())["worstcase"]
+        phases = json.loads(report.read_text()).get("startup_seconds") or {}
         out.update(cache=(wc.get("cache") or {}).get("status"), sweep_s=wc["seconds"],
                    replay_s=(wc.get("cache") or {}).get("replay_seconds"),
-                   peak_activation_bytes=wc["peak_activation_bytes"])
+                   peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
+                   profiler_s=round(sum(v for k, v in phases.items()
+                                        if not k.startswith(("vllm_", "replay."))), 3))
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
 
@@ -84,6 +90,7 @@ def main() -> int:
     p.add_argument("--util", type=float, default=0.5)
     p.add_argument("--graphs", action="store_true")
     p.add_argument("--timeout-s", type=float, default=240)
+    p.add_argument("--repeat", type=int, default=1, help="stock and warm starts per model")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if a.child:
@@ -96,24 +103,52 @@ def main() -> int:
     results = {"command": " ".join(sys.argv), "models": {}}
     for model in a.model or [str(ROOT / "tests/gpu/models/llama-8l-2048")]:
         cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-")
-        runs = [run_mode(a, model, mode, cache_dir, passthrough) for mode in MODES]
-        stock = runs[0].get("boot_s")
+        order = ["stock", "worstcase-cold", "worstcase-warm"]
+        order += ["stock", "worstcase-warm"] * (max(1, a.repeat) - 1)
+        runs = [run_mode(a, model, mode, cache_dir, passthrough) for mode in order]
+        stock = _median([r["boot_s"] for r in runs if r["mode"] == "stock" and "boot_s" in r])
         for r in runs:
             if stock and r.get("boot_s"):
                 r["boot_ratio_to_stock"] = r["boot_s"] / stock
-        results["models"][Path(model).name] = runs
+        results["models"][Path(model).name] = {"runs": runs, "medians": _medians(runs, stock)}
         Path(a.out).write_text(json.dumps(results, indent=1))
-    print(f"{'model':<22} {'mode':<16} {'boot s':>7} {'ratio':>6} {'import s':>8} {'cache':>7} {'sweep/replay s':>14}")
-    for name, runs in results["models"].items():
-        for r in runs:
+    print(f"{'model':<22} {'mode':<16} {'n':>2} {'boot s':>7} {'ratio':>6} {'+s':>6} {'profiler s':>10} "
+          f"{'cache':>7}  where the profiler's time went (median)")
+    for name, res in results["models"].items():
+        for r in res["runs"]:
             if "error" in r:
                 print(f"{name:<22} {r['mode']:<16} ERROR {r['error']}")
-                continue
-            swept = r.get("replay_s") if r.get("cache") == "hit" else r.get("sweep_s")
-            print(f"{name:<22} {r['mode']:<16} {r['boot_s']:7.1f} {r.get('boot_ratio_to_stock', 0):6.2f} "
-                  f"{r['import_s']:8.1f} {str(r.get('cache') or '-'):>7} "
-                  f"{(f'{swept:.1f}' if swept is not None else '-'):>14}")
-    return 0 if all("error" not in r for rs in results["models"].values() for r in rs) else 1
+        for mode, m in res["medians"].items():
+            top = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"] if not k.startswith("vllm_"))
+            print(f"{name:<22} {mode:<16} {m['n']:>2} {m['boot_s']:7.2f} {m['ratio']:6.2f} "
+                  f"{m['extra_s']:6.2f} {m['profiler_s']:10.2f} {str(m['cache'] or '-'):>7}  {top}")
+    return 0 if all("error" not in r for res in results["models"].values() for r in res["runs"]) else 1
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(xs)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def _medians(runs: list[dict], stock: float | None) -> dict:
+    """Per mode: the median boot, its ratio to stock's median and extra seconds, the profiler's
+    own seconds and its phases (median each), largest first."""
+    out = {}
+    for mode in MODES:
+        ok = [r for r in runs if r["mode"] == mode and "boot_s" in r]
+        if not ok or not stock:
+            continue
+        boot = _median([r["boot_s"] for r in ok])
+        names = {k for r in ok for k in (r.get("startup_seconds") or {})}
+        phases = {k: _median([(r.get("startup_seconds") or {}).get(k, 0.0) for r in ok]) for k in names}
+        out[mode] = {"n": len(ok), "boot_s": boot, "ratio": boot / stock, "extra_s": boot - stock,
+                     "profiler_s": _median([r.get("profiler_s", 0.0) for r in ok]),
+                     "cache": ok[-1].get("cache"),
+                     "phases": sorted(phases.items(), key=lambda kv: -kv[1])}
+    return out
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from .report import WorstCase
+from .report import StockFigures, WorstCase
 
 ENV_DIR = "WCPROF_CACHE_DIR"
 OFF = "off"
@@ -61,6 +61,8 @@ class CacheEntry(BaseModel):
     facts: dict[str, Any]
     created_at: str
     worstcase: WorstCase
+    stock: StockFigures | None = None
+    """The stock step as measured then: the worst shape when nothing the sweep ran needed more."""
     warmup_resident_bytes: int = 0
     """What warm-up (CUDA graph capture) kept resident at the start that wrote or last used the
     entry; admission subtracts it up front on the next start (vLLM 0.26's V2 runner estimates 0)."""
@@ -94,10 +96,13 @@ class SweepCache:
         return target
 
 
-def cached_need(worstcase: WorstCase) -> int:
-    """What the cached worst shape needed when the entry was written."""
-    return max((s.need_bytes for s in worstcase.steps if s.shape == worstcase.worst_shape),
-               default=0)
+def cached_need(entry: CacheEntry) -> int | None:
+    """What the cached worst shape needed when the entry was written; None when the entry cannot
+    say (the worst was the stock step and the entry predates storing it): not reusable."""
+    wc = entry.worstcase
+    if wc.worst_shape.kind == "stock":
+        return entry.stock.peak_activation_bytes + entry.stock.workspace_bytes if entry.stock else None
+    return max((s.need_bytes for s in wc.steps if s.shape == wc.worst_shape), default=None)
 
 
 def verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int]:

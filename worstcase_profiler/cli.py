@@ -104,43 +104,6 @@ def build_engine_args(argv: list[str]):
     return ns, engine_args
 
 
-def _validate(llm, report, limits) -> "object":
-    """Replay real requests at the worst shapes; the measured peak is read by the same meter."""
-    from vllm import SamplingParams
-
-    from .adapter import workspace as ws
-    from .meters import meter_for
-    from .report import Validation
-
-    worker = llm.llm_engine.model_executor.driver_worker.worker
-    meter = meter_for(getattr(worker, "device", "cpu"))
-    mml = limits.max_model_len
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    ids = lambda n, s: [(s * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]  # noqa: E731
-    kv_tokens = int(worker.model_runner.kv_cache_config.num_blocks) * limits.block_size
-    n_dec = max(1, min(limits.max_num_seqs, 4, kv_tokens // mml - 1))
-    workloads = [
-        (f"1 prompt of {mml - 2} tokens (chunked by {limits.max_num_batched_tokens})",
-         [ids(mml - 2, 1)], 2),
-        (f"{n_dec} prompts of {mml - 8} tokens then decode", [ids(mml - 8, 10 + i) for i in range(n_dec)], 6),
-    ]
-    t0 = time.perf_counter()
-    worst = 0
-    for _label, prompts, max_tokens in workloads:
-        meter.begin()
-        llm.generate([{"prompt_token_ids": p} for p in prompts],
-                     SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
-        worst = max(worst, meter.end())
-    mgr = ws.manager()
-    w = ws.total_bytes(mgr) if mgr is not None else 0
-    predicted = report.worstcase.peak_activation_bytes + w
-    measured = worst + w
-    return Validation(measured_peak_bytes=measured, predicted_peak_bytes=predicted,
-                      ratio=measured / predicted if predicted else float("inf"),
-                      requests=[lbl for lbl, _, _ in workloads],
-                      seconds=time.perf_counter() - t0)
-
-
 def profile(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if "--quiet" in argv:
@@ -162,6 +125,7 @@ def profile(argv: list[str]) -> int:
     from vllm import LLM
 
     from .adapter.engine_facts import limits_of
+    from .adapter.validation import validate
     from .render.json_report import load_report
 
     t0 = time.perf_counter()
@@ -190,7 +154,7 @@ def profile(argv: list[str]) -> int:
     if ns.validate:
         limits = limits_of(llm.llm_engine.vllm_config)
         with err.status("validating: replaying a max_model_len prompt and a decode batch…"):
-            report.validation = _validate(llm, report, limits)
+            report.validation = validate(llm, report, limits)
     _emit(report, ns)
     err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
     code = 0 if report.admission.fits and (report.kv_audit is None or report.kv_audit.verdict == "ok") else 1

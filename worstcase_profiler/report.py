@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-SCHEMA_VERSION = "1.1"  # 1.1: worstcase.cache, warmup_audit
+SCHEMA_VERSION = "1.2"  # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank
 
 ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
 
@@ -180,6 +180,7 @@ class Validation(BaseModel):
     ratio: float
     requests: list[str]
     seconds: float
+    rank: int = Field(0, description="the rank measured (with TP, the rank of highest ratio)")
 
 
 class DeviceInfo(BaseModel):
@@ -222,6 +223,11 @@ class Report(BaseModel):
     kv_audit: KVAudit | None = None
     warmup_audit: WarmupAudit | None = None
     validation: Validation | None = None
+    startup_seconds: dict[str, float] = Field(
+        default_factory=dict,
+        description="wall seconds of each start-up phase in this worker; 'vllm_*' phases are "
+                    "stock vLLM's own work (its profile, KV init, warm-up), the rest is the "
+                    "profiler's cost; 'replay.*' are parts of 'replay'")
     ranks: list["Report"] = Field(default_factory=list, description="one entry per TP rank")
     warnings: list[str] = []
 

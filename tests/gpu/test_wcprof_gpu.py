@@ -106,3 +106,19 @@ def test_soak_served_everything_within_the_prediction(suite, config):
     assert run["measured_peak_bytes"] <= run["predicted_peak_bytes"], (
         f"runtime peak {gib(run['measured_peak_bytes'])} above the prediction "
         f"{gib(run['predicted_peak_bytes'])}")
+
+
+@pytest.mark.parametrize("config", SOAK_CONFIGS)
+def test_exact_rows_replay_within_the_prediction(suite, config):
+    """bench/oom_suite.sh <config>_replay: the report's worst shape from real requests, each
+    request computing exactly its share of the shape's rows on one shared cached prefix. The
+    step's transient (above what was allocated just before it) stays within the prediction."""
+    run = (suite.get("soak") or {}).get(f"{config}_replay")
+    if run is None:
+        pytest.skip(f"no {config}_replay in the results")
+    replay = run.get("replay") or {}
+    assert run["error"] is None and "error" not in replay, (run.get("error"), replay.get("error"))
+    assert replay.get("served") == replay.get("requests"), replay
+    assert replay.get("rows") == replay["worst_shape"]["rows"], replay
+    assert 0 < run["replay_peak_bytes"] <= run["predicted_peak_bytes"], (
+        f"replay peak {gib(run['replay_peak_bytes'])} vs predicted {gib(run['predicted_peak_bytes'])}")

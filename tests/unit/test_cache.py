@@ -9,7 +9,8 @@ import pytest
 
 from worstcase_profiler.cache import (CacheEntry, SweepCache, cache_dir, cache_key, cached_need,
                                       round_capacity_up, verdict)
-from worstcase_profiler.report import (Coverage, RowsCovered, Shape, StepResult, WorstCase)
+from worstcase_profiler.report import (Coverage, RowsCovered, Shape, StepResult, StockFigures,
+                                       WorstCase)
 
 FACTS = {"vllm": "0.32.0", "limits": {"max_model_len": 4096}, "device": {"name": "x"}}
 
@@ -68,8 +69,25 @@ def test_entries_round_trip_and_bad_files_are_misses(tmp_path):
     assert json.loads(path.read_text())["key"] == other
 
 
+def _entry(wc: WorstCase, stock: StockFigures | None = None) -> CacheEntry:
+    return CacheEntry(key="k", facts=FACTS, created_at="t", worstcase=wc, stock=stock)
+
+
 def test_cached_need_is_the_worst_shapes_need():
-    assert cached_need(_worstcase(need_step=100, other=500)) == 100
+    assert cached_need(_entry(_worstcase(need_step=100, other=500))) == 100
+
+
+def test_a_stock_worst_shape_is_checked_against_the_stored_stock_step():
+    """When nothing the sweep ran needed more than the stock step, the worst shape is the stock
+    step, which is not among the sweep's steps: its need comes from the stored stock figures
+    (an entry without them cannot be checked, so it is not reused)."""
+    wc = _worstcase()
+    stock_shape = Shape(kind="stock", rows=512, context_len=0, num_reqs=256)
+    wc = wc.model_copy(update={"worst_shape": stock_shape})
+    stock = StockFigures(peak_activation_bytes=120, shape=stock_shape, seconds=0.1, workspace_bytes=8)
+    assert cached_need(_entry(wc, stock)) == 128
+    assert cached_need(_entry(wc)) is None
+    assert cached_need(_entry(_worstcase().model_copy(update={"steps": []}))) is None
 
 
 @pytest.mark.parametrize("measured, ok", [(100, True), (101, True), (102, True), (103, False),

@@ -208,7 +208,7 @@ def test_tp_ranks_and_html_escaping(make_report):
                          ranks=[make_report(), make_report(rank=1)])
     page = html_text(report)
     assert "org/&lt;model&gt;&amp;co" in page and "<b>not bold</b>" not in page
-    assert "TP ranks (worst peak)" in page
+    assert "TP ranks: rank 0" in page
 
 
 def test_missing_matplotlib_is_a_config_error(monkeypatch, make_report):

@@ -106,7 +106,7 @@ def test_terminal_to_a_path_and_with_ranks(make_report, tmp_path):
     dest = tmp_path / "report.txt"
     TerminalReporter().write(report, dest)
     text = dest.read_text()
-    assert f"rank 1 {fmt_bytes(5 * GiB)}" in text
+    assert f"rank 1: worst peak {fmt_bytes(5 * GiB)}" in text
 
 
 def test_terminal_without_workspace(make_report):
@@ -184,3 +184,21 @@ def test_budget_line_adds_up(make_report):
     assert (f"budget: requested {fmt_bytes(126 * GiB)} - consumed {fmt_bytes(3 * GiB)} - worst "
             f"peak {fmt_bytes(4 * GiB)} - cudagraphs {fmt_bytes(0)} - margin "
             f"{fmt_bytes(GiB // 4)} = {fmt_bytes(118 * GiB + 3 * GiB // 4)}") in text
+
+
+def test_startup_line_separates_the_profilers_cost_from_vllms_own(make_report):
+    report = make_report(startup_seconds={"vllm_profile": 1.5, "vllm_kv_init": 0.25, "replay": 0.8,
+                                          "replay.worst_step": 0.5, "measure_held": 0.3,
+                                          "cache_lookup": 0.01})
+    text = terminal_text(report)
+    assert "start-up: profiler 1.11s (replay 0.80s, measure_held 0.30s, cache_lookup 0.01s)" in text
+    assert "on top of vLLM's own profile, KV init and warm-up 1.75s" in text
+
+
+def test_tp_ranks_line_carries_each_ranks_validation(make_report):
+    val = {"measured_peak_bytes": 3 * GiB, "predicted_peak_bytes": 4 * GiB, "ratio": 0.75,
+           "requests": ["a"], "seconds": 1.0}
+    report = make_report(ranks=[make_report(validation=val), make_report(rank=1)])
+    text = terminal_text(report)
+    assert "TP ranks: rank 0: worst peak" in text and "validation 0.750; rank 1" in text
+    assert "(identical sweep on every rank)" in text

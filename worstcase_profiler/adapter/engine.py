@@ -23,6 +23,7 @@ from ..meters import meter_for
 from ..report import Report, RunnerInfo
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
+from ..timing import PhaseTimer
 from . import kv as kvmod
 from . import workspace as ws
 from .engine_facts import (agree_max_fn, attention_backends, cudagraph_applied,
@@ -36,6 +37,16 @@ log = logging.getLogger("vllm.wcprof")
 
 REPORT_ATTR = "_wcprof_report"
 BUDGET_ATTR = "_wcprof_budget"
+TIMER_ATTR = "_wcprof_timer"
+
+
+def timer_of(worker) -> PhaseTimer:
+    """This worker's start-up phase timer (report.startup_seconds)."""
+    timer = getattr(worker, TIMER_ATTR, None)
+    if timer is None:
+        timer = PhaseTimer()
+        setattr(worker, TIMER_ATTR, timer)
+    return timer
 
 
 def _check_same_plan(report: Report, settings: ProfilerSettings) -> None:
@@ -83,8 +94,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     limits = limits_of(vllm_config)
     meter = meter_for(getattr(worker, "device", "cpu"))
     explicit = vllm_config.cache_config.kv_cache_memory_bytes
+    clock = timer_of(worker)
 
-    stock_kv = int(original(worker))  # vLLM's own figure, its own profile included
+    with clock("vllm_profile"):
+        stock_kv = int(original(worker))  # vLLM's own figure, its own profile included
 
     # What the scheduler can form is bounded by the KV pool: vLLM's own budget is an upper bound
     # on it (ours only comes out smaller), so shapes never exceed what could be resident at once.
@@ -94,20 +107,23 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
             limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt)))
     driver = make_driver(worker, limits, meter, agree_max_fn())
     tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None else meter.resolution_bytes
-    outcome, cache_use, store = sweep_or_reuse(worker, driver, limits, settings, tolerance)
+    outcome, cache_use, store = sweep_or_reuse(worker, driver, limits, settings, tolerance, clock)
 
     mgr = ws.manager()
     wc = outcome.worstcase
     if mgr is not None:
-        # A reused sweep replayed only its worst shape: grow to what every cached step asked.
-        cached_slot = max((s.bytes_after for s in wc.workspace_slots), default=0)
-        wc.workspace_slots = ws.grow_all_slots(mgr, at_least=cached_slot)
-        wc.workspace_bytes = ws.total_bytes(mgr)
+        with clock("workspace_grow"):
+            # A reused sweep replayed only its worst shape: grow to what every cached step asked.
+            cached_slot = max((s.bytes_after for s in wc.workspace_slots), default=0)
+            wc.workspace_slots = ws.grow_all_slots(mgr, at_least=cached_slot)
+            wc.workspace_bytes = ws.total_bytes(mgr)
     wc.cache = cache_use
     if store is not None:
-        store(wc)
+        with clock("cache_store"):
+            store(wc)
 
-    measured_consumed = device_bytes_held(worker, meter)
+    with clock("measure_held"):
+        measured_consumed = device_bytes_held(worker, meter)
     consumed = measured_consumed + wc.post_profile_bytes
     requested = requested_bytes(worker)
     # The stock-OOM question is about everything non-KV a step needs, workspace included: stock
@@ -132,9 +148,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                           worker=type(worker).__name__,
                           attention_backends=attention_backends(runner)),
         stock=outcome.stock, worstcase=wc, admission=admission)
-    _check_same_plan(report, settings)
+    with clock("plan_check"):
+        _check_same_plan(report, settings)
     setattr(worker, REPORT_ATTR, report)
-    write_report(report, settings)
+    _write(worker, report, settings)
 
     if not admission.fits and settings.mode == "enforce":
         need = kvmod.one_request_bytes(runner, vllm_config)
@@ -169,19 +186,24 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
 
 def initialize_from_config(worker, original, kv_cache_config, settings: ProfilerSettings):
     meter = meter_for(getattr(worker, "device", "cpu"))
+    clock = timer_of(worker)
     before = meter.consumed()
-    result = original(worker, kv_cache_config)
+    with clock("vllm_kv_init"):
+        result = original(worker, kv_cache_config)
     report: Report | None = getattr(worker, REPORT_ATTR, None)
     if meter.device_kind == "cuda" and report is not None:
-        setattr(worker, AFTER_KV_ATTR, device_bytes_held(worker, meter))
+        with clock("measure_after_kv"):
+            # measure_held collected fully after the sweep; only KV init's objects are new.
+            setattr(worker, AFTER_KV_ATTR, device_bytes_held(worker, meter, gc_generation=1))
     budget = getattr(worker, BUDGET_ATTR, None)
     if settings.kv_audit == "off" or budget is None:
         return result
-    audit = kvmod.audit(worker.model_runner, kv_cache_config, int(budget),
-                        delta_process=meter.consumed() - before)
+    with clock("kv_audit"):
+        audit = kvmod.audit(worker.model_runner, kv_cache_config, int(budget),
+                            delta_process=meter.consumed() - before)
     if report is not None:
         report.kv_audit = audit
-        write_report(report, settings)
+        _write(worker, report, settings)
     if audit.verdict != "ok":
         if settings.kv_audit == "error":
             raise KVOvercommit(
@@ -196,12 +218,15 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     return result
 
 
-def after_warm_up(worker, settings: ProfilerSettings) -> None:
+def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0.0) -> None:
     report: Report | None = getattr(worker, REPORT_ATTR, None)
+    clock = timer_of(worker)
+    clock.add("vllm_warm_up", warm_up_seconds)
     if report is not None:
-        error = audit_warm_up(worker, report, settings)
+        with clock("warmup_audit"):
+            error = audit_warm_up(worker, report, settings)
         if error is not None:
-            write_report(report, settings)
+            _write(worker, report, settings)
             raise error
     mgr = ws.manager()
     if mgr is not None and settings.lock_workspace and settings.mode == "enforce":
@@ -217,6 +242,13 @@ def after_warm_up(worker, settings: ProfilerSettings) -> None:
         log.info("[wcprof] workspace locked at %s per slot; growth now raises an error naming the "
                  "caller", fmt_bytes(max(ws.slot_sizes(mgr), default=0)))
     if report is not None:
+        _write(worker, report, settings)
+
+
+def _write(worker, report: Report, settings: ProfilerSettings) -> None:
+    clock = timer_of(worker)
+    with clock("report_write"):
+        report.startup_seconds = dict(clock.seconds)
         write_report(report, settings)
 
 

@@ -101,16 +101,20 @@ def requested_bytes(worker) -> int:
                       hint="unsupported worker class for worstcase_profiler")
 
 
-def device_bytes_held(worker, meter) -> int:
+def device_bytes_held(worker, meter, gc_generation: int = 2) -> int:
     """What this process holds on the device now. CUDA: free memory at worker init minus free now
-    (vLLM 0.32's total_consumed); CPU: RSS (what CPUWorker subtracts)."""
+    (vLLM 0.32's total_consumed); CPU: RSS (what CPUWorker subtracts).
+
+    Garbage is collected first so that cycles holding tensors do not count. A full collection of
+    a vLLM process walks every object (tenths of a second); gc_generation=1 walks only the young
+    generations, enough right after a full one (the objects made since are young)."""
     if meter.device_kind == "cuda":
+        import gc
+
         import torch
 
         torch.cuda.synchronize()
-        import gc
-
-        gc.collect()
+        gc.collect(gc_generation)
         torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info()
         init = getattr(worker, "init_snapshot", None)

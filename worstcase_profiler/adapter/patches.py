@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -74,12 +75,13 @@ def _init_wrapper(orig):
 def _warmup_wrapper(orig):
     @functools.wraps(orig)
     def compile_or_warm_up_model(self, *a, **kw):
+        t0 = time.perf_counter()
         out = orig(self, *a, **kw)
         settings = settings_of(self)
         if settings.enabled:
             from . import engine
 
-            engine.after_warm_up(self, settings)
+            engine.after_warm_up(self, settings, time.perf_counter() - t0)
         return out
 
     return compile_or_warm_up_model

@@ -26,6 +26,7 @@ from ..settings import ProfilerSettings
 from ..shapes import Limits
 from ..sizes import fmt_bytes
 from ..sweep import SweepOutcome, replay_worst, run_sweep
+from ..timing import PhaseTimer
 from .engine_facts import (attention_backends, device_bytes_held, device_info, engine_config,
                            world_rank)
 from .versions import vllm_version
@@ -113,19 +114,24 @@ def sweep_facts(worker, limits: Limits, settings: ProfilerSettings, runner_kind:
     return json.loads(json.dumps(facts, sort_keys=True, default=str))
 
 
-def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, tolerance: int):
+def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
+                   clock: PhaseTimer):
     """(outcome, CacheUse, store-or-None): the full sweep, or a cached one whose worst shape,
     replayed now, still needs what it needed (every rank must agree, or all of them sweep)."""
-    directory = cache_dir(settings.cache_dir)
-    cache = SweepCache(directory) if directory is not None else None
-    facts = sweep_facts(worker, limits, settings, driver.runner_kind) if cache else {}
-    key = cache_key(facts) if cache else None
-    entry = cache.load(key) if cache else None
+    with clock("cache_lookup"):
+        directory = cache_dir(settings.cache_dir)
+        cache = SweepCache(directory) if directory is not None else None
+        facts = sweep_facts(worker, limits, settings, driver.runner_kind) if cache else {}
+        key = cache_key(facts) if cache else None
+        entry = cache.load(key) if cache else None
     use = CacheUse(status="off") if cache is None else CacheUse(status="stored", key=key,
                                                                 path=str(cache.path(key)))
-    if cache is not None and driver.agree_max(int(entry is None)) == 0:
-        replay = replay_worst(driver, entry.worstcase.worst_shape)
-        expected = cached_need(entry.worstcase)
+    expected = cached_need(entry) if entry is not None else None
+    if cache is not None and driver.agree_max(int(expected is None)) == 0:
+        with clock("replay"):
+            replay = replay_worst(driver, entry.worstcase.worst_shape)
+        clock.add("replay.stock_step", replay.stock.seconds)
+        clock.add("replay.worst_step", replay.step.seconds)
         ok, allowed = verdict(expected, replay.step.need_bytes, tolerance)
         use = use.model_copy(update=dict(
             status="hit", cached_at=entry.created_at, cached_need_bytes=expected,
@@ -150,9 +156,10 @@ def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, t
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)
     try:
-        outcome = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
-                            context_ladder=settings.context_ladder,
-                            attribute_ops=settings.attribute_ops, on_step=progress)
+        with clock("sweep"):
+            outcome = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
+                                context_ladder=settings.context_ladder,
+                                attribute_ops=settings.attribute_ops, on_step=progress)
     finally:
         progress.close()
     log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
@@ -163,7 +170,8 @@ def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, t
 
     def store(wc) -> None:
         try:
-            path = cache.store(CacheEntry(key=key, facts=facts, worstcase=wc, created_at=now()))
+            path = cache.store(CacheEntry(key=key, facts=facts, worstcase=wc, stock=outcome.stock,
+                                          created_at=now()))
             log.info("[wcprof] sweep cached at %s", path)
         except OSError as e:  # a read-only home must not stop the engine
             log.warning("[wcprof] could not write the sweep cache in %s: %s", cache.directory, e)

@@ -136,17 +136,35 @@ def detail_lines(report: Report) -> list[Text]:
                           f"predicted {fmt_bytes(val.predicted_peak_bytes)}, ratio "
                           f"{val.ratio:.3f} over {len(val.requests)} request(s)"))
     if report.ranks:
-        per_rank = ", ".join(f"rank {r.rank} {fmt_bytes(r.worstcase.peak_activation_bytes)}"
-                             for r in report.ranks)
-        lines.append(Text(f"TP ranks (worst peak): {per_rank}"))
+        lines.append(Text(ranks_line(report)))
+    if report.startup_seconds:
+        lines.append(Text(startup_line(report.startup_seconds)))
     lines.extend(Text(f"warning: {w}", style="yellow") for w in report.warnings)
-    if report.ranks:
-        same = len({tuple(r.worstcase.plan_fingerprints) for r in report.ranks}) == 1
-        lines.append(Text("ranks: " + "; ".join(
-            f"rank {r.rank}: peak {fmt_bytes(r.worstcase.peak_activation_bytes)}, KV "
-            f"{fmt_bytes(r.admission.budget_bytes)}" for r in report.ranks)
-            + (" (identical sweep on every rank)" if same else " (SWEEPS DIFFER)")))
     return lines
+
+
+def ranks_line(report: Report) -> str:
+    """One entry per TP rank: each rank's own peak, KV budget and validation."""
+    same = len({tuple(r.worstcase.plan_fingerprints) for r in report.ranks}) == 1
+
+    def one(r: Report) -> str:
+        text = (f"rank {r.rank}: worst peak {fmt_bytes(r.worstcase.peak_activation_bytes)}, KV "
+                f"{fmt_bytes(r.admission.budget_bytes)}")
+        if r.validation is not None:
+            text += f", validation {r.validation.ratio:.3f}"
+        return text
+
+    return ("TP ranks: " + "; ".join(one(r) for r in report.ranks)
+            + (" (identical sweep on every rank)" if same else " (SWEEPS DIFFER)"))
+
+
+def startup_line(phases: dict[str, float]) -> str:
+    """The profiler's start-up cost next to stock vLLM's own phases, largest first."""
+    ours = {k: v for k, v in phases.items() if not k.startswith(("vllm_", "replay."))}
+    stock = sum(v for k, v in phases.items() if k.startswith("vllm_"))
+    top = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(ours.items(), key=lambda kv: -kv[1])[:4])
+    return (f"start-up: profiler {sum(ours.values()):.2f}s ({top}) on top of vLLM's own "
+            f"profile, KV init and warm-up {stock:.2f}s")
 
 
 def workspace_line(report: Report) -> str:
