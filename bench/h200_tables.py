@@ -127,21 +127,58 @@ def configuration_table(folders: list[Path]) -> str:
 
 
 def startup_table(folder: Path) -> str:
-    rows = ["| model | mode | engine start s | ratio to stock | sweep cache | sweep or replay s |",
-            "|" + "---|" * 6]
+    """Engine start per mode. Newer runs (startup_bench --repeat) give medians and where the
+    profiler's own seconds went (the report's startup_seconds); older ones one start per mode."""
+    rows = ["| model | mode | starts | engine start s (median) | ratio to stock | extra s | "
+            "profiler s | sweep cache | where the profiler's seconds went (median) |",
+            "|" + "---|" * 9]
     for f in sorted(folder.glob("startup-*.json")):
-        for model, runs in json.loads(f.read_text())["models"].items():
-            for r in runs:
-                secs = r.get("replay_s") if r.get("cache") == "hit" else r.get("sweep_s")
-                rows.append(f"| {model} | {r['mode']} | {r['boot_s']:.1f} | "
-                            f"{r.get('boot_ratio_to_stock', 0):.2f} | {r.get('cache') or '-'} | "
-                            f"{'-' if secs is None else f'{secs:.1f}'} |")
+        for model, res in json.loads(f.read_text())["models"].items():
+            if isinstance(res, list):  # one start per mode (runs before --repeat)
+                stock = next(r["boot_s"] for r in res if r["mode"] == "stock")
+                for r in res:
+                    secs = r.get("replay_s") if r.get("cache") == "hit" else r.get("sweep_s")
+                    rows.append(row(model, r["mode"], 1, f"{r['boot_s']:.2f}",
+                                    f"{r['boot_s'] / stock:.2f}", f"{r['boot_s'] - stock:.2f}",
+                                    "-" if secs is None else f"{secs:.2f} (sweep/replay only)",
+                                    r.get("cache") or "-", "-"))
+                continue
+            for mode, m in res["medians"].items():
+                spent = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"]
+                                  if not k.startswith("vllm_") and v >= 0.005) or "-"
+                boots = "/".join(f"{r['boot_s']:.2f}" for r in res["runs"] if r["mode"] == mode)
+                rows.append(row(model, mode, m["n"], f"{m['boot_s']:.2f} ({boots})", f"{m['ratio']:.2f}",
+                                f"{m['extra_s']:.2f}", f"{m['profiler_s']:.2f}", m["cache"] or "-", spent))
+    return "\n".join(rows)
+
+
+def replay_table(folder: Path) -> str:
+    """Issue 5's tightness: each report's worst shape from real requests with exactly its rows
+    (bench/oom_suite.sh <config>_replay); the step's transient against the prediction."""
+    rows = ["| configuration | worst shape replayed (real requests) | predicted GiB | replay peak GiB | "
+            "replay/predicted | predicted/replay | served | sweep cache |", "|" + "---|" * 8]
+    for r in json.loads((folder / "oom.json").read_text()):
+        rep = r.get("replay") or {}
+        if not r["run"].endswith("_replay") or not rep:
+            continue
+        pred, got = r.get("predicted_peak_bytes"), r.get("replay_peak_bytes")
+        rows.append(row(
+            r["run"][: -len("_replay")],
+            f"{rep['kind']} n={rep['requests']} x {rep['new_tokens_each']} rows ({rep['rows']:,}) on "
+            f"{rep['prefix']:,} cached", gib(pred), gib(got),
+            ratio(got / pred if pred and got else None), ratio(pred / got if pred and got else None),
+            f"{rep.get('served')}/{rep['requests']}", (r.get("cache") or {}).get("status", "-")))
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
     print("### Per configuration: prediction vs real traffic (latest run of each)\n\n"
           f"{configuration_table([RES / 'h200-run4', RES / 'h200-run5'])}\n")
+    print(f"### Exact-rows replay of the worst shape (run 7)\n\n{replay_table(RES / 'h200-run7')}\n")
+    print(f"### Engine start-up, stock vs worst-case, side by side (run 7)\n\n"
+          f"{startup_table(RES / 'h200-run7')}\n")
+    print(f"### Suite run 7: all six cases at the session-3 code\n\n"
+          f"{suite_table(RES / 'h200-run7' / 'summary.json')}\n")
     print(f"### Engine start-up, stock vs worst-case, side by side (run 4)\n\n"
           f"{startup_table(RES / 'h200-run4')}\n")
     print(f"### Run 4: llama_graphs before the warm-up audit (the replay that found the bug)\n\n"

@@ -19,3 +19,26 @@ def test_core_imports_neither_vllm_nor_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_gc_frozen_nests_and_leaves_someone_elses_freeze_alone():
+    import gc
+
+    from worstcase_profiler.meters import gc_frozen
+
+    assert gc.get_freeze_count() == 0
+    with gc_frozen():
+        outer = gc.get_freeze_count()
+        assert outer > 0
+        with gc_frozen():
+            pass
+        assert gc.get_freeze_count() == outer  # the inner exit did not unfreeze the outer
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # vLLM froze its heap after warm-up
+    try:
+        theirs = gc.get_freeze_count()
+        with gc_frozen():
+            pass
+        assert gc.get_freeze_count() == theirs  # not undone
+    finally:
+        gc.unfreeze()

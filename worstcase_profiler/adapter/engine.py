@@ -19,7 +19,7 @@ from .. import __version__
 from ..admission import compute_admission, kv_tokens
 from ..cache import round_capacity_up
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
-from ..meters import meter_for
+from ..meters import gc_frozen, meter_for
 from ..report import Report, RunnerInfo
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
@@ -88,23 +88,12 @@ def _check_same_plan(report: Report, settings: ProfilerSettings) -> None:
                  "reports (.rankN.json)")
 
 
-def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
-    runner = worker.model_runner
-    vllm_config = worker.vllm_config
-    limits = limits_of(vllm_config)
-    meter = meter_for(getattr(worker, "device", "cpu"))
-    explicit = vllm_config.cache_config.kv_cache_memory_bytes
-    clock = timer_of(worker)
-
-    with clock("vllm_profile"):
-        stock_kv = int(original(worker))  # vLLM's own figure, its own profile included
-
-    # What the scheduler can form is bounded by the KV pool: vLLM's own budget is an upper bound
-    # on it (ours only comes out smaller), so shapes never exceed what could be resident at once.
-    bpt = kvmod.bytes_per_token(runner)
-    if bpt:
-        limits = dataclasses.replace(limits, kv_capacity_tokens=round_capacity_up(max(
-            limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt)))
+@gc_frozen()
+def _sweep_and_measure(worker, limits, meter, settings: ProfilerSettings, clock: PhaseTimer):
+    """The sweep (or the cached one's replay), every workspace slot grown, then what the process
+    holds. Frozen heap throughout: vLLM's profile has just collected everything, so the
+    collection before the measurement only needs to walk what the sweep made (a full one costs
+    ~0.5 s of every start)."""
     driver = make_driver(worker, limits, meter, agree_max_fn())
     tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None else meter.resolution_bytes
     outcome, cache_use, store = sweep_or_reuse(worker, driver, limits, settings, tolerance, clock)
@@ -124,6 +113,28 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
 
     with clock("measure_held"):
         measured_consumed = device_bytes_held(worker, meter)
+    return outcome, measured_consumed
+
+
+def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
+    runner = worker.model_runner
+    vllm_config = worker.vllm_config
+    limits = limits_of(vllm_config)
+    meter = meter_for(getattr(worker, "device", "cpu"))
+    explicit = vllm_config.cache_config.kv_cache_memory_bytes
+    clock = timer_of(worker)
+
+    with clock("vllm_profile"):
+        stock_kv = int(original(worker))  # vLLM's own figure, its own profile included
+
+    # What the scheduler can form is bounded by the KV pool: vLLM's own budget is an upper bound
+    # on it (ours only comes out smaller), so shapes never exceed what could be resident at once.
+    bpt = kvmod.bytes_per_token(runner)
+    if bpt:
+        limits = dataclasses.replace(limits, kv_capacity_tokens=round_capacity_up(max(
+            limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt)))
+    outcome, measured_consumed = _sweep_and_measure(worker, limits, meter, settings, clock)
+    wc = outcome.worstcase
     consumed = measured_consumed + wc.post_profile_bytes
     requested = requested_bytes(worker)
     # The stock-OOM question is about everything non-KV a step needs, workspace included: stock
