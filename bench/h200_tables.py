@@ -152,12 +152,12 @@ def startup_table(folder: Path) -> str:
     return "\n".join(rows)
 
 
-def replay_table(folder: Path) -> str:
+def replay_table(folders: list[Path]) -> str:
     """Issue 5's tightness: each report's worst shape from real requests with exactly its rows
     (bench/oom_suite.sh <config>_replay); the step's transient against the prediction."""
     rows = ["| configuration | worst shape replayed (real requests) | predicted GiB | replay peak GiB | "
-            "replay/predicted | predicted/replay | served | sweep cache |", "|" + "---|" * 8]
-    for r in json.loads((folder / "oom.json").read_text()):
+            "replay/predicted | predicted/replay | served | sweep cache | from |", "|" + "---|" * 9]
+    for folder, r in [(f, r) for f in folders for r in json.loads((f / "oom.json").read_text())]:
         rep = r.get("replay") or {}
         if not r["run"].endswith("_replay") or not rep:
             continue
@@ -167,16 +167,20 @@ def replay_table(folder: Path) -> str:
             f"{rep['kind']} n={rep['requests']} x {rep['new_tokens_each']} rows ({rep['rows']:,}) on "
             f"{rep['prefix']:,} cached", gib(pred), gib(got),
             ratio(got / pred if pred and got else None), ratio(pred / got if pred and got else None),
-            f"{rep.get('served')}/{rep['requests']}", (r.get("cache") or {}).get("status", "-")))
+            f"{rep.get('served')}/{rep['requests']}", (r.get("cache") or {}).get("status", "-"),
+            folder.name))
     return "\n".join(rows)
 
 
 if __name__ == "__main__":
     print("### Per configuration: prediction vs real traffic (latest run of each)\n\n"
           f"{configuration_table([RES / 'h200-run4', RES / 'h200-run5'])}\n")
-    print(f"### Exact-rows replay of the worst shape (run 7)\n\n{replay_table(RES / 'h200-run7')}\n")
+    print(f"### Exact-rows replay of the worst shape (runs 7 and 8)\n\n"
+          f"{replay_table([RES / 'h200-run7', RES / 'h200-run8'])}\n")
     print(f"### Engine start-up, stock vs worst-case, side by side (run 7)\n\n"
           f"{startup_table(RES / 'h200-run7')}\n")
+    print(f"### Run 8: the heap-freeze experiment (reverted), on a host with cold kernel caches\n\n"
+          f"{startup_table(RES / 'h200-run8')}\n")
     print(f"### Suite run 7: all six cases at the session-3 code\n\n"
           f"{suite_table(RES / 'h200-run7' / 'summary.json')}\n")
     print(f"### Engine start-up, stock vs worst-case, side by side (run 4)\n\n"

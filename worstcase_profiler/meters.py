@@ -65,13 +65,11 @@ def set_malloc_mmap_threshold(nbytes: int = 64 << 10) -> bool:
 @contextmanager
 def gc_frozen():
     """Freeze every object that exists now (the engine, the model, vLLM's state) for the
-    duration. A collection then only walks objects made since: a full collection of a vLLM
-    process costs 0.4-0.5 s (this CPU and the H200 host alike), which made it 95% of a CPU sweep's
-    time (CpuMeter.begin collects per step) and the largest fixed cost of a cached start on the
-    H200 (the collection before measuring what the process holds). Cycles made while frozen are
-    still collected. Garbage that already existed stays frozen, so it cannot be freed in the
-    middle of a step and shrink a measured peak; it is collected as usual after unfreeze (and
-    vLLM's profile, which runs just before, ends with a full collection).
+    duration. CpuMeter.begin()'s per-step collection then only walks objects made since — a full
+    collection of a vLLM process costs ~0.4 s on this CPU, which made it 95% of a CPU sweep's
+    time — while cycles made during the sweep are still collected. Garbage that already existed
+    stays frozen, so it cannot be freed in the middle of a step and shrink a measured peak; it
+    is collected as usual after unfreeze.
 
     Nests: only the outermost freezes, and it does nothing when someone else (vLLM freezes its
     heap after warm-up) already froze, since unfreezing would undo theirs. Also a decorator."""

@@ -41,9 +41,15 @@ def find_summary(path: Path) -> Path:
 
 
 def load_summary(path: Path) -> dict:
-    summary = json.loads(find_summary(path).read_text())
+    """A results folder: the suite's summary.json and/or bench/oom_suite.sh's oom.json (a folder
+    of soaks or replays alone has no summary)."""
+    if path.is_dir() and not (path / "summary.json").exists() and (path / "oom.json").exists():
+        summary = {"cases": [], "wall_s": 0.0}
+        oom = path / "oom.json"
+    else:
+        summary = json.loads(find_summary(path).read_text())
+        oom = find_summary(path).parent / "oom.json"
     summary["by_case"] = {c["case"]: c for c in summary.get("cases", [])}
-    oom = find_summary(path).parent / "oom.json"
     summary["soak"] = {r["run"]: r for r in json.loads(oom.read_text())} if oom.exists() else {}
     return summary
 

@@ -19,7 +19,7 @@ from .. import __version__
 from ..admission import compute_admission, kv_tokens
 from ..cache import round_capacity_up
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
-from ..meters import gc_frozen, meter_for
+from ..meters import meter_for
 from ..report import Report, RunnerInfo
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
@@ -88,12 +88,9 @@ def _check_same_plan(report: Report, settings: ProfilerSettings) -> None:
                  "reports (.rankN.json)")
 
 
-@gc_frozen()
 def _sweep_and_measure(worker, limits, meter, settings: ProfilerSettings, clock: PhaseTimer):
     """The sweep (or the cached one's replay), every workspace slot grown, then what the process
-    holds. Frozen heap throughout: vLLM's profile has just collected everything, so the
-    collection before the measurement only needs to walk what the sweep made (a full one costs
-    ~0.5 s of every start)."""
+    holds."""
     driver = make_driver(worker, limits, meter, agree_max_fn())
     tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None else meter.resolution_bytes
     outcome, cache_use, store = sweep_or_reuse(worker, driver, limits, settings, tolerance, clock)
