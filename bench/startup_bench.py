@@ -59,7 +59,7 @@ def child(a) -> int:
                    replay_s=(wc.get("cache") or {}).get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                    profiler_s=round(sum(v for k, v in phases.items()
-                                        if not k.startswith(("vllm_", "replay."))), 3))
+                                        if not k.startswith("vllm_") and "." not in k), 3))
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
 

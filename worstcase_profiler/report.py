@@ -227,7 +227,8 @@ class Report(BaseModel):
         default_factory=dict,
         description="wall seconds of each start-up phase in this worker; 'vllm_*' phases are "
                     "stock vLLM's own work (its profile, KV init, warm-up), the rest is the "
-                    "profiler's cost; 'replay.*' are parts of 'replay'")
+                    "profiler's cost; 'a.b' phases are parts of 'a' (replay.worst_step, "
+                    "measure_held.gc, ...)")
     ranks: list["Report"] = Field(default_factory=list, description="one entry per TP rank")
     warnings: list[str] = []
 

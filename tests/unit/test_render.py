@@ -189,6 +189,7 @@ def test_budget_line_adds_up(make_report):
 def test_startup_line_separates_the_profilers_cost_from_vllms_own(make_report):
     report = make_report(startup_seconds={"vllm_profile": 1.5, "vllm_kv_init": 0.25, "replay": 0.8,
                                           "replay.worst_step": 0.5, "measure_held": 0.3,
+                                          "measure_held.gc": 0.2,
                                           "cache_lookup": 0.01})
     text = terminal_text(report)
     assert "start-up: profiler 1.11s (replay 0.80s, measure_held 0.30s, cache_lookup 0.01s)" in text

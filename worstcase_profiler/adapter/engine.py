@@ -109,7 +109,7 @@ def _sweep_and_measure(worker, limits, meter, settings: ProfilerSettings, clock:
             store(wc)
 
     with clock("measure_held"):
-        measured_consumed = device_bytes_held(worker, meter)
+        measured_consumed = device_bytes_held(worker, meter, clock=clock, phase="measure_held")
     return outcome, measured_consumed
 
 
@@ -202,7 +202,8 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     if meter.device_kind == "cuda" and report is not None:
         with clock("measure_after_kv"):
             # measure_held collected fully after the sweep; only KV init's objects are new.
-            setattr(worker, AFTER_KV_ATTR, device_bytes_held(worker, meter, gc_generation=1))
+            setattr(worker, AFTER_KV_ATTR, device_bytes_held(worker, meter, gc_generation=1,
+                                                             clock=clock, phase="measure_after_kv"))
     budget = getattr(worker, BUDGET_ATTR, None)
     if settings.kv_audit == "off" or budget is None:
         return result

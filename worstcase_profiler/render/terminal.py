@@ -160,7 +160,7 @@ def ranks_line(report: Report) -> str:
 
 def startup_line(phases: dict[str, float]) -> str:
     """The profiler's start-up cost next to stock vLLM's own phases, largest first."""
-    ours = {k: v for k, v in phases.items() if not k.startswith(("vllm_", "replay."))}
+    ours = {k: v for k, v in phases.items() if not k.startswith("vllm_") and "." not in k}
     stock = sum(v for k, v in phases.items() if k.startswith("vllm_"))
     top = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(ours.items(), key=lambda kv: -kv[1])[:4])
     return (f"start-up: profiler {sum(ours.values()):.2f}s ({top}) on top of vLLM's own "

@@ -1,0 +1,44 @@
+"""adapter.engine_facts.device_bytes_held on the CUDA path, driven with torch.cuda's calls
+replaced (no GPU here): what it returns, the garbage generation it collects, and the sub-phase
+timings that say where its seconds go (report.startup_seconds['measure_held.*'])."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from worstcase_profiler.adapter.engine_facts import device_bytes_held
+from worstcase_profiler.timing import PhaseTimer
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (30 * GiB, 140 * GiB))
+    monkeypatch.setattr("gc.collect", lambda gen=2: calls.append(f"gc{gen}") or 0)
+    return calls
+
+
+def _worker():
+    return SimpleNamespace(init_snapshot=SimpleNamespace(free_memory=100 * GiB))
+
+
+def test_held_is_free_at_init_minus_free_now_after_collecting_and_emptying(fake_cuda):
+    meter = SimpleNamespace(device_kind="cuda")
+    assert device_bytes_held(_worker(), meter) == 70 * GiB
+    assert fake_cuda == ["sync", "gc2", "empty_cache"]
+
+
+def test_sub_phases_are_timed_under_the_phase_name(fake_cuda):
+    clock = PhaseTimer()
+    device_bytes_held(_worker(), SimpleNamespace(device_kind="cuda"), gc_generation=1,
+                      clock=clock, phase="measure_after_kv")
+    assert fake_cuda == ["sync", "gc1", "empty_cache"]
+    assert set(clock.seconds) == {"measure_after_kv.sync", "measure_after_kv.gc",
+                                  "measure_after_kv.empty_cache"}
