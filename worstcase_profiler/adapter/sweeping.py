@@ -127,6 +127,9 @@ def sweep_or_reuse(worker, driver, limits: Limits, settings: ProfilerSettings, t
     use = CacheUse(status="off") if cache is None else CacheUse(status="stored", key=key,
                                                                 path=str(cache.path(key)))
     expected = cached_need(entry) if entry is not None else None
+    if entry is not None and expected is None:
+        log.info("[wcprof] cached sweep %s cannot be checked (its worst step is the stock step, "
+                 "whose figures it predates storing); running the full sweep", cache.path(key))
     if cache is not None and driver.agree_max(int(expected is None)) == 0:
         with clock("replay"):
             replay = replay_worst(driver, entry.worstcase.worst_shape)
