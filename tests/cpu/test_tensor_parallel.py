@@ -101,7 +101,8 @@ def test_every_rank_is_validated_in_its_own_worker(tp2):
     assert all(v is not None for v in vals.values()), vals
     for rank, v in vals.items():
         assert v["rank"] == rank
-        assert 0 < v["measured_peak_bytes"] <= v["predicted_peak_bytes"], (rank, v)
+        # (a few hundred KiB on this toy model, at a meter resolution of 512 KiB: 0 is possible)
+        assert 0 <= v["measured_peak_bytes"] <= v["predicted_peak_bytes"], (rank, v)
         assert v["predicted_peak_bytes"] == (reports[rank]["worstcase"]["peak_activation_bytes"]
                                              + reports[rank]["worstcase"]["workspace_bytes"])
     worst = max(vals.values(), key=lambda v: v["ratio"])
