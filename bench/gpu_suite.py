@@ -171,8 +171,7 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
     else:
         put("validation_within_prediction", val["measured_peak_bytes"] <= val["predicted_peak_bytes"],
             f"measured {val['measured_peak_bytes']} vs predicted {val['predicted_peak_bytes']}")
-    extra = CASES[name][1]
-    rows = {"min": 1, "max": int(extra[extra.index("--max-num-batched-tokens") + 1])}
+    rows = {"min": 1, "max": flag_value(name, "--max-num-batched-tokens")}
     put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))
     if name == "scratch":  # seed 002: the scratch grows with KV extent, which stock never runs
         put("stock_misses_the_scratch", st["workspace_bytes"] < wc["workspace_bytes"],
@@ -192,9 +191,14 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
     return checks
 
 
-def tp_size(name: str) -> int:
+def flag_value(name: str, flag: str, default: int | None = None) -> int:
+    """The integer a case passes for `flag` (default when it does not pass it)."""
     extra = CASES[name][1]
-    return int(extra[extra.index("--tensor-parallel-size") + 1]) if "--tensor-parallel-size" in extra else 1
+    return int(extra[extra.index(flag) + 1]) if flag in extra or default is None else default
+
+
+def tp_size(name: str) -> int:
+    return flag_value(name, "--tensor-parallel-size", 1)
 
 
 def _check_ranks(report: dict, tp: int, put) -> None:

@@ -24,6 +24,9 @@ class PhaseTimer:
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 4)
 
-    def overhead(self, exclude: tuple[str, ...] = ()) -> float:
-        """Seconds spent in every phase but the excluded ones (stock's own work)."""
-        return round(sum(v for k, v in self.seconds.items() if k not in exclude), 4)
+
+
+def profiler_phases(phases: dict[str, float]) -> dict[str, float]:
+    """The profiler's own top-level phases: not stock vLLM's (`vllm_*`) and not the parts of
+    another phase (`a.b` is part of `a`). Their sum is what the profiler added to a start."""
+    return {k: v for k, v in phases.items() if not k.startswith("vllm_") and "." not in k}

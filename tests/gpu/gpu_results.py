@@ -85,5 +85,11 @@ def report_of(c: dict) -> dict:
     return r
 
 
+def asked(case: dict, flag: str) -> int:
+    """The integer the suite passed for `flag` on this case's wcprof command line."""
+    argv = case["cli_argv"]
+    return int(argv[argv.index(flag) + 1])
+
+
 def gib(b: int) -> str:
     return f"{b / GiB:.3f} GiB"

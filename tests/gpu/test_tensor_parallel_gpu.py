@@ -11,7 +11,7 @@ otherwise (a 1-GPU run of the suite does not request them).
 from __future__ import annotations
 
 import pytest
-from gpu_results import gib, report_of
+from gpu_results import asked, gib, report_of
 
 TP_CASES = ("dsv32_fp8_tp2", "dsv32_bf16_tp2")
 
@@ -62,7 +62,6 @@ def test_every_rank_within_its_own_prediction(tp_case):
 
 
 def test_every_rows_value_covered_on_every_rank(tp_case):
-    argv = tp_case["cli_argv"]
-    mnbt = int(argv[argv.index("--max-num-batched-tokens") + 1])
+    mnbt = asked(tp_case, "--max-num-batched-tokens")
     for rep in _ranks(tp_case).values():
         assert rep["worstcase"]["rows_covered"] == {"min": 1, "max": mnbt}

@@ -14,7 +14,7 @@ The others at max_model_len 131072, max_num_batched_tokens 8192; gpu_memory_util
 from __future__ import annotations
 
 import pytest
-from gpu_results import gib, report_of
+from gpu_results import asked, gib, report_of
 
 EXPECTED_RUNNER = {"llama_v2": "v2", "llama_graphs": "v2", "llama_v1": "v1"}
 
@@ -40,21 +40,16 @@ def test_measured_peak_within_prediction(case):
         f"{gib(v['predicted_peak_bytes'])} ({v['requests']})")
 
 
-def _asked(case, flag: str) -> int:
-    argv = case["cli_argv"]
-    return int(argv[argv.index(flag) + 1])
-
-
 def test_every_rows_value_covered(case):
-    mnbt = _asked(case, "--max-num-batched-tokens")
+    mnbt = asked(case, "--max-num-batched-tokens")
     assert report_of(case)["worstcase"]["rows_covered"] == {"min": 1, "max": mnbt}
 
 
 def test_engine_is_the_one_asked_for(case):
     r = report_of(case)
     name = case["case"]
-    assert r["config"]["max_model_len"] == _asked(case, "--max-model-len")
-    assert r["config"]["max_num_batched_tokens"] == _asked(case, "--max-num-batched-tokens")
+    assert r["config"]["max_model_len"] == asked(case, "--max-model-len")
+    assert r["config"]["max_num_batched_tokens"] == asked(case, "--max-num-batched-tokens")
     assert r["config"]["enforce_eager"] is (name != "llama_graphs")
     if name in EXPECTED_RUNNER:
         assert r["runner"]["runner"] == EXPECTED_RUNNER[name]
@@ -71,7 +66,7 @@ def test_v2_steps_carried_kv_context(case):
     if r["runner"]["runner"] != "v2" or not str(r["vllm_version"]).startswith("0.26"):
         return
     assert case["v2_injection_lines"], "no '[wcprof] V2 context injected' line in the engine log"
-    assert str(_asked(case, "--max-model-len")) in case["v2_injection_lines"][0]
+    assert str(asked(case, "--max-model-len")) in case["v2_injection_lines"][0]
 
 
 def test_stock_misses_the_context_scaled_scratch(suite):

@@ -14,6 +14,7 @@ from rich.text import Text
 from worstcase_profiler.coverage import certified_count
 from worstcase_profiler.report import Report, Shape
 from worstcase_profiler.sizes import fmt_bytes, fmt_tokens
+from worstcase_profiler.timing import profiler_phases
 
 VERDICT_STYLES = {
     "SAFE": "bold green",
@@ -160,7 +161,7 @@ def ranks_line(report: Report) -> str:
 
 def startup_line(phases: dict[str, float]) -> str:
     """The profiler's start-up cost next to stock vLLM's own phases, largest first."""
-    ours = {k: v for k, v in phases.items() if not k.startswith("vllm_") and "." not in k}
+    ours = profiler_phases(phases)
     stock = sum(v for k, v in phases.items() if k.startswith("vllm_"))
     top = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(ours.items(), key=lambda kv: -kv[1])[:4])
     return (f"start-up: profiler {sum(ours.values()):.2f}s ({top}) on top of vLLM's own "
