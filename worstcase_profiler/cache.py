@@ -101,7 +101,7 @@ def cached_need(entry: CacheEntry) -> int | None:
     say (the worst was the stock step and the entry predates storing it): not reusable."""
     wc = entry.worstcase
     if wc.worst_shape.kind == "stock":
-        return entry.stock.peak_activation_bytes + entry.stock.workspace_bytes if entry.stock else None
+        return entry.stock.need_bytes if entry.stock else None
     return max((s.need_bytes for s in wc.steps if s.shape == wc.worst_shape), default=None)
 
 

@@ -43,7 +43,7 @@ class Metric:
 
 
 def _need(r: Report) -> int:
-    return r.worstcase.peak_activation_bytes + r.worstcase.workspace_bytes
+    return r.worstcase.need_bytes
 
 
 def _stock_oom(r: Report) -> int:

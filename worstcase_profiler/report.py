@@ -48,6 +48,16 @@ class StockFigures(BaseModel):
     seconds: float
     workspace_bytes: int = Field(0, description="workspace the stock step left live")
 
+    @property
+    def need_bytes(self) -> int:
+        """Non-KV memory stock's own step needs: its transient plus the workspace it left."""
+        return self.peak_activation_bytes + self.workspace_bytes
+
+    def as_step(self) -> StepResult:
+        """The stock step among the synthetic ones (vLLM runs it: no worst case is below it)."""
+        return StepResult(shape=self.shape, peak_bytes=self.peak_activation_bytes,
+                          seconds=self.seconds, workspace_bytes=self.workspace_bytes)
+
 
 class RowsCovered(BaseModel):
     min: int
@@ -117,6 +127,11 @@ class WorstCase(BaseModel):
         "in order), one per rank of the world group, indexed by rank; every entry must be equal "
         "(tensor-parallel ranks run the same steps in the same order)")
     cache: CacheUse | None = Field(None, description="sweep cache use at this start")
+
+    @property
+    def need_bytes(self) -> int:
+        """Non-KV memory the worst step needs: the worst transient plus the persistent workspace."""
+        return self.peak_activation_bytes + self.workspace_bytes
 
 
 class Admission(BaseModel):

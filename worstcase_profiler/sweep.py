@@ -145,8 +145,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
                 curve.append(by_rows[wr] if shape == by_rows[wr].shape else step(shape))
 
         # The stock step is a step vLLM itself runs: the worst case is never below it.
-        stock_step = StepResult(shape=stock.shape, peak_bytes=stock.peak_activation_bytes,
-                                seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
+        stock_step = stock.as_step()
         worst = max([*log, stock_step], key=lambda r: (r.need_bytes, r.peak_bytes))
         worst_op = None
         if attribute_ops and worst.shape.kind != "stock":
@@ -188,8 +187,7 @@ def replay_worst(driver: StepDriver, worst_shape: Shape) -> Replay:
     stock = measure_stock(driver)
     with driver.provisional_kv() as provisional:
         if worst_shape.kind == "stock":
-            step = StepResult(shape=stock.shape, peak_bytes=stock.peak_activation_bytes,
-                              seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
+            step = stock.as_step()
         else:
             step = _timed_step(driver, worst_shape)
     return Replay(stock=stock, provisional=provisional, step=step,

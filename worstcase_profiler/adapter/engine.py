@@ -137,7 +137,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     # The stock-OOM question is about everything non-KV a step needs, workspace included: stock
     # budgets its own step's need; a longer context needs more (seed 002).
     curve = [(r.shape.context_len, r.need_bytes) for r in wc.context_curve]
-    stock_need = outcome.stock.peak_activation_bytes + outcome.stock.workspace_bytes
+    stock_need = outcome.stock.need_bytes
     admission = compute_admission(
         requested=requested, consumed=consumed,
         weights=int(getattr(runner, "model_memory_usage", 0) or 0),

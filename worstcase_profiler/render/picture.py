@@ -174,11 +174,11 @@ def full_extent_prefill(report: Report) -> list[StepResult]:
 
 
 def stock_need(report: Report) -> int:
-    return report.stock.peak_activation_bytes + report.stock.workspace_bytes
+    return report.stock.need_bytes
 
 
 def worst_need(report: Report) -> int:
-    return report.worstcase.peak_activation_bytes + report.worstcase.workspace_bytes
+    return report.worstcase.need_bytes
 
 
 def short_model(name: str, limit: int = 48) -> str:

@@ -111,7 +111,7 @@ def detail_lines(report: Report) -> list[Text]:
         flag.append(f"; explicit setting {fmt_bytes(adm.explicit_kv_cache_memory_bytes)}")
     lines.append(flag)
     if adm.stock_oom_context_len is not None:
-        stock_need = report.stock.peak_activation_bytes + report.stock.workspace_bytes
+        stock_need = report.stock.need_bytes
         worst_need = max((r.need_bytes for r in report.worstcase.context_curve), default=0)
         lines.append(Text(f"stock setting runs out at context length "
                           f"{fmt_tokens(adm.stock_oom_context_len)}: from there a step needs more "
