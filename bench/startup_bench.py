@@ -37,6 +37,13 @@ def child(a) -> int:
     from vllm import LLM
 
     import_s = time.perf_counter() - t0
+    import logging
+
+    # measure_held's detail lines are DEBUG; vLLM's handler shows INFO and up.
+    debug = logging.StreamHandler(sys.stdout)
+    debug.addFilter(lambda record: record.levelno == logging.DEBUG)
+    logging.getLogger("vllm.wcprof").addHandler(debug)
+    logging.getLogger("vllm.wcprof").setLevel(logging.DEBUG)
     from worstcase_profiler.timing import profiler_phases  # importable wherever the plugin is
 
     extra = {}
@@ -77,7 +84,8 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str]) -
     if p.returncode != 0 or not lines:
         return {"mode": mode, "error": f"rc={p.returncode}", "wall_s": wall,
                 "tail": (p.stdout + p.stderr).splitlines()[-30:]}
-    return {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall}
+    wcprof = [ln for ln in (p.stdout + p.stderr).splitlines() if "[wcprof]" in ln]
+    return {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall, "wcprof_log": wcprof[:40]}
 
 
 def main() -> int:
