@@ -180,7 +180,7 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
     want = CASES[name][3]
     if want is not None:
         put("runner_kind", runner == want, f"{runner} (want {want})")
-    put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in extra),
+    put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in CASES[name][1]),
         f"enforce_eager={report['config']['enforce_eager']}")
     tp = tp_size(name)
     if tp > 1:
