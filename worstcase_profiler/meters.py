@@ -65,17 +65,23 @@ def set_malloc_mmap_threshold(nbytes: int = 64 << 10) -> bool:
 @contextmanager
 def gc_frozen():
     """Freeze every object that exists now (the engine, the model, vLLM's state) for the
-    duration. CpuMeter.begin()'s per-step collection then only walks objects made since — a full
-    collection of a vLLM process costs ~0.4 s on this CPU, which made it 95% of a CPU sweep's
-    time — while cycles made during the sweep are still collected. Garbage that already existed
-    stays frozen, so it cannot be freed in the middle of a step and shrink a measured peak; it
-    is collected as usual after unfreeze.
+    duration. A collection then only walks objects made since: a full collection of a vLLM
+    process costs 0.3-0.5 s (this CPU and the H200 host alike; 690k objects), which made it 95% of
+    a CPU sweep's time (CpuMeter.begin collects per step) and, twice over, most of what a cached
+    start added on the H200 (the replay's KV teardown and the held-memory measurement each ran
+    one). Cycles made while frozen are still collected. Garbage that already existed stays frozen,
+    so it cannot be freed in the middle of a step and shrink a measured peak (collect just before
+    entering, and there is none).
 
-    Nests: only the outermost freezes, and it does nothing when someone else (vLLM freezes its
-    heap after warm-up) already froze, since unfreezing would undo theirs. Also a decorator."""
+    Nests: only the outermost freezes. It freezes even when someone else already froze part of
+    the heap (on the H200's vLLM 0.26 something has by the time the KV cache is sized; a check
+    for that left the heap unfrozen in runs 8 and 9). gc.unfreeze() cannot undo only ours, so
+    then the heap stays frozen on exit — what vLLM does to the whole heap after warm-up anyway —
+    and it is unfrozen on exit only when nothing was frozen before. Also a decorator."""
     import gc
 
-    ours = _FREEZE["depth"] == 0 and gc.get_freeze_count() == 0
+    ours = _FREEZE["depth"] == 0
+    frozen_before = gc.get_freeze_count()
     if ours:
         gc.freeze()
     _FREEZE["depth"] += 1
@@ -83,7 +89,7 @@ def gc_frozen():
         yield
     finally:
         _FREEZE["depth"] -= 1
-        if ours:
+        if ours and frozen_before == 0:
             gc.unfreeze()
 
 

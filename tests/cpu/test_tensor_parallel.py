@@ -5,7 +5,6 @@ report (report.json, report.rank1.json) carrying every rank's plan fingerprint."
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
