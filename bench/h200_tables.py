@@ -126,12 +126,34 @@ def configuration_table(folders: list[Path]) -> str:
     return "\n".join(rows)
 
 
+def tp_table(folders: list[Path]) -> str:
+    """Issue 7: the TP=2 cases per rank (each rank's own report, validated in its own worker)."""
+    rows = ["| case | rank | stock predicted GiB | worst-case predicted GiB | workspace GiB | "
+            "KV budget GiB | KV tokens worst-case | measured runtime GiB | predicted GiB | "
+            "measured/predicted | steps | plan fingerprint | KV audit | from |", "|" + "---|" * 14]
+    for folder in folders:
+        for c in json.loads((folder / "summary.json").read_text())["cases"]:
+            for r in (c.get("report") or {}).get("ranks") or []:
+                wc, adm, v = r["worstcase"], r["admission"], r.get("validation") or {}
+                fps = wc["plan_fingerprints"]
+                rows.append(row(
+                    c["case"], r["rank"], gib(r["stock"]["peak_activation_bytes"]),
+                    gib(wc["peak_activation_bytes"]), gib(wc["workspace_bytes"]),
+                    gib(adm["budget_bytes"]), f"{adm['kv_tokens_worstcase']:,}",
+                    gib(v.get("measured_peak_bytes")), gib(v.get("predicted_peak_bytes")),
+                    ratio(v.get("ratio")), len(wc["steps"]),
+                    fps[r["rank"]] if r["rank"] < len(fps) else "-",
+                    (r.get("kv_audit") or {}).get("verdict", "-"), folder.name))
+    return "\n".join(rows)
+
+
 def startup_table(folder: Path) -> str:
-    """Engine start per mode. Newer runs (startup_bench --repeat) give medians and where the
-    profiler's own seconds went (the report's startup_seconds); older ones one start per mode."""
+    """Engine start per mode. Newer runs (startup_bench --repeat) give medians, vLLM's own profile
+    (it runs in every mode; timed in the profiled ones) and where the profiler's own seconds went
+    (the report's startup_seconds); older ones one start per mode."""
     rows = ["| model | mode | starts | engine start s (median) | ratio to stock | extra s | "
-            "profiler s | sweep cache | where the profiler's seconds went (median) |",
-            "|" + "---|" * 9]
+            "profiler s | vLLM's own profile s | sweep cache | where the profiler's seconds went "
+            "(median) |", "|" + "---|" * 10]
     for f in sorted(folder.glob("startup-*.json")):
         for model, res in json.loads(f.read_text())["models"].items():
             if isinstance(res, list):  # one start per mode (runs before --repeat)
@@ -140,15 +162,18 @@ def startup_table(folder: Path) -> str:
                     secs = r.get("replay_s") if r.get("cache") == "hit" else r.get("sweep_s")
                     rows.append(row(model, r["mode"], 1, f"{r['boot_s']:.2f}",
                                     f"{r['boot_s'] / stock:.2f}", f"{r['boot_s'] - stock:.2f}",
-                                    "-" if secs is None else f"{secs:.2f} (sweep/replay only)",
+                                    "-" if secs is None else f"{secs:.2f} (sweep/replay only)", "-",
                                     r.get("cache") or "-", "-"))
                 continue
             for mode, m in res["medians"].items():
+                phases = dict(m["phases"])
                 spent = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"]
                                   if not k.startswith("vllm_") and v >= 0.005) or "-"
                 boots = "/".join(f"{r['boot_s']:.2f}" for r in res["runs"] if r["mode"] == mode)
+                own = f"{phases['vllm_profile']:.2f}" if "vllm_profile" in phases else "not timed"
                 rows.append(row(model, mode, m["n"], f"{m['boot_s']:.2f} ({boots})", f"{m['ratio']:.2f}",
-                                f"{m['extra_s']:.2f}", f"{m['profiler_s']:.2f}", m["cache"] or "-", spent))
+                                f"{m['extra_s']:.2f}", f"{m['profiler_s']:.2f}", own,
+                                m["cache"] or "-", spent))
     return "\n".join(rows)
 
 
@@ -177,9 +202,17 @@ if __name__ == "__main__":
           f"{configuration_table([RES / 'h200-run4', RES / 'h200-run5'])}\n")
     print(f"### Exact-rows replay of the worst shape (runs 7 and 8)\n\n"
           f"{replay_table([RES / 'h200-run7', RES / 'h200-run8'])}\n")
+    print(f"### Engine start-up at the final code, stock vs worst-case, side by side (run 10)\n\n"
+          f"{startup_table(RES / 'h200-run10')}\n")
+    print(f"### Run 9: start-up with the parts of measure_held timed, before the fix\n\n"
+          f"{startup_table(RES / 'h200-run9')}\n")
+    print(f"### Tensor parallel, TP=2 on two H200s, per rank (runs 9 and 10)\n\n"
+          f"{tp_table([RES / 'h200-run9', RES / 'h200-run10-tp2'])}\n")
+    print(f"### Suite run 10: all six cases at the final code\n\n"
+          f"{suite_table(RES / 'h200-run10' / 'summary.json')}\n")
     print(f"### Engine start-up, stock vs worst-case, side by side (run 7)\n\n"
           f"{startup_table(RES / 'h200-run7')}\n")
-    print(f"### Run 8: the heap-freeze experiment (reverted), on a host with cold kernel caches\n\n"
+    print(f"### Run 8: a heap freeze that never froze (reverted), on a host with cold kernel caches\n\n"
           f"{startup_table(RES / 'h200-run8')}\n")
     print(f"### Suite run 7: all six cases at the session-3 code\n\n"
           f"{suite_table(RES / 'h200-run7' / 'summary.json')}\n")
