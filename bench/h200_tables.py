@@ -149,10 +149,10 @@ def tp_table(folders: list[Path]) -> str:
 
 def startup_table(folder: Path) -> str:
     """Engine start per mode. Newer runs (startup_bench --repeat) give medians, vLLM's own profile
-    (it runs in every mode; timed in the profiled ones) and where the profiler's own seconds went
+    and warm-up (they run in every mode; timed in the profiled ones) and where the profiler's own seconds went
     (the report's startup_seconds); older ones one start per mode."""
     rows = ["| model | mode | starts | engine start s (median) | ratio to stock | extra s | "
-            "profiler s | vLLM's own profile s | sweep cache | where the profiler's seconds went "
+            "profiler s | vLLM's own profile / warm-up s | sweep cache | where the profiler's seconds went "
             "(median) |", "|" + "---|" * 10]
     for f in sorted(folder.glob("startup-*.json")):
         for model, res in json.loads(f.read_text())["models"].items():
@@ -170,7 +170,8 @@ def startup_table(folder: Path) -> str:
                 spent = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"]
                                   if not k.startswith("vllm_") and v >= 0.005) or "-"
                 boots = "/".join(f"{r['boot_s']:.2f}" for r in res["runs"] if r["mode"] == mode)
-                own = f"{phases['vllm_profile']:.2f}" if "vllm_profile" in phases else "not timed"
+                own = (f"{phases['vllm_profile']:.2f} / {phases.get('vllm_warm_up', 0.0):.2f}"
+                       if "vllm_profile" in phases else "not timed")
                 rows.append(row(model, mode, m["n"], f"{m['boot_s']:.2f} ({boots})", f"{m['ratio']:.2f}",
                                 f"{m['extra_s']:.2f}", f"{m['profiler_s']:.2f}", own,
                                 m["cache"] or "-", spent))
