@@ -115,6 +115,32 @@ def _sweep_and_measure(worker, limits, meter, settings: ProfilerSettings, clock:
     return outcome, measured_consumed
 
 
+def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bool,
+                           clock: PhaseTimer) -> int:
+    """Run vLLM's own profile (`run_profile`, returns its KV figure) and leave the heap frozen in
+    `stack` until it closes, i.e. until the held-memory measurement.
+
+    Every collection on a frozen heap (the KV teardowns, the measurement) walks only the objects
+    made since instead of the whole process (0.3-0.5 s each on a vLLM process). vLLM's CUDA
+    profile collects fully twice itself (memory_profiling): there the heap is frozen before it,
+    after one collection of ours, so those two become cheap too and no garbage is frozen. vLLM
+    0.26's V1 profile_cudagraph_memory unfreezes the whole heap on its way out (_freeze_gc ends in
+    gc.unfreeze(); gc.collect()), so the heap is frozen again after the profile, which ends in a
+    full collection: nothing it froze is garbage. The CPU profile collects nothing: the freeze
+    starts after it."""
+    if cuda:
+        with clock("heap_freeze"):
+            gc.collect()
+        stack.enter_context(gc_frozen())
+    with clock("vllm_profile"):
+        stock_kv = run_profile()
+    if cuda:
+        gc.freeze()  # again, in case the profile unfroze; gc_frozen's exit unfreezes it all
+    else:
+        stack.enter_context(gc_frozen())
+    return stock_kv
+
+
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
     runner = worker.model_runner
     vllm_config = worker.vllm_config
@@ -123,20 +149,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     explicit = vllm_config.cache_config.kv_cache_memory_bytes
     clock = timer_of(worker)
 
-    # A frozen heap up to the held-memory measurement: every collection in it (the KV teardowns,
-    # the measurement) walks only the objects made since instead of the whole process (0.3-0.5 s
-    # each). vLLM's CUDA profile collects twice itself (memory_profiling): there the heap is
-    # frozen before it, after one collection of ours, so those two become cheap as well and no
-    # garbage is frozen. The CPU profile collects nothing: the freeze starts after it.
     frozen_before = gc.get_freeze_count()
     with contextlib.ExitStack() as frozen:
-        if meter.device_kind == "cuda":
-            with clock("heap_freeze"):
-                gc.collect()
-            frozen.enter_context(gc_frozen())
-        with clock("vllm_profile"):
-            stock_kv = int(original(worker))  # vLLM's own figure, its own profile included
-        frozen.enter_context(gc_frozen())  # nested on CUDA: already frozen
+        stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)),
+                                          cuda=meter.device_kind == "cuda", clock=clock)
         log.debug("[wcprof] heap frozen until the held-memory measurement (%d objects were "
                   "frozen before)", frozen_before)
 

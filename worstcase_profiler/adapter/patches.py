@@ -160,10 +160,15 @@ PATCHES: tuple[Patch, ...] = (
         target="vllm.v1.worker.gpu_worker.Worker.determine_available_memory, "
                "vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory (overrides, no super)",
         what="calls the original (the stock figure), then runs the worst-case sweep and returns the "
-             "worst-case budget",
+             "worst-case budget; on CUDA the Python heap is frozen from before the original until "
+             "the held-memory measurement (engine.profile_on_frozen_heap), so the full collections "
+             "of vLLM's memory_profiling and of the profiler walk only new objects",
         why="the stock profile runs one max_num_batched_tokens step on an empty KV cache with no "
-            "attention metadata, so context-scaled memory is never seen (seed 002)",
-        versions="0.26 (GPU), 0.32 (CPU) verified; 0.33 by reading"),
+            "attention metadata, so context-scaled memory is never seen (seed 002); each full "
+            "collection of a vLLM process costs 0.3-0.5 s of every start (H200 runs 9 and 10)",
+        versions="0.26 (GPU), 0.32 (CPU) verified; 0.33 by reading. 0.26's V1 "
+                 "profile_cudagraph_memory unfreezes the heap inside the original (_freeze_gc): "
+                 "it is frozen again after it (unit-tested; not run on a GPU with V1 graphs)"),
     Patch(
         name="worker-kv-audit",
         target="vllm.v1.worker.gpu_worker.Worker.initialize_from_config (CPUWorker inherits it)",

@@ -1,0 +1,95 @@
+"""The frozen heap that keeps garbage collection off the start-up path (meters.gc_frozen, and the
+adapter's freeze around vLLM's own profile): what stays frozen, what is still collected, and that
+a freeze made by someone else, before or inside vLLM's profile, neither disables ours nor is
+undone by it."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import weakref
+
+from worstcase_profiler.adapter.engine import profile_on_frozen_heap
+from worstcase_profiler.meters import gc_frozen
+from worstcase_profiler.timing import PhaseTimer
+
+
+def test_gc_frozen_nests_and_never_undoes_someone_elses_freeze():
+    assert gc.get_freeze_count() == 0
+    with gc_frozen():
+        outer = gc.get_freeze_count()
+        assert outer > 0
+        with gc_frozen():
+            pass
+        assert gc.get_freeze_count() == outer  # the inner exit did not unfreeze the outer
+    assert gc.get_freeze_count() == 0
+    gc.freeze()  # someone froze part of the heap before us
+    try:
+        theirs = gc.get_freeze_count()
+        made_since = [[] for _ in range(1000)]
+        with gc_frozen():
+            assert gc.get_freeze_count() >= theirs + len(made_since)  # frozen all the same
+        assert gc.get_freeze_count() >= theirs  # theirs is not undone
+    finally:
+        gc.unfreeze()
+
+
+class _Node:
+    def __init__(self):
+        self.me = self  # a cycle: only the collector frees it
+
+
+def test_gc_frozen_keeps_old_garbage_and_collects_new():
+    ref = weakref.ref(_Node())
+    with gc_frozen():
+        gc.collect()
+        assert ref() is not None  # frozen garbage survives a full collection
+        young = weakref.ref(_Node())
+        gc.collect()
+        assert young() is None  # garbage made while frozen is collected
+    gc.collect()
+    assert ref() is None  # and the old garbage after unfreeze
+
+
+def _unfreezing_profile(seen: dict):
+    """Stands in for vLLM 0.26's V1 profile with CUDA graphs: _freeze_gc ends in
+    gc.unfreeze(); gc.collect()."""
+    def run() -> int:
+        seen["frozen_during_profile"] = gc.get_freeze_count()
+        gc.unfreeze()
+        gc.collect()
+        return 123
+    return run
+
+
+def test_cuda_profile_runs_on_a_frozen_heap_and_the_sweep_stays_frozen_after_vllm_unfreezes():
+    assert gc.get_freeze_count() == 0
+    old = weakref.ref(_Node())
+    seen: dict = {}
+    clock = PhaseTimer()
+    with contextlib.ExitStack() as stack:
+        assert profile_on_frozen_heap(stack, _unfreezing_profile(seen), cuda=True, clock=clock) == 123
+        assert old() is None  # collected before freezing: no garbage frozen
+        assert seen["frozen_during_profile"] > 0
+        assert gc.get_freeze_count() > 0  # frozen again after vLLM's unfreeze
+        young = weakref.ref(_Node())
+        gc.collect()
+        assert young() is None  # what the sweep makes is still collected
+    assert gc.get_freeze_count() == 0  # nothing was frozen before: all unfrozen
+    assert {"heap_freeze", "vllm_profile"} <= set(clock.seconds)
+
+
+def test_cpu_profile_runs_unfrozen_and_the_freeze_starts_after_it():
+    seen: dict = {}
+    clock = PhaseTimer()
+
+    def profile() -> int:
+        seen["frozen_during_profile"] = gc.get_freeze_count()
+        return 7
+
+    with contextlib.ExitStack() as stack:
+        assert profile_on_frozen_heap(stack, profile, cuda=False, clock=clock) == 7
+        assert seen["frozen_during_profile"] == 0
+        assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() == 0
+    assert "heap_freeze" not in clock.seconds  # the CPU profile collects nothing to save
