@@ -109,10 +109,13 @@ def device_bytes_held(worker, meter, gc_generation: int = 2, clock=None, phase: 
     (vLLM 0.32's total_consumed); CPU: RSS (what CPUWorker subtracts).
 
     Garbage is collected first so that cycles holding tensors do not count, and the allocator's
-    cache released. A full collection of a vLLM process walks every object; gc_generation=1 walks
-    only the young generations, enough right after a full one (the objects made since are young).
-    With a PhaseTimer, each part is timed as `<phase>.sync/.gc/.empty_cache` (on the H200 the
-    whole takes ~0.5 s after a sweep, 0.02 s after KV init; which part, not yet measured)."""
+    cache released. A full collection of an unfrozen vLLM process walks every object (0.45 s of
+    the 0.46 s this took on the H200, run 9; synchronize and empty_cache ~0.002 s): the engine
+    calls it on a frozen heap (engine.profile_on_frozen_heap), where it walks only new objects.
+    gc_generation=1 walks only the young generations, enough right after a full one. With a
+    PhaseTimer, each part is timed as `<phase>.sync/.gc/.empty_cache`. The DEBUG line compares
+    what empty_cache released with what the allocator's stats call releasable: equal in eager
+    runs, not after graph capture (run 11), so empty_cache stays."""
     if meter.device_kind == "cuda":
         import contextlib
         import gc
