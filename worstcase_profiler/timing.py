@@ -25,7 +25,6 @@ class PhaseTimer:
         self.seconds[name] = round(self.seconds.get(name, 0.0) + seconds, 4)
 
 
-
 def profiler_phases(phases: dict[str, float]) -> dict[str, float]:
     """The profiler's own top-level phases: not stock vLLM's (`vllm_*`) and not the parts of
     another phase (`a.b` is part of `a`). Their sum is what the profiler added to a start."""

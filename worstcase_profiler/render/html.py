@@ -10,8 +10,7 @@ from html import escape
 from typing import Any
 
 from worstcase_profiler.render.json_report import emit_text
-from worstcase_profiler.render.picture import (VERDICT_COLOURS, figure_bytes, shape_text,
-                                               stock_need, worst_need)
+from worstcase_profiler.render.picture import VERDICT_COLOURS, figure_bytes, shape_text
 from worstcase_profiler.report import Report
 from worstcase_profiler.sizes import fmt_bytes, fmt_tokens
 
@@ -65,8 +64,8 @@ def key_rows(report: Report) -> list[tuple[str, str, str, str]]:
                      fmt_bytes(wc.workspace_bytes),
                      _signed(wc.workspace_bytes - stock.workspace_bytes)))
     rows += [
-        ("step need (peak + workspace)", fmt_bytes(stock_need(report)),
-         fmt_bytes(worst_need(report)), _signed(worst_need(report) - stock_need(report))),
+        ("step need (peak + workspace)", fmt_bytes(stock.need_bytes), fmt_bytes(wc.need_bytes),
+         _signed(wc.need_bytes - stock.need_bytes)),
         ("KV cache bytes", fmt_bytes(adm.stock_kv_cache_bytes), fmt_bytes(adm.kv_cache_bytes),
          _signed(adm.kv_cache_bytes - adm.stock_kv_cache_bytes)),
         ("KV tokens", fmt_tokens(adm.kv_tokens_stock), fmt_tokens(adm.kv_tokens_worstcase),

@@ -173,14 +173,6 @@ def full_extent_prefill(report: Report) -> list[StepResult]:
     return [by_rows[r] for r in sorted(by_rows)]
 
 
-def stock_need(report: Report) -> int:
-    return report.stock.need_bytes
-
-
-def worst_need(report: Report) -> int:
-    return report.worstcase.need_bytes
-
-
 def short_model(name: str, limit: int = 48) -> str:
     """A local checkpoint directory by its last component; a hub id as it is."""
     if name.startswith(("/", "./", "../", "~")) and Path(name).name:
@@ -372,10 +364,10 @@ def _signed(n: int) -> str:
 
 
 def _draw_reference_lines(ax, report: Report) -> None:
-    ax.axhline(stock_need(report), color="#b2182b", linestyle="--", linewidth=1.4,
-               label=f"stock reserves {fmt_bytes(stock_need(report))} (profile peak + workspace)")
-    ax.axhline(worst_need(report), color="#1b7837", linestyle=":", linewidth=1.6,
-               label=f"worst-case reserves {fmt_bytes(worst_need(report))} (peak + workspace)")
+    ax.axhline(report.stock.need_bytes, color="#b2182b", linestyle="--", linewidth=1.4,
+               label=f"stock reserves {fmt_bytes(report.stock.need_bytes)} (profile peak + workspace)")
+    ax.axhline(report.worstcase.need_bytes, color="#1b7837", linestyle=":", linewidth=1.6,
+               label=f"worst-case reserves {fmt_bytes(report.worstcase.need_bytes)} (peak + workspace)")
 
 
 def _draw_rows(ax, report: Report) -> None:
@@ -449,7 +441,7 @@ def _draw_context(ax, report: Report) -> None:
     if adm.stock_oom_context_len is not None:
         ax.axvline(adm.stock_oom_context_len, color="#b2182b", linewidth=1.2)
         ax.annotate(f"stock runs out at ctx {fmt_tokens(adm.stock_oom_context_len)}",
-                    xy=(adm.stock_oom_context_len, stock_need(report)), xytext=(8, 10),
+                    xy=(adm.stock_oom_context_len, report.stock.need_bytes), xytext=(8, 10),
                     textcoords="offset points", color="#b2182b", fontsize=9.5,
                     fontweight="bold")
     else:
@@ -465,7 +457,7 @@ def _draw_context(ax, report: Report) -> None:
 
 def _finish_step_axes(ax, report: Report, xlabel: str, xmax: int, extra=()) -> None:
     lo, hi = ax.get_ylim()
-    top = max(hi, worst_need(report), stock_need(report)) * 1.12
+    top = max(hi, report.worstcase.need_bytes, report.stock.need_bytes) * 1.12
     # a band below zero for the rows coverage strip, so it never hides a measurement
     ax.set_ylim(-0.07 * top if extra else 0, top)
     _byte_axis(ax.yaxis)
