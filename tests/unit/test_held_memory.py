@@ -42,3 +42,19 @@ def test_sub_phases_are_timed_under_the_phase_name(fake_cuda):
     assert fake_cuda == ["sync", "gc1", "empty_cache"]
     assert set(clock.seconds) == {"measure_after_kv.sync", "measure_after_kv.gc",
                                   "measure_after_kv.empty_cache"}
+
+
+def test_the_empty_cache_diagnostic_is_read_only_when_debug_is_on(fake_cuda, monkeypatch, caplog):
+    frees = iter([(29 * GiB, 140 * GiB), (30 * GiB, 140 * GiB)])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: next(frees))
+    stats = {"reserved_bytes.all.current": 5 * GiB, "allocated_bytes.all.current": 3 * GiB,
+             "inactive_split_bytes.all.current": 1 * GiB}
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda *a: fake_cuda.append("stats") or stats)
+    meter = SimpleNamespace(device_kind="cuda")
+    assert device_bytes_held(_worker(), meter) == 71 * GiB  # one free read: the one after emptying
+    assert "stats" not in fake_cuda
+    frees = iter([(29 * GiB, 140 * GiB), (30 * GiB, 140 * GiB)])
+    caplog.set_level("DEBUG", logger="vllm.wcprof")
+    assert device_bytes_held(_worker(), meter, phase="measure_held") == 70 * GiB
+    assert f"measure_held: empty_cache released {GiB} B; the allocator's stats called {GiB} B" \
+        in caplog.text

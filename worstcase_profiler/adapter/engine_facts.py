@@ -128,15 +128,19 @@ def device_bytes_held(worker, meter, gc_generation: int = 2, clock=None, phase: 
             torch.cuda.synchronize()
         with part("gc"):
             gc.collect(gc_generation)
-        stats = torch.cuda.memory_stats()
-        releasable = (stats.get("reserved_bytes.all.current", 0) - stats.get("allocated_bytes.all.current", 0)
-                      - stats.get("inactive_split_bytes.all.current", 0))
-        free_before, _ = torch.cuda.mem_get_info()
+        debug = log.isEnabledFor(logging.DEBUG)
+        if debug:  # a diagnostic only: the allocator's stats and one more free-memory read
+            stats = torch.cuda.memory_stats()
+            releasable = (stats.get("reserved_bytes.all.current", 0)
+                          - stats.get("allocated_bytes.all.current", 0)
+                          - stats.get("inactive_split_bytes.all.current", 0))
+            free_before, _ = torch.cuda.mem_get_info()
         with part("empty_cache"):
             torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info()
-        log.debug("[wcprof] %s: empty_cache released %d B; the allocator's stats called %d B "
-                  "releasable", phase or "held", free - free_before, releasable)
+        if debug:
+            log.debug("[wcprof] %s: empty_cache released %d B; the allocator's stats called %d B "
+                      "releasable", phase or "held", free - free_before, releasable)
         init = getattr(worker, "init_snapshot", None)
         return int(init.free_memory - free) if init is not None else meter.consumed()
     return meter.in_use()
