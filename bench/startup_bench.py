@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,8 +64,8 @@ def child(a) -> int:
     out = {"mode": a.mode, "import_s": import_s, "boot_s": boot_s,
            "kv_blocks": int(llm.llm_engine.vllm_config.cache_config.num_gpu_blocks or 0)}
     if report.exists():
-        wc = json.loads(report.read_text())["worstcase"]
-        phases = json.loads(report.read_text()).get("startup_seconds") or {}
+        written = json.loads(report.read_text())
+        wc, phases = written["worstcase"], written.get("startup_seconds") or {}
         out.update(cache=(wc.get("cache") or {}).get("status"), sweep_s=wc["seconds"],
                    replay_s=(wc.get("cache") or {}).get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
@@ -121,7 +122,8 @@ def main() -> int:
         order = ["stock", "worstcase-cold", "worstcase-warm"]
         order += ["stock", "worstcase-warm"] * (max(1, a.repeat) - 1)
         runs = [run_mode(a, model, mode, cache_dir, passthrough) for mode in order]
-        stock = _median([r["boot_s"] for r in runs if r["mode"] == "stock" and "boot_s" in r])
+        stocks = [r["boot_s"] for r in runs if r["mode"] == "stock" and "boot_s" in r]
+        stock = statistics.median(stocks) if stocks else None
         for r in runs:
             if stock and r.get("boot_s"):
                 r["boot_ratio_to_stock"] = r["boot_s"] / stock
@@ -140,14 +142,6 @@ def main() -> int:
     return 0 if all("error" not in r for res in results["models"].values() for r in res["runs"]) else 1
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(xs)
-    if not xs:
-        return None
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-
-
 def _medians(runs: list[dict], stock: float | None) -> dict:
     """Per mode: the median boot, its ratio to stock's median and extra seconds, the profiler's
     own seconds and its phases (median each), largest first."""
@@ -156,11 +150,12 @@ def _medians(runs: list[dict], stock: float | None) -> dict:
         ok = [r for r in runs if r["mode"] == mode and "boot_s" in r]
         if not ok or not stock:
             continue
-        boot = _median([r["boot_s"] for r in ok])
+        boot = statistics.median([r["boot_s"] for r in ok])
         names = {k for r in ok for k in (r.get("startup_seconds") or {})}
-        phases = {k: _median([(r.get("startup_seconds") or {}).get(k, 0.0) for r in ok]) for k in names}
+        phases = {k: statistics.median([(r.get("startup_seconds") or {}).get(k, 0.0) for r in ok])
+                  for k in names}
         out[mode] = {"n": len(ok), "boot_s": boot, "ratio": boot / stock, "extra_s": boot - stock,
-                     "profiler_s": _median([r.get("profiler_s", 0.0) for r in ok]),
+                     "profiler_s": statistics.median([r.get("profiler_s", 0.0) for r in ok]),
                      "cache": ok[-1].get("cache"),
                      "phases": sorted(phases.items(), key=lambda kv: -kv[1])}
     return out
