@@ -38,9 +38,11 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, engine_env, gib, md_table
+
 MODELS = ROOT / "tests" / "gpu" / "models"
 LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
 FIXTURES = ROOT / "plugins" / "wcp_fixtures"
@@ -67,7 +69,6 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]]
 V2_EVIDENCE = "[wcprof] V2 context injected"
 RESTART_HINT = "start again with the same config"
-GiB = 1 << 30
 
 
 def _cli_argv(name: str, out: Path) -> list[str]:
@@ -76,11 +77,9 @@ def _cli_argv(name: str, out: Path) -> list[str]:
 
 
 def _env(name: str) -> dict[str, str]:
-    env = dict(os.environ)
+    env = engine_env(**NO_MULTICAST)
     env.pop("VLLM_USE_V2_MODEL_RUNNER", None)  # "default" means default
-    env.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1"})
     env.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
-    env.update(NO_MULTICAST)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(FIXTURES),
                                          *filter(None, [env.get("PYTHONPATH")])])
     env.update(CASES[name][2])
@@ -163,6 +162,17 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
     if report is None:
         put("report_written", False, "no report JSON")
         return checks
+    _check_report(report, name, put)
+    tp = tp_size(name)
+    if tp > 1:
+        _check_ranks(report, tp, put)
+    _check_v2_context(report, log_text, put)
+    return checks
+
+
+def _check_report(report: dict, name: str, put) -> None:
+    """The case's own report: worst >= stock, validated within the prediction, every rows value
+    covered, the fixture's scratch found, the runner and eager mode asked for."""
     wc, st, val = report["worstcase"], report["stock"], report.get("validation")
     put("worst_ge_stock", wc["peak_activation_bytes"] >= st["peak_activation_bytes"],
         f"worst {wc['peak_activation_bytes']} vs stock {st['peak_activation_bytes']}")
@@ -176,19 +186,20 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
     if name == "scratch":  # seed 002: the scratch grows with KV extent, which stock never runs
         put("stock_misses_the_scratch", st["workspace_bytes"] < wc["workspace_bytes"],
             f"workspace stock {st['workspace_bytes']} vs worst-case {wc['workspace_bytes']}")
-    runner = report["runner"]["runner"]
-    want = CASES[name][3]
+    runner, want = report["runner"]["runner"], CASES[name][3]
     if want is not None:
         put("runner_kind", runner == want, f"{runner} (want {want})")
     put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in CASES[name][1]),
         f"enforce_eager={report['config']['enforce_eager']}")
-    tp = tp_size(name)
-    if tp > 1:
-        _check_ranks(report, tp, put)
-    if runner == "v2" and str(report.get("vllm_version", "")).startswith("0.26"):
-        put("v2_context_injected", V2_EVIDENCE in log_text, "log line present" if V2_EVIDENCE in
-            log_text else f"no '{V2_EVIDENCE}' in the log (context not injected?)")
-    return checks
+
+
+def _check_v2_context(report: dict, log_text: str, put) -> None:
+    """vLLM 0.26's V2 runner: the log shows that the sweep's steps carried KV context."""
+    if report["runner"]["runner"] != "v2" or not str(report.get("vllm_version", "")).startswith("0.26"):
+        return
+    seen = V2_EVIDENCE in log_text
+    put("v2_context_injected", seen,
+        "log line present" if seen else f"no '{V2_EVIDENCE}' in the log (context not injected?)")
 
 
 def flag_value(name: str, flag: str, default: int | None = None) -> int:
@@ -210,35 +221,77 @@ def _check_ranks(report: dict, tp: int, put) -> None:
         f"ranks {[r['rank'] for r in ranks]} (want 0..{tp - 1})")
     if not ranks:
         return
+    for key, check in (("same_steps_on_every_rank", _same_steps), ("plan_fingerprints_agree", _fingerprints),
+                       ("every_rank_validated", _ranks_validated), ("every_rank_kv_audit_ok", _ranks_kv_ok)):
+        put(key, *check(ranks, tp))
+
+
+def _same_steps(ranks: list[dict], tp: int) -> tuple[bool, str]:
     steps = {r["rank"]: [s["shape"] for s in r["worstcase"]["steps"]] for r in ranks}
+    return len({json.dumps(v) for v in steps.values()}) == 1, f"{ {k: len(v) for k, v in steps.items()} } steps"
+
+
+def _fingerprints(ranks: list[dict], tp: int) -> tuple[bool, str]:
+    """Every rank saw tp equal fingerprints, and every rank saw the same ones."""
     prints = {r["rank"]: r["worstcase"]["plan_fingerprints"] for r in ranks}
-    put("same_steps_on_every_rank", len({json.dumps(v) for v in steps.values()}) == 1,
-        f"{ {k: len(v) for k, v in steps.items()} } steps")
-    put("plan_fingerprints_agree", all(len(set(p)) == 1 and len(p) == tp for p in prints.values())
-        and len({tuple(p) for p in prints.values()}) == 1, json.dumps(prints))
+    each = all(len(set(p)) == 1 and len(p) == tp for p in prints.values())
+    return each and len({tuple(p) for p in prints.values()}) == 1, json.dumps(prints)
+
+
+def _ranks_validated(ranks: list[dict], tp: int) -> tuple[bool, str]:
     vals = {r["rank"]: r.get("validation") for r in ranks}
-    put("every_rank_validated", all(v is not None and v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
-                                    for v in vals.values()),
-        "; ".join(f"rank {k}: " + (f"{v['measured_peak_bytes']}/{v['predicted_peak_bytes']}" if v else "none")
-                  for k, v in vals.items()))
-    put("every_rank_kv_audit_ok", all((r.get("kv_audit") or {}).get("verdict") == "ok" for r in ranks),
-        "; ".join(f"rank {r['rank']}: {(r.get('kv_audit') or {}).get('verdict')}" for r in ranks))
+    ok = all(v is not None and v["measured_peak_bytes"] <= v["predicted_peak_bytes"] for v in vals.values())
+    return ok, "; ".join(f"rank {k}: " + (f"{v['measured_peak_bytes']}/{v['predicted_peak_bytes']}" if v else "none")
+                         for k, v in vals.items())
 
 
-def _summary_row(c: dict) -> str:
+def _ranks_kv_ok(ranks: list[dict], tp: int) -> tuple[bool, str]:
+    verdicts = [(r["rank"], (r.get("kv_audit") or {}).get("verdict")) for r in ranks]
+    return all(v == "ok" for _, v in verdicts), "; ".join(f"rank {k}: {v}" for k, v in verdicts)
+
+
+SUMMARY_HEADERS = ["case", "status", "rc", "runner", "backends", "stock peak GiB", "worst peak GiB",
+                   "worst shape (kind rows/ctx)", "validation measured / predicted GiB",
+                   "post-profile GiB", "steps", "import s", "run s", "failed checks"]
+RANK_HEADERS = ["case", "rank", "stock peak GiB", "worst peak GiB", "KV budget GiB",
+                "validation measured / predicted GiB", "ratio", "plan fingerprint"]
+
+
+def _gib_or_dash(b) -> str:
+    return gib(b) if isinstance(b, int) else "-"
+
+
+def _summary_cells(c: dict) -> list:
     r = c.get("report") or {}
-    wc, st, val = r.get("worstcase") or {}, r.get("stock") or {}, r.get("validation") or {}
-    g = lambda b: f"{b / GiB:.3f}" if isinstance(b, int) else "-"  # noqa: E731
-    shape = (wc.get("worst_shape") or {})
-    return "| " + " | ".join([
-        c["case"], c["status"], str(c.get("rc")), (r.get("runner") or {}).get("runner", "-"),
-        ",".join((r.get("runner") or {}).get("attention_backends", [])) or "-",
-        g(st.get("peak_activation_bytes")), g(wc.get("peak_activation_bytes")),
-        f"{shape.get('kind', '-')} {shape.get('rows', '')}/{shape.get('context_len', '')}",
-        f"{g(val.get('measured_peak_bytes'))} / {g(val.get('predicted_peak_bytes'))}",
-        g(wc.get("post_profile_bytes")), str(wc.get("shapes_executed", "-")),
-        f"{c.get('import_s', '-')}", f"{c.get('run_s', '-')}",
-        ", ".join(k for k, v in c.get("checks", {}).items() if not v["ok"]) or "-"]) + " |"
+    wc, st = r.get("worstcase") or {}, r.get("stock") or {}
+    runner = r.get("runner") or {}
+    return [c["case"], c["status"], c.get("rc"), runner.get("runner", "-"),
+            ",".join(runner.get("attention_backends", [])) or "-",
+            _gib_or_dash(st.get("peak_activation_bytes")), _gib_or_dash(wc.get("peak_activation_bytes")),
+            _shape_cell(wc.get("worst_shape") or {}), _validation_cell(r.get("validation") or {}),
+            _gib_or_dash(wc.get("post_profile_bytes")), wc.get("shapes_executed", "-"),
+            c.get("import_s", "-"), c.get("run_s", "-"),
+            ", ".join(_failed(c.get("checks", {}))) or "-"]
+
+
+def _failed(checks: dict) -> list[str]:
+    return [k for k, v in checks.items() if not v["ok"]]
+
+
+def _shape_cell(shape: dict) -> str:
+    return f"{shape.get('kind', '-')} {shape.get('rows', '')}/{shape.get('context_len', '')}"
+
+
+def _validation_cell(val: dict) -> str:
+    return f"{_gib_or_dash(val.get('measured_peak_bytes'))} / {_gib_or_dash(val.get('predicted_peak_bytes'))}"
+
+
+def _rank_cells(name: str, r: dict) -> list:
+    v, fps = r.get("validation") or {}, r["worstcase"]["plan_fingerprints"]
+    return [name, r["rank"], gib(r["stock"]["peak_activation_bytes"]),
+            gib(r["worstcase"]["peak_activation_bytes"]), gib(r["admission"]["budget_bytes"]),
+            f"{gib(v.get('measured_peak_bytes', 0))} / {gib(v.get('predicted_peak_bytes', 0))}",
+            f"{v.get('ratio', float('nan')):.3f}", fps[r["rank"]] if r["rank"] < len(fps) else "-"]
 
 
 def _write_summary(out: Path, summary: dict, mirror: Path | None = None) -> None:
@@ -248,25 +301,13 @@ def _write_summary(out: Path, summary: dict, mirror: Path | None = None) -> None
 
 def _write_summary_to(out: Path, summary: dict) -> None:
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    head = ("| case | status | rc | runner | backends | stock peak GiB | worst peak GiB | worst shape "
-            "(kind rows/ctx) | validation measured / predicted GiB | post-profile GiB | steps | "
-            "import s | run s | failed checks |")
     lines = [f"# wcprof GPU suite ({summary.get('vllm_version', '?')}, wall {summary['wall_s']:.0f}s"
-             f" of {summary['budget_s']:.0f}s budget)", "", head, "|" + "---|" * 14]
-    lines += [_summary_row(c) for c in summary["cases"]]
-    tp_rows = [(c["case"], r) for c in summary["cases"] for r in ((c.get("report") or {}).get("ranks") or [])]
-    if tp_rows:
-        lines += ["", "| case | rank | stock peak GiB | worst peak GiB | KV budget GiB | validation "
-                  "measured / predicted GiB | ratio | plan fingerprint |", "|" + "---|" * 8]
-        for name, r in tp_rows:
-            v = r.get("validation") or {}
-            fps = r["worstcase"]["plan_fingerprints"]
-            fingerprint = fps[r["rank"]] if r["rank"] < len(fps) else "-"
-            lines.append(f"| {name} | {r['rank']} | {r['stock']['peak_activation_bytes'] / GiB:.3f} | "
-                         f"{r['worstcase']['peak_activation_bytes'] / GiB:.3f} | "
-                         f"{r['admission']['budget_bytes'] / GiB:.3f} | "
-                         f"{v.get('measured_peak_bytes', 0) / GiB:.3f} / {v.get('predicted_peak_bytes', 0) / GiB:.3f} | "
-                         f"{v.get('ratio', float('nan')):.3f} | {fingerprint} |")
+             f" of {summary['budget_s']:.0f}s budget)", "",
+             md_table(SUMMARY_HEADERS, [_summary_cells(c) for c in summary["cases"]])]
+    rank_rows = [_rank_cells(c["case"], r) for c in summary["cases"]
+                 for r in ((c.get("report") or {}).get("ranks") or [])]
+    if rank_rows:
+        lines += ["", md_table(RANK_HEADERS, rank_rows)]
     if summary.get("error"):
         lines += ["", f"**error:** {summary['error']}"]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
@@ -284,11 +325,135 @@ def _entrypoint_problem() -> str | None:
     eps = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "worstcase_profiler"]
     if not eps:
         return ("no vllm.general_plugins entry point 'worstcase_profiler': run "
-                "`python3 bench/install_entrypoint.py --target <a dir on PYTHONPATH>` first")
+                "`python3 staging/install_entrypoint.py --target <a dir on PYTHONPATH>` first")
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+@dataclass
+class Attempt:
+    """One start of a case, finished: its process, exit code, end time and log."""
+    run: Run
+    rc: int
+    t_end: float
+    log_text: str
+
+    @classmethod
+    def wait(cls, run: Run, timeout: float) -> Attempt:
+        rc = run.wait(timeout)
+        return cls(run, rc, time.time(), run.log_path.read_text(errors="replace"))
+
+
+def _case_record(name: str, out: Path, att: Attempt, first_start: dict | None) -> dict:
+    """summary.json's entry for a case that ran: its checks, timings and full report."""
+    rpath = out / f"{name}.json"
+    report = json.loads(rpath.read_text()) if rpath.exists() and att.rc != 124 else None
+    checks = _check(report, name, att.rc, att.log_text)
+    ok = all(c["ok"] for c in checks.values())
+    import_s, cuda_initialized = _import_info(att.log_text)
+    case = {"case": name, "status": "pass" if ok else ("timeout" if att.rc == 124 else "fail"),
+            "rc": att.rc, "cli_argv": _cli_argv(name, out), "env": CASES[name][2],
+            "import_s": import_s, "run_s": round(att.t_end - att.run.t_go, 1),
+            "cuda_initialized_at_import": cuda_initialized, "checks": checks,
+            "first_start": first_start,
+            "v2_injection_lines": [ln for ln in att.log_text.splitlines() if V2_EVIDENCE in ln][:3],
+            "report": report}
+    if not ok:
+        case["log_tail"] = att.log_text.splitlines()[-80:]
+    return case
+
+
+class Suite:
+    """The requested cases one after the other within the budget; while one runs, the next
+    case's process is started and waits, imports done (unless --no-prespawn)."""
+
+    def __init__(self, a: argparse.Namespace):
+        self.a = a
+        self.t_start = time.time()
+        self.deadline = self.t_start + a.budget_s
+        self.summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                        "budget_s": a.budget_s, "prespawn": not a.no_prespawn, "python": a.python,
+                        "cases": [], "wall_s": 0.0}
+        self.pending: Run | None = None
+
+    def left(self) -> float:
+        return self.deadline - time.time()
+
+    def write(self) -> None:
+        _write_summary(self.a.out, self.summary, self.a.mirror)
+
+    def spawn(self, name: str, prespawn: bool) -> Run:
+        return Run(name, self.a.out, self.a.python, prespawn)
+
+    def run(self) -> int:
+        problem = _entrypoint_problem()
+        if problem:
+            self.summary.update(error=problem, all_passed=False)
+            self.write()
+            print(f"[suite] {problem}", flush=True)
+            return 2
+        for i, name in enumerate(self.a.names):
+            left = self.left()
+            if left < self.a.min_case_s:
+                self.skip(name, left)
+            else:
+                self.record(self.run_case(i, name, left))
+        if self.pending is not None:
+            self.pending.kill()
+        cases = self.summary["cases"]
+        self.summary["wall_s"] = time.time() - self.t_start
+        self.summary["all_passed"] = bool(cases) and all(c["status"] == "pass" for c in cases)
+        self.write()
+        print((self.a.out / "summary.md").read_text(), flush=True)
+        return 0 if self.summary["all_passed"] else 1
+
+    def skip(self, name: str, left: float) -> None:
+        if self.pending is not None and self.pending.name == name:
+            self.pending.kill()
+            self.pending = None
+        self.summary["cases"].append({"case": name, "status": "skipped", "rc": None, "checks": {},
+                                      "detail": f"only {left:.0f}s of the budget left"})
+        print(f"[suite] {name}: skipped, {left:.0f}s left", flush=True)
+
+    def start(self, i: int, name: str) -> Run:
+        """The case's process (the prespawned one if any) gets its go; the next case's starts."""
+        run = self.pending if self.pending is not None else self.spawn(name, not self.a.no_prespawn)
+        self.pending = None
+        run.go()
+        if not self.a.no_prespawn and i + 1 < len(self.a.names):
+            self.pending = self.spawn(self.a.names[i + 1], True)
+        return run
+
+    def run_case(self, i: int, name: str, left: float) -> dict:
+        run = self.start(i, name)
+        limit = min(self.a.case_timeout_s, left)
+        print(f"[suite] {name}: started (limit {limit:.0f}s)", flush=True)
+        att = Attempt.wait(run, limit)
+        first_start = None
+        if att.rc == 3 and RESTART_HINT in att.log_text and self.left() > self.a.min_case_s:
+            first_start = {"rc": att.rc, "log_tail": att.log_text.splitlines()[-15:]}
+            att = self.restart(name, run)
+        return _case_record(name, self.a.out, att, first_start)
+
+    def restart(self, name: str, run: Run) -> Attempt:
+        """The warm-up audit failed the start and cached what warm-up kept (CUDA graphs on a
+        runner that estimates them as 0): a restart with the same config subtracts it."""
+        print(f"[suite] {name}: warm-up audit failed the first start; restarting", flush=True)
+        run.log_path.rename(run.log_path.with_suffix(".first.log"))
+        again = self.spawn(name, False)
+        again.go()
+        return Attempt.wait(again, min(self.a.case_timeout_s, self.left()))
+
+    def record(self, case: dict) -> None:
+        self.summary["cases"].append(case)
+        if case["report"] and "vllm_version" not in self.summary:
+            self.summary["vllm_version"] = case["report"].get("vllm_version")
+        self.summary["wall_s"] = time.time() - self.t_start
+        self.write()
+        print(f"[suite] {case['case']}: {case['status']} rc={case['rc']} in {case['run_s']}s "
+              f"(import {case['import_s'] or '?'}s) {_failed(case['checks'])}", flush=True)
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("cases", nargs="*", help=f"default: {' '.join(DEFAULT_CASES)}; also: "
                                           f"{' '.join(n for n in CASES if n not in DEFAULT_CASES)}")
@@ -301,80 +466,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mirror", type=Path, default=None,
                    help="also write summary.json/.md here after every case (e.g. $OUT)")
     a = p.parse_args(argv)
-    names = a.cases or list(DEFAULT_CASES)
-    unknown = [n for n in names if n not in CASES]
+    a.names = a.cases or list(DEFAULT_CASES)
+    unknown = [n for n in a.names if n not in CASES]
     if unknown:
         p.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    t_start = time.time()
-    deadline = t_start + a.budget_s
-    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "budget_s": a.budget_s,
-               "prespawn": not a.no_prespawn, "python": a.python, "cases": [], "wall_s": 0.0}
-    problem = _entrypoint_problem()
-    if problem:
-        summary.update(error=problem, all_passed=False)
-        _write_summary(a.out, summary, a.mirror)
-        print(f"[suite] {problem}", flush=True)
-        return 2
-    pending: Run | None = None
-    for i, name in enumerate(names):
-        left = deadline - time.time()
-        if left < a.min_case_s:
-            if pending is not None and pending.name == name:
-                pending.kill()
-                pending = None
-            summary["cases"].append({"case": name, "status": "skipped", "rc": None, "checks": {},
-                                     "detail": f"only {left:.0f}s of the budget left"})
-            print(f"[suite] {name}: skipped, {left:.0f}s left", flush=True)
-            continue
-        run = pending if pending is not None else Run(name, a.out, a.python, not a.no_prespawn)
-        pending = None
-        run.go()
-        if not a.no_prespawn and i + 1 < len(names):
-            pending = Run(names[i + 1], a.out, a.python, True)
-        print(f"[suite] {name}: started (limit {min(a.case_timeout_s, left):.0f}s)", flush=True)
-        rc = run.wait(min(a.case_timeout_s, left))
-        t_end = time.time()
-        log_text = run.log_path.read_text(errors="replace")
-        first_start = None
-        if rc == 3 and RESTART_HINT in log_text and deadline - time.time() > a.min_case_s:
-            # The warm-up audit failed the start and cached what warm-up kept (CUDA graphs on a
-            # runner that estimates them as 0): a restart with the same config subtracts it.
-            first_start = {"rc": rc, "log_tail": log_text.splitlines()[-15:]}
-            print(f"[suite] {name}: warm-up audit failed the first start; restarting", flush=True)
-            run.log_path.rename(run.log_path.with_suffix(".first.log"))
-            run = Run(name, a.out, a.python, False)
-            run.go()
-            rc = run.wait(min(a.case_timeout_s, deadline - time.time()))
-            t_end = time.time()
-            log_text = run.log_path.read_text(errors="replace")
-        rpath = a.out / f"{name}.json"
-        report = json.loads(rpath.read_text()) if rpath.exists() and rc != 124 else None
-        checks = _check(report, name, rc, log_text)
-        ok = all(c["ok"] for c in checks.values())
-        case = {"case": name, "status": "pass" if ok else ("timeout" if rc == 124 else "fail"),
-                "rc": rc, "cli_argv": _cli_argv(name, a.out), "env": CASES[name][2],
-                "import_s": _import_info(log_text)[0], "run_s": round(t_end - run.t_go, 1),
-                "cuda_initialized_at_import": _import_info(log_text)[1],
-                "checks": checks, "first_start": first_start, "v2_injection_lines": [ln for ln in log_text.splitlines()
-                                                         if V2_EVIDENCE in ln][:3],
-                "report": report}
-        if not ok:
-            case["log_tail"] = log_text.splitlines()[-80:]
-        summary["cases"].append(case)
-        if report and "vllm_version" not in summary:
-            summary["vllm_version"] = report.get("vllm_version")
-        summary["wall_s"] = time.time() - t_start
-        _write_summary(a.out, summary, a.mirror)
-        print(f"[suite] {name}: {case['status']} rc={rc} in {case['run_s']}s "
-              f"(import {case['import_s'] or '?'}s) {[k for k, v in checks.items() if not v['ok']]}", flush=True)
-    if pending is not None:
-        pending.kill()
-    summary["wall_s"] = time.time() - t_start
-    summary["all_passed"] = bool(summary["cases"]) and all(c["status"] == "pass" for c in summary["cases"])
-    _write_summary(a.out, summary, a.mirror)
-    print((a.out / "summary.md").read_text(), flush=True)
-    return 0 if summary["all_passed"] else 1
+    return Suite(a).run()
 
 
 if __name__ == "__main__":

@@ -30,10 +30,10 @@ import sys
 import time
 import traceback
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import error_line, worstcase_config, write_json
 
 
-def main() -> int:
+def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--kv-cache-dtype", default="auto")
@@ -51,37 +51,25 @@ def main() -> int:
     p.add_argument("--replay-worst", action="store_true",
                    help="after the soak, replay the report's worst shape with real requests")
     p.add_argument("--out", required=True)
-    a = p.parse_args()
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if a.runner != "default":
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if a.runner == "v2" else "0"
-    import torch
+    return p.parse_args()
 
-    result: dict = {"mode": a.mode, "model": os.path.basename(a.model.rstrip("/")),
-                    "kv_cache_dtype": a.kv_cache_dtype, "util": a.util, "slack_bytes": a.slack_mib << 20,
-                    "served": 0, "error": None, "command": " ".join(sys.argv),
-                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-                    "runner_env": a.runner, "graphs": a.graphs}
 
-    def dump() -> None:
-        tmp = a.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=2)
-        os.replace(tmp, a.out)
-
+def _hold_card(torch, a, result: dict):
+    """The ballast: leaves free exactly what --util requests plus --slack-mib."""
     free, total = torch.cuda.mem_get_info()
     requested = int(total * a.util) + 1
     ballast_bytes = free - requested - (a.slack_mib << 20)
     ballast = torch.empty(ballast_bytes, dtype=torch.uint8, device="cuda")
     result.update(total_bytes=total, requested_bytes=requested, ballast_bytes=ballast_bytes,
                   free_after_ballast=torch.cuda.mem_get_info()[0])
-    from vllm import LLM, SamplingParams
+    return ballast
 
-    extra = {}
-    report_path = a.out.replace(".json", ".report.json")
-    if a.mode == "worstcase":
-        extra["additional_config"] = {"worstcase_profiler": {"profiler": "worstcase",
-                                                              "json_path": report_path}}
+
+def _start_engine(a, report_path: str, result: dict):
+    """The engine on the held card (None when it did not start: the error is in result)."""
+    from vllm import LLM
+
+    extra = {"additional_config": worstcase_config(report_path)} if a.mode == "worstcase" else {}
     t0 = time.perf_counter()
     try:
         llm = LLM(model=a.model, load_format="dummy", skip_tokenizer_init=True, enforce_eager=not a.graphs,
@@ -89,15 +77,33 @@ def main() -> int:
                   gpu_memory_utilization=a.util, kv_cache_dtype=a.kv_cache_dtype, seed=0,
                   enable_prefix_caching=True, **extra)
     except Exception as e:  # noqa: BLE001
-        result["error"] = f"engine start: {type(e).__name__}: {str(e).splitlines()[0][:400]}"
+        result["error"] = f"engine start: {error_line(e)}"
         result["error_full"] = "".join(traceback.format_exception_only(type(e), e))[-2000:]
-        dump()
-        return 1
+        return None
     result["boot_s"] = time.perf_counter() - t0
     worker = llm.llm_engine.model_executor.driver_worker.worker
     result["predicted_peak_bytes"] = int(worker.peak_activation_memory)
     result["kv_tokens"] = int(worker.model_runner.kv_cache_config.num_blocks) * int(
         llm.llm_engine.vllm_config.cache_config.block_size)
+    return llm
+
+
+def _soak_batch(prefix: list[int], start: int, a, vocab: int) -> list[dict]:
+    """Requests start.. of the soak: the prefix plus a new chunk of rows near the chunk size."""
+    room = a.max_model_len - a.prefix - 4
+    batch = []
+    for i in range(start, min(a.soak, start + a.batch)):
+        n = max(1, min(room, a.mnbt - (i * 37) % 512))  # rows vary near the chunk size
+        batch.append({"prompt_token_ids": prefix + [(i * 131 + j) % (vocab - 1) + 1 for j in range(n)]})
+    return batch
+
+
+def _soak(llm, a, result: dict, dump) -> int:
+    """The traffic (see the module docstring); the soak's peak above the post-boot baseline.
+    Returns that baseline."""
+    import torch
+    from vllm import SamplingParams
+
     vocab = llm.llm_engine.model_config.get_vocab_size()
     prefix = [(i * 7919) % (vocab - 1) + 1 for i in range(a.prefix)]
     params = SamplingParams(max_tokens=2, ignore_eos=True)
@@ -110,13 +116,8 @@ def main() -> int:
     try:
         llm.generate([{"prompt_token_ids": prefix + [1] * 64}], params, use_tqdm=False)
         result["served"] = 1
-        room = a.max_model_len - a.prefix - 4
         for start in range(0, a.soak, a.batch):
-            batch = []
-            for i in range(start, min(a.soak, start + a.batch)):
-                n = max(1, min(room, a.mnbt - (i * 37) % 512))  # rows vary near the chunk size
-                batch.append({"prompt_token_ids": prefix + [(i * 131 + j) % (vocab - 1) + 1
-                                                            for j in range(n)]})
+            batch = _soak_batch(prefix, start, a, vocab)
             llm.generate(batch, params, use_tqdm=False)
             result["served"] += len(batch)
             result["traffic_s"] = time.perf_counter() - t1
@@ -127,73 +128,122 @@ def main() -> int:
         result["error"] = f"{type(e).__name__}: {lines[0][:500] if lines else ''}"
     torch.cuda.synchronize()
     result["traffic_s"] = time.perf_counter() - t1
-    result["measured_peak_bytes"] = soak_peak = int(torch.cuda.max_memory_allocated() - base)
-    result["soak_peak_bytes"] = soak_peak
+    result["measured_peak_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+    result["soak_peak_bytes"] = result["measured_peak_bytes"]
+    return base
+
+
+def _from_report(result: dict, report_path: str) -> None:
+    """The worst-case report's prediction, stock figure, sweep time, cache and worst shape."""
+    if not os.path.exists(report_path):
+        return
+    rep = json.load(open(report_path))
+    wc = rep["worstcase"]
+    result.update(predicted_peak_bytes=wc["peak_activation_bytes"], workspace_bytes=wc["workspace_bytes"],
+                  stock_peak_bytes=rep["stock"]["peak_activation_bytes"], sweep_s=wc["seconds"],
+                  cache=wc.get("cache"), worst_shape=wc["worst_shape"])
+
+
+def _ratios(result: dict) -> None:
+    pred = result.get("predicted_peak_bytes")
+    if not pred:
+        return
+    result["ratio_measured_over_predicted"] = result["measured_peak_bytes"] / pred
+    if result.get("replay_peak_bytes"):
+        result["ratio_predicted_over_replay"] = pred / result["replay_peak_bytes"]
+
+
+def _replay_after_soak(llm, a, result: dict, base: int, report_path: str) -> None:
+    replay_worst(llm, json.load(open(report_path)), llm.llm_engine.model_config.get_vocab_size(),
+                 result, base, a)
+    result["measured_peak_bytes"] = max(result["soak_peak_bytes"], result.get("replay_peak_bytes") or 0)
+
+
+def main() -> int:
+    a = _parse()
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if a.runner != "default":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1" if a.runner == "v2" else "0"
+    import torch
+
+    result: dict = {"mode": a.mode, "model": os.path.basename(a.model.rstrip("/")),
+                    "kv_cache_dtype": a.kv_cache_dtype, "util": a.util, "slack_bytes": a.slack_mib << 20,
+                    "served": 0, "error": None, "command": " ".join(sys.argv),
+                    "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+                    "runner_env": a.runner, "graphs": a.graphs}
+
+    def dump() -> None:
+        write_json(a.out, result, indent=2)
+
+    ballast = _hold_card(torch, a, result)
+    report_path = a.out.replace(".json", ".report.json")
+    llm = _start_engine(a, report_path, result)
+    if llm is None:
+        dump()
+        return 1
+    base = _soak(llm, a, result, dump)
     if a.replay_worst and result["error"] is None and os.path.exists(report_path):
-        replay_worst(llm, json.load(open(report_path)), vocab, result, base, a)
-        result["measured_peak_bytes"] = max(soak_peak, result.get("replay_peak_bytes") or 0)
+        _replay_after_soak(llm, a, result, base, report_path)
     result["reserved_unallocated_at_end"] = int(torch.cuda.memory_reserved() - torch.cuda.memory_allocated())
-    if os.path.exists(report_path):
-        rep = json.load(open(report_path))
-        wc = rep["worstcase"]
-        result["predicted_peak_bytes"] = wc["peak_activation_bytes"]
-        result["workspace_bytes"] = wc["workspace_bytes"]
-        result["stock_peak_bytes"] = rep["stock"]["peak_activation_bytes"]
-        result["sweep_s"] = wc["seconds"]
-        result["cache"] = wc.get("cache")
-        result["worst_shape"] = wc["worst_shape"]
-    if result.get("predicted_peak_bytes"):
-        pred = result["predicted_peak_bytes"]
-        result["ratio_measured_over_predicted"] = result["measured_peak_bytes"] / pred
-        if result.get("replay_peak_bytes"):
-            result["ratio_predicted_over_replay"] = pred / result["replay_peak_bytes"]
+    _from_report(result, report_path)
+    _ratios(result)
     del ballast
     dump()
     print(json.dumps({k: v for k, v in result.items() if k != "command"}))
     return 0 if result["error"] is None else 1
 
 
-def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> None:
-    """The report's worst shape, from real requests (see the module docstring)."""
+def _replay_layout(shape: dict, block: int, max_model_len: int) -> tuple[list[int], int]:
+    """Each request's new tokens (the shape's own split, shapes.request_layout) and the shared
+    prefix. Prefix hits come in whole blocks, and a prompt plus its one output token must stay
+    within max_model_len: the shared prefix is the shape's context rounded down to blocks, one
+    block shorter where needed, so every request computes exactly its share of the shape's rows."""
+    n, rows, ctx = int(shape["num_reqs"]), int(shape["rows"]), int(shape["context_len"])
+    each, extra = divmod(rows, n)
+    new_tokens = [each + (1 if i < extra else 0) for i in range(n)]
+    prefix_len = ctx - ctx % block
+    while prefix_len > 0 and prefix_len + max(new_tokens) >= max_model_len:
+        prefix_len -= block
+    return new_tokens, prefix_len
+
+
+def _replay_step(llm, prefix: list[int], new_tokens: list[int], vocab: int, result: dict, base: int) -> None:
+    """Cache the prefix, then the shape's requests together: the step's transient above what is
+    allocated just before it (CudaMeter.begin's base)."""
     import torch
     from vllm import SamplingParams
 
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": prefix + [3]}], one, use_tqdm=False)  # cache the prefix
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result["replay"]["allocated_drift_since_traffic_start"] = int(before - base)
+    prompts = [{"prompt_token_ids": prefix + [(r * 7 + j) % (vocab - 1) + 1 for j in range(k)]}
+               for r, k in enumerate(new_tokens)]
+    outs = llm.generate(prompts, one, use_tqdm=False)
+    torch.cuda.synchronize()
+    result["replay_peak_bytes"] = int(torch.cuda.max_memory_allocated() - before)
+    hits = [getattr(o, "num_cached_tokens", None) for o in outs]
+    result["replay"]["prefix_hits_min"] = min((h for h in hits if h is not None), default=None)
+    result["replay"]["served"] = len(outs)
+
+
+def replay_worst(llm, report: dict, vocab: int, result: dict, base: int, a) -> None:
+    """The report's worst shape, from real requests (see the module docstring)."""
     shape = report["worstcase"]["worst_shape"]
-    block = int(report["config"]["block_size"])
-    n, rows, ctx = int(shape["num_reqs"]), int(shape["rows"]), int(shape["context_len"])
-    each, extra = divmod(rows, n)  # the shape's own split (shapes.request_layout)
-    new_tokens = [each + (1 if i < extra else 0) for i in range(n)]
-    # Prefix hits come in whole blocks, and a prompt plus its one output token must stay within
-    # max_model_len: the shared prefix is the shape's context rounded down to blocks, one block
-    # shorter where needed, so every request computes exactly its share of the shape's rows.
-    prefix_len = ctx - ctx % block
-    while prefix_len > 0 and prefix_len + max(new_tokens) >= a.max_model_len:
-        prefix_len -= block
-    result["replay"] = {"worst_shape": shape, "requests": n, "prefix": prefix_len,
-                        "new_tokens_each": each, "rows": sum(new_tokens), "kind": shape["kind"]}
+    new_tokens, prefix_len = _replay_layout(shape, int(report["config"]["block_size"]), a.max_model_len)
+    result["replay"] = {"worst_shape": shape, "requests": len(new_tokens), "prefix": prefix_len,
+                        "new_tokens_each": int(shape["rows"]) // len(new_tokens), "rows": sum(new_tokens), "kind": shape["kind"]}
     if shape["kind"] not in ("prefill", "decode") or prefix_len + max(new_tokens) >= a.max_model_len:
         result["replay"]["skipped"] = f"{shape['kind']} shape not replayable this way"
         return
     prefix = [(i * 104729 + 17) % (vocab - 1) + 1 for i in range(prefix_len)]
-    one = SamplingParams(max_tokens=1, ignore_eos=True)
     t0 = time.perf_counter()
     try:
-        llm.generate([{"prompt_token_ids": prefix + [3]}], one, use_tqdm=False)  # cache the prefix
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        # the step's transient above what is allocated just before it (CudaMeter.begin's base)
-        before = torch.cuda.memory_allocated()
-        result["replay"]["allocated_drift_since_traffic_start"] = int(before - base)
-        prompts = [{"prompt_token_ids": prefix + [(r * 7 + j) % (vocab - 1) + 1 for j in range(k)]}
-                   for r, k in enumerate(new_tokens)]
-        outs = llm.generate(prompts, one, use_tqdm=False)
-        torch.cuda.synchronize()
-        result["replay_peak_bytes"] = int(torch.cuda.max_memory_allocated() - before)
-        hits = [getattr(o, "num_cached_tokens", None) for o in outs]
-        result["replay"]["prefix_hits_min"] = min((h for h in hits if h is not None), default=None)
-        result["replay"]["served"] = len(outs)
+        _replay_step(llm, prefix, new_tokens, vocab, result, base)
     except Exception as e:  # noqa: BLE001
-        result["replay"]["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:400]}"
+        result["replay"]["error"] = error_line(e)
     result["replay"]["seconds"] = time.perf_counter() - t0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from common import ROOT, engine_env, worstcase_config
+
 MODES = ("stock", "worstcase-cold", "worstcase-warm")
 
 
@@ -51,9 +51,7 @@ def child(a) -> int:
     report = Path(a.cache_dir) / "report.json"
     report.unlink(missing_ok=True)  # the previous mode's
     if a.mode != "stock":
-        extra["additional_config"] = {"worstcase_profiler": {"profiler": "worstcase",
-                                                              "json_path": str(report),
-                                                              "cache_dir": a.cache_dir}}
+        extra["additional_config"] = worstcase_config(str(report), cache_dir=a.cache_dir)
     kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, seed=0,
                   enforce_eager=not a.graphs, max_model_len=a.max_model_len,
                   max_num_batched_tokens=a.mnbt, gpu_memory_utilization=a.util,
@@ -77,9 +75,8 @@ def child(a) -> int:
 def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str]) -> dict:
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough]
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=a.timeout_s)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT, timeout=a.timeout_s)
     wall = time.perf_counter() - t0
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("STARTUP ")]
     if p.returncode != 0 or not lines:
@@ -89,7 +86,7 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str]) -
     return {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall, "wcprof_log": wcprof[:40]}
 
 
-def main() -> int:
+def _parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, default="stock", help=argparse.SUPPRESS)
@@ -106,29 +103,30 @@ def main() -> int:
                    help="one uncounted stock start first (a fresh host compiles its kernels there)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
-    if a.child:
-        a.model = a.model[0]
-        return child(a)
-    if not a.out:
+    if not a.child and not a.out:
         p.error("--out is required")
-    passthrough = ["--kv-cache-dtype", a.kv_cache_dtype, "--max-model-len", str(a.max_model_len),
-                   "--mnbt", str(a.mnbt), "--util", str(a.util), *(["--graphs"] if a.graphs else [])]
-    results = {"command": " ".join(sys.argv), "models": {}}
-    for model in a.model or [str(ROOT / "tests/gpu/models/llama-8l-2048")]:
-        cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-")
-        if a.prime:
-            primed = run_mode(a, model, "stock", cache_dir, passthrough)
-            results.setdefault("primed", {})[Path(model).name] = primed.get("boot_s", primed.get("error"))
-        order = ["stock", "worstcase-cold", "worstcase-warm"]
-        order += ["stock", "worstcase-warm"] * (max(1, a.repeat) - 1)
-        runs = [run_mode(a, model, mode, cache_dir, passthrough) for mode in order]
-        stocks = [r["boot_s"] for r in runs if r["mode"] == "stock" and "boot_s" in r]
-        stock = statistics.median(stocks) if stocks else None
-        for r in runs:
-            if stock and r.get("boot_s"):
-                r["boot_ratio_to_stock"] = r["boot_s"] / stock
-        results["models"][Path(model).name] = {"runs": runs, "medians": _medians(runs, stock)}
-        Path(a.out).write_text(json.dumps(results, indent=1))
+    return a
+
+
+def bench_model(a, model: str, passthrough: list[str], results: dict) -> None:
+    """Stock, cold, warm, then (--repeat) stock and warm again, interleaved, in fresh processes;
+    each start's ratio to the stock median, and the medians per mode."""
+    cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-")
+    if a.prime:
+        primed = run_mode(a, model, "stock", cache_dir, passthrough)
+        results.setdefault("primed", {})[Path(model).name] = primed.get("boot_s", primed.get("error"))
+    order = ["stock", "worstcase-cold", "worstcase-warm"]
+    order += ["stock", "worstcase-warm"] * (max(1, a.repeat) - 1)
+    runs = [run_mode(a, model, mode, cache_dir, passthrough) for mode in order]
+    stocks = [r["boot_s"] for r in runs if r["mode"] == "stock" and "boot_s" in r]
+    stock = statistics.median(stocks) if stocks else None
+    for r in runs:
+        if stock and r.get("boot_s"):
+            r["boot_ratio_to_stock"] = r["boot_s"] / stock
+    results["models"][Path(model).name] = {"runs": runs, "medians": _medians(runs, stock)}
+
+
+def print_table(results: dict) -> None:
     print(f"{'model':<22} {'mode':<16} {'n':>2} {'boot s':>7} {'ratio':>6} {'+s':>6} {'profiler s':>10} "
           f"{'cache':>7}  where the profiler's time went (median)")
     for name, res in results["models"].items():
@@ -139,6 +137,20 @@ def main() -> int:
             top = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"] if not k.startswith("vllm_"))
             print(f"{name:<22} {mode:<16} {m['n']:>2} {m['boot_s']:7.2f} {m['ratio']:6.2f} "
                   f"{m['extra_s']:6.2f} {m['profiler_s']:10.2f} {str(m['cache'] or '-'):>7}  {top}")
+
+
+def main() -> int:
+    a = _parse()
+    if a.child:
+        a.model = a.model[0]
+        return child(a)
+    passthrough = ["--kv-cache-dtype", a.kv_cache_dtype, "--max-model-len", str(a.max_model_len),
+                   "--mnbt", str(a.mnbt), "--util", str(a.util), *(["--graphs"] if a.graphs else [])]
+    results = {"command": " ".join(sys.argv), "models": {}}
+    for model in a.model or [str(ROOT / "tests/gpu/models/llama-8l-2048")]:
+        bench_model(a, model, passthrough, results)
+        Path(a.out).write_text(json.dumps(results, indent=1))
+    print_table(results)
     return 0 if all("error" not in r for res in results["models"].values() for r in res["runs"]) else 1
 
 
@@ -148,17 +160,20 @@ def _medians(runs: list[dict], stock: float | None) -> dict:
     out = {}
     for mode in MODES:
         ok = [r for r in runs if r["mode"] == mode and "boot_s" in r]
-        if not ok or not stock:
-            continue
-        boot = statistics.median([r["boot_s"] for r in ok])
-        names = {k for r in ok for k in (r.get("startup_seconds") or {})}
-        phases = {k: statistics.median([(r.get("startup_seconds") or {}).get(k, 0.0) for r in ok])
-                  for k in names}
-        out[mode] = {"n": len(ok), "boot_s": boot, "ratio": boot / stock, "extra_s": boot - stock,
-                     "profiler_s": statistics.median([r.get("profiler_s", 0.0) for r in ok]),
-                     "cache": ok[-1].get("cache"),
-                     "phases": sorted(phases.items(), key=lambda kv: -kv[1])}
+        if ok and stock:
+            out[mode] = _mode_medians(ok, stock)
     return out
+
+
+def _mode_medians(ok: list[dict], stock: float) -> dict:
+    boot = statistics.median([r["boot_s"] for r in ok])
+    phases = [r.get("startup_seconds") or {} for r in ok]
+    names = {k for p in phases for k in p}
+    medians = {k: statistics.median([p.get(k, 0.0) for p in phases]) for k in names}
+    return {"n": len(ok), "boot_s": boot, "ratio": boot / stock, "extra_s": boot - stock,
+            "profiler_s": statistics.median([r.get("profiler_s", 0.0) for r in ok]),
+            "cache": ok[-1].get("cache"),
+            "phases": sorted(medians.items(), key=lambda kv: -kv[1])}
 
 
 if __name__ == "__main__":

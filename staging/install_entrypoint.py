@@ -10,8 +10,8 @@ entry_points.txt taken from pyproject.toml, INSTALLER), into --target, a directo
 (e.g. /tmp/site, which .stage/env.sh puts on PYTHONPATH). importlib.metadata scans every sys.path
 entry for *.dist-info, so every Python process with --target on its path then finds the plugin.
 
-  python3 bench/install_entrypoint.py --target /tmp/site      # write, then verify in a subprocess
-  python3 bench/install_entrypoint.py --target /tmp/site --remove
+  python3 staging/install_entrypoint.py --target /tmp/site      # write, then verify in a subprocess
+  python3 staging/install_entrypoint.py --target /tmp/site --remove
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def install(target: Path, root: Path = ROOT) -> Path:
         f"Summary: entry points only; the package imports from {root} via PYTHONPATH\n")
     (info / "entry_points.txt").write_text(entry_points_txt(project))
     (info / "top_level.txt").write_text(f"{name}\n")
-    (info / "INSTALLER").write_text("bench/install_entrypoint.py\n")
+    (info / "INSTALLER").write_text("staging/install_entrypoint.py\n")
     return info
 
 

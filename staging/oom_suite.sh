@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 4's reproduction and soak on the H200, after bench/device_run.sh staged vLLM (same host,
+# Issue 4's reproduction and soak on the H200, after staging/device_run.sh staged vLLM (same host,
 # still warm). Every run is bench/oom_repro.py on a card held to its budget.
-#   bash bench/oom_suite.sh RUN [RUN ...]
+#   bash staging/oom_suite.sh RUN [RUN ...]          (STAGE and SITE as for staging/device_run.sh)
 # RUN is <config>_<mode>: config one of llama_v2 llama_v1 llama_graphs dsv32_fp8 dsv32_bf16
 # (bench/gpu_suite.py's cases), mode stock (40-request soak; dies), worstcase (200-request soak,
 # then the report's worst shape replayed from real requests) or replay (that replay alone: the
@@ -9,15 +9,16 @@
 # $OUT gets oom.json (the result of every run on this warm host, in order), oom.log (engine log tails) and
 # oom-runs.tar.gz (per-run JSON, the worst-case reports and full logs).
 set -uo pipefail
-source .stage/env.sh 2>/dev/null || export PYTHONPATH=/tmp/site
+SITE=${SITE:-/tmp/site}
+source "${STAGE:-.stage}/env.sh" 2>/dev/null || export PYTHONPATH=$SITE
 export PYTHONPATH=$PWD:$PWD/plugins/wcp_fixtures:$PYTHONPATH VLLM_ENABLE_V1_MULTIPROCESSING=0
 # Seed 002's host ran with expandable segments; without them a held card also dies of caching-
 # allocator fragmentation, which no profile can bound (first H200 run, docs/results).
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
-# The sweep cache bench/device_run.sh filled: worst-case runs of a configuration the suite swept
+# The sweep cache staging/device_run.sh filled: worst-case runs of a configuration the suite swept
 # replay its worst step and reuse it (what a restart does in production).
 export WCPROF_CACHE_DIR=${WCPROF_CACHE_DIR:-/tmp/wcprof-cache}
-python3 bench/install_entrypoint.py --target /tmp/site >/dev/null || exit 1
+python3 staging/install_entrypoint.py --target "$SITE" >/dev/null || exit 1
 OUTDIR=${OUT:-/tmp/oom-out}; W=/tmp/oom-runs; mkdir -p "$OUTDIR" "$W"
 DS=tests/gpu/models/dsv32-8l-dense; LL=tests/gpu/models/llama-8l-2048
 declare -A CONFIG=(

@@ -1,8 +1,8 @@
 """GPU tests: `wcprof --validate` on real engines (vLLM 0.26 on an H200), through bench/gpu_suite.py.
 
   pytest tests/gpu --results DIR   read DIR/summary.json written by the suite on the GPU host
-                                   (bench/device_run.sh packs it into $OUT) and DIR/oom.json
-                                   (bench/oom_suite.sh's soaks) if present; runs anywhere.
+                                   (staging/device_run.sh packs it into $OUT) and DIR/oom.json
+                                   (staging/oom_suite.sh's soaks) if present; runs anywhere.
                                    Repeatable: a later DIR replaces the cases it re-ran.
   pytest tests/gpu                 run the suite here (needs CUDA and vLLM; ~6-9 min), then check
 

@@ -41,7 +41,7 @@ def find_summary(path: Path) -> Path:
 
 
 def load_summary(path: Path) -> dict:
-    """A results folder: the suite's summary.json and/or bench/oom_suite.sh's oom.json (a folder
+    """A results folder: the suite's summary.json and/or staging/oom_suite.sh's oom.json (a folder
     of soaks or replays alone has no summary)."""
     if path.is_dir() and not (path / "summary.json").exists() and (path / "oom.json").exists():
         summary = {"cases": [], "wall_s": 0.0}

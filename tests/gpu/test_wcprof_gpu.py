@@ -87,11 +87,11 @@ SOAK_CONFIGS = ("llama_v2", "llama_v1", "llama_graphs", "dsv32_fp8", "dsv32_bf16
 
 @pytest.mark.parametrize("config", SOAK_CONFIGS)
 def test_soak_served_everything_within_the_prediction(suite, config):
-    """bench/oom_suite.sh <config>_worstcase on a card held to its budget: 200+ long-context
+    """staging/oom_suite.sh <config>_worstcase on a card held to its budget: 200+ long-context
     requests with prefix hits, then the report's worst shape replayed from real requests. Zero
     errors, and the runtime peak never above the prediction."""
     if not suite.get("soak"):
-        pytest.skip("no oom.json in the results (bench/oom_suite.sh did not run)")
+        pytest.skip("no oom.json in the results (staging/oom_suite.sh did not run)")
     run = suite["soak"].get(f"{config}_worstcase")
     assert run is not None, f"no {config}_worstcase soak in the results"
     assert run["error"] is None and run["served"] >= 201, (run.get("error"), run.get("served"))
@@ -105,7 +105,7 @@ def test_soak_served_everything_within_the_prediction(suite, config):
 
 @pytest.mark.parametrize("config", SOAK_CONFIGS)
 def test_exact_rows_replay_within_the_prediction(suite, config):
-    """bench/oom_suite.sh <config>_replay: the report's worst shape from real requests, each
+    """staging/oom_suite.sh <config>_replay: the report's worst shape from real requests, each
     request computing exactly its share of the shape's rows on one shared cached prefix. The
     step's transient (above what was allocated just before it) stays within the prediction."""
     run = (suite.get("soak") or {}).get(f"{config}_replay")

@@ -1,37 +1,125 @@
-"""The committed H200 results are what the doc shows and what tests/gpu accepts: every table in
-docs/results/h200-vllm-0.26.md is rendered from the raw JSON beside it, never typed."""
+"""The committed results are what the docs show and what tests/gpu accepts: every page of
+docs/results is rendered from the run folders' manifest.json and raw JSON (bench/results_pages.py),
+the manifests give every case a status, and tests/gpu passes on the folders they call current."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "docs" / "results"
+sys.path[:0] = [str(ROOT / "bench"), str(ROOT / "tests" / "gpu")]
+
+import cpu_bench  # noqa: E402
+import results_pages  # noqa: E402
+from gpu_results import load_summary  # noqa: E402
+
+RUNS = results_pages.load_runs()
+CONFIGS = results_pages.configurations(RUNS)
 
 
-def test_h200_doc_tables_are_rendered_from_the_committed_json():
-    rendered = subprocess.run([sys.executable, str(ROOT / "bench" / "h200_tables.py")],
-                              capture_output=True, text=True, check=True).stdout
-    doc = (RESULTS / "h200-vllm-0.26.md").read_text()
-    assert rendered.strip() and rendered.strip() in doc
+def test_every_manifest_gives_every_case_a_status():
+    assert RUNS, "no docs/results/*/manifest.json"
+    assert results_pages.problems(RUNS) == []
 
 
-# What the committed runs did not cover, and why (anything else skipped fails the test).
-NOT_RUN = ("no llama_graphs_replay",)          # exact-rows replays ran for four configurations
-RUNS = ("h200-run4", "h200-run5", "h200-run7", "h200-run8", "h200-run9", "h200-run10",
-        "h200-run10-tp2")  # a later folder replaces the cases it re-ran
+def test_result_pages_are_rendered_from_the_manifests_and_the_committed_json():
+    pages = results_pages.render_all()
+    assert {"history.md", "h200-vllm-0.26.md"} <= set(pages)
+    for name, text in pages.items():
+        assert (RESULTS / name).read_text() == text, f"{name} is stale: python3 bench/results_pages.py"
 
 
-def test_gpu_tests_pass_on_the_committed_h200_results():
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-           str(ROOT / "tests" / "gpu"), *[arg for run in RUNS for arg in ("--results", str(RESULTS / run))]]
+def test_a_page_starts_with_results_and_ends_with_the_commands():
+    page = (RESULTS / "h200-vllm-0.26.md").read_text()
+    first_section = page.split("\n## ", 2)[1]
+    assert first_section.startswith("Per configuration") and "| llama_v2 |" in first_section
+    assert page.index("## The exact commands") > page.index("## What the figures say")
+
+
+def test_a_new_configuration_gets_its_own_page_without_code_changes(tmp_path):
+    """A folder whose manifest names another vLLM version: a page of its own, the other pages and
+    the history untouched apart from the new run."""
+    for run in ("h200-run10", "h200-run10-tp2"):
+        shutil.copytree(RESULTS / run, tmp_path / run)
+    new = tmp_path / "h200-vllm032-run1"
+    new.mkdir()
+    summary = json.loads((RESULTS / "h200-run10" / "summary.json").read_text())
+    summary["cases"] = [c for c in summary["cases"] if c["case"] == "llama_v2"]
+    (new / "summary.json").write_text(json.dumps(summary))
+    (new / "manifest.json").write_text(json.dumps({
+        "run": new.name, "sequence": 100, "date": "2026-12-01", "gpu": "H200", "vllm": "0.32.0",
+        "host": "H200 (nvidia-h200), vLLM 0.32.0, torch 2.11.0+cu130", "commit": "abc1234",
+        "added_in": "abc1234", "note": "first 0.32 run", "cases": {"suite": {"llama_v2": {"status": "current"}}},
+        "not_run": [{"case": "dsv32_fp8", "why": "DeepGEMM's binding needs torch 2.13"}],
+        "commands": ["STAGE=.stage32 SITE=/tmp/site32 bash staging/device_run.sh llama_v2"]}))
+    runs = results_pages.load_runs(tmp_path)
+    assert results_pages.problems(runs) == []
+    pages = results_pages.render_all(tmp_path)
+    assert set(pages) == {"h200-vllm-0.26.md", "h200-vllm-0.32.md", "history.md"}
+    page = pages["h200-vllm-0.32.md"]
+    assert page.startswith("# H200, vLLM 0.32: current results")
+    assert "| llama_v2 | v2 |" in page and "h200-vllm032-run1" in page and "h200-run10" not in page
+    assert "DeepGEMM's binding needs torch 2.13" in page and "bash staging/device_run.sh llama_v2" in page
+    assert "[H200, vLLM 0.32](h200-vllm-0.32.md)" in pages["history.md"]
+    assert results_pages.main(["--results", str(tmp_path), "--check"]) == 1   # not written yet
+    assert results_pages.main(["--results", str(tmp_path)]) == 0
+    assert results_pages.main(["--results", str(tmp_path), "--check"]) == 0
+
+
+def test_a_manifest_that_misses_a_case_or_names_an_earlier_successor_is_reported(tmp_path):
+    shutil.copytree(RESULTS / "h200-run5", tmp_path / "h200-run5")
+    m = json.loads((tmp_path / "h200-run5" / "manifest.json").read_text())
+    del m["cases"]["suite"]["llama_v2"]
+    m["cases"]["suite"]["llama_graphs"] = {"status": "superseded", "by": "h200-run1"}
+    (tmp_path / "h200-run5" / "manifest.json").write_text(json.dumps(m))
+    found = results_pages.problems(results_pages.load_runs(tmp_path))
+    assert any("suite llama_v2 has no status" in p for p in found)
+    assert any("llama_graphs: superseded by 'h200-run1', not a later run" in p for p in found)
+
+
+def _current(runs, kinds=("suite", "soak")) -> dict[tuple[str, str], str]:
+    return {(k, c): r.name for r in runs for k in kinds for c in r.cases(k, "current")}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_later_folders_replace_exactly_the_cases_the_manifests_call_superseded(config):
+    """tests/gpu merges --results folders in order, a later one replacing the cases it re-ran:
+    over the current folders that merge keeps exactly the manifests' current cases."""
+    kept: dict[tuple[str, str], str] = {}
+    for folder in results_pages.current_folders(CONFIGS[config]):
+        s = load_summary(folder)
+        kept.update({("suite", c): folder.name for c in s["by_case"]})
+        kept.update({("soak", c): folder.name for c in s["soak"]})
+    assert kept == _current(CONFIGS[config])
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_gpu_tests_pass_on_the_committed_results(config):
+    runs = CONFIGS[config]
+    folders = results_pages.current_folders(runs)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", str(ROOT / "tests" / "gpu"),
+           *[arg for f in folders for arg in ("--results", str(f))]]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:]
     assert " passed" in p.stdout
+    # What the runs did not cover, and why (manifests' not_run); any other skip fails the test.
+    allowed = [f"no {n['case']} " for n in results_pages.not_run(runs) if "case" in n]
     skips = [ln for ln in p.stdout.splitlines() if ln.startswith("SKIPPED")]
-    assert all(any(why in ln for why in NOT_RUN) for ln in skips), "\n".join(skips)
+    assert all(any(why in ln for why in allowed) for ln in skips), "\n".join(skips)
+
+
+def test_cpu_bench_page_and_summaries_are_rendered_from_its_json():
+    result = json.loads((RESULTS / "cpu-bench.json").read_text())
+    summaries = [cpu_bench._summarise(w, result["runs"][w]) for w in result["workloads"]]
+    assert json.dumps(summaries) == json.dumps(result["summaries"])
+    assert cpu_bench._markdown(result, summaries) == (RESULTS / "cpu-bench.md").read_text()
 
 
 def test_committed_schema_docs_match_the_report_models():

@@ -1,0 +1,69 @@
+"""What the measurement tools in bench/ share: the repository root, the environment of an engine
+subprocess, the profiler's additional_config, JSON written atomically, error lines, medians,
+byte formatting and markdown tables. Imports neither torch nor vLLM (the GPU suite's driver
+must not)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """This process's environment for an engine subprocess: the engine core in-process (its
+    worker's objects are reachable) and unbuffered output, plus `extra`."""
+    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def worstcase_config(json_path: str, **extra) -> dict:
+    """vLLM's additional_config that turns the profiler on and writes its report to json_path."""
+    return {"worstcase_profiler": {"profiler": "worstcase", "json_path": json_path, **extra}}
+
+
+def write_json(path: str | Path, obj, indent: int = 1) -> None:
+    """Write obj as JSON through a temporary file, so a reader never sees half of it."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=indent)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path, default=None):
+    return json.loads(path.read_text()) if path.exists() else default
+
+
+def error_line(e: BaseException, limit: int = 400) -> str:
+    """`Type: first line of the message` (at most `limit` characters of it)."""
+    lines = str(e).splitlines()
+    return f"{type(e).__name__}: {lines[0][:limit] if lines else ''}"
+
+
+def median(values: list) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def fmt(value, spec: str = "{:.3f}", missing: str = "-") -> str:
+    return missing if value is None else spec.format(value)
+
+
+def gib(n, missing: str = "n/a") -> str:
+    return missing if n is None else f"{n / GiB:.3f}"
+
+
+def mib(n, missing: str = "-") -> str:
+    return missing if n is None else f"{n / MiB:.2f}"
+
+
+def md_row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def md_table(headers: list[str], rows: list) -> str:
+    """A markdown table: a header row, its rule, then one row per item of rows (cell lists)."""
+    return "\n".join([md_row(*headers), "|" + "---|" * len(headers), *(md_row(*r) for r in rows)])
