@@ -1,26 +1,36 @@
 """`wcprof`: the report an operator runs before choosing --kv-cache-memory-bytes.
 
-  wcprof [ENGINE ARGS] [--json P] [--html P] [--png P] [--validate]   profile (bundled tiny model
-                                                                       when --model is absent)
-  wcprof demo {tiny,scratch,overcommit,tile}                           bundled scenarios
-  wcprof diff OLD.json NEW.json [--max-increase 5%]                    CI gate
-  wcprof check REPORT.json --kv-cache-memory-bytes N                   is this flag value safe?
+  wcprof [profile] [ENGINE ARGS] [--json P] [--html P] [--png P] [--validate]
+                                                     profile (bundled tiny model without --model)
+  wcprof demo {tiny,scratch,overcommit,tile}         bundled scenarios
+  wcprof check REPORT.json --kv-cache-memory-bytes N is this flag value safe?
+  wcprof diff OLD.json NEW.json [--max-increase 5%]  CI gate
+  wcprof render REPORT.json [--html P] [--png P]     re-render a saved report
 
-The engine boots in-process with the plugin enabled; the plugin writes the report, the CLI
-renders it. Exit codes: 0 safe, 1 gate failed / unsafe, 2 bad input, 3 does not fit,
-4 unsupported model, 5 KV over-commit.
+`wcprof --help` is wcprof's own usage and imports nothing heavy; `wcprof --help-engine` lists
+vLLM's engine flags (it imports vLLM). Everything a user can get wrong before the engine starts
+(paths, output files, sizes, the environment) is checked first by preflight.py, in about a
+second. The engine then boots in-process with the plugin enabled; the plugin writes the report
+into a temporary directory (removed on every exit), the CLI renders it.
+
+Every failure ends in one `wcprof: error:` line (and a `->` hint): no traceback unless --debug
+or WCPROF_DEBUG=1. Exit codes: 0 safe, 1 unsafe / gate failed, 2 bad input, 3 does not fit,
+4 unsupported model, 5 KV over-commit, 70 internal error (not your input: a bug to report),
+130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
+import textwrap
 import time
+import traceback
 from pathlib import Path
 
-from . import cache
 from .errors import ConfigError, WcprofError
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
@@ -28,66 +38,343 @@ TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_
                  "gpu_memory_utilization": 0.25}
 CPU_KV_CAP = 512 << 20
 
+EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): wcprof or vLLM failed, not the input
+EXIT_INTERRUPTED = 130
+HELP_ENGINE = "--help-engine"
+DEBUG_ENV = "WCPROF_DEBUG"
+LOG_TAIL_LINES = 40
+
 OUR_FLAGS = ("json", "html", "png", "validate", "exhaustive", "margin", "kv_audit",
-             "no_lock_workspace", "quiet", "kv_cap", "no_cache")
+             "no_lock_workspace", "quiet", "kv_cap", "no_cache", "debug")
+
+COMMANDS = {
+    "profile": "boot the engine with the worst-case profiler and print the verdict (the "
+               "default command: `wcprof --model M` = `wcprof profile --model M`)",
+    "demo": "run a bundled scenario: tiny, scratch, overcommit, tile",
+    "check": "is a --kv-cache-memory-bytes value safe for the engine a saved report describes?",
+    "diff": "CI gate: did worst-case memory get worse between two saved reports?",
+    "render": "re-render a saved report: the verdict screen, --html, --png, --json",
+}
+
+_debug = False
 
 
-def _add_our_flags(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("wcprof")
-    g.add_argument("--json", metavar="PATH", help="write the report as JSON (atomically)")
-    g.add_argument("--html", metavar="PATH", help="write a self-contained HTML picture")
-    g.add_argument("--png", metavar="PATH", help="write the picture as PNG")
+# --------------------------------------------------------------------------------------------
+# wcprof's own flags and help (no vLLM import)
+# --------------------------------------------------------------------------------------------
+
+class _ArgParser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (exit 2, one line) instead of printing usage."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ConfigError(f"{message}", hint=f"see `{self.prog} --help`")
+
+
+def _profiler_flag(value: str) -> str:
+    if value == "worstcase":
+        return value
+    if value == "default":
+        raise ConfigError("wcprof always runs the worst-case profiler; drop --profiler default",
+                          hint="the report's 'stock' column is vLLM's default profile, measured "
+                               "in the same run")
+    raise ConfigError(f"unknown --profiler {value!r}",
+                      hint="wcprof always runs the worst-case profiler; drop --profiler")
+
+
+def _profiler_report_flag(value: str) -> str:
+    raise ConfigError("--profiler-report is a `vllm serve` flag",
+                      hint=f"wcprof writes the report with --json {value}")
+
+
+def _add_our_flags(p, title: str = "wcprof") -> None:
+    g = p.add_argument_group(title)
+    g.add_argument("--json", metavar="PATH",
+                   help="write the report as JSON, atomically (`wcprof render/check/diff` read it)")
+    g.add_argument("--html", metavar="PATH",
+                   help="write the picture as one self-contained HTML file (needs matplotlib)")
+    g.add_argument("--png", metavar="PATH", help="write the picture as PNG (needs matplotlib)")
     g.add_argument("--validate", action="store_true",
-                   help="replay real requests at the worst shapes and report the measured peak")
-    g.add_argument("--exhaustive", action="store_true", help="execute every rows value")
-    g.add_argument("--margin", metavar="SIZE", default=None, help="safety margin (default 64MiB)")
-    g.add_argument("--kv-audit", choices=("error", "warn", "off"), default="error")
-    g.add_argument("--no-lock-workspace", action="store_true")
+                   help="replay real requests at the worst shapes and report the measured peak "
+                        "(exit 1 when it exceeds the prediction)")
+    g.add_argument("--exhaustive", action="store_true",
+                   help="execute every rows value 1..max_num_batched_tokens instead of "
+                        "certifying segments by chord (slower)")
+    g.add_argument("--margin", metavar="SIZE", default=None,
+                   help="safety margin subtracted from the KV budget, bytes or a unit such as "
+                        "256MiB (default: 64MiB)")
+    g.add_argument("--kv-audit", choices=("error", "warn", "off"), default="error",
+                   help="when KV initialisation allocates more than its budget: error refuses "
+                        "(exit 5), warn records it in the report, off skips the audit "
+                        "(default: error)")
+    g.add_argument("--no-lock-workspace", action="store_true",
+                   help="leave vLLM's WorkspaceManager unlocked after warm-up (default: locked, "
+                        "so later growth is a named error instead of an OOM)")
     g.add_argument("--kv-cap", metavar="SIZE", default=None,
-                   help="KV actually allocated by this run (default: full budget on GPU, "
+                   help="KV actually allocated by this run (default: the full budget on GPU, "
                         "512MiB on CPU); the report always states the full budget")
-    g.add_argument("--quiet", action="store_true", help="no vLLM logs, just the verdict")
     g.add_argument("--no-cache", action="store_true",
                    help="always run the full sweep (default: reuse a cached sweep of this exact "
                         "model/limits/kernels/device after replaying its worst step)")
+    g.add_argument("--quiet", action="store_true",
+                   help="print only the verdict: vLLM's logs, warnings and progress go to a "
+                        "temporary log (its last lines are shown on failure with --debug)")
+    g.add_argument("--debug", action="store_true",
+                   help="on any error, show the traceback (and, with --quiet, vLLM's log); "
+                        f"also {DEBUG_ENV}=1")
+    g.add_argument("--profiler", type=_profiler_flag, default=None, help=argparse.SUPPRESS)
+    g.add_argument("--profiler-report", type=_profiler_report_flag, default=None,
+                   help=argparse.SUPPRESS)
+
+
+def _light_parser() -> _ArgParser:
+    """wcprof's flags plus the engine flags preflight reads; everything else passes through."""
+    p = _ArgParser(prog="wcprof", add_help=False, allow_abbrev=False)
+    _add_our_flags(p)
+    p.add_argument("--model", default=None)
+    p.add_argument("--kv-cache-memory-bytes", default=None)
+    return p
+
+
+_VALUED = ("--json", "--html", "--png", "--margin", "--kv-cap", "--model",
+           "--kv-cache-memory-bytes")
+
+
+def _dashes(argv: list[str]) -> list[str]:
+    """vLLM accepts --max_model_len for --max-model-len; read ours the same way. A value that
+    starts with a dash (--margin -5MiB) stays the flag's value, so preflight can say what is
+    wrong with it instead of argparse's "expected one argument"."""
+    out: list[str] = []
+    for a in argv:
+        if a.startswith("--"):
+            name, eq, value = a.partition("=")
+            a = name.replace("_", "-") + eq + value
+        if out and out[-1] in _VALUED and a[:1] == "-" and a[1:2].isdigit():
+            out[-1] = f"{out[-1]}={a}"
+            continue
+        out.append(a)
+    return out
+
+
+def parse_ours(argv: list[str]) -> argparse.Namespace:
+    ns, _engine = _light_parser().parse_known_args(_dashes(argv))
+    return ns
+
+
+def usage() -> str:
+    """`wcprof --help`: wcprof's own usage, without importing vLLM."""
+    width = 100
+    commands = []
+    for name in SUBCOMMANDS:
+        lines = textwrap.wrap(_summary(name), width - 14)
+        commands.append(f"  {name:<10}  {lines[0] if lines else ''}")
+        commands.extend(f"{'':14}{line}" for line in lines[1:])
+    p = argparse.ArgumentParser(
+        prog="wcprof", add_help=False, allow_abbrev=False,
+        usage="wcprof [COMMAND] [OPTIONS]      (COMMAND defaults to profile)",
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(
+            prog, max_help_position=30, width=width),
+        description="Profile a vLLM engine configuration at its worst case (every step at "
+                    "max_model_len KV extent)\nand say which --kv-cache-memory-bytes is safe.\n\n"
+                    "commands:\n" + "\n".join(commands)
+                    + "\n  `wcprof COMMAND --help` shows a command's own options.",
+        epilog=_ENGINE_EPILOG)
+    g = p.add_argument_group("help")
+    g.add_argument("-h", "--help", action="store_true", help="this message (imports nothing heavy)")
+    g.add_argument(HELP_ENGINE, metavar="=WORD", nargs="?",
+                   help="vLLM's engine flags: all of them, or those matching WORD (imports vLLM: "
+                        "several seconds)")
+    _add_our_flags(p, "profile options (wcprof's own)")
+    return p.format_help()
+
+
+_ENGINE_EPILOG = f"""engine options: every `vllm serve` engine flag is accepted (`wcprof --help-engine`); most used:
+  --model M                   model directory or Hugging Face id (default: the bundled tiny
+                              Llama with dummy weights, max_model_len {TINY_DEFAULTS['max_model_len']},
+                              max_num_batched_tokens {TINY_DEFAULTS['max_num_batched_tokens']}, max_num_seqs {TINY_DEFAULTS['max_num_seqs']})
+  --max-model-len N           the longest request: the sweep runs at this KV extent
+  --max-num-batched-tokens N  the largest step: every rows value 1..N is covered
+  --max-num-seqs N            the largest decode batch
+  --kv-cache-memory-bytes N   a KV size to hold against the worst case (exit 3 when it leaves
+                              no room for the worst step; `wcprof check` does it from a report)
+  --gpu-memory-utilization F  the share of device memory the engine may use
+  --tensor-parallel-size N    every rank sweeps and reports its own budget
+
+exit codes: 0 safe, 1 unsafe / gate failed, 2 bad input, 3 does not fit, 4 unsupported model,
+  5 KV over-commit, 70 internal error (not your input: rerun with --debug and report it),
+  130 interrupted.
+
+examples:
+  wcprof                                   the bundled tiny model (no download, no GPU needed)
+  wcprof --model M --max-model-len 131072 --max-num-batched-tokens 8192 --json r.json --quiet
+  wcprof render r.json --html r.html       the picture from a saved report
+  wcprof check r.json --kv-cache-memory-bytes 60GiB
+"""
+
+
+def _summary(name: str) -> str:
+    if name in COMMANDS:
+        return COMMANDS[name]
+    doc = (getattr(SUBCOMMANDS.get(name), "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else f"see `wcprof {name} --help`"
 
 
 def _engine_parser():
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    p = FlexibleArgumentParser(prog="wcprof", description=__doc__.split("\n\n")[0])
+    class Parser(FlexibleArgumentParser):
+        def error(self, message: str):  # type: ignore[override]
+            raise ConfigError(message, hint="`wcprof --help` lists wcprof's options, "
+                                            "`wcprof --help-engine` vLLM's engine flags")
+
+    # allow_abbrev=False: --profiler must not silently mean --profiler-config
+    p = Parser(prog="wcprof", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     EngineArgs.add_cli_args(p)
-    _add_our_flags(p)
+    if any("--profiler" in a.option_strings for a in p._actions):  # the plugin's own flag
+        _add_our_flags_without_profiler(p)
+    else:
+        _add_our_flags(p)
     return p
 
 
-def _settings(ns, json_path: str, on_cpu: bool) -> dict:
-    from .sizes import parse_size
+def _add_our_flags_without_profiler(p) -> None:
+    probe = argparse.ArgumentParser(add_help=False)
+    _add_our_flags(probe)
+    g = p.add_argument_group("wcprof")
+    for action in probe._actions:
+        if action.dest in ("profiler", "profiler_report"):
+            continue
+        g._add_action(action)
+
+
+def engine_help(token: str) -> int:
+    """`wcprof --help-engine[=WORD]`: vLLM's own help for its engine flags."""
+    keyword = token.split("=", 1)[1] if "=" in token else "all"
+    parser = _engine_parser()
+    try:
+        parser.parse_args([f"--help={keyword or 'all'}"])
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# profile
+# --------------------------------------------------------------------------------------------
+
+def _settings(ns, json_path: str, on_cpu: bool, sizes: dict | None = None) -> dict:
+    from . import cache, preflight
 
     s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
          "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace}
     if ns.no_cache:
         s["cache_dir"] = cache.OFF
-    try:
-        if ns.margin is not None:
-            s["margin_bytes"] = parse_size(ns.margin)
-        cap = parse_size(ns.kv_cap) if ns.kv_cap else (CPU_KV_CAP if on_cpu else None)
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
+    if sizes is None:
+        sizes = {"margin_bytes": preflight.check_size(ns.margin, "--margin"),
+                 "kv_cap_bytes": preflight.check_size(ns.kv_cap, "--kv-cap", allow_zero=False)}
+    if sizes.get("margin_bytes") is not None:
+        s["margin_bytes"] = sizes["margin_bytes"]
+    cap = sizes.get("kv_cap_bytes") or (CPU_KV_CAP if on_cpu else None)
     if cap is not None:
         s["kv_cap_bytes"] = cap
     return s
 
 
-def _quiet_logs() -> None:
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+def _quiet_env() -> None:
+    """Before vLLM is imported: its logger reads VLLM_LOGGING_LEVEL once, at import."""
+    import warnings
+
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.simplefilter("ignore")
+
+
+@contextlib.contextmanager
+def _engine_output(log_path: Path | None):
+    """With a log path (--quiet): file descriptors 1 and 2 point at the log while vLLM imports,
+    boots and validates, so C++ warnings, Python warnings and stray prints never reach the
+    terminal. Without one: nothing changes."""
+    if log_path is None:
+        yield
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for f in (*saved, fd):
+            os.close(f)
+
+
+def _show_log_tail(log_path: Path | None) -> None:
+    if not (_debug and log_path and log_path.exists()):
+        return
+    lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    sys.stderr.write(f"--- last {len(lines)} lines of vLLM's log (--quiet) ---\n"
+                     + "\n".join(lines) + "\n--- end of vLLM's log ---\n")
+
+
+def _first_line(exc: BaseException) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):  # pydantic ValidationError (vLLM's config classes): the messages
+        try:
+            msgs = [str(e.get("msg", "")).removeprefix("Value error, ") for e in errors()[:3]]
+            if any(msgs):
+                return "; ".join(m for m in msgs if m)
+        except Exception:  # noqa: BLE001 - fall back to the text
+            pass
+    for line in str(exc).splitlines():
+        if line.strip():
+            return line.strip()[:500]
+    return "(no message)"
+
+
+def _one_line_tracebacks() -> None:
+    """vLLM logs some tracebacks as warnings (with --skip-tokenizer-init, the chat-template
+    warm-up of vllm/renderers/base.py). Without --debug each becomes one line. A record factory,
+    not a handler filter: vLLM replaces its handlers when it configures logging."""
+    if _debug:
+        return
+    import logging
+
+    previous = logging.getLogRecordFactory()
+    if getattr(previous, "_wcprof_one_line", False):
+        return
+
+    def factory(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and record.name.startswith("vllm"):
+            record.msg = (f"{record.getMessage()}: {type(exc).__name__}: {_first_line(exc)} "
+                          f"(wcprof --debug shows the traceback)")
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return record
+
+    factory._wcprof_one_line = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(factory)
 
 
 def build_engine_args(argv: list[str]):
     """Parse vLLM's own engine flags plus ours; fill the bundled tiny model when none is given."""
     parser = _engine_parser()
-    ns = parser.parse_args(argv)
+    try:
+        ns = parser.parse_args(argv)
+    except ValueError as e:  # FlexibleArgumentParser's own checks
+        raise ConfigError(str(e).splitlines()[0], hint="see `wcprof --help-engine`") from None
     from vllm.engine.arg_utils import EngineArgs
 
     if ns.model in (None, EngineArgs.model, "Qwen/Qwen3-0.6B") and "--model" not in " ".join(argv):
@@ -99,68 +386,129 @@ def build_engine_args(argv: list[str]):
             if f"--{k.replace('_', '-')}" not in " ".join(argv):
                 setattr(ns, k, v)
     if getattr(ns, "profiler", None) == "default":
-        raise ConfigError("wcprof always runs the worst-case profiler; drop --profiler default")
+        _profiler_flag("default")
     engine_args = EngineArgs.from_cli_args(ns)
     return ns, engine_args
 
 
+def _engine_failure(e: Exception) -> Exception:
+    """The plugin's own errors may arrive wrapped by the engine: unwrap them; vLLM's config
+    validation (ValueError/TypeError) and the Hugging Face hub refusing the model (an unknown
+    or gated repo id) are bad input; anything else stays what it is."""
+    chain: list[BaseException] = []
+    cause: BaseException | None = e
+    while cause is not None and all(cause is not c for c in chain):
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    for c in chain:
+        if isinstance(c, WcprofError):
+            return c
+    for c in chain:
+        if type(c).__module__.startswith("huggingface_hub"):
+            return ConfigError(f"the Hugging Face hub refused the model: {type(c).__name__}: "
+                               f"{_first_line(c)}",
+                               hint="check the repo id (and for a gated model, HF_TOKEN), or "
+                                    "pass a local model directory")
+    if isinstance(e, (ValueError, TypeError)):
+        return ConfigError(f"vLLM refused the configuration: {_first_line(e)}",
+                           hint="`wcprof --help-engine` describes vLLM's flags")
+    return e
+
+
 def profile(argv: list[str]) -> int:
+    """boot the engine with the worst-case profiler and print the verdict"""
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(usage())
+        return 0
+    for i, a in enumerate(argv):
+        if a == HELP_ENGINE and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+            return engine_help(f"{a}={argv[i + 1]}")
+        if a == HELP_ENGINE or a.startswith(HELP_ENGINE + "=") or a.startswith("--help="):
+            return engine_help(a)
+    from . import preflight
+
+    ours = parse_ours(argv)
+    sizes = preflight.check_profile(
+        model=ours.model, outputs={"--json": ours.json, "--html": ours.html, "--png": ours.png},
+        margin=ours.margin, kv_cap=ours.kv_cap, kv_cache_memory_bytes=ours.kv_cache_memory_bytes)
+    preflight.check_picture_support({"--html": ours.html, "--png": ours.png})
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    if "--quiet" in argv:
-        _quiet_logs()
+    if ours.quiet:
+        _quiet_env()
+    with tempfile.TemporaryDirectory(prefix="wcprof-", ignore_cleanup_errors=True) as tmp:
+        return _profile(argv, ours, sizes, Path(tmp))
+
+
+def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
     from rich.console import Console
 
     err = Console(stderr=True)
-    with err.status("loading vLLM…"):
-        ns, engine_args = build_engine_args(argv)
-    from vllm.platforms import current_platform
+    quiet = ours.quiet
+    log_path = tmp / "engine.log" if quiet else None
+    report_path = tmp / "report.json"
 
-    on_cpu = current_platform.is_cpu()
-    tmpdir = tempfile.mkdtemp(prefix="wcprof-")
-    report_path = os.path.join(tmpdir, "report.json")
-    extra = dict(engine_args.additional_config or {})
-    extra["worstcase_profiler"] = _settings(ns, report_path, on_cpu)
-    engine_args.additional_config = extra
+    def status(text: str):
+        return contextlib.nullcontext() if quiet else err.status(text)
 
-    from vllm import LLM
-
-    from .adapter.engine_facts import limits_of
-    from .adapter.validation import validate
-    from .render.json_report import load_report
-
-    t0 = time.perf_counter()
     try:
-        llm = LLM(**{f: getattr(engine_args, f) for f in engine_args.__dataclass_fields__})
-    except Exception as e:  # the plugin's own errors may arrive wrapped by the engine: unwrap
-        cause = e
-        while cause is not None and not isinstance(cause, WcprofError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is not None:
-            if os.path.exists(report_path):  # the report up to the refusal: show what was seen
-                _emit(load_report(report_path), ns)
-            raise cause from None
-        if isinstance(e, (ValueError, TypeError)):  # vLLM's own config validation
-            raise ConfigError(f"vLLM refused the configuration: {e}") from None
+        with _engine_output(log_path):
+            with status("loading vLLM…"):
+                ns, engine_args = build_engine_args(argv)
+            _one_line_tracebacks()
+            from vllm.platforms import current_platform
+
+            extra = dict(engine_args.additional_config or {})
+            extra["worstcase_profiler"] = _settings(ns, str(report_path),
+                                                    current_platform.is_cpu(), sizes)
+            engine_args.additional_config = extra
+
+            from vllm import LLM
+
+            t0 = time.perf_counter()
+            try:
+                llm = LLM(**{f: getattr(engine_args, f) for f in engine_args.__dataclass_fields__})
+            except Exception as e:  # noqa: BLE001 - classified, then re-raised
+                raise _engine_failure(e) from None
+            boot_s = time.perf_counter() - t0
+            report = _read_report(report_path, tmp)
+            if ns.validate:
+                from .adapter.engine_facts import limits_of
+                from .adapter.validation import validate
+
+                limits = limits_of(llm.llm_engine.vllm_config)
+                with status("validating: replaying a max_model_len prompt and a decode batch…"):
+                    report.validation = validate(llm, report, limits)
+    except WcprofError:
+        _show_log_tail(log_path)
+        if report_path.exists():  # the report up to the refusal: show what was seen
+            from .render.json_report import load_report
+
+            _emit(load_report(report_path), ours)
         raise
-    boot_s = time.perf_counter() - t0
-    if not os.path.exists(report_path):
-        raise WcprofError("the engine started but the profiler wrote no report",
-                          hint="is the worstcase_profiler plugin installed in this environment? "
-                               "(`pip show worstcase_profiler`; VLLM_PLUGINS must allow it)")
-    report = load_report(report_path)
-    others = sorted(Path(tmpdir).glob("report.rank*.json"))
-    if others:  # tensor/pipeline parallel: every rank measured its own budget
-        report.ranks = [report.model_copy(deep=True)] + [load_report(p) for p in others]
-    if ns.validate:
-        limits = limits_of(llm.llm_engine.vllm_config)
-        with err.status("validating: replaying a max_model_len prompt and a decode batch…"):
-            report.validation = validate(llm, report, limits)
-    _emit(report, ns)
-    err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
+    except BaseException:
+        _show_log_tail(log_path)
+        raise
+    _emit(report, ours)
+    if not quiet:
+        err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
     code = 0 if report.admission.fits and (report.kv_audit is None or report.kv_audit.verdict == "ok") else 1
     if report.validation and report.validation.measured_peak_bytes > report.validation.predicted_peak_bytes:
         code = 1
     return code
+
+
+def _read_report(report_path: Path, tmp: Path):
+    from .render.json_report import load_report
+
+    if not report_path.exists():
+        raise WcprofError("the engine started but the profiler wrote no report",
+                          hint="is the worstcase_profiler plugin installed in this environment? "
+                               "(`pip show worstcase_profiler`; VLLM_PLUGINS must allow it)")
+    report = load_report(report_path)
+    others = sorted(tmp.glob("report.rank*.json"))
+    if others:  # tensor/pipeline parallel: every rank measured its own budget
+        report.ranks = [report.model_copy(deep=True)] + [load_report(p) for p in others]
+    return report
 
 
 def _emit(report, ns) -> None:
@@ -171,23 +519,71 @@ def _emit(report, ns) -> None:
         dest = getattr(ns, fmt, None)
         if dest:
             get_reporter(fmt).write(report, dest)
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# main and the other subcommands
+# --------------------------------------------------------------------------------------------
+
+def _print_error(e: WcprofError) -> None:
+    from rich.console import Console
+    from rich.text import Text
+
+    text = Text("wcprof: error:", style="bold red")
+    text.append(f" {e.message}")
+    if e.hint:
+        text.append("\n  ")
+        text.append("->", style="yellow")
+        text.append(f" {e.hint}")
+    Console(stderr=True, soft_wrap=True).print(text, highlight=False)
+
+
+def _unknown_command(word: str) -> ConfigError:
+    commands = ", ".join(f"{c} (the default)" if c == "profile" else c for c in SUBCOMMANDS)
+    tip = f"; to profile it, pass --model {word}" if ("/" in word or os.path.exists(word)) else ""
+    return ConfigError(f"unknown command {word!r}: the commands are {commands}{tip} "
+                       f"(see `wcprof --help`)")
+
+
+def _dispatch(argv: list[str]) -> int:
+    if not argv:
+        return profile([])
+    first = argv[0]
+    if first in ("-h", "--help", "help"):
+        sys.stdout.write(usage())
+        return 0
+    if first in SUBCOMMANDS:
+        return SUBCOMMANDS[first](argv[1:])
+    if not first.startswith("-"):
+        raise _unknown_command(first)
+    return profile(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    global _debug
     argv = list(sys.argv[1:] if argv is None else argv)
+    _debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "").strip().lower() in (
+        "1", "true", "yes", "on")
+    argv = [a for a in argv if a != "--debug"]
     try:
-        if argv and argv[0] in SUBCOMMANDS:
-            return SUBCOMMANDS[argv[0]](argv[1:])
-        return profile(argv)
+        return _dispatch(argv)
     except WcprofError as e:
-        from rich.console import Console
-
-        Console(stderr=True, soft_wrap=True).print(
-            f"[bold red]wcprof: error:[/] {e.message}" +
-            (f"\n  [yellow]->[/] {e.hint}" if e.hint else ""), markup=True, highlight=False)
+        if _debug:
+            traceback.print_exc()
+        _print_error(e)
         return e.exit_code
     except KeyboardInterrupt:
-        return 130
+        sys.stderr.write("wcprof: interrupted\n")
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - one line, never a traceback unless --debug
+        if _debug:
+            traceback.print_exc()
+        _print_error(WcprofError(
+            f"{type(e).__name__}: {_first_line(e)}",
+            hint="this does not look like a problem with your input: rerun with --debug for the "
+                 "traceback, and please report it"))
+        return EXIT_INTERNAL
 
 
 def _demo(argv: list[str]) -> int:
@@ -208,7 +604,49 @@ def _check(argv: list[str]) -> int:
     return check_main(argv)
 
 
-SUBCOMMANDS = {"demo": _demo, "diff": _diff, "check": _check}
+def _render(argv: list[str]) -> int:
+    """wcprof render REPORT.json [--terminal] [--html P] [--png P] [--json P]
+
+    Re-render a saved report (from `wcprof --json` or `vllm serve --profiler-report`). Without
+    an output flag it prints the verdict screen. Exit 0 when everything was written, 2 on bad
+    input (a missing or foreign report, an unwritable destination)."""
+    from . import preflight
+
+    parser = _ArgParser(prog="wcprof render", allow_abbrev=False,
+                        description="re-render a saved report (written by `wcprof --json` or "
+                                    "`vllm serve --profiler-report`)")
+    parser.add_argument("report", metavar="REPORT.json")
+    parser.add_argument("--terminal", action="store_true",
+                        help="print the verdict screen (the default when no file is asked for)")
+    parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML picture")
+    parser.add_argument("--png", metavar="PATH", help="write the picture as PNG")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON again")
+    ns = parser.parse_args(argv)
+    dests = {fmt: getattr(ns, fmt) for fmt in ("html", "png", "json") if getattr(ns, fmt)}
+    preflight.check_outputs({f"--{fmt}": dest for fmt, dest in dests.items()})
+    preflight.check_picture_support({"--html": ns.html, "--png": ns.png})
+    from .render import get_reporter, load_report
+
+    report = load_report(ns.report)
+    if ns.terminal or not dests:
+        get_reporter("terminal").write(report, sys.stdout)
+        sys.stdout.flush()
+    for fmt, dest in dests.items():
+        get_reporter(fmt).write(report, dest)
+        if dest != "-":
+            sys.stderr.write(f"wrote {dest}\n")
+    return 0
+
+
+def _gate(argv: list[str]) -> int:
+    """CI gate: profile a file of configurations, fail when one got worse than its baseline"""
+    from .ci_gate import main as gate_main
+
+    return gate_main(argv)
+
+
+SUBCOMMANDS = {"profile": profile, "demo": _demo, "check": _check, "diff": _diff,
+               "render": _render, "gate": _gate}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -58,5 +58,6 @@ def run_demo(argv: list[str]) -> int:
         Console().print(__doc__)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    Console().rule(f"wcprof demo {name}: {SCENARIOS.get(name, ('', [], '?'))[2]}")
-    return profile(scenario_args(name) + rest)
+    args = scenario_args(name)  # an unknown name or missing fixtures: one error line, no banner
+    Console().rule(f"wcprof demo {name}: {SCENARIOS[name][2]}")
+    return profile(args + rest)

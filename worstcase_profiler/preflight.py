@@ -1,0 +1,426 @@
+"""Checks that run before any model loads, so a mistake costs a second, not an engine start.
+
+Pure: no vLLM, no torch (huggingface_hub is imported only to look a repo id up in the local
+cache). Every failure raises errors.ConfigError whose message says what is wrong and whose hint
+says what to do; `wcprof` prints it as one line and exits 2.
+
+  check_model(model)                 a local path exists and holds a readable config.json; a
+                                     Hugging Face repo id is reachable (offline: cached)
+  check_output(path, flag)           a report destination is a file name in a writable directory
+  check_outputs({flag: path})        the same for several, and no two the same file
+  check_picture_support({flag: path}) --html/--png need matplotlib
+  check_size / check_engine_bytes    our --margin/--kv-cap, vLLM's --kv-cache-memory-bytes
+  check_env(environ)                 WCPROF_PROFILER, WCPROF_CONFIG (settings.from_env)
+  check_profile(...)                 everything `wcprof` (profile) needs, in that order
+  check_serve(settings)              `vllm serve --profiler worstcase`: the report path
+  check_serve_args(profiler, report, additional_config)
+                                     the serve flags + environment, resolved, then check_serve
+  die(error)                         one line on stderr and exit (for callers outside `wcprof`)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import socket
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Mapping, NoReturn
+from urllib.parse import urlparse
+
+from .errors import ConfigError, WcprofError
+from .settings import (ENV_CONFIG, ENV_SWITCH, PROFILER_CHOICES, ProfilerSettings, from_mapping,
+                       profiler_choice_to_mode, resolve)
+from .sizes import parse_size
+
+_TRUE = ("1", "true", "yes", "on")
+# A Hugging Face repo id: "name" or "namespace/name" (letters, digits, - _ .), at most 96 chars.
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+# vLLM's human_readable_int: 4G = 4 GiB, 4g = 4e9; plain integers.
+_VLLM_INT = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_VLLM_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_VLLM_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+NETWORK_TIMEOUT_S = 3.0
+
+
+# --------------------------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------------------------
+
+def check_model(model: str | os.PathLike | None, environ: Mapping[str, str] | None = None) -> None:
+    """A local model directory with a valid config.json, a .gguf file, or a Hugging Face repo id
+    that can be fetched (in the local cache when HF_HUB_OFFLINE is set, else a reachable hub).
+    None (the bundled model) and URIs (s3://...) are left to vLLM."""
+    if model is None:
+        return
+    env = os.environ if environ is None else environ
+    text = str(model).strip()
+    if not text:
+        raise ConfigError("--model is empty", hint="pass a model directory or a Hugging Face id")
+    if "://" in text:
+        return
+    path = Path(text).expanduser()
+    if path.exists():
+        if path.is_dir():
+            _check_model_dir(path)
+        elif path.suffix.lower() != ".gguf":
+            raise ConfigError(f"--model {text} is a file, not a model directory",
+                              hint="pass the directory that holds the model's config.json "
+                                   "(or a .gguf file)")
+        return
+    if looks_like_repo_id(text) and not text.startswith(("~", ".")):
+        _check_hub(text, env)
+        return
+    if ":" in text and looks_like_repo_id(text.split(":", 1)[0]):
+        return  # repo:quantisation (GGUF on the hub): vLLM's own syntax
+    raise ConfigError(f"--model {text}: no such file or directory",
+                      hint="pass a local model directory (the one holding config.json) or a "
+                           "Hugging Face repo id such as Qwen/Qwen3-0.6B; without --model wcprof "
+                           "profiles its bundled tiny model")
+
+
+def looks_like_repo_id(text: str) -> bool:
+    return (len(text) <= 96 and _REPO_ID.fullmatch(text) is not None
+            and "--" not in text and ".." not in text)
+
+
+def _check_model_dir(path: Path) -> None:
+    config = path / "config.json"
+    if not config.is_file():
+        if (path / "params.json").is_file():
+            return  # Mistral format (--config-format mistral)
+        raise ConfigError(f"--model {path}: no config.json in this directory",
+                          hint="pass the directory that holds the model's config.json (for a "
+                               "Hugging Face cache: .../snapshots/<revision>)")
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"cannot read {config}: {e.strerror or e}",
+                          hint="check the file's permissions") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{config} is not valid JSON (not UTF-8 text)",
+                          hint="repair or re-download the model's config.json") from e
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{config} is not valid JSON ({e.msg} at line {e.lineno} column "
+                          f"{e.colno})",
+                          hint="repair or re-download the model's config.json") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{config} is not a model config (a JSON {type(data).__name__}, "
+                          f"not an object)", hint="repair or re-download the model's config.json")
+    if not data.get("model_type") and not data.get("architectures"):
+        raise ConfigError(f"{config} names neither model_type nor architectures",
+                          hint="a Hugging Face config.json says which model it is; repair or "
+                               "re-download it")
+
+
+def _offline(env: Mapping[str, str]) -> bool:
+    return any(str(env.get(k, "")).strip().lower() in _TRUE
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _in_hf_cache(repo_id: str, env: Mapping[str, str]) -> bool | None:
+    """True/False: config.json of repo_id is / is not in the local HF cache; None: cannot tell."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json",
+                                       cache_dir=env.get("HF_HUB_CACHE") or None)
+    except Exception:  # noqa: BLE001 - an unreadable cache is vLLM's to report
+        return None
+    return isinstance(found, str)
+
+
+def _hub_reachable(env: Mapping[str, str]) -> tuple[bool, str]:
+    endpoint = env.get("HF_ENDPOINT") or "https://huggingface.co"
+    url = urlparse(endpoint)
+    host = url.hostname or "huggingface.co"
+    if any(env.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True, host  # through a proxy: a direct connection says nothing
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=NETWORK_TIMEOUT_S).close()
+    except OSError:
+        return False, host
+    return True, host
+
+
+def _check_hub(repo_id: str, env: Mapping[str, str]) -> None:
+    if any(str(env.get(k, "")).strip().lower() in _TRUE for k in ("VLLM_USE_MODELSCOPE",)):
+        return
+    cached = _in_hf_cache(repo_id, env)
+    if cached:
+        return
+    fetch = (f"download it where the network reaches (`hf download {repo_id} --local-dir DIR`) "
+             f"and pass --model DIR")
+    if _offline(env):
+        raise ConfigError(f"--model {repo_id} is not a local path and HF_HUB_OFFLINE is set, "
+                          f"but it is not in the Hugging Face cache",
+                          hint=f"check the path, unset HF_HUB_OFFLINE, or {fetch}")
+    ok, host = _hub_reachable(env)
+    if not ok:
+        raise ConfigError(f"--model {repo_id} is not a local path and {host} cannot be reached "
+                          f"to download it", hint=f"check the path, or {fetch}")
+
+
+# --------------------------------------------------------------------------------------------
+# output destinations
+# --------------------------------------------------------------------------------------------
+
+def check_output(path: str | os.PathLike, flag: str) -> Path:
+    """`path` can be written: not a directory, in a directory that exists or can be created and
+    accepts a new file (tried: a probe file is created and removed; directories created for the
+    probe are removed again). "-" (stdout) passes. Returns the path."""
+    text = str(path)
+    if text == "-":
+        return Path(text)
+    if not text.strip():
+        raise ConfigError(f"{flag} needs a file name", hint=f"e.g. {flag} report{_ext(flag)}")
+    p = Path(text).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"{flag} {text} is a directory",
+                          hint=f"give a file name, e.g. {flag} {p / ('report' + _ext(flag))}")
+    parent = Path(os.path.abspath(p)).parent
+    missing: list[Path] = []
+    existing = parent
+    while not existing.exists() and existing != existing.parent:
+        missing.append(existing)
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {text}: {existing} is a file, not a directory",
+                          hint="choose a path inside a directory")
+    created: list[Path] = []
+    where = existing
+    try:
+        for d in reversed(missing):
+            where = d
+            d.mkdir()
+            created.append(d)
+        where = parent
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=".wcprof-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(f"{flag} {text}: cannot write in {where}: {e.strerror or e}",
+                          hint="choose a writable directory (check its permissions, free space "
+                               "and whether it is a read-only mount)") from e
+    finally:
+        for d in reversed(created):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+    return p
+
+
+def _ext(flag: str) -> str:
+    for ext in ("json", "html", "png"):
+        if ext in flag:
+            return "." + ext
+    return ".json"
+
+
+def check_outputs(destinations: Mapping[str, Any]) -> None:
+    """{flag: path or None}: each writable, no two the same file."""
+    seen: dict[str, str] = {}
+    for flag, path in destinations.items():
+        if path is None:
+            continue
+        check_output(path, flag)
+        if str(path) == "-":
+            continue
+        key = os.path.realpath(os.path.expanduser(str(path)))
+        if key in seen:
+            raise ConfigError(f"{seen[key]} and {flag} name the same file {path}",
+                              hint="give each output its own file name")
+        seen[key] = flag
+
+
+def check_picture_support(destinations: Mapping[str, Any]) -> None:
+    """--html/--png draw with matplotlib (the `picture` extra): say so before the engine runs."""
+    wanted = [flag for flag, path in destinations.items() if path]
+    if wanted and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError(f"{' and '.join(wanted)} need matplotlib, which is not installed",
+                          hint="pip install 'worstcase_profiler[picture]' (make demo and make "
+                               "test install it)")
+
+
+# --------------------------------------------------------------------------------------------
+# sizes
+# --------------------------------------------------------------------------------------------
+
+def check_size(value: Any, flag: str, *, allow_zero: bool = True) -> int | None:
+    """Our sizes (--margin, --kv-cap): bytes or a unit (512MiB, 4GiB, 8G). None passes."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if text.startswith("-"):
+        raise ConfigError(f"{flag} {text}: a size cannot be negative",
+                          hint=f"use bytes or a unit, e.g. {flag} 512MiB")
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        raise ConfigError(f"bad {flag}: {e}") from e
+    if size == 0 and not allow_zero:
+        raise ConfigError(f"{flag} {text}: must be more than 0 bytes",
+                          hint=f"use bytes or a unit, e.g. {flag} 512MiB")
+    return size
+
+
+def check_engine_bytes(value: Any, flag: str = "--kv-cache-memory-bytes") -> int | None:
+    """vLLM's --kv-cache-memory-bytes: a positive integer in vLLM's own notation
+    (human_readable_int: 4294967296, 4G = 4 GiB, 4g = 4e9; no "GiB"). None passes. Returns the
+    bytes."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    hint = (f"pass a positive number of bytes, e.g. {flag} 4G (vLLM reads G as GiB and g as "
+            f"10^9) or {flag} 4294967296; leave it out to size the KV cache from "
+            f"--gpu-memory-utilization")
+    if text.startswith("-"):
+        raise ConfigError(f"{flag} {text}: must be a positive number of bytes", hint=hint)
+    m = _VLLM_INT.fullmatch(text)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _VLLM_BINARY and "." in number:
+            raise ConfigError(f"{flag} {text}: vLLM takes no decimals with the binary suffix "
+                              f"{suffix}", hint=f"use {number}{suffix.lower()} (decimal) or whole "
+                                                f"{suffix}")
+        size = int(float(number) * (_VLLM_BINARY.get(suffix) or _VLLM_DECIMAL[suffix]))
+    elif text.isdigit():
+        size = int(text)
+    else:
+        try:
+            ours = parse_size(text)
+        except ValueError:
+            ours = None
+        if ours:
+            raise ConfigError(f"{flag} {text}: vLLM does not read this unit",
+                              hint=f"write it as {flag} {ours} (bytes), or with vLLM's suffixes: "
+                                   f"K/M/G/T = KiB/MiB/GiB/TiB, k/m/g/t = 10^3..10^12")
+        raise ConfigError(f"{flag} {text}: not a number of bytes", hint=hint)
+    if size <= 0:
+        raise ConfigError(f"{flag} {text}: must be a positive number of bytes", hint=hint)
+    return size
+
+
+# --------------------------------------------------------------------------------------------
+# settings from the environment, and the serve side
+# --------------------------------------------------------------------------------------------
+
+def check_env(environ: Mapping[str, str] | None = None) -> ProfilerSettings:
+    """WCPROF_CONFIG then WCPROF_PROFILER, as settings.from_env reads them, with messages that
+    name the variable. Returns the settings."""
+    env = os.environ if environ is None else environ
+    settings = ProfilerSettings()
+    raw = env.get(ENV_CONFIG)
+    if raw:
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as e:
+            shown = raw if len(raw) <= 60 else raw[:57] + "..."
+            raise ConfigError(f"{ENV_CONFIG} is not valid JSON ({e.msg} at column {e.colno}): "
+                              f"{shown!r}",
+                              hint=f"set it to a JSON object such as {ENV_CONFIG}="
+                                   "'{\"json_path\": \"/var/log/wcprof/report.json\"}', or unset "
+                                   "it") from e
+        try:
+            settings = from_mapping(data, settings)
+        except ConfigError as e:
+            raise ConfigError(f"{ENV_CONFIG}: {e.message}",
+                              hint=e.hint or f"fix or unset {ENV_CONFIG}") from e
+        except ValueError as e:  # a size settings.py could not read
+            raise ConfigError(f"{ENV_CONFIG}: {e}", hint=f"fix or unset {ENV_CONFIG}") from e
+    choice = env.get(ENV_SWITCH)
+    if choice:
+        try:
+            mode = profiler_choice_to_mode(choice)
+        except ConfigError as e:
+            raise ConfigError(f"{ENV_SWITCH}={choice!r} is not a profiler",
+                              hint=f"set {ENV_SWITCH}=worstcase (or default), or unset it") from e
+        settings = replace(settings, mode=mode)
+    return settings
+
+
+def check_serve(settings: ProfilerSettings, source: str = "--profiler-report") -> None:
+    """What `vllm serve` with the profiler on needs before the engine starts: the report path
+    (settings.json_path, from --profiler-report, --additional-config or WCPROF_CONFIG) is a
+    writable file name. Nothing to check when the profiler is off."""
+    if not settings.enabled:
+        return
+    if settings.json_path:
+        check_output(settings.json_path, source)
+
+
+def check_serve_args(profiler: str | None, profiler_report: str | None,
+                     additional_config: Any = None,
+                     environ: Mapping[str, str] | None = None) -> ProfilerSettings:
+    """`vllm serve`'s --profiler / --profiler-report with the environment and
+    --additional-config, checked and resolved the way the workers will resolve them; then
+    check_serve. Returns the settings (mode "off" when nothing switches the profiler on)."""
+    env = os.environ if environ is None else environ
+    check_env(env)
+    if profiler is not None and profiler not in PROFILER_CHOICES:
+        raise ConfigError(f"unknown --profiler {profiler!r}",
+                          hint=f"use --profiler {' or --profiler '.join(PROFILER_CHOICES)}")
+    if profiler_report is not None and profiler != "worstcase":
+        raise ConfigError("--profiler-report needs --profiler worstcase"
+                          + (" (--profiler default writes no report)" if profiler else ""),
+                          hint="add --profiler worstcase, or drop --profiler-report")
+    try:
+        settings = resolve(additional_config, dict(env))
+    except ConfigError as e:
+        raise ConfigError(f"--additional-config: {e.message}", hint=e.hint) from e
+    except ValueError as e:  # a size settings.py could not read
+        raise ConfigError(f"--additional-config: {e}",
+                          hint="sizes are bytes or a unit such as 512MiB") from e
+    if profiler is not None:
+        section: dict[str, Any] = {"profiler": profiler}
+        if profiler_report:
+            section["json_path"] = profiler_report
+        settings = from_mapping(section, settings)
+    source = "--profiler-report" if profiler_report else "the report path (json_path)"
+    check_serve(settings, source)
+    return settings
+
+
+# --------------------------------------------------------------------------------------------
+# `wcprof` (profile): everything before the engine
+# --------------------------------------------------------------------------------------------
+
+def check_profile(*, model: str | None, outputs: Mapping[str, Any], margin: Any = None,
+                  kv_cap: Any = None, kv_cache_memory_bytes: Any = None,
+                  environ: Mapping[str, str] | None = None) -> dict[str, int | None]:
+    """Sizes first (instant), then the environment, outputs, and the model (may touch the
+    network). Returns the parsed sizes: margin_bytes, kv_cap_bytes, kv_cache_memory_bytes."""
+    sizes = {"margin_bytes": check_size(margin, "--margin"),
+             "kv_cap_bytes": check_size(kv_cap, "--kv-cap", allow_zero=False),
+             "kv_cache_memory_bytes": check_engine_bytes(kv_cache_memory_bytes)}
+    check_env(environ)
+    check_outputs(outputs)
+    check_model(model, environ)
+    return sizes
+
+
+def format_error(error: WcprofError, prog: str = "wcprof") -> str:
+    return f"{prog}: error: {error.message}" + (f"\n  -> {error.hint}" if error.hint else "")
+
+
+def die(error: WcprofError, prog: str = "worstcase_profiler") -> NoReturn:
+    """Print the error (one line, and its hint) on stderr and exit with its code: for callers
+    outside `wcprof`, such as vllm serve's argument handling, where a raised error would end in
+    a traceback."""
+    sys.stderr.write(format_error(error, prog) + "\n")
+    sys.stderr.flush()
+    raise SystemExit(error.exit_code)
+
+
+__all__ = ["check_model", "check_output", "check_outputs", "check_picture_support", "check_size",
+           "check_engine_bytes",
+           "check_env", "check_serve", "check_serve_args", "check_profile", "die",
+           "format_error", "looks_like_repo_id"]
