@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import cache
+from .core import cache
 from .errors import ConfigError, WcprofError
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
@@ -124,8 +124,8 @@ def profile(argv: list[str]) -> int:
 
     from vllm import LLM
 
-    from .adapter.engine_facts import limits_of
-    from .adapter.validation import validate
+    from .adapter.facts import limits_of
+    from .adapter.validation import validate_traffic, validate_worst_step
     from .render.json_report import load_report
 
     t0 = time.perf_counter()
@@ -153,14 +153,40 @@ def profile(argv: list[str]) -> int:
         report.ranks = [report.model_copy(deep=True)] + [load_report(p) for p in others]
     if ns.validate:
         limits = limits_of(llm.llm_engine.vllm_config)
-        with err.status("validating: replaying a max_model_len prompt and a decode batch…"):
-            report.validation = validate(llm, report, limits)
+        predicted = {r.rank: r.worstcase.peak_activation_bytes for r in (report.ranks or [report])}
+        w = report.worstcase.worst_shape
+        from .core.types import Shape
+
+        with err.status("validating: the worst step from real requests, then generic traffic…"):
+            found = validate_worst_step(llm, predicted, limits,
+                                        Shape(w.kind, w.rows, w.context_len, w.num_reqs),
+                                        prefix_caching=limits.prefix_caching)
+            found += validate_traffic(llm, predicted, limits)
+        report = with_validations(report, found)
     _emit(report, ns)
     err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
     code = 0 if report.admission.fits and (report.kv_audit is None or report.kv_audit.verdict == "ok") else 1
-    if report.validation and report.validation.measured_peak_bytes > report.validation.predicted_peak_bytes:
+    if any(v.measured_peak_bytes > v.predicted_peak_bytes for v in report.validations):
         code = 1
     return code
+
+
+def with_validations(report, validations):
+    """The report (and each rank's) with the validations measured by `wcprof --validate`."""
+    from .report import gating_validation, validation_model
+
+    by_rank: dict[int, list] = {}
+    for v in validations:
+        by_rank.setdefault(v.rank, []).append(validation_model(v))
+
+    def filled(rep):
+        mine = by_rank.get(rep.rank, [])
+        return rep.model_copy(update={"validations": mine, "validation": gating_validation(mine)})
+
+    ranks = [filled(r) for r in report.ranks]
+    every = [v for vs in by_rank.values() for v in vs]
+    return report.model_copy(update={"ranks": ranks, "validations": every,
+                                     "validation": gating_validation(every)})
 
 
 def _emit(report, ns) -> None:
