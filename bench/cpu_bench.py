@@ -96,7 +96,7 @@ def _metered_generate(llm, meter, scratch_log, label: str, prompts: list, max_to
     """One generate call read by CpuMeter: begin() before, end() after."""
     from vllm import SamplingParams
 
-    from worstcase_profiler.meters import _read_status_kb
+    from worstcase_profiler.adapter.meters import _read_status_kb
 
     if scratch_log is not None:
         scratch_log.clear()
@@ -123,8 +123,8 @@ def _metered_generate(llm, meter, scratch_log, label: str, prompts: list, max_to
 def _replay(llm, out: dict) -> None:
     """Adversarial traffic through the real engine, every generate call read by CpuMeter."""
     from worstcase_profiler.adapter import workspace as ws
-    from worstcase_profiler.adapter.engine_facts import limits_of
-    from worstcase_profiler.meters import CpuMeter
+    from worstcase_profiler.adapter.facts import limits_of
+    from worstcase_profiler.adapter.meters import CpuMeter
 
     lim = limits_of(llm.llm_engine.vllm_config)
     worker = llm.llm_engine.model_executor.driver_worker.worker

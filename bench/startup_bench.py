@@ -45,7 +45,7 @@ def child(a) -> int:
     debug.addFilter(lambda record: record.levelno == logging.DEBUG)
     logging.getLogger("vllm.wcprof").addHandler(debug)
     logging.getLogger("vllm.wcprof").setLevel(logging.DEBUG)
-    from worstcase_profiler.timing import profiler_phases  # importable wherever the plugin is
+    from worstcase_profiler.core.timing import profiler_phases  # importable wherever the plugin is
 
     extra = {}
     report = Path(a.cache_dir) / "report.json"

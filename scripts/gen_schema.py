@@ -43,17 +43,18 @@ Conventions:
   (`StepResult.need_bytes`), and the **verdict** is computed from the report (`Report.verdict`):
   `DOES NOT FIT` when `admission.fits` is false, else `KV OVER-COMMIT` when `kv_audit.verdict`
   is not `ok`, else `STOCK UNSAFE` when `admission.stock_oom_context_len` is set, else `SAFE`.
-- The admission arithmetic: `budget_bytes = requested_bytes - consumed_bytes - (worst transient)
-  - cudagraph_bytes - margin_bytes`, where the worst transient is
-  `worstcase.peak_activation_bytes` (the largest measured peak plus whatever the chord
-  certificate adds for rows never executed) and `consumed_bytes` already includes the workspace
-  and the post-profile buffers. `recommended_kv_cache_memory_bytes` is the budget rounded down to
-  a whole MiB.
+- The admission arithmetic: `budget_bytes = requested_bytes - consumed_bytes - transient_bytes
+  - cudagraph_bytes - margin_bytes`, where `transient_bytes` is the worst transient
+  (`worstcase.peak_activation_bytes`: the largest measured peak plus whatever the chord
+  certificate adds for rows never executed), `cudagraph_bytes` what warm-up keeps once the budget
+  is fixed (CUDA graphs and other buffers, from `warmup_source`), and `consumed_bytes` already
+  includes the workspace and the post-profile buffers. `recommended_kv_cache_memory_bytes` is the
+  budget rounded down to a whole MiB.
 """
 
 
 # Meanings for fields whose pydantic Field carries no description (read from the code that
-# fills them: adapter/engine.py, admission.py, sweep.py, adapter/kv.py). A description in
+# fills them: adapter/startup.py, core/admission.py, core/sweep.py, adapter/kv.py). A description in
 # report.py wins over these.
 FIELD_NOTES = {
     "Report.schema_version": "MAJOR.MINOR of this schema",
@@ -70,6 +71,7 @@ FIELD_NOTES = {
     "Report.kv_audit": "what KV initialisation really allocated; null before KV "
                        "initialisation ran or with kv_audit=off",
     "Report.validation": "real requests replayed at the worst shapes (`wcprof --validate`)",
+    "WarmupAudit.graphs_bytes": "of resident_bytes: what CUDA-graph capture kept",
     "Report.warnings": "anything the operator should read (e.g. workspace growth after the budget)",
     "Shape.kind": "stock: vLLM's own profile step; prefill: one chunk on a full KV extent; "
                   "decode: the full-context decode batch; mixed: decodes plus one prefill chunk",
@@ -113,7 +115,6 @@ FIELD_NOTES = {
     "Admission.consumed_bytes": "what the process holds after the sweep (CUDA: free memory at "
                                 "worker start minus free now; CPU: RSS), plus the post-profile "
                                 "buffers",
-    "Admission.cudagraph_bytes": "vLLM's CUDA-graph memory estimate, when vLLM subtracts it",
     "Admission.margin_bytes": "safety margin (setting margin_bytes, default 64 MiB)",
     "Admission.budget_bytes": "requested - consumed - worst transient - cudagraphs - margin; "
                               "may be negative",

@@ -1,13 +1,13 @@
 """worstcase_profiler: size vLLM's KV cache from the worst step the scheduler can form.
 
-Layout (pure core first, vLLM last):
-  sizes, errors, settings      small vocabulary shared by everything
-  shapes, coverage, admission  the maths: which steps to run, why every rows value is covered,
-                               how much KV is safe
-  meters                       how a step's peak is measured (CUDA allocator, CPU VmHWM)
-  report, render/              the pydantic report and one renderer per output format
-  adapter/                     every touch of vLLM internals, each patch documented
-  plugin, cli                  the vLLM general plugin and the `wcprof` command
+Layout (results flow one way: measure -> decide -> report -> render):
+  core/        the pure core (no vLLM, no torch): shapes, coverage, sweep, admission, policy,
+               cache, the start-up session over frozen values of its own
+  adapter/     every touch of vLLM, each catalogued in adapter/patches.py: the hooks
+               (startup.py), step drivers and meters, KV and workspace measurements
+  report.py    the public JSON schema and its projection from a session
+  render/      the view model and one reporter per format (terminal, json, html, png)
+  plugin.py    the vllm.general_plugins entry point; cli.py `wcprof`; gates.py `wcprof diff/check`
 """
 
 __version__ = "0.1.0"

@@ -263,7 +263,8 @@ def engine_help(token: str) -> int:
 # --------------------------------------------------------------------------------------------
 
 def _settings(ns, json_path: str, on_cpu: bool, sizes: dict | None = None) -> dict:
-    from . import cache, preflight
+    from . import preflight
+    from .core import cache
 
     s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
          "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace}
@@ -472,12 +473,9 @@ def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
             boot_s = time.perf_counter() - t0
             report = _read_report(report_path, tmp)
             if ns.validate:
-                from .adapter.engine_facts import limits_of
-                from .adapter.validation import validate
-
-                limits = limits_of(llm.llm_engine.vllm_config)
-                with status("validating: replaying a max_model_len prompt and a decode batch…"):
-                    report.validation = validate(llm, report, limits)
+                with status("validating: the worst step from real requests, then generic "
+                            "traffic…"):
+                    report = with_validations(report, validate(llm, report))
     except WcprofError:
         _show_log_tail(log_path)
         if report_path.exists():  # the report up to the refusal: show what was seen
@@ -492,9 +490,41 @@ def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
     if not quiet:
         err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
     code = 0 if report.admission.fits and (report.kv_audit is None or report.kv_audit.verdict == "ok") else 1
-    if report.validation and report.validation.measured_peak_bytes > report.validation.predicted_peak_bytes:
+    if any(v.measured_peak_bytes > v.predicted_peak_bytes for v in report.validations):
         code = 1
     return code
+
+
+def validate(llm, report) -> list:
+    """--validate: the report's worst step from real requests, then generic traffic, per rank."""
+    from .adapter.facts import limits_of
+    from .adapter.validation import validate_traffic, validate_worst_step
+    from .core.types import Shape
+
+    limits = limits_of(llm.llm_engine.vllm_config)
+    predicted = {r.rank: r.worstcase.peak_activation_bytes for r in (report.ranks or [report])}
+    w = report.worstcase.worst_shape
+    found = validate_worst_step(llm, predicted, limits,
+                                Shape(w.kind, w.rows, w.context_len, w.num_reqs),
+                                prefix_caching=limits.prefix_caching)
+    return found + validate_traffic(llm, predicted, limits)
+
+
+def with_validations(report, validations):
+    """The report (and each rank's) with the validations `--validate` measured."""
+    from .report import gating_validation, validation_model
+
+    by_rank: dict[int, list] = {}
+    for v in validations:
+        by_rank.setdefault(v.rank, []).append(validation_model(v))
+
+    def filled(rep):
+        mine = by_rank.get(rep.rank, [])
+        return rep.model_copy(update={"validations": mine, "validation": gating_validation(mine)})
+
+    every = [v for vs in by_rank.values() for v in vs]
+    return report.model_copy(update={"ranks": [filled(r) for r in report.ranks],
+                                     "validations": every, "validation": gating_validation(every)})
 
 
 def _read_report(report_path: Path, tmp: Path):

@@ -24,7 +24,7 @@ from typing import Callable, Literal
 from rich.console import Console
 from rich.table import Table
 
-from .admission import bytes_for_one_request
+from .core.admission import bytes_for_one_request
 from .errors import ConfigError
 from .report import Report
 from .sizes import fmt_bytes, fmt_tokens, parse_size

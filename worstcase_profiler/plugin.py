@@ -4,11 +4,24 @@ each worker) before the worker class is resolved, so class-level patches reach e
 from __future__ import annotations
 
 import logging
+import os
+import sys
 
 log = logging.getLogger("vllm.wcprof")
 
 
 def register() -> None:
+    """Install the patches, then check the profiler's environment (WCPROF_PROFILER,
+    WCPROF_CONFIG): under `vllm serve` a bad value is one line and exit 2 before the engine
+    starts; in Python (LLM(...)) it raises ConfigError from the engine's construction."""
+    from . import preflight
     from .adapter.patches import apply_all
+    from .errors import ConfigError
 
     apply_all()
+    try:
+        preflight.check_env()
+    except ConfigError as e:
+        if os.path.basename(sys.argv[0]) == "vllm":
+            preflight.die(e)
+        raise

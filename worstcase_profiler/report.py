@@ -1,13 +1,26 @@
-"""The report: pydantic models, the one contract between the engine-side sweep, the CLI, the
-renderers and CI gates (`wcprof diff`). Every byte figure is an int of bytes; renderers format."""
+"""The report: the public JSON schema (pydantic), the one contract between a profiling run, the
+CLI, the renderers and CI gates (`wcprof diff`), and `build_report`, its projection from a
+start-up session's phase results. Every byte figure is an int of bytes; renderers format.
+
+The core never imports this module: it works in its own frozen values (core/types.py), and only
+`build_report` maps them onto the schema, so a renamed field here moves no fingerprint, cache
+key or decision.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+import enum
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-SCHEMA_VERSION = "1.2"  # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank
+if TYPE_CHECKING:  # the projection's input; the schema itself needs nothing from the core
+    from .core.session import StartupSession
+
+SCHEMA_VERSION = "1.3"
+# 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
+# transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
+# sweep mode.
 
 ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
 
@@ -127,6 +140,7 @@ class WorstCase(BaseModel):
         "in order), one per rank of the world group, indexed by rank; every entry must be equal "
         "(tensor-parallel ranks run the same steps in the same order)")
     cache: CacheUse | None = Field(None, description="sweep cache use at this start")
+    sweep_mode: str = Field("full", description="full: every shape ran on the whole model")
 
     @property
     def need_bytes(self) -> int:
@@ -143,7 +157,16 @@ class Admission(BaseModel):
     weights_bytes: int
     non_torch_bytes: int
     consumed_bytes: int
-    cudagraph_bytes: int = 0
+    transient_bytes: int | None = Field(
+        None, description="the worst transient subtracted (worstcase.peak_activation_bytes)")
+    cudagraph_bytes: int = Field(
+        0, description="what warm-up keeps once the budget is fixed (CUDA graphs and other "
+                       "buffers), reserved up front")
+    warmup_graphs_bytes: int | None = Field(None, description="of cudagraph_bytes: CUDA graphs")
+    warmup_source: str | None = Field(
+        None, description="where the warm-up reserve came from: vllm-estimate, rehearsal (warm-up "
+                          "run on the provisional KV cache), cache (measured by an earlier start), "
+                          "none")
     margin_bytes: int
     budget_bytes: int
     kv_cache_bytes: int = Field(description="the KV memory the engine is given")
@@ -156,6 +179,11 @@ class Admission(BaseModel):
     stock_oom_context_len: int | None = Field(
         None, description="smallest measured KV extent at which the worst step outgrows the stock "
         "prediction plus the slack stock leaves; None = stock holds up to max_model_len")
+    stock_shortfall_bytes: int | None = Field(
+        None, description="how much more than stock reserved the worst step at long context needs "
+                          "(0 when stock holds)")
+    one_request_bytes: int | None = Field(
+        None, description="KV one request at max_model_len needs")
     fits: bool
 
 
@@ -182,6 +210,7 @@ class WarmupAudit(BaseModel):
     0.26's V2 runner estimates them as 0) — against what admission set aside for it."""
 
     resident_bytes: int = Field(description="device memory warm-up added and kept")
+    graphs_bytes: int | None = Field(None, description="of resident_bytes: CUDA graph capture")
     accounted_bytes: int = Field(description="what admission subtracted for it (cudagraph_bytes)")
     outside_bytes: int = Field(description="resident - accounted: eats the worst step's headroom")
     allowed_bytes: int = Field(description="the margin; more than this fails the start")
@@ -196,6 +225,11 @@ class Validation(BaseModel):
     requests: list[str]
     seconds: float
     rank: int = Field(0, description="the rank measured (with TP, the rank of highest ratio)")
+    target: Literal["worst-step", "traffic"] = Field(
+        "traffic", description="worst-step: the report's own worst shape built from real requests "
+                               "(its rows, request count and context); traffic: generic requests")
+    shape: Shape | None = Field(None, description="the step the requests were built to reach")
+    note: str | None = Field(None, description="why a shape could not be built exactly, if so")
 
 
 class DeviceInfo(BaseModel):
@@ -237,7 +271,11 @@ class Report(BaseModel):
     admission: Admission
     kv_audit: KVAudit | None = None
     warmup_audit: WarmupAudit | None = None
-    validation: Validation | None = None
+    validation: Validation | None = Field(
+        None, description="the check that gates: the worst-step validation when one ran, else "
+                          "generic traffic (with TP, the rank of highest ratio)")
+    validations: list[Validation] = Field(
+        default_factory=list, description="every validation run: worst-step and traffic")
     startup_seconds: dict[str, float] = Field(
         default_factory=dict,
         description="wall seconds of each start-up phase in this worker; 'vllm_*' phases are "
@@ -248,11 +286,135 @@ class Report(BaseModel):
     warnings: list[str] = []
 
     @property
-    def verdict(self) -> str:
+    def verdict(self) -> "Verdict":
+        """DOES NOT FIT, else KV OVER-COMMIT, else STOCK UNSAFE, else SAFE."""
         if not self.admission.fits:
-            return "DOES NOT FIT"
+            return Verdict.DOES_NOT_FIT
         if self.kv_audit and self.kv_audit.verdict != "ok":
-            return "KV OVER-COMMIT"
+            return Verdict.KV_OVERCOMMIT
         if self.admission.stock_oom_context_len is not None:
-            return "STOCK UNSAFE"
-        return "SAFE"
+            return Verdict.STOCK_UNSAFE
+        return Verdict.SAFE
+
+
+class Verdict(str, enum.Enum):
+    """The report's verdict; its value is the label every renderer shows. `severity`: 0 fine,
+    1 the configuration is safe here but stock admission is not, 2 this start is refused."""
+
+    SAFE = "SAFE"
+    STOCK_UNSAFE = "STOCK UNSAFE"
+    KV_OVERCOMMIT = "KV OVER-COMMIT"
+    DOES_NOT_FIT = "DOES NOT FIT"
+
+    @property
+    def severity(self) -> int:
+        return {"SAFE": 0, "STOCK UNSAFE": 1}.get(self.value, 2)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# --- the projection: a start-up session's phase results onto the schema ----------------------
+
+def _shape(s) -> Shape:
+    return Shape(kind=s.kind, rows=s.rows, context_len=s.context_len, num_reqs=s.num_reqs)
+
+
+def _step(r) -> StepResult:
+    return StepResult(shape=_shape(r.shape), peak_bytes=r.peak_bytes, seconds=r.seconds,
+                      top_op=r.top_op, workspace_bytes=r.workspace_bytes)
+
+
+def coverage_model(c) -> Coverage:
+    return Coverage(method=c.method, argument=c.argument, tolerance_bytes=c.tolerance,
+                    executed_rows=list(c.executed_rows),
+                    segments=[Segment(lo=s.lo, hi=s.hi, how=s.how, probes=list(s.probes))
+                              for s in c.segments])
+
+
+def _validation(v) -> Validation:
+    return Validation(measured_peak_bytes=v.measured_peak_bytes,
+                      predicted_peak_bytes=v.predicted_peak_bytes, ratio=v.ratio,
+                      requests=list(v.requests), seconds=v.seconds, rank=v.rank, target=v.target,
+                      shape=_shape(v.shape) if v.shape is not None else None, note=v.note)
+
+
+def validation_model(v) -> Validation:
+    """One core Validation as the schema's (the CLI's --validate fills reports it read back)."""
+    return _validation(v)
+
+
+def stock_figures(stock) -> StockFigures:
+    return StockFigures(peak_activation_bytes=stock.peak_bytes, shape=_shape(stock.shape),
+                        seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
+
+
+def build_report(session: "StartupSession", *, created_at: str) -> Report:
+    """The report of a session whose profile phase ran: a pure function of its phase results,
+    its settings-independent facts and its phase timings."""
+    facts, phases = session.facts, session.phases
+    prof = phases.profile
+    if prof is None:
+        raise ValueError("no profile phase recorded: nothing to report")
+    sweep, adm, ws = prof.sweep, prof.admission, prof.workspace
+    warm = phases.warmup
+    wc = WorstCase(
+        peak_activation_bytes=sweep.peak_bytes, workspace_bytes=ws.total_bytes,
+        post_profile_bytes=sweep.post_profile_bytes, worst_shape=_shape(sweep.worst.shape),
+        worst_op=sweep.worst_op, rows_covered=RowsCovered(min=1, max=sweep.rows_max),
+        shapes_executed=len(sweep.steps), coverage=coverage_model(sweep.coverage),
+        context_curve=[_step(r) for r in sweep.context_curve],
+        steps=[_step(r) for r in sweep.steps],
+        workspace_slots=[WorkspaceSlot(ubatch=s.ubatch, lane=s.lane, bytes_before=s.bytes_before,
+                                       bytes_after=s.bytes_after) for s in ws.slots],
+        workspace_locked=bool(warm and warm.workspace_locked), seconds=sweep.seconds,
+        plan_fingerprints=list(prof.plan_fingerprints),
+        cache=CacheUse(**{k: getattr(prof.cache, k) for k in CacheUse.model_fields}),
+        sweep_mode=prof.sweep_mode)
+    admission = Admission(
+        requested_bytes=adm.requested_bytes, weights_bytes=adm.weights_bytes,
+        non_torch_bytes=adm.non_torch_bytes, consumed_bytes=adm.consumed_bytes,
+        transient_bytes=adm.transient_bytes, cudagraph_bytes=adm.cudagraph_bytes,
+        warmup_graphs_bytes=prof.warmup.graphs_bytes, warmup_source=prof.warmup.source,
+        margin_bytes=adm.margin_bytes, budget_bytes=adm.budget_bytes,
+        kv_cache_bytes=adm.kv_cache_bytes, stock_kv_cache_bytes=adm.stock_kv_cache_bytes,
+        recommended_kv_cache_memory_bytes=adm.recommended_kv_cache_memory_bytes,
+        explicit_kv_cache_memory_bytes=adm.explicit_kv_cache_memory_bytes,
+        bytes_per_token=adm.bytes_per_token, kv_tokens_stock=adm.kv_tokens_stock,
+        kv_tokens_worstcase=adm.kv_tokens_worstcase,
+        stock_oom_context_len=adm.stock_oom_context_len,
+        stock_shortfall_bytes=adm.stock_shortfall_bytes, one_request_bytes=adm.one_request_bytes,
+        fits=adm.fits)
+    kv = phases.kv_audit
+    kv_audit = None if kv is None else KVAudit(
+        budget_bytes=kv.budget_bytes, allowed_bytes=kv.allowed_bytes,
+        allocated_bytes=kv.allocated_bytes, ratio=kv.ratio, delta_process_bytes=kv.delta_process_bytes,
+        groups=[KVAuditGroup(name=g.name, layers=list(g.layers), declared_bytes=g.declared_bytes,
+                             allocated_bytes=g.allocated_bytes) for g in kv.groups],
+        verdict=kv.verdict, message=kv.message)
+    wa = warm.audit if warm is not None else None
+    warmup_audit = None if wa is None else WarmupAudit(
+        resident_bytes=wa.resident_bytes, graphs_bytes=wa.graphs_bytes,
+        accounted_bytes=wa.accounted_bytes, outside_bytes=wa.outside_bytes,
+        allowed_bytes=wa.allowed_bytes, verdict=wa.verdict, message=wa.message)
+    validations = [_validation(v) for v in phases.validation]
+    cfg, dev = facts.config, facts.device
+    return Report(
+        tool_version=facts.tool_version, vllm_version=facts.vllm_version, created_at=created_at,
+        rank=facts.rank,
+        device=DeviceInfo(kind=dev.kind, name=dev.name, total_bytes=dev.total_bytes),
+        config=EngineConfig(**{k: getattr(cfg, k) for k in EngineConfig.model_fields}),
+        runner=RunnerInfo(runner=facts.runner, worker=facts.worker,
+                          attention_backends=list(facts.attention_backends)),
+        stock=stock_figures(sweep.stock), worstcase=wc, admission=admission, kv_audit=kv_audit,
+        warmup_audit=warmup_audit, validation=gating_validation(validations),
+        validations=validations, startup_seconds=dict(session.clock.seconds),
+        warnings=list(phases.warnings))
+
+
+def gating_validation(validations: list[Validation]) -> Validation | None:
+    """The validation that gates: the worst-step one of highest ratio when any ran, else the
+    traffic one of highest ratio."""
+    worst = [v for v in validations if v.target == "worst-step"]
+    pool = worst or validations
+    return max(pool, key=lambda v: v.ratio) if pool else None

@@ -59,7 +59,10 @@ _BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops",
 
 def _coerce(key: str, value: Any) -> Any:
     if key in ("margin_bytes", "tolerance_bytes", "kv_cap_bytes"):
-        return None if value is None else parse_size(value)
+        try:
+            return None if value is None else parse_size(value)
+        except ValueError as e:
+            raise ConfigError(f"{CONFIG_KEY}.{key}: {e}") from e
     if key in _BOOL_KEYS:
         if isinstance(value, str):
             if value.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):

@@ -138,8 +138,8 @@ llm = LLM(model={model!r}, load_format="dummy", skip_tokenizer_init=True, enforc
           max_model_len=1024, max_num_batched_tokens=128, max_num_seqs=2,
           gpu_memory_utilization=0.2, {extra})
 w = llm.llm_engine.model_executor.driver_worker.worker
-rep = getattr(w, "_wcprof_report", None)
-print("RESULT", json.dumps({{"report": rep is not None,
+session = getattr(w, "_wcprof_session", None)
+print("RESULT", json.dumps({{"report": session is not None and session.profile is not None,
       "patched": hasattr(type(w).determine_available_memory, "_wcprof_original")}}))
 """
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import engine_env, run_wcprof
 
-from worstcase_profiler.cache import verdict
+from worstcase_profiler.core.policy import cache_verdict as verdict
 
 pytestmark = pytest.mark.engine
 
@@ -23,7 +23,7 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
     wc1 = first.report["worstcase"]
     assert wc1["cache"]["status"] == "stored"
     entry = tmp_path / "cache" / f"{wc1['cache']['key']}.json"
-    assert json.loads(entry.read_text())["worstcase"]["peak_activation_bytes"] == wc1["peak_activation_bytes"]
+    assert json.loads(entry.read_text())["sweep"]["peak_bytes"] == wc1["peak_activation_bytes"]
 
     (tmp_path / "b").mkdir()
     second = run_wcprof([], tmp_path / "b", env=env)
@@ -41,13 +41,13 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
 
     # An entry that under-states its worst step (another build wrote it, say) must not be used.
     data = json.loads(entry.read_text())
-    worst = data["worstcase"]["worst_shape"]
-    if worst["kind"] == "stock":  # on this CPU the stock step is sometimes the worst, by noise
-        data["stock"]["peak_activation_bytes"] //= 4
-    for step in data["worstcase"]["steps"]:
+    sweep = data["sweep"]
+    worst = sweep["worst"]["shape"]
+    sweep["worst"]["peak_bytes"] //= 4  # the stock step, on this CPU, sometimes (by noise)
+    for step in [sweep["stock"], *sweep["steps"]]:
         if step["shape"] == worst:
             step["peak_bytes"] //= 4
-    data["worstcase"]["peak_activation_bytes"] //= 4
+    sweep["peak_bytes"] //= 4
     entry.write_text(json.dumps(data))
     (tmp_path / "c").mkdir()
     third = run_wcprof([], tmp_path / "c", env=env)
@@ -61,4 +61,4 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
     assert wc3["peak_activation_bytes"] >= wc1["peak_activation_bytes"] - wc1["coverage"]["tolerance_bytes"]
     assert "stale" in third.text
     # ...and the entry now holds the fresh sweep
-    assert json.loads(entry.read_text())["worstcase"]["peak_activation_bytes"] == wc3["peak_activation_bytes"]
+    assert json.loads(entry.read_text())["sweep"]["peak_bytes"] == wc3["peak_activation_bytes"]

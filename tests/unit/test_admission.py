@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worstcase_profiler.admission import (
+from worstcase_profiler.core.admission import (
     bytes_for_one_request, compute_admission, kv_tokens, stock_oom_context_len)
 
 GiB = 1024**3
@@ -15,10 +15,17 @@ BLOCK_BYTES = BPT * BLOCK  # 512 KiB
 
 
 def admission(**overrides):
+    """compute_admission with round numbers; worst_peak/stock_peak name the transient and the
+    stock step's need, and stock_kv defaults to what stock's own arithmetic gives (vLLM's
+    figure: requested - consumed - stock need - cudagraphs, never negative)."""
     args = dict(requested=20 * GiB, consumed=4 * GiB, weights=3 * GiB, non_torch=GiB // 2,
                 worst_peak=3 * GiB, stock_peak=2 * GiB, cudagraph=0, margin=GiB // 2,
                 bytes_per_token=BPT, block_size=BLOCK, max_model_len=4096)
     args.update(overrides)
+    args["worst_transient"] = args.pop("worst_peak")
+    args["stock_need"] = args.pop("stock_peak")
+    args.setdefault("stock_kv", max(0, args["requested"] - args["consumed"] - args["stock_need"]
+                                    - args["cudagraph"]))
     return compute_admission(**args)
 
 
@@ -123,7 +130,7 @@ def test_stock_holds_when_curve_stays_under_stock_peak():
 
 def test_stock_oom_context_len_takes_the_smallest_extent_in_any_order():
     curve = [(4000, 3 * GiB), (1000, 3 * GiB), (0, GiB)]
-    assert stock_oom_context_len(curve, stock_peak=2 * GiB, slack=0) == 1000
+    assert stock_oom_context_len(curve, stock_need=2 * GiB, slack=0) == 1000
 
 
 def test_rejects_nonsense_units():

@@ -7,24 +7,33 @@ import json
 
 import pytest
 
-from worstcase_profiler.cache import (CacheEntry, SweepCache, cache_dir, cache_key, cached_need,
-                                      round_capacity_up, verdict)
-from worstcase_profiler.report import (Coverage, RowsCovered, Shape, StepResult, StockFigures,
-                                       WorstCase)
+from worstcase_profiler.core.cache import (CacheEntry, SweepCache, cache_dir, cache_key,
+                                           round_capacity_up)
+from worstcase_profiler.core.coverage import cover_rows
+from worstcase_profiler.core.policy import cache_verdict as verdict
+from worstcase_profiler.core.types import Shape, StepResult, SweepResult, WarmupEstimate
 
 FACTS = {"vllm": "0.32.0", "limits": {"max_model_len": 4096}, "device": {"name": "x"}}
+STOCK = StepResult(shape=Shape(kind="stock", rows=512, context_len=0, num_reqs=256),
+                   peak_bytes=120, seconds=0.1, workspace_bytes=8)
 
 
-def _worstcase(need_step: int = 100, other: int = 50) -> WorstCase:
-    worst = Shape(kind="prefill", rows=512, context_len=3584)
-    steps = [StepResult(shape=Shape(kind="prefill", rows=1, context_len=4095), peak_bytes=other,
+def _sweep(need_step: int = 100, other: int = 50, worst_stock: bool = False) -> SweepResult:
+    worst_shape = Shape(kind="prefill", rows=512, context_len=3584)
+    steps = (StepResult(shape=Shape(kind="prefill", rows=1, context_len=4095), peak_bytes=other,
                         seconds=0.1),
-             StepResult(shape=worst, peak_bytes=need_step - 10, workspace_bytes=10, seconds=0.2)]
-    return WorstCase(peak_activation_bytes=need_step, workspace_bytes=0, worst_shape=worst,
-                     rows_covered=RowsCovered(min=1, max=512), shapes_executed=2,
-                     coverage=Coverage(method="m", argument="a", tolerance_bytes=1,
-                                       executed_rows=[1, 512], segments=[]),
-                     steps=steps, seconds=3.0)
+             StepResult(shape=worst_shape, peak_bytes=need_step - 10, workspace_bytes=10,
+                        seconds=0.2))
+    cov = cover_rows(lambda r: r, 1, 4, tolerance=1)
+    return SweepResult(stock=STOCK, steps=steps, worst=STOCK if worst_stock else steps[1],
+                       worst_op="layers.0.attn", peak_bytes=need_step, coverage=cov,
+                       context_curve=steps[1:], rows_max=512, post_profile_bytes=3, seconds=3.0)
+
+
+def _entry(sweep: SweepResult, key: str = "k") -> CacheEntry:
+    return CacheEntry(key=key, facts=FACTS, created_at="t", sweep=sweep, workspace_slot_bytes=64,
+                      baseline_bytes=1000, consumed_bytes=1200,
+                      warmup=WarmupEstimate(graphs_bytes=5, other_bytes=6, source="cache"))
 
 
 def test_key_changes_with_any_fact_and_not_with_order():
@@ -56,38 +65,30 @@ def test_entries_round_trip_and_bad_files_are_misses(tmp_path):
     cache = SweepCache(tmp_path / "sub")
     key = cache_key(FACTS)
     assert cache.load(key) is None
-    path = cache.store(CacheEntry(key=key, facts=FACTS, created_at="t", worstcase=_worstcase()))
+    path = cache.store(_entry(_sweep(), key))
     assert path == cache.path(key) and not list(path.parent.glob(".*.tmp"))
     loaded = cache.load(key)
-    assert loaded is not None and loaded.worstcase == _worstcase()
+    assert loaded is not None and loaded == _entry(_sweep(), key)
     path.write_text("{not json")
     assert cache.load(key) is None
     other = cache_key({**FACTS, "vllm": "x"})
-    path.write_text(CacheEntry(key=other, facts=FACTS, created_at="t",
-                               worstcase=_worstcase()).model_dump_json())
+    path.write_text(_entry(_sweep(), other).to_json())
     assert cache.load(key) is None  # a file under the wrong name is not trusted
     assert json.loads(path.read_text())["key"] == other
-
-
-def _entry(wc: WorstCase, stock: StockFigures | None = None) -> CacheEntry:
-    return CacheEntry(key="k", facts=FACTS, created_at="t", worstcase=wc, stock=stock)
+    older = json.loads(_entry(_sweep(), key).to_json())
+    older["schema"] = 1
+    path.write_text(json.dumps(older))
+    assert cache.load(key) is None  # another layout is a miss, not a half-read entry
 
 
 def test_cached_need_is_the_worst_shapes_need():
-    assert cached_need(_entry(_worstcase(need_step=100, other=500))) == 100
+    assert _entry(_sweep(need_step=100, other=500)).worst_need == 100
 
 
 def test_a_stock_worst_shape_is_checked_against_the_stored_stock_step():
-    """When nothing the sweep ran needed more than the stock step, the worst shape is the stock
-    step, which is not among the sweep's steps: its need comes from the stored stock figures
-    (an entry without them cannot be checked, so it is not reused)."""
-    wc = _worstcase()
-    stock_shape = Shape(kind="stock", rows=512, context_len=0, num_reqs=256)
-    wc = wc.model_copy(update={"worst_shape": stock_shape})
-    stock = StockFigures(peak_activation_bytes=120, shape=stock_shape, seconds=0.1, workspace_bytes=8)
-    assert cached_need(_entry(wc, stock)) == 128
-    assert cached_need(_entry(wc)) is None
-    assert cached_need(_entry(_worstcase().model_copy(update={"steps": []}))) is None
+    """When nothing the sweep ran needed more than the stock step, the worst step is the stock
+    step: its need (transient + workspace) is what the replay is checked against."""
+    assert _entry(_sweep(worst_stock=True)).worst_need == 128
 
 
 @pytest.mark.parametrize("measured, ok", [(100, True), (101, True), (102, True), (103, False),

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from worstcase_profiler.cache import cache_dir
+from worstcase_profiler.core.cache import cache_dir
 
 
 def test_sweep_cache_is_not_the_users():
@@ -18,7 +18,7 @@ def test_sweep_cache_is_not_the_users():
 
 
 def test_subprocesses_inherit_it():
-    code = "from worstcase_profiler.cache import cache_dir; print(cache_dir(None))"
+    code = "from worstcase_profiler.core.cache import cache_dir; print(cache_dir(None))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == str(cache_dir(None))

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from worstcase_profiler import report
-from worstcase_profiler.coverage import (
+from worstcase_profiler.core.coverage import (
     ARGUMENT_CHORD, certified_count, cover_rows, interior_probes, on_chord,
     planned_probe_order)
 
@@ -174,7 +174,7 @@ def test_planned_probe_order_is_deterministic_and_is_what_runs_first():
         results = [cover_rows(m, 1, N, tolerance=0, seeds=seeds) for m in runs]
         assert runs[0].calls == runs[1].calls  # identical sequence on every rank
         assert runs[0].calls[:len(first)] == first
-        assert results[0].to_model() == results[1].to_model()
+        assert report.coverage_model(results[0]) == report.coverage_model(results[1])
 
 
 def test_planned_probe_order_exhaustive():
@@ -215,7 +215,7 @@ def test_bad_arguments():
 
 def test_to_model_is_a_report_coverage():
     res = cover_rows(padding_adversary, 1, N, tolerance=1024, seeds=POWERS_OF_TWO)
-    model = res.to_model()
+    model = report.coverage_model(res)
     assert isinstance(model, report.Coverage)
     assert model.method == "chord-bisection"
     assert model.argument == ARGUMENT_CHORD

@@ -9,9 +9,9 @@ import contextlib
 import gc
 import weakref
 
-from worstcase_profiler.adapter.engine import profile_on_frozen_heap
-from worstcase_profiler.meters import gc_frozen
-from worstcase_profiler.timing import PhaseTimer
+from worstcase_profiler.adapter.meters import gc_frozen
+from worstcase_profiler.adapter.startup import profile_on_frozen_heap
+from worstcase_profiler.core.timing import PhaseTimer
 
 
 def test_gc_frozen_nests_and_never_undoes_someone_elses_freeze():

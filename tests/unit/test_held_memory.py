@@ -1,4 +1,4 @@
-"""adapter.engine_facts.device_bytes_held on the CUDA path, driven with torch.cuda's calls
+"""adapter.meters.device_bytes_held on the CUDA path, driven with torch.cuda's calls
 replaced (no GPU here): what it returns, the garbage generation it collects, and the sub-phase
 timings that say where its seconds go (report.startup_seconds['measure_held.*'])."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from worstcase_profiler.adapter.engine_facts import device_bytes_held
-from worstcase_profiler.timing import PhaseTimer
+from worstcase_profiler.adapter.meters import device_bytes_held
+from worstcase_profiler.core.timing import PhaseTimer
 
 GiB = 1 << 30
 

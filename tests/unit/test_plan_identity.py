@@ -4,18 +4,19 @@ naming the ranks when they differ (no engine: the world group is faked)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import types
 
 import pytest
 
-from worstcase_profiler.adapter import engine
-from worstcase_profiler.errors import WcprofError
-from worstcase_profiler.report import Shape
-from worstcase_profiler.settings import ProfilerSettings
-from worstcase_profiler.shapes import (Limits, decode_batch, mixed_step, plan_fingerprint,
-                                       prefill_chunk)
+from conftest import build_session
+from worstcase_profiler.adapter import startup
+from worstcase_profiler.core.policy import plan_agreement
+from worstcase_profiler.core.shapes import (Limits, decode_batch, mixed_step, plan_fingerprint,
+                                            prefill_chunk)
+from worstcase_profiler.core.types import Shape, StepResult
 
 LIMITS = Limits(max_model_len=1024, max_num_batched_tokens=128, max_num_seqs=2)
 
@@ -30,7 +31,7 @@ def test_identical_shape_lists_give_equal_fingerprints():
     assert a is not b and a == b
     assert plan_fingerprint(a) == plan_fingerprint(b)
     # built from plain data (what a rank's report holds) it is the same plan
-    c = [Shape.model_validate(json.loads(s.model_dump_json())) for s in a]
+    c = [Shape(**json.loads(json.dumps(dataclasses.asdict(s)))) for s in a]
     assert plan_fingerprint(c) == plan_fingerprint(a)
 
 
@@ -39,7 +40,7 @@ def test_identical_shape_lists_give_equal_fingerprints():
 def test_one_differing_step_changes_the_fingerprint(field, value):
     plan = _plan()
     changed = list(plan)
-    changed[1] = plan[1].model_copy(update={field: value})
+    changed[1] = dataclasses.replace(plan[1], **{field: value})
     assert changed[1] != plan[1]
     assert plan_fingerprint(changed) != plan_fingerprint(plan)
 
@@ -53,11 +54,8 @@ def test_order_matters():
 # --- the engine-side check, with a faked world group -------------------------------------
 
 
-def _report_with(make_report, shapes: list[Shape], rank: int = 0):
-    rep = make_report(rank=rank)
-    step = rep.worstcase.steps[0]
-    rep.worstcase.steps = [step.model_copy(update={"shape": s}) for s in shapes]
-    return rep
+def _steps(shapes: list[Shape]) -> tuple[StepResult, ...]:
+    return tuple(StepResult(shape=s, peak_bytes=1, seconds=0.0) for s in shapes)
 
 
 def _fake_world(monkeypatch, others: list[str] | None):
@@ -87,32 +85,32 @@ def _fake_world(monkeypatch, others: list[str] | None):
     monkeypatch.setitem(sys.modules, "vllm.distributed", mod)
 
 
-def test_single_process_stores_its_own_fingerprint(monkeypatch, make_report):
+def test_single_process_stores_its_own_fingerprint(monkeypatch):
     _fake_world(monkeypatch, None)
-    rep = _report_with(make_report, _plan())
-    engine._check_same_plan(rep, ProfilerSettings(mode="enforce"))
-    assert rep.worstcase.plan_fingerprints == [plan_fingerprint(_plan())]
+    assert startup.gather_plan_fingerprints(_steps(_plan())) == [plan_fingerprint(_plan())]
+    assert plan_agreement([plan_fingerprint(_plan())], rank=0, steps=7) is None
 
 
-def test_agreeing_ranks_store_every_fingerprint(monkeypatch, make_report):
+def test_agreeing_ranks_store_every_fingerprint(monkeypatch):
     fp = plan_fingerprint(_plan())
     _fake_world(monkeypatch, [fp])
-    rep = _report_with(make_report, _plan())
-    engine._check_same_plan(rep, ProfilerSettings(mode="enforce"))
-    assert rep.worstcase.plan_fingerprints == [fp, fp]
+    fps = startup.gather_plan_fingerprints(_steps(_plan()))
+    assert fps == [fp, fp]
+    assert plan_agreement(fps, rank=0, steps=7) is None
 
 
-def test_differing_ranks_raise_naming_them(monkeypatch, make_report, tmp_path):
+def test_differing_ranks_raise_naming_them(monkeypatch, tmp_path):
     plan = _plan()
     other = plan_fingerprint(plan[:-1])
     _fake_world(monkeypatch, [plan_fingerprint(plan), other, plan_fingerprint(plan)])
-    rep = _report_with(make_report, plan)
-    path = tmp_path / "report.json"
-    with pytest.raises(WcprofError) as exc:
-        engine._check_same_plan(rep, ProfilerSettings(mode="enforce", json_path=str(path)))
-    msg = str(exc.value)
+    fps = startup.gather_plan_fingerprints(_steps(plan))
+    error = plan_agreement(fps, rank=0, steps=len(plan))
+    msg = str(error)
     assert "ranks [0, 1, 3]" in msg and "ranks [2]" in msg and other in msg
-    # the mismatch is on disk for the operator to compare
+    # the start writes the report (every rank's fingerprint) before refusing: the mismatch is on
+    # disk for the operator to compare
+    path = tmp_path / "report.json"
+    startup.write_report(build_session(json_path=str(path), fingerprints=fps))
     written = json.loads(path.read_text())
     assert written["worstcase"]["plan_fingerprints"][2] == other
     assert len(set(written["worstcase"]["plan_fingerprints"])) == 2

@@ -1,21 +1,38 @@
-"""The core modules must import without vLLM or torch: they run in the CLI, in CI gates and on
-every rank before the engine exists."""
+"""The core must import without vLLM or torch (it runs in the CLI, in CI gates and on every rank
+before the engine exists), and without the report schema: the core decides in its own frozen
+values, and only report.py maps them onto the public schema."""
 
 from __future__ import annotations
 
+import pkgutil
 import subprocess
 import sys
 
-PURE_MODULES = ["worstcase_profiler.coverage", "worstcase_profiler.shapes",
-                "worstcase_profiler.admission", "worstcase_profiler.render",
-                "worstcase_profiler.render.json_report", "worstcase_profiler.render.terminal"]
+import worstcase_profiler.core as core
+
+CORE = sorted(f"worstcase_profiler.core.{m.name}" for m in pkgutil.iter_modules(core.__path__))
+RENDER = ["worstcase_profiler.render", "worstcase_profiler.render.json_report",
+          "worstcase_profiler.render.terminal", "worstcase_profiler.render.view",
+          "worstcase_profiler.gates"]
 
 
-def test_core_imports_neither_vllm_nor_torch():
-    code = ("import sys\n"
-            + "".join(f"import {m}\n" for m in PURE_MODULES)
-            + "heavy = sorted(m for m in ('vllm', 'torch') if m in sys.modules)\n"
-            + "assert not heavy, heavy\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 0, result.stderr
+def _imported_after(modules: list[str]) -> set[str]:
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "print(' '.join(sorted(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return set(out.stdout.split())
+
+
+def test_core_imports_neither_vllm_nor_torch_nor_the_report_schema():
+    assert {"worstcase_profiler.core.policy", "worstcase_profiler.core.sweep"} <= set(CORE)
+    loaded = _imported_after(CORE)
+    heavy = {m for m in loaded if m.split(".")[0] in ("vllm", "torch", "pydantic")}
+    assert not heavy, sorted(heavy)[:5]
+    assert "worstcase_profiler.report" not in loaded
+    assert not any(m.startswith("worstcase_profiler.adapter") for m in loaded)
+
+
+def test_reports_and_renderers_import_neither_vllm_nor_torch():
+    loaded = _imported_after(RENDER)
+    assert not {m for m in loaded if m.split(".")[0] in ("vllm", "torch")}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from worstcase_profiler.errors import ConfigError
-from worstcase_profiler.report import Shape
-from worstcase_profiler.shapes import (
+from worstcase_profiler.core.types import Shape
+from worstcase_profiler.core.shapes import (
     Limits, context_ladder, decode_batch, mixed_step, plan_fingerprint, prefill_chunk, split_prefills,
     request_layout, stock_shape)
 

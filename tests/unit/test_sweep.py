@@ -4,47 +4,24 @@ from __future__ import annotations
 
 import contextlib
 
-from worstcase_profiler.shapes import Limits
-from worstcase_profiler.sweep import ProvisionalKV, run_sweep
+from worstcase_profiler.core.shapes import Limits, stock_shape
+from worstcase_profiler.core.sweep import run_sweep
+from worstcase_profiler.core.types import ProvisionalKV, StepResult
 
 MiB = 1 << 20
-
-
-class FakeMeter:
-    device_kind = "fake"
-    resolution_bytes = 1
-
-    def __init__(self):
-        self.value = 0
-
-    def begin(self):
-        self.value = 0
-
-    def end(self):
-        return self.value
-
-    def peak(self):
-        return self.value
 
 
 class FakeDriver:
     """need(shape) = transient(shape) + workspace(shape), both pure functions of the shape."""
 
     def __init__(self, limits, transient, workspace=lambda s: 0, stock_transient=MiB):
-        self.limits, self.meter, self.model = limits, FakeMeter(), None
+        self.limits = limits
         self._transient, self._workspace, self._stock = transient, workspace, stock_transient
-        self._last_ws = 0
         self.shapes = []
         self.in_provisional = False
 
-    def agree_max(self, value):
-        return value
-
-    def workspace_bytes(self):
-        return self._last_ws
-
-    def run_stock(self):
-        self.meter.value, self._last_ws = self._stock, 0
+    def measure_stock(self):
+        return StepResult(shape=stock_shape(self.limits), peak_bytes=self._stock, seconds=0.0)
 
     @contextlib.contextmanager
     def provisional_kv(self):
@@ -52,10 +29,12 @@ class FakeDriver:
         yield ProvisionalKV(num_blocks=5, kv_bytes=10, post_profile_bytes=7)
         self.in_provisional = False
 
-    def run(self, shape):
+    def measure(self, shape, attribute=False):
         assert self.in_provisional, "synthetic steps need the provisional KV cache"
         self.shapes.append(shape)
-        self.meter.value, self._last_ws = self._transient(shape), self._workspace(shape)
+        return StepResult(shape=shape, peak_bytes=self._transient(shape), seconds=0.0,
+                          top_op="op" if attribute else None,
+                          workspace_bytes=self._workspace(shape))
 
 
 LIMITS = Limits(max_model_len=256, max_num_batched_tokens=64, max_num_seqs=4, block_size=16,
@@ -69,11 +48,11 @@ def test_runs_every_kind_of_step_at_full_extent():
     assert {"prefill", "decode", "mixed"} <= kinds
     full_extent = {s.rows for s in d.shapes
                    if s.kind == "prefill" and s.num_reqs == 1 and s.context_len + s.rows == 256}
-    assert set(out.worstcase.coverage.executed_rows) <= full_extent
+    assert set(out.coverage.executed_rows) <= full_extent
     assert any(s.num_reqs > 1 for s in d.shapes if s.kind == "prefill")  # split prefills
-    assert out.worstcase.rows_covered.min == 1 and out.worstcase.rows_covered.max == 64
-    assert out.worstcase.post_profile_bytes == 7
-    assert out.worstcase.shapes_executed == len(d.shapes)
+    assert out.rows_max == 64  # every rows value 1..64 is covered
+    assert out.post_profile_bytes == 7
+    assert len(out.steps) == len(d.shapes)
 
 
 def _tile_rule(rows: int) -> int:
@@ -93,8 +72,8 @@ def test_tile_rounded_workspace_peak_is_found():
                    workspace=lambda s: _tile_rule(s.rows) if _single_prefill(s) else 0)
     out = run_sweep(d, tolerance=0, attribute_ops=False)
     true_max = max(_tile_rule(r) for r in range(1, 65))
-    assert 33 <= out.worstcase.worst_shape.rows <= 48
-    assert max(r.workspace_bytes for r in out.worstcase.steps) == true_max
+    assert 33 <= out.worst.shape.rows <= 48
+    assert max(r.workspace_bytes for r in out.steps) == true_max
     assert len({s.rows for s in d.shapes if _single_prefill(s)}) < 64  # not exhaustive
 
 
@@ -106,20 +85,20 @@ def test_a_spike_between_collinear_samples_needs_exhaustive():
 
     d = FakeDriver(LIMITS, transient=lambda s: 0, workspace=ws)
     out = run_sweep(d, tolerance=0, exhaustive=True, attribute_ops=False)
-    assert out.worstcase.worst_shape.rows == 39
+    assert out.worst.shape.rows == 39
 
 
 def test_admitted_transient_never_below_stock_or_any_step():
     d = FakeDriver(LIMITS, transient=lambda s: s.rows * 10, stock_transient=5 * MiB)
     out = run_sweep(d, tolerance=0, attribute_ops=False)
-    assert out.worstcase.peak_activation_bytes >= out.stock.peak_activation_bytes == 5 * MiB
-    assert out.worstcase.worst_shape.kind == "stock"
+    assert out.peak_bytes >= out.stock.peak_bytes == 5 * MiB
+    assert out.worst.shape.kind == "stock"
 
 
 def test_context_ladder_reports_the_worst_rows_at_growing_extent():
     d = FakeDriver(LIMITS, transient=lambda s: s.rows * 1000 + s.context_len)
     out = run_sweep(d, tolerance=0, attribute_ops=False)
-    ctxs = [r.shape.context_len for r in out.worstcase.context_curve]
+    ctxs = [r.shape.context_len for r in out.context_curve]
     assert ctxs == sorted(ctxs) and ctxs[0] == 0 and ctxs[-1] == 256 - 64
 
 

@@ -1,4 +1,4 @@
-from worstcase_profiler.timing import PhaseTimer, profiler_phases
+from worstcase_profiler.core.timing import PhaseTimer, profiler_phases
 
 
 def test_phases_accumulate_and_the_profilers_own_exclude_stock_work_and_parts():

@@ -1,18 +1,18 @@
-"""KV-cache arithmetic read from vLLM's own specs, and the allocation audit (seed 000).
+"""KV-cache arithmetic read from vLLM's own specs, and what KV initialisation allocated (seed 000).
 
-The audit does not trust the planner: after the engine's real KV initialisation it sums the
-bytes actually allocated — unique storages of every `kv_cache` attribute on every module of the
-model and every layer of the forward context (recurrent state included) — and compares the sum
-with the budget the worker returned. A divisor that counts one placeholder layer per group
-while one buffer is allocated per real layer shows up as a ratio near the layer count.
+The allocation measurement does not trust the planner: after the engine's real KV initialisation
+it sums the bytes actually allocated (unique storages of every `kv_cache` attribute on every
+module of the model and every layer of the forward context, recurrent state included), per KV
+group and outside every group. policy.kv_audit_verdict compares the sum with the budget: a
+divisor that counts one placeholder layer per group while one buffer is allocated per real layer
+shows up as a ratio near the layer count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..report import KVAudit, KVAuditGroup
-from ..sizes import fmt_bytes
+from ..core.types import KVAuditGroup
 
 
 def _tensors(obj) -> Iterable:
@@ -36,6 +36,7 @@ def _storage_key(t):
 
 def kv_holders(runner) -> dict[str, object]:
     """name -> kv_cache object, from the forward context and from every module of the model."""
+    # vllm-touch: kv-holders
     holders: dict[str, object] = {}
     ctx = runner.vllm_config.compilation_config.static_forward_context
     for name, layer in ctx.items():
@@ -64,6 +65,7 @@ def allocated_kv_bytes(runner) -> int:
 
 def bytes_per_token(runner) -> int:
     """KV bytes one token costs across every attention layer (per-token specs only)."""
+    # vllm-touch: kv-holders
     total = 0.0
     for spec in runner.get_kv_cache_spec().values():
         bs = getattr(spec, "block_size", None)
@@ -74,6 +76,7 @@ def bytes_per_token(runner) -> int:
 
 def one_request_bytes(runner, vllm_config) -> int:
     """What one request at max_model_len needs, from each layer's own spec (vLLM's check)."""
+    # vllm-touch: kv-holders
     return sum(spec.max_memory_usage_bytes(vllm_config)
                for spec in runner.get_kv_cache_spec().values())
 
@@ -85,6 +88,7 @@ def kv_cache_config_with_blocks(runner, num_blocks: int):
     trick vLLM's own _init_minimal_kv_cache_for_profiling uses. v33: the KVCacheConfigBuilder
     (`builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=)`; untested here).
     """
+    # vllm-touch: kv-cache-config
     vllm_config = runner.vllm_config
     spec = runner.get_kv_cache_spec()
     try:
@@ -109,6 +113,7 @@ def kv_cache_config_with_blocks(runner, num_blocks: int):
 def declared_bytes(kv_cache_config) -> int:
     """What the plan says it allocates: unique backing sizes (v32+: one backing, many overlays;
     v26: one tensor per KVCacheTensor, packed ones counted once)."""
+    # vllm-touch: kv-holders
     seen = set()
     total = 0
     for t in kv_cache_config.kv_cache_tensors:
@@ -123,9 +128,9 @@ def declared_bytes(kv_cache_config) -> int:
     return total
 
 
-def audit(runner, kv_cache_config, budget: int, *, delta_process: int | None = None,
-          tolerance: float = 0.01) -> KVAudit:
-    """Compare what KV initialisation allocated with the budget, per group and in total."""
+def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup], int]:
+    """(what KV initialisation allocated per group, plus one group for storages outside every
+    group; the bytes allowed: the budget, or what num_gpu_blocks_override explains)."""
     holders = kv_holders(runner)
     seen: dict = {}
     owner: dict = {}
@@ -135,12 +140,10 @@ def audit(runner, kv_cache_config, budget: int, *, delta_process: int | None = N
             if n > seen.get(k, 0):
                 seen[k] = n
                 owner.setdefault(k, name)
-    allocated = sum(seen.values())
-
     groups: list[KVAuditGroup] = []
     grouped_layers: set[str] = set()
     for gi, group in enumerate(kv_cache_config.kv_cache_groups):
-        names = list(group.layer_names)
+        names = tuple(group.layer_names)
         grouped_layers.update(names)
         keys = {k for k, o in owner.items() if o in names}
         spec = group.kv_cache_spec
@@ -152,22 +155,11 @@ def audit(runner, kv_cache_config, budget: int, *, delta_process: int | None = N
     outside = {k for k, o in owner.items() if o not in grouped_layers}
     if outside:
         groups.append(KVAuditGroup(
-            name="outside the plan", layers=sorted({owner[k] for k in outside}),
+            name="outside the plan", layers=tuple(sorted({owner[k] for k in outside})),
             declared_bytes=0, allocated_bytes=sum(seen[k] for k in outside)))
-
     allowed = budget
+    # vllm-touch: kv-cache-config
     override = getattr(runner.vllm_config.cache_config, "num_gpu_blocks_override", None)
     if override is not None:
         allowed = max(budget, declared_bytes(kv_cache_config))
-    ratio = allocated / allowed if allowed > 0 else float("inf")
-    over = allocated > allowed * (1 + tolerance)
-    shares = "; ".join(f"{g.name}: {fmt_bytes(g.allocated_bytes)} in {len(g.layers)} holder(s)"
-                       f" (plan {fmt_bytes(g.declared_bytes)})" for g in groups)
-    if over:
-        msg = (f"KV initialisation allocated {fmt_bytes(allocated)} against a budget of "
-               f"{fmt_bytes(allowed)} (x{ratio:.2f}): {shares}")
-    else:
-        msg = f"KV allocation within budget (x{ratio:.3f}): {shares}"
-    return KVAudit(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
-                   ratio=ratio, delta_process_bytes=delta_process, groups=groups,
-                   verdict="over-budget" if over else "ok", message=msg)
+    return groups, allowed

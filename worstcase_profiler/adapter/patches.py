@@ -1,42 +1,199 @@
-"""Every monkeypatch worstcase_profiler applies to vLLM, documented like vllm-ascend's patch/
-package: what is patched, why, and on which versions it was verified. Line numbers are in
-docs/vllm-hooks.md. Worker patches are pass-through unless the profiler is enabled for that
-engine (settings resolved per worker from additional_config and the environment), so a disabled
-profiler changes nothing.
+"""Every touch of vLLM the profiler makes, catalogued like vllm-ascend's patch/ package: what it
+touches, how, why, on which versions it was run and on which only read, and the upstream change
+that would retire it. `REGISTRY` is the truth: `apply_all` installs the class wraps listed here,
+and each touch in the adapter carries a `# vllm-touch: NAME` marker naming its entry
+(tests/unit/test_patch_registry.py fails when the two disagree).
+
+Kinds: class-wrap (a method replaced on a vLLM class), instance-swap (an attribute of one vLLM
+object replaced for the duration of a call), private-read (an attribute or function outside
+vLLM's public API read or called), private-write (one written), config-pin (a config field set
+for the duration of a call and restored).
+
+Worker wraps are pass-through unless the profiler is enabled for that engine (settings resolved
+per worker from additional_config and the environment): a disabled profiler changes nothing.
+Hook lines per version: docs/vllm-hooks.md.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Literal
 
-from ..errors import ConfigError
 from ..settings import CONFIG_KEY, PROFILER_CHOICES, ProfilerSettings, resolve
 
 log = logging.getLogger("vllm.wcprof")
 
+Kind = Literal["class-wrap", "instance-swap", "private-read", "private-write", "config-pin"]
+RUN = "0.26 (CUDA, H200), 0.32 (CPU)"
+
 
 @dataclass(frozen=True)
-class Patch:
+class Touch:
     name: str
+    kind: Kind
     target: str
-    what: str
     why: str
-    versions: str
+    run: str = RUN
+    """vLLM versions on which this touch was executed."""
+    read: str = "0.27-0.33"
+    """Versions whose source was read, not run (docs/vllm-hooks.md)."""
+    retire: str = ""
+    """The upstream change whose landing would make the touch unnecessary."""
+
+
+REGISTRY: tuple[Touch, ...] = (
+    # -- the three worker hooks and the CLI flag -------------------------------------------------
+    Touch("worker-budget", "class-wrap",
+          "vllm.v1.worker.gpu_worker.Worker.determine_available_memory; "
+          "vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory (overrides, no super)",
+          "the stock profile runs one max_num_batched_tokens step on an empty KV cache with no "
+          "attention metadata, so context-scaled memory is never seen (seed 002); the wrap calls "
+          "the original (the stock figure), sweeps, and returns the worst-case budget",
+          retire="a profile_run that runs attention at max_model_len KV extent for every rows "
+                 "value and workspace slot"),
+    Touch("worker-kv-init", "class-wrap",
+          "vllm.v1.worker.gpu_worker.Worker.initialize_from_config (CPUWorker inherits it)",
+          "nothing checked that KV initialisation stays within its budget (seed 000: 8.5x); the "
+          "wrap sums the storages it allocated",
+          retire="an allocation check in initialize_kv_cache against available memory"),
+    Touch("worker-warm-up", "class-wrap",
+          "vllm.v1.worker.gpu_worker.Worker.compile_or_warm_up_model; "
+          "CPUWorker.compile_or_warm_up_model",
+          "what warm-up keeps after the budget (CUDA graphs, buffers) is audited against what "
+          "admission set aside; the workspace is locked afterwards (vLLM locks it only when "
+          "graphs are captured, never in eager mode nor on 0.26's V2 runner)",
+          retire="a workspace lock after every warm-up and a graph estimate that holds"),
+    Touch("serve-profiler-flag", "class-wrap",
+          "vllm.engine.arg_utils.EngineArgs.add_cli_args / from_cli_args",
+          "adds exact --profiler {default,worstcase} and --profiler-report options (without an "
+          "exact option argparse abbreviates --profiler to --profiler-config) and carries them to "
+          "every process through additional_config",
+          retire="a plugin API for CLI options"),
+    # -- worker state ---------------------------------------------------------------------------
+    Touch("worker-session", "private-write", "Worker._wcprof_session",
+          "the one attribute the profiler keeps on a worker: its StartupSession",
+          retire="a plugin state slot on the worker"),
+    Touch("worker-config", "private-read",
+          "Worker.vllm_config, .model_runner, .requested_memory / .requested_cpu_memory, "
+          ".init_snapshot.free_memory, .cudagraph_memory_estimate, runner.model_memory_usage",
+          "the engine limits, the memory the engine may use, free memory at init, vLLM's own "
+          "CUDA-graph estimate and weights",
+          retire="a public memory-plan object on the worker"),
+    Touch("worker-budget-attrs", "private-write",
+          "Worker.peak_activation_memory, Worker.available_kv_cache_memory_bytes",
+          "vLLM's own --kv-cache-memory suggestion log and startup plan then agree with ours"),
+    Touch("envs-cudagraph-estimate", "private-read",
+          "vllm.envs.VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
+          "whether vLLM's budget subtracts its CUDA-graph estimate"),
+    Touch("world-group", "private-read", "vllm.distributed.get_world_group()",
+          "rank, world size and the CPU group: ranks agree on every adaptive choice of the sweep "
+          "and compare plan fingerprints"),
+    # -- the V1 runner driver ---------------------------------------------------------------------
+    Touch("v1-dummy-run", "private-read",
+          "GPUModelRunner._dummy_run(R, force_attention, profile_seq_lens, is_profile, skip_eplb, "
+          "uniform_decode, create_mixed_batch), ._dummy_sampler_run, .initialize_kv_cache("
+          "is_profiling=True), ._cleanup_profiling_kv_cache, .get_kv_cache_spec, ._sync_device",
+          "synthetic steps with attention metadata at a chosen KV extent, on a provisional KV "
+          "cache",
+          retire="a public profiling API taking (rows, context_len, num_reqs)"),
+    Touch("v1-max-num-seqs-pin", "config-pin", "scheduler_config.max_num_seqs (for one step)",
+          "V1 _dummy_run splits R rows over min(R, max_num_seqs) requests: pinned to the shape's "
+          "request count, restored in finally"),
+    Touch("v1-input-batch", "private-write",
+          "input_batch.num_computed_tokens_cpu, input_batch.block_table.block_tables[*] arrays",
+          "_dummy_run leaves computed tokens at 0 (metadata builders then take the fresh-prompt "
+          "branch) and every request on block 0: each dummy request gets its cached tokens and "
+          "its own blocks for the step, cleared afterwards"),
+    # -- the V2 runner driver ---------------------------------------------------------------------
+    Touch("v2-dummy-run", "private-read",
+          "v1.worker.gpu.model_runner.GPUModelRunner._dummy_run(R, skip_attn, uniform_decode, "
+          "skip_eplb, is_profile[, context_len, valid_dummy_state_slots, randomize_inputs]), "
+          "._dummy_sampler_run, ._dummy_pooler_run, .initialize_kv_cache[(is_profiling)], "
+          ".max_num_reqs, .max_num_tokens, .decode_query_len, .dcp_size, .pooling_runner",
+          "synthetic steps at a chosen KV extent (context_len from 0.28; injected before)",
+          retire="a public profiling API taking per-request (query_len, context_len)"),
+    Touch("v2-max-num-reqs-pin", "config-pin", "GPUModelRunner.max_num_reqs (for one step)",
+          "V2 _dummy_run splits R rows over min(R, max_num_reqs) requests"),
+    Touch("v2-prepare-dummy-attn", "instance-swap", "GPUModelRunner.prepare_dummy_attn",
+          "without _dummy_run(context_len=) (0.26) and for mixed steps on every version, the "
+          "dummy batch is given its per-request context and query lengths right after vLLM "
+          "builds it (seq_lens, positions, query_start_loc, computed tokens, block tables)",
+          retire="_dummy_run taking a per-request layout"),
+    Touch("v2-teardown", "private-write",
+          "cudagraph_utils._teardown_profiling_state (0.28+); on 0.26 its mirror: runner.kv_caches, "
+          "attn_groups, kv_cache_config, block_tables, cudagraph_manager, pcp_manager, "
+          "kv_connector, layer.kv_cache, impl._k_scale_cache/_v_scale_cache, "
+          "cache_config.num_gpu_blocks",
+          "the provisional KV cache and everything initialize_kv_cache built on it are released "
+          "before the real one is allocated"),
+    # -- KV cache ---------------------------------------------------------------------------------
+    Touch("kv-cache-config", "config-pin",
+          "cache_config.num_gpu_blocks_override (for one call) + kv_cache_utils."
+          "get_kv_cache_config_from_groups / get_kv_cache_groups (0.33: kv_cache_config_builder, "
+          "kv_cache_planning); cache_config.num_gpu_blocks",
+          "a KV cache config of exactly the blocks one max_model_len request needs, the trick "
+          "vLLM's own _init_minimal_kv_cache_for_profiling uses"),
+    Touch("kv-holders", "private-read",
+          "compilation_config.static_forward_context[*].kv_cache, model modules' kv_cache, "
+          "runner.kv_caches, kv_cache_config.kv_cache_groups / kv_cache_tensors, spec "
+          "page_size_bytes / block_size / max_memory_usage_bytes",
+          "what KV initialisation actually allocated, per group, recurrent state included"),
+    # -- workspace --------------------------------------------------------------------------------
+    Touch("workspace-slots", "private-write",
+          "vllm.v1.worker.workspace: current_workspace_manager(), WorkspaceManager."
+          "_current_workspaces, ._num_lanes, ._device, .lock()",
+          "every (ubatch, lane) slot is grown to the worst any slot reached and locked after "
+          "warm-up (seed 002: a second lane never profiled)",
+          retire="WorkspaceManager.reserve_all(bytes)"),
+    Touch("workspace-recorder", "instance-swap",
+          "WorkspaceManager._ensure_workspace_size, ._get_workspace_id",
+          "what each slot is asked for during one step: slot sizes alone cannot say what a step "
+          "needs once an earlier step grew the slot"),
+    Touch("runner-capture-model", "instance-swap",
+          "model_runner.capture_model (during warm-up, and during the warm-up rehearsal)",
+          "warm-up: the device memory CUDA-graph capture keeps, so the warm-up audit can say "
+          "whether graphs or other buffers were kept; rehearsal: capture skipped (graphs are "
+          "measured by vLLM's own estimator) or redirected to a throwaway pool"),
+    Touch("v1-graph-estimate", "instance-swap",
+          "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "
+          "(during vLLM's own profile_cudagraph_memory)",
+          "vLLM's V1 estimate captures two graphs per mode and extrapolates (short by 76-150 MiB "
+          "on the H200): on a first start every descriptor is captured and the free memory the "
+          "captures took is summed, so CUDA graphs are reserved exactly before the budget",
+          retire="an exact CUDA-graph estimate in profile_cudagraph_memory"),
+    Touch("v2-graph-estimate", "config-pin",
+          "v1.worker.gpu.cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES (0.29+, for vLLM's "
+          "profile); on 0.26-0.28 (no estimator): platform _global_graph_pool, "
+          "cudagraph_manager.pool, CUDAGraphWrapper._all_instances / graph_pool / clear_all_graphs",
+          "V2's estimate samples two FULL graphs; on a first start all are captured and the "
+          "capture measured. Before 0.29 V2 estimates graphs as 0: the rehearsal captures them "
+          "into a throwaway pool, measures and discards them (what 0.29's estimator does)",
+          run="0.32 read; the 0.26-0.28 path is read, not run",
+          retire="an exact V2 CUDA-graph estimate"),
+)
+
+
+def touch(name: str) -> Touch:
+    for t in REGISTRY:
+        if t.name == name:
+            return t
+    raise KeyError(name)
 
 
 def settings_of(worker) -> ProfilerSettings:
+    # vllm-touch: worker-config
     cached = getattr(worker, "_wcprof_settings", None)
     if cached is None:
         cached = resolve(getattr(worker.vllm_config, "additional_config", None))
+        # vllm-touch: worker-session
         worker._wcprof_settings = cached
     return cached
 
 
 def _wrap_method(cls, name: str, make: Callable) -> bool:
+    # vllm-touch: worker-budget
     orig = cls.__dict__.get(name)
     if orig is None or getattr(orig, "_wcprof_original", None) is not None:
         return False
@@ -52,9 +209,9 @@ def _budget_wrapper(orig):
         settings = settings_of(self)
         if not settings.enabled:
             return orig(self)
-        from . import engine
+        from . import startup
 
-        return engine.determine_available_memory(self, orig, settings)
+        return startup.determine_available_memory(self, orig, settings)
 
     return determine_available_memory
 
@@ -65,9 +222,9 @@ def _init_wrapper(orig):
         settings = settings_of(self)
         if not settings.enabled:
             return orig(self, kv_cache_config)
-        from . import engine
+        from . import startup
 
-        return engine.initialize_from_config(self, orig, kv_cache_config, settings)
+        return startup.initialize_from_config(self, orig, kv_cache_config, settings)
 
     return initialize_from_config
 
@@ -75,20 +232,19 @@ def _init_wrapper(orig):
 def _warmup_wrapper(orig):
     @functools.wraps(orig)
     def compile_or_warm_up_model(self, *a, **kw):
-        t0 = time.perf_counter()
-        out = orig(self, *a, **kw)
         settings = settings_of(self)
-        if settings.enabled:
-            from . import engine
+        if not settings.enabled:
+            return orig(self, *a, **kw)
+        from . import startup
 
-            engine.after_warm_up(self, settings, time.perf_counter() - t0)
-        return out
+        return startup.warm_up(self, orig, settings, *a, **kw)
 
     return compile_or_warm_up_model
 
 
 def _worker_classes():
-    from vllm.platforms import current_platform
+    # vllm-touch: worker-budget
+    from vllm.platforms import current_platform  # vllm-touch: worker-budget
 
     from vllm.v1.worker.gpu_worker import Worker
 
@@ -101,6 +257,9 @@ def _worker_classes():
 
 
 def _patch_workers() -> bool:
+    # vllm-touch: worker-budget
+    # vllm-touch: worker-kv-init
+    # vllm-touch: worker-warm-up
     changed = False
     for cls in _worker_classes():
         changed |= _wrap_method(cls, "determine_available_memory", _budget_wrapper)
@@ -110,6 +269,7 @@ def _patch_workers() -> bool:
 
 
 def _patch_cli() -> bool:
+    # vllm-touch: serve-profiler-flag
     from vllm.engine.arg_utils import EngineArgs
 
     if getattr(EngineArgs, "_wcprof_cli", False):
@@ -118,6 +278,7 @@ def _patch_cli() -> bool:
     orig_from = EngineArgs.__dict__["from_cli_args"].__func__
 
     def add_cli_args(parser, *a, **kw):
+        # vllm-touch: serve-profiler-flag
         parser = orig_add(parser, *a, **kw)
         if not any("--profiler" in act.option_strings for act in parser._actions):
             parser.add_argument(
@@ -130,13 +291,19 @@ def _patch_cli() -> bool:
         return parser
 
     def from_cli_args(cls, args):
-        engine_args = orig_from(cls, args)
+        # vllm-touch: serve-profiler-flag
+        from .. import preflight
+        from ..errors import WcprofError
+
         choice = getattr(args, "profiler", None)
         path = getattr(args, "profiler_report", None)
+        try:  # every bad flag or environment is one line and exit 2, before the engine starts
+            preflight.check_serve_args(choice, path, getattr(args, "additional_config", None))
+        except WcprofError as e:
+            preflight.die(e)
+        engine_args = orig_from(cls, args)
         if choice is None and path is None:
             return engine_args
-        if choice is None:
-            raise ConfigError("--profiler-report needs --profiler worstcase")
         extra = dict(engine_args.additional_config or {})
         section = extra.get(CONFIG_KEY)
         section = {"profiler": section} if isinstance(section, str) else dict(section or {})
@@ -153,52 +320,27 @@ def _patch_cli() -> bool:
     return True
 
 
-# The registry is documentation that ships with the code (and what `apply_all` below installs).
-PATCHES: tuple[Patch, ...] = (
-    Patch(
-        name="worker-budget",
-        target="vllm.v1.worker.gpu_worker.Worker.determine_available_memory, "
-               "vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory (overrides, no super)",
-        what="calls the original (the stock figure), then runs the worst-case sweep and returns the "
-             "worst-case budget; on CUDA the Python heap is frozen from before the original until "
-             "the held-memory measurement (engine.profile_on_frozen_heap), so the full collections "
-             "of vLLM's memory_profiling and of the profiler walk only new objects",
-        why="the stock profile runs one max_num_batched_tokens step on an empty KV cache with no "
-            "attention metadata, so context-scaled memory is never seen (seed 002); each full "
-            "collection of a vLLM process costs 0.3-0.5 s of every start (H200 runs 9 and 10)",
-        versions="0.26 (GPU), 0.32 (CPU) verified; 0.33 by reading. 0.26's V1 "
-                 "profile_cudagraph_memory unfreezes the heap inside the original (_freeze_gc): "
-                 "it is frozen again after it (unit-tested; not run on a GPU with V1 graphs)"),
-    Patch(
-        name="worker-kv-audit",
-        target="vllm.v1.worker.gpu_worker.Worker.initialize_from_config (CPUWorker inherits it)",
-        what="sums the storages KV initialisation actually allocated and compares with the budget",
-        why="nothing checked that KV initialisation stays within its budget (seed 000: 8.5x)",
-        versions="0.26, 0.32 verified; 0.33 by reading"),
-    Patch(
-        name="worker-workspace-lock",
-        target="Worker.compile_or_warm_up_model, CPUWorker.compile_or_warm_up_model",
-        what="after warm-up, audits what warm-up kept resident (CUDA graphs) against what admission "
-             "set aside, caching the figure for the next start and failing this one beyond the "
-             "margin; then locks the WorkspaceManager (all slots already grown to the worst case)",
-        why="0.26's V2 runner estimates CUDA-graph memory as 0 (404 MiB on the H200 Llama, outside "
-            "every budget); vLLM locks only when CUDA graphs are captured (never in eager mode, "
-            "never on 0.26's V2 runner); unlocked growth takes memory promised to the KV cache",
-        versions="0.26, 0.32 verified"),
-    Patch(
-        name="serve-profiler-flag",
-        target="vllm.engine.arg_utils.EngineArgs.add_cli_args / from_cli_args",
-        what="adds exact --profiler {default,worstcase} and --profiler-report PATH options and "
-             "carries them to every process through additional_config",
-        why="without an exact option argparse abbreviates --profiler to --profiler-config and fails",
-        versions="0.26, 0.32 verified"),
-)
+# What apply_all installs: registry entry -> installer. Instance swaps, reads and pins are made
+# by the code that needs them, at its marker.
+INSTALLERS: dict[str, Callable[[], bool]] = {
+    "serve-profiler-flag": _patch_cli,
+    "worker-budget": _patch_workers,
+    "worker-kv-init": _patch_workers,
+    "worker-warm-up": _patch_workers,
+}
 
 
 def apply_all() -> None:
     """Idempotent; called from the vllm.general_plugins entry point in every process."""
-    try:
-        _patch_cli()
-    except Exception:  # noqa: BLE001 - a CLI patch failure must not break a disabled engine
-        log.exception("worstcase_profiler: could not add --profiler to vLLM's CLI")
-    _patch_workers()
+    done: set = set()
+    for name, install in INSTALLERS.items():
+        assert touch(name).kind == "class-wrap"
+        if install in done:
+            continue
+        done.add(install)
+        try:
+            install()
+        except Exception:  # noqa: BLE001 - a CLI patch failure must not break a disabled engine
+            if name != "serve-profiler-flag":
+                raise
+            log.exception("worstcase_profiler: could not add --profiler to vLLM's CLI")

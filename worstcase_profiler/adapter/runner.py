@@ -1,4 +1,5 @@
-"""StepDrivers: synthetic forward passes at real KV extent through vLLM's own model runners.
+"""StepDrivers: synthetic forward passes at real KV extent through vLLM's own model runners, each
+measured by the device's meter (the core's sweep decides which steps run; core/sweep.py).
 
 V1 runner (vLLM 0.26 / 0.32 GPU and CPU):
   `_dummy_run(R, force_attention=True, profile_seq_lens=S, is_profile=True, skip_eplb=True)` builds
@@ -12,17 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
+from ..core.shapes import Limits, stock_shape
+from ..core.types import ProvisionalKV, Shape, StepResult
 from ..errors import DoesNotFit, UnsupportedModel
-from ..report import Shape
-from ..shapes import Limits
-from ..sweep import ProvisionalKV
 from . import kv as kvmod
 from . import workspace as ws
-from .versions import version_tuple
+from .meters import PeakAttributor
 
 
 def _set_config_ctx(vllm_config):
+    # vllm-touch: kv-cache-config
     try:
         from vllm.config import set_current_vllm_config
     except ImportError:  # pragma: no cover - very old vLLM
@@ -59,17 +61,44 @@ def is_v2_runner(runner) -> bool:
 
 
 class DriverBase:
-    """What every StepDriver shares: rank agreement and the per-step workspace record."""
+    """What every StepDriver shares: how a step is measured (the meter around it, the workspace
+    it asks for, the op that set its peak) and rank agreement. Subclasses run the steps:
+    `run_stock()` and `run(shape)`."""
 
     _agree = None
     _requests: "ws.RequestRecorder"
+    meter = None
+    model = None
+    limits: Limits
 
     def agree_max(self, value: int) -> int:
+        """Max over every rank (identity on one rank): keeps adaptive decisions identical."""
         return self._agree(value) if self._agree else value
 
-    def workspace_bytes(self) -> int:
-        """Workspace the last step asked for, summed over slots."""
-        return self._requests.total()
+    def measure_stock(self) -> StepResult:
+        """vLLM's own profile step. Same semantics as every synthetic step: the transient above
+        what the step leaves live (lazy one-time initialisations land in the held memory)."""
+        return self._measured(stock_shape(self.limits), self.run_stock, attribute=False)
+
+    def measure(self, shape: Shape, attribute: bool = False) -> StepResult:
+        return self._measured(shape, lambda: self.run(shape), attribute)
+
+    def _measured(self, shape: Shape, body, attribute: bool) -> StepResult:
+        meter = self.meter
+        meter.begin()
+        t0 = time.perf_counter()
+        top = None
+        with self._requests:
+            if attribute:
+                with PeakAttributor(self.model, meter) as attr:
+                    body()
+                top = attr.top_op
+            else:
+                body()
+        seconds = time.perf_counter() - t0
+        peak = self.agree_max(meter.end())
+        return StepResult(shape=shape, peak_bytes=peak, seconds=seconds, top_op=top,
+                          workspace_bytes=self.agree_max(self._requests.total()))
 
 
 class V1Driver(DriverBase):
@@ -96,16 +125,17 @@ class V1Driver(DriverBase):
     # -- the stock step ---------------------------------------------------------------------
     def run_stock(self) -> None:
         """vLLM's own profile step, as profile_run does it (no attention metadata)."""
+        # vllm-touch: v1-dummy-run
         r = self.runner
-        with self._requests:
-            hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
-            out = r._dummy_sampler_run(last)
+        hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
+        out = r._dummy_sampler_run(last)
         r._sync_device() if hasattr(r, "_sync_device") else None
         del hidden, last, out
 
     # -- provisional KV cache -----------------------------------------------------------------
     @contextlib.contextmanager
     def provisional_kv(self):
+        # vllm-touch: v1-dummy-run
         r = self.runner
         vllm_config = r.vllm_config
         need_blocks = math.ceil(self.limits.max_model_len / self.limits.block_size) + 1
@@ -123,7 +153,7 @@ class V1Driver(DriverBase):
 
     # -- synthetic steps ----------------------------------------------------------------------
     def run(self, shape: Shape) -> None:
-        with self._requests, self._computed_tokens(shape):
+        with self._computed_tokens(shape):
             self._run(shape)
 
     @contextlib.contextmanager
@@ -131,6 +161,7 @@ class V1Driver(DriverBase):
         """`_dummy_run` leaves input_batch.num_computed_tokens at 0, so metadata builders that
         read it (chunked-prefill context paths, e.g. the sparse-MLA indexer's) take the fresh-
         prompt branch. Fill in each dummy request's cached tokens for the step, zero after."""
+        # vllm-touch: v1-input-batch
         ib = getattr(self.runner, "input_batch", None)
         arr = getattr(ib, "num_computed_tokens_cpu", None)
         if arr is None:
@@ -154,6 +185,7 @@ class V1Driver(DriverBase):
             arr[:n] = 0
 
     def _run(self, shape: Shape) -> None:
+        # vllm-touch: v1-max-num-seqs-pin
         r = self.runner
         sched = r.scheduler_config
         saved = sched.max_num_seqs
@@ -184,6 +216,7 @@ class V1Driver(DriverBase):
             sched.max_num_seqs = saved
 
     def _block_tables(self):
+        # vllm-touch: v1-input-batch
         batch = getattr(self.runner, "input_batch", None)
         bt = getattr(batch, "block_table", None)
         return list(getattr(bt, "block_tables", []) or [])
@@ -191,6 +224,7 @@ class V1Driver(DriverBase):
     def _fill_block_tables(self, num_reqs: int, seq_len: int) -> None:
         """Give each dummy request its own blocks (wrapping when the pool runs out), so the
         kernels read a realistic spread of pages rather than block 0 over and over."""
+        # vllm-touch: v1-input-batch
         if not self._pool_blocks:
             return
         import numpy as np
@@ -220,4 +254,4 @@ def make_driver(worker, limits: Limits, meter, agree_max=None):
     return V1Driver(runner, limits, meter, agree_max)
 
 
-__all__ = ["V1Driver", "make_driver", "is_v2_runner", "version_tuple"]
+__all__ = ["DriverBase", "V1Driver", "make_driver", "is_v2_runner"]

@@ -24,8 +24,7 @@ naming it.
   (GPU view of input_buffers), seq_lens_cpu_upper_bound (max_seq_len is read from it,
   model_states/default.py:159), num_computed_tokens_np, num_computed_prefill_tokens_np, positions,
   and zeroes the returned block-table rows (v26 get_dummy_block_tables does not; slot mappings are
-  already PAD_SLOT_ID, so nothing is written). Exactly the sequence measured on an H200 in
-  shared/reference/longkv-dummy-run-h200.md. The wrapper must run once per step: if it did not,
+  already PAD_SLOT_ID, so nothing is written). The wrapper must run once per step: if it did not,
   attention ran without context and we raise instead of reporting a number.
 - Mixed steps (decodes + one prefill chunk, per-request query lengths) cannot be expressed by
   `context_len`; on every version the same wrapper also rewrites num_scheduled_tokens,
@@ -56,9 +55,9 @@ import math
 
 import numpy as np
 
+from ..core.shapes import Limits, request_layout
+from ..core.types import Shape
 from ..errors import UnsupportedModel
-from ..report import Shape
-from ..shapes import Limits, request_layout
 from . import workspace as ws
 from .runner import DriverBase, _set_config_ctx, init_provisional_kv
 
@@ -80,6 +79,7 @@ class V2Driver(DriverBase):
     runner_kind = "v2"
 
     def __init__(self, runner, limits: Limits, meter, agree_max=None):
+        # vllm-touch: v2-dummy-run
         def need(ok: bool, missing: str) -> None:
             if not ok:
                 raise UnsupportedModel(f"the V2 model runner {type(runner).__name__}: {missing}",
@@ -112,6 +112,7 @@ class V2Driver(DriverBase):
         self._requests = ws.RequestRecorder()  # workspace each step asks for, as V1Driver
 
     def _common_kwargs(self) -> dict:
+        # vllm-touch: v2-dummy-run
         kw = dict(is_profile=True, skip_eplb=True)
         if self._randomize:  # what v32 Worker.randomize_dummy_inputs passes to profile_run
             import vllm.envs as envs
@@ -121,6 +122,7 @@ class V2Driver(DriverBase):
         return kw
 
     def _sample(self, hidden, last) -> None:
+        # vllm-touch: v2-dummy-run
         r = self.runner
         if last is not None:
             if getattr(r, "pooling_runner", None) is not None:
@@ -133,12 +135,12 @@ class V2Driver(DriverBase):
     def run_stock(self) -> None:
         """profile_run's step: max_num_tokens rows, skip_attn=True, is_profile=True, then the
         sampler (the MM-encoder profile of v32 profile_run is not part of it)."""
+        # vllm-touch: v2-dummy-run
         r = self.runner
         kw = self._common_kwargs()
         kw.pop("skip_eplb")  # profile_run steps EPLB like a real step
-        with self._requests:
-            hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **kw)
-            self._sample(hidden, last)
+        hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **kw)
+        self._sample(hidden, last)
         del hidden, last
 
     # -- provisional KV cache -----------------------------------------------------------------
@@ -150,6 +152,7 @@ class V2Driver(DriverBase):
 
     @contextlib.contextmanager
     def provisional_kv(self):
+        # vllm-touch: kv-cache-config
         r = self.runner
         need = self._blocks_for_one_request()
         with _set_config_ctx(r.vllm_config):
@@ -165,6 +168,7 @@ class V2Driver(DriverBase):
                 self._teardown()
 
     def _teardown(self) -> None:
+        # vllm-touch: v2-teardown
         if self._vllm_teardown is not None:  # v32/v33
             self._vllm_teardown(self.runner)
             return
@@ -199,10 +203,7 @@ class V2Driver(DriverBase):
 
     # -- synthetic steps ----------------------------------------------------------------------
     def run(self, shape: Shape) -> None:
-        with self._requests:
-            self._run(shape)
-
-    def _run(self, shape: Shape) -> None:
+        # vllm-touch: v2-max-num-reqs-pin
         r = self.runner
         layout = request_layout(self.limits, shape)
         n, rows = len(layout), sum(q for q, _ in layout)
@@ -233,6 +234,7 @@ class V2Driver(DriverBase):
     @contextlib.contextmanager
     def _injecting(self, layout: list[tuple[int, int]]):
         """Wrap the instance's prepare_dummy_attn for one step (see the module docstring)."""
+        # vllm-touch: v2-prepare-dummy-attn
         r = self.runner
         own = vars(r).get("prepare_dummy_attn")
         original = r.prepare_dummy_attn
@@ -257,6 +259,7 @@ class V2Driver(DriverBase):
                                    "step (expected once): KV context was not injected", hint=_HINT)
 
     def _inject(self, batch, layout, block_tables, zero_tables: bool) -> None:
+        # vllm-touch: v2-prepare-dummy-attn
         import torch
 
         q = np.array([a for a, _ in layout], dtype=np.int32)

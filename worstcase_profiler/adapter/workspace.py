@@ -9,10 +9,11 @@ The CPU worker never initialises a manager; then there is nothing to grow or loc
 
 from __future__ import annotations
 
-from ..report import WorkspaceSlot
+from ..core.types import WorkspaceSlot
 
 
 def manager():
+    # vllm-touch: workspace-slots
     try:
         from vllm.v1.worker.workspace import (current_workspace_manager,
                                               is_workspace_manager_initialized)
@@ -26,6 +27,7 @@ def _nbytes(t) -> int:
 
 
 def slot_sizes(mgr) -> list[int]:
+    # vllm-touch: workspace-slots
     return [_nbytes(t) for t in mgr._current_workspaces]
 
 
@@ -33,6 +35,7 @@ def grow_all_slots(mgr, at_least: int = 0) -> list[WorkspaceSlot]:
     """Every slot to the largest size any slot reached (or `at_least`, what a cached sweep's
     slots reached). Written (zeroed), so the memory is real on the CPU too and the consumed
     figure read afterwards includes it."""
+    # vllm-touch: workspace-slots
     import torch
 
     lanes = int(getattr(mgr, "_num_lanes", 1))
@@ -54,6 +57,7 @@ def total_bytes(mgr) -> int:
 
 
 def lock(mgr) -> None:
+    # vllm-touch: workspace-slots
     mgr.lock()
 
 
@@ -69,6 +73,7 @@ class RequestRecorder:
         return sum(self.per_slot.values())
 
     def __enter__(self) -> "RequestRecorder":
+        # vllm-touch: workspace-recorder
         self.per_slot.clear()
         self._mgr = mgr = manager()
         if mgr is None:
@@ -85,5 +90,6 @@ class RequestRecorder:
         return self
 
     def __exit__(self, *exc) -> None:
+        # vllm-touch: workspace-recorder
         if self._mgr is not None:
             self._mgr.__dict__.pop("_ensure_workspace_size", None)

@@ -9,10 +9,10 @@ import re
 from html import escape
 from typing import Any
 
-from worstcase_profiler.render.json_report import emit_text
-from worstcase_profiler.render.picture import VERDICT_COLOURS, figure_bytes, shape_text
-from worstcase_profiler.report import Report
-from worstcase_profiler.sizes import fmt_bytes, fmt_tokens
+from ..report import Report
+from .json_report import emit_text
+from .picture import VERDICT_COLOURS, figure_bytes
+from .view import build_view
 
 CSS = """
 body { font-family: "DejaVu Sans", "Liberation Sans", Arial, sans-serif; margin: 1.5em auto;
@@ -27,10 +27,12 @@ th, td { border-bottom: 1px solid #ddd; padding: .3em .9em; text-align: right; }
 th:first-child, td:first-child { text-align: left; }
 ul.details { padding-left: 1.2em; line-height: 1.45; }
 li.warn { color: #8a4b00; }
+li.error { color: #b2182b; font-weight: bold; }
 figure { margin: 1em 0; }
 figure svg { width: 100%; height: auto; }
 footer { color: #777; font-size: .85em; margin-top: 1.5em; }
 """
+SEVERITY_CLASSES = ("info", "warn", "error")
 
 
 class HtmlReporter:
@@ -49,64 +51,17 @@ def inline_svg(report: Report) -> str:
     return head + ' role="img" aria-label="wcprof memory picture"' + svg[head_end:]
 
 
-def _signed(n: int, fmt=fmt_bytes) -> str:
-    return ("+" if n > 0 else "") + fmt(n)
-
-
-def key_rows(report: Report) -> list[tuple[str, str, str, str]]:
-    """(what, stock, worst-case, difference) rows, the terminal's comparison table plus need."""
-    adm, wc, stock = report.admission, report.worstcase, report.stock
-    rows = [("peak activation (transient)", fmt_bytes(stock.peak_activation_bytes),
-             fmt_bytes(wc.peak_activation_bytes),
-             _signed(wc.peak_activation_bytes - stock.peak_activation_bytes))]
-    if wc.workspace_bytes or stock.workspace_bytes:
-        rows.append(("workspace (all slots)", fmt_bytes(stock.workspace_bytes),
-                     fmt_bytes(wc.workspace_bytes),
-                     _signed(wc.workspace_bytes - stock.workspace_bytes)))
-    rows += [
-        ("step need (peak + workspace)", fmt_bytes(stock.need_bytes), fmt_bytes(wc.need_bytes),
-         _signed(wc.need_bytes - stock.need_bytes)),
-        ("KV cache bytes", fmt_bytes(adm.stock_kv_cache_bytes), fmt_bytes(adm.kv_cache_bytes),
-         _signed(adm.kv_cache_bytes - adm.stock_kv_cache_bytes)),
-        ("KV tokens", fmt_tokens(adm.kv_tokens_stock), fmt_tokens(adm.kv_tokens_worstcase),
-         _signed(adm.kv_tokens_worstcase - adm.kv_tokens_stock, fmt_tokens)),
-    ]
-    return rows
-
-
-def detail_sentences(report: Report) -> list[tuple[str, bool]]:
-    """The terminal report's detail lines as plain text (same wording), flagged when they are
-    warnings."""
-    from worstcase_profiler.render.terminal import detail_lines
-
-    out = []
-    for line in detail_lines(report):
-        text = line.plain
-        out.append((text, text.startswith("warning:") or "runs out" in text
-                    or str(line.style) in ("yellow", "red")))
-    return out
-
-
 def render_html(report: Report) -> str:
-    adm, cfg = report.admission, report.config
-    verdict = report.verdict
-    colour = VERDICT_COLOURS.get(verdict, "#333")
-    flag = adm.recommended_kv_cache_memory_bytes
-    title = f"wcprof {verdict}: {cfg.model}"
+    view = build_view(report)
+    cfg = report.config
+    colour = VERDICT_COLOURS[view.verdict]
+    title = f"wcprof {view.verdict}: {cfg.model}"
     table = "\n".join(
-        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>"
-        for row in key_rows(report))
+        "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in (r.label, r.stock, r.worst, r.difference))
+        + "</tr>" for r in view.rows)
     details = "\n".join(
-        ('<li class="warn">' if warn else "<li>") + escape(text) + "</li>"
-        for text, warn in detail_sentences(report))
-    stock_oom = (f"stock runs out at context length {fmt_tokens(adm.stock_oom_context_len)}"
-                 if adm.stock_oom_context_len is not None
-                 else f"stock holds up to max_model_len ({fmt_tokens(cfg.max_model_len)})")
-    summary = (f"worst-case peak {fmt_bytes(report.worstcase.peak_activation_bytes)} vs stock peak "
-               f"{fmt_bytes(report.stock.peak_activation_bytes)}; KV tokens "
-               f"{fmt_tokens(adm.kv_tokens_worstcase)} (worst-case) vs "
-               f"{fmt_tokens(adm.kv_tokens_stock)} (stock); {stock_oom}; worst step "
-               f"{shape_text(report.worstcase.worst_shape)}.")
+        f'<li class="{SEVERITY_CLASSES[d.severity]}">' + escape(d.text) + "</li>"
+        for d in view.details)
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
@@ -117,16 +72,12 @@ def render_html(report: Report) -> str:
 <style>{CSS}</style>
 </head>
 <body>
-<h1><span class="verdict" id="verdict" style="background:{colour}">{escape(verdict)}</span>
+<h1><span class="verdict" id="verdict" style="background:{colour}">{escape(str(view.verdict))}</span>
  {escape(cfg.model)}</h1>
-<p class="sub">max_model_len={fmt_tokens(cfg.max_model_len)} ·
-max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)} ·
-max_num_seqs={cfg.max_num_seqs} · TP={cfg.tensor_parallel_size} ·
-{escape(report.device.name)} · vLLM {escape(report.vllm_version)}
-({escape(report.runner.runner)} runner)</p>
+<p class="sub">{escape(view.limits_text)} · {escape(view.where_text)}</p>
 <div>recommended:</div>
-<div class="flag"><code id="flag">--kv-cache-memory-bytes {flag}</code> ({fmt_bytes(flag)})</div>
-<p id="summary">{escape(summary)}</p>
+<div class="flag"><code id="flag">{escape(view.flag)}</code> {escape(view.flag_note)}</div>
+<p id="summary">{escape(view.summary)}</p>
 <table id="comparison">
 <thead><tr><th></th><th>stock</th><th>worst-case</th><th>difference</th></tr></thead>
 <tbody>

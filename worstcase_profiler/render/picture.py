@@ -21,9 +21,10 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from worstcase_profiler.errors import ConfigError
-from worstcase_profiler.report import Report, Shape, StepResult
-from worstcase_profiler.sizes import GiB, MiB, fmt_bytes, fmt_tokens
+from ..errors import ConfigError
+from ..report import Report, Shape, StepResult, Verdict
+from ..sizes import GiB, MiB, fmt_bytes, fmt_tokens
+from .view import full_extent_prefill, shape_text, short_model, signed, transient_bytes
 
 # category -> (colour, legend label). Colour-blind-safe (Okabe-Ito plus greys).
 CATEGORIES: dict[str, tuple[str, str]] = {
@@ -40,8 +41,11 @@ CATEGORIES: dict[str, tuple[str, str]] = {
 }
 WATERFALL_NAMES = {"post_profile": "post-profile\nbuffers", "other": "other\nconsumed",
                    "transient": "step\ntransient", "cudagraph": "CUDA\ngraphs"}
-VERDICT_COLOURS = {"SAFE": "#1b7837", "STOCK UNSAFE": "#b35806", "KV OVER-COMMIT": "#b2182b",
-                   "DOES NOT FIT": "#b2182b"}
+VERDICT_COLOURS = {Verdict.SAFE: "#1b7837", Verdict.STOCK_UNSAFE: "#b35806",
+                   Verdict.KV_OVERCOMMIT: "#b2182b", Verdict.DOES_NOT_FIT: "#b2182b"}
+# A card segment narrower than this share of the bar cannot be seen: it is left out of the
+# card's legend (the waterfall below shows it to scale).
+VISIBLE_SHARE = 0.004
 
 
 @dataclass
@@ -94,16 +98,9 @@ def _split_consumed(consumed: int, weights: int, non_torch: int,
         notes.append(f"vLLM reports {fmt_bytes(weights)} of weights, more than {whose} consumed "
                      f"memory leaves for them ({fmt_bytes(w)}; load-time temporaries?): drawn as "
                      f"{fmt_bytes(w)}")
+    other = "other consumed" if weights else "process memory (weights, runtime)"
     return [Segment("weights", "weights", w), Segment("non_torch", "non-torch", nt),
-            Segment("other", "other consumed", remaining), *taken]
-
-
-def worst_transient(report: Report) -> int:
-    """The transient admission subtracted, recovered from the admission so the bar adds up to
-    requested (the measured worst peak, plus any chord slack)."""
-    adm = report.admission
-    return (adm.requested_bytes - adm.consumed_bytes - adm.cudagraph_bytes - adm.margin_bytes
-            - adm.budget_bytes)
+            Segment("other", other, remaining), *taken]
 
 
 def card_bars(report: Report) -> tuple[Bar, Bar]:
@@ -132,7 +129,7 @@ def card_bars(report: Report) -> tuple[Bar, Bar]:
                                parts, notes, "the")
     weights, non_torch = consumed[0].nbytes, consumed[1].nbytes
     worst_segments = consumed + [
-        Segment("transient", "worst-case transient", max(0, worst_transient(report))),
+        Segment("transient", "worst-case transient", max(0, transient_bytes(report))),
         Segment("cudagraph", "CUDA graphs", adm.cudagraph_bytes),
         Segment("margin", "margin", adm.margin_bytes),
         Segment("kv", "KV cache", adm.kv_cache_bytes),
@@ -158,33 +155,6 @@ def card_bars(report: Report) -> tuple[Bar, Bar]:
     return Bar("stock", [s for s in stock_segments if s.nbytes > 0], snotes), worst
 
 
-def full_extent_prefill(report: Report) -> list[StepResult]:
-    """The rows sweep: prefill chunks whose largest request ends exactly at max_model_len,
-    one per rows value (the last measurement wins), sorted by rows."""
-    mml = report.config.max_model_len
-    by_rows: dict[int, StepResult] = {}
-    for step in report.worstcase.steps:
-        s = step.shape
-        if s.kind != "prefill":
-            continue
-        largest = -(-s.rows // s.num_reqs)
-        if s.context_len + largest == mml:
-            by_rows[s.rows] = step
-    return [by_rows[r] for r in sorted(by_rows)]
-
-
-def short_model(name: str, limit: int = 48) -> str:
-    """A local checkpoint directory by its last component; a hub id as it is."""
-    if name.startswith(("/", "./", "../", "~")) and Path(name).name:
-        name = Path(name).name
-    return name if len(name) <= limit else "…" + name[-(limit - 1):]
-
-
-def shape_text(shape: Shape) -> str:
-    return (f"{shape.kind} rows={fmt_tokens(shape.rows)} ctx={fmt_tokens(shape.context_len)} "
-            f"reqs={shape.num_reqs}")
-
-
 # --------------------------------------------------------------------------- drawing
 
 def _matplotlib():
@@ -198,18 +168,28 @@ def _matplotlib():
 
 
 def _byte_axis(axis) -> None:
-    """Ticks at round GiB/MiB values, labelled by sizes.fmt_bytes."""
+    """Ticks at round values of one unit (MiB below 4 GiB, else GiB), every label in that unit:
+    0 / 256 / 512 MiB or 0 / 20 / 40 GiB, never 204.80 MiB."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    state = {"unit": MiB}
 
     class ByteLocator(MaxNLocator):
         def tick_values(self, vmin, vmax):
             top = max(abs(vmin), abs(vmax))
-            unit = GiB if top >= GiB else MiB if top >= MiB else 1024
+            unit = GiB if top >= 4 * GiB else MiB if top >= MiB else 1024
+            state["unit"] = unit
             ticks = super().tick_values(vmin / unit, vmax / unit) * unit
             return ticks[ticks >= 0]  # sizes are never negative (the band below 0 is the strip)
 
-    axis.set_major_locator(ByteLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
-    axis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_bytes(v)))
+    def label(v, _pos) -> str:
+        unit = state["unit"]
+        name = {GiB: "GiB", MiB: "MiB", 1024: "KiB"}[unit]
+        n = v / unit
+        return f"{n:.0f} {name}" if abs(n - round(n)) < 1e-6 else f"{n:.1f} {name}"
+
+    axis.set_major_locator(ByteLocator(nbins=6, steps=[1, 2, 2.5, 4, 5, 10]))
+    axis.set_major_formatter(FuncFormatter(label))
 
 
 def _token_axis(axis, xmax: int) -> None:
@@ -240,7 +220,7 @@ def build_figure(report: Report):
                  f"max_model_len={fmt_tokens(cfg.max_model_len)}"
                  f"  max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}"
                  f"  max_num_seqs={cfg.max_num_seqs}",
-                 fontsize=15, fontweight="bold", color=VERDICT_COLOURS.get(verdict, "black"))
+                 fontsize=15, fontweight="bold", color=VERDICT_COLOURS[verdict])
     stock_bar, worst_bar = card_bars(report)
     _draw_card(ax_card, report, stock_bar, worst_bar)
     _draw_waterfall(ax_fall, report, stock_bar, worst_bar)
@@ -277,17 +257,20 @@ def _draw_card(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
                         ha="center", va="center", fontsize=9)
             left += seg.nbytes
         non_kv = sum(s.nbytes for s in bar.non_kv())
-        ax.text(0.003 * total, y - 0.42, f"non-KV {fmt_bytes(non_kv)}", ha="left", va="top",
+        ax.text(0.003 * total, y - 0.42, f"non-KV total {fmt_bytes(non_kv)} (all but the KV "
+                f"cache and headroom; parts in the waterfall below)", ha="left", va="top",
                 fontsize=8.5, color="#333333")
     ax.axvline(adm.requested_bytes, color="black", linestyle="--", linewidth=1)
     ax.text(adm.requested_bytes, 1.47, f"requested {fmt_bytes(adm.requested_bytes)}",
             ha="right", va="bottom", fontsize=9)
     from matplotlib.patches import Patch
 
-    present = {s.category for bar in (stock_bar, worst_bar) for s in bar.segments}
+    visible = {s.category: (s.label if s.category == "other" else CATEGORIES[s.category][1])
+               for bar in (stock_bar, worst_bar) for s in bar.segments
+               if total and s.nbytes / total >= VISIBLE_SHARE}
     ax.legend(handles=[Patch(facecolor=c, edgecolor="#333333", hatch="//" if k == "headroom"
-                             else None, label=lbl)
-                       for k, (c, lbl) in CATEGORIES.items() if k in present],
+                             else None, label=visible[k])
+                       for k, (c, _lbl) in CATEGORIES.items() if k in visible],
               loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=10, fontsize=9,
               frameon=False)
     ax.set_yticks([1, 0], ["stock", "worst-case"], fontsize=11)
@@ -352,15 +335,11 @@ def _draw_waterfall(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
               loc="upper left", fontsize=9, frameon=False)
     adm = report.admission
     ax.set_title(f"everything but the KV cache (waterfall): worst-case transient "
-                 f"{fmt_bytes(worst_transient(report))} vs stock "
+                 f"{fmt_bytes(transient_bytes(report))} vs stock "
                  f"{fmt_bytes(report.stock.peak_activation_bytes)}; worst-case KV "
-                 f"{_signed(adm.kv_cache_bytes - adm.stock_kv_cache_bytes)} vs stock",
+                 f"{signed(adm.kv_cache_bytes - adm.stock_kv_cache_bytes)} vs stock",
                  loc="left", fontsize=12)
     ax.spines[["top", "right"]].set_visible(False)
-
-
-def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + fmt_bytes(n)
 
 
 def _draw_reference_lines(ax, report: Report) -> None:
@@ -438,7 +417,11 @@ def _draw_context(ax, report: Report) -> None:
         ax.text(0.5, 0.5, "no context curve in this report", transform=ax.transAxes,
                 ha="center", va="center", color="#555555")
     _draw_reference_lines(ax, report)
-    if adm.stock_oom_context_len is not None:
+    if adm.stock_oom_context_len == 0:
+        ax.text(0.02, 0.93, "stock is short at every context length, even an empty KV cache",
+                transform=ax.transAxes, ha="left", va="top", color="#b2182b", fontsize=9.5,
+                fontweight="bold")
+    elif adm.stock_oom_context_len is not None:
         ax.axvline(adm.stock_oom_context_len, color="#b2182b", linewidth=1.2)
         ax.annotate(f"stock runs out at ctx {fmt_tokens(adm.stock_oom_context_len)}",
                     xy=(adm.stock_oom_context_len, report.stock.need_bytes), xytext=(8, 10),

@@ -1,20 +1,25 @@
-"""What the worker is: its limits, rank, device, engine config and attention backends, and what
-the process holds on the device right now. Read by the engine flow (engine.py) and by the sweep
-cache's key (sweeping.py)."""
+"""What the worker is: its limits, rank, device, engine config, attention backends, and the facts
+a sweep's figures depend on (the sweep cache's key). Read by the start-up flow (startup.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import inspect
 import logging
 import os
 
+from .. import __version__
+from ..core.shapes import Limits
+from ..core.types import DeviceInfo, EngineConfig, EngineFacts
 from ..errors import WcprofError
-from ..report import DeviceInfo, EngineConfig
-from ..shapes import Limits
+from .versions import vllm_version
 
 log = logging.getLogger("vllm.wcprof")
 
 
 def limits_of(vllm_config, runner=None) -> Limits:
+    # vllm-touch: worker-config
     spec = vllm_config.speculative_config
     k = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
     return Limits(
@@ -28,6 +33,7 @@ def limits_of(vllm_config, runner=None) -> Limits:
 
 
 def world_rank() -> int:
+    # vllm-touch: world-group
     try:
         from vllm.distributed import get_world_group
 
@@ -39,6 +45,7 @@ def world_rank() -> int:
 def agree_max_fn():
     """Max over every rank of the world group, on its CPU group, so that adaptive choices in the
     sweep (bisection) are identical everywhere and no rank waits in a collective alone."""
+    # vllm-touch: world-group
     try:
         from vllm.distributed import get_world_group
 
@@ -86,6 +93,52 @@ def engine_config(vllm_config) -> EngineConfig:
     )
 
 
+def engine_facts(worker, runner_kind: str) -> EngineFacts:
+    runner = worker.model_runner
+    return EngineFacts(tool_version=__version__, vllm_version=vllm_version(), rank=world_rank(),
+                       device=device_info(worker), config=engine_config(worker.vllm_config),
+                       runner=runner_kind, worker=type(worker).__name__,
+                       attention_backends=tuple(attention_backends(runner)))
+
+
+def sweep_facts(worker, limits: Limits, settings, runner_kind: str) -> dict:
+    """Everything the sweep's figures depend on (the cache key): the model, the limits, the
+    kernels and the device. What it cannot see, the replay of the worst shape checks."""
+    import torch
+
+    vllm_config = worker.vllm_config
+    runner = worker.model_runner
+    model = getattr(runner, "model", None)
+    try:
+        source = inspect.getsourcefile(type(model)) if model is not None else None
+        model_code = hashlib.sha256(open(source, "rb").read()).hexdigest()[:16] if source else None
+    except (OSError, TypeError):
+        model_code = None
+    comp = vllm_config.compilation_config
+    facts = {
+        "tool": __version__, "vllm": vllm_version(), "torch": torch.__version__,
+        "cuda": getattr(torch.version, "cuda", None),
+        "device": dataclasses.asdict(device_info(worker)), "rank": world_rank(),
+        # not the model path (its config is hf_config) nor the budget (admission is recomputed)
+        "config": {k: v for k, v in dataclasses.asdict(engine_config(vllm_config)).items()
+                   if k not in ("gpu_memory_utilization", "model")},
+        "hf_config": {k: v for k, v in vllm_config.model_config.hf_config.to_dict().items()
+                      if k not in ("_name_or_path", "name_or_path")},  # where, not what
+        "dtype": str(vllm_config.model_config.dtype),
+        "quantization": str(vllm_config.model_config.quantization),
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}", "model_code": model_code,
+        "cudagraph": [str(getattr(comp, "cudagraph_mode", None)),
+                      list(getattr(comp, "cudagraph_capture_sizes", None) or [])],
+        "limits": dataclasses.asdict(limits), "runner": runner_kind,
+        "attention_backends": attention_backends(runner),
+        "sweep": {"tolerance": settings.tolerance_bytes, "exhaustive": settings.exhaustive,
+                  "context_ladder": settings.context_ladder, "attribute_ops": settings.attribute_ops},
+    }
+    import json
+
+    return json.loads(json.dumps(facts, sort_keys=True, default=str))
+
+
 def attention_backends(runner) -> list[str]:
     names = set()
     for layer in runner.vllm_config.compilation_config.static_forward_context.values():
@@ -96,6 +149,7 @@ def attention_backends(runner) -> list[str]:
 
 
 def requested_bytes(worker) -> int:
+    # vllm-touch: worker-config
     for attr in ("requested_memory", "requested_cpu_memory"):
         v = getattr(worker, attr, None)
         if v:
@@ -104,57 +158,8 @@ def requested_bytes(worker) -> int:
                       hint="unsupported worker class for worstcase_profiler")
 
 
-def device_bytes_held(worker, meter, gc_generation: int = 2, clock=None, phase: str = "") -> int:
-    """What this process holds on the device now. CUDA: free memory at worker init minus free now
-    (vLLM 0.32's total_consumed); CPU: RSS (what CPUWorker subtracts).
-
-    Garbage is collected first so that cycles holding tensors do not count, and the allocator's
-    cache released. A full collection of an unfrozen vLLM process walks every object (0.45 s of
-    the 0.46 s this took on the H200, run 9; synchronize and empty_cache ~0.002 s): the engine
-    calls it on a frozen heap (engine.profile_on_frozen_heap), where it walks only new objects.
-    gc_generation=1 walks only the young generations, enough right after a full one. With a
-    PhaseTimer, each part is timed as `<phase>.sync/.gc/.empty_cache`. The DEBUG line compares
-    what empty_cache released with what the allocator's stats call releasable: equal in eager
-    runs, not after graph capture (run 11), so empty_cache stays."""
-    if meter.device_kind == "cuda":
-        import contextlib
-        import gc
-
-        import torch
-
-        part = ((lambda name: clock(f"{phase}.{name}")) if clock is not None
-                else (lambda name: contextlib.nullcontext()))
-        with part("sync"):
-            torch.cuda.synchronize()
-        with part("gc"):
-            gc.collect(gc_generation)
-        debug = log.isEnabledFor(logging.DEBUG)
-        if debug:  # a diagnostic only: the allocator's stats and one more free-memory read
-            stats = torch.cuda.memory_stats()
-            releasable = (stats.get("reserved_bytes.all.current", 0)
-                          - stats.get("allocated_bytes.all.current", 0)
-                          - stats.get("inactive_split_bytes.all.current", 0))
-            free_before, _ = torch.cuda.mem_get_info()
-        with part("empty_cache"):
-            torch.cuda.empty_cache()
-        free, _ = torch.cuda.mem_get_info()
-        if debug:
-            log.debug("[wcprof] %s: empty_cache released %d B; the allocator's stats called %d B "
-                      "releasable", phase or "held", free - free_before, releasable)
-        init = getattr(worker, "init_snapshot", None)
-        return int(init.free_memory - free) if init is not None else meter.consumed()
-    return meter.in_use()
-
-
-def non_torch(meter, consumed: int) -> int:
-    if meter.device_kind == "cuda":
-        import torch
-
-        return max(0, consumed - int(torch.cuda.memory_reserved()))
-    return 0
-
-
 def cudagraph_applied(worker) -> int:
+    # vllm-touch: envs-cudagraph-estimate
     est = int(getattr(worker, "cudagraph_memory_estimate", 0) or 0)
     try:
         import vllm.envs as envs

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass, fields
 from typing import Iterable
 
-from worstcase_profiler.errors import ConfigError
-from worstcase_profiler.report import Shape
+from ..errors import ConfigError
+from .types import Shape
 
 
 @dataclass(frozen=True)
@@ -184,9 +184,10 @@ def context_ladder(limits: Limits, rows: int) -> list[int]:
 
 
 def plan_fingerprint(shapes: Iterable[Shape]) -> str:
-    """16 hex chars of sha256 over the canonical JSON of the ordered shape list; ranks compare
-    it before running anything."""
-    canonical = json.dumps([s.model_dump(mode="json") for s in shapes], sort_keys=True,
+    """16 hex chars of sha256 over the ordered (kind, rows, context_len, num_reqs) tuples; ranks
+    compare it before running anything. It depends on the core Shape only, not on how a report
+    spells it."""
+    canonical = json.dumps([[s.kind, s.rows, s.context_len, s.num_reqs] for s in shapes],
                            separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

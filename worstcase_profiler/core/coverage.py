@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Callable, Iterable, Literal
+from typing import Callable, Iterable
 
-from worstcase_profiler import report
+from .types import CoveredSegment, RowsCoverage
 
 # Irregular interior offsets (golden-section points): unlike halves/quarters they do not line
 # up with power-of-two tile boundaries, so a periodic staircase is unlikely to look collinear.
@@ -50,48 +49,9 @@ ARGUMENT_EXHAUSTIVE = (
 )
 
 
-@dataclass(frozen=True)
-class CoveredSegment:
-    """[lo, hi] inclusive. executed: every rows value in it ran; chord: certified by `probes`."""
-
-    lo: int
-    hi: int
-    how: Literal["executed", "chord"]
-    probes: tuple[int, ...] = ()
-
-    def to_model(self) -> report.Segment:
-        return report.Segment(lo=self.lo, hi=self.hi, how=self.how, probes=list(self.probes))
-
-
-@dataclass
-class RowsCoverageResult:
-    peaks: dict[int, int]
-    worst_rows: int
-    worst_peak: int
-    bound: int  # proven upper bound on the peak of any rows value in [lo, hi]
-    tolerance: int = 0
-    segments: list[CoveredSegment] = field(default_factory=list)
-    method: str = METHOD_CHORD
-    argument: str = ARGUMENT_CHORD
-
-    @property
-    def executed_rows(self) -> list[int]:
-        return sorted(self.peaks)
-
-    @property
-    def certified_rows(self) -> int:
-        """Rows values covered by a chord certificate without being executed."""
-        return certified_count(self.segments, self.executed_rows)
-
-    def to_model(self) -> report.Coverage:
-        return report.Coverage(method=self.method, argument=self.argument,
-                               tolerance_bytes=self.tolerance, executed_rows=self.executed_rows,
-                               segments=[s.to_model() for s in self.segments])
-
-
-def certified_count(segments: Iterable, executed_rows: list[int]) -> int:
-    """Rows values inside chord segments that never ran. Works on CoveredSegment and
-    report.Segment alike; chord segments only share their (executed) ends."""
+def certified_count(segments: Iterable, executed_rows: Iterable[int]) -> int:
+    """Rows values inside chord segments that never ran (segments: anything with lo, hi and
+    how, the core's or the report's); chord segments only share their (executed) ends."""
     executed = sorted(executed_rows)
     total = 0
     for seg in segments:
@@ -139,7 +99,7 @@ def on_chord(a: int, pa: int, b: int, pb: int, x: int, px: int, tolerance: int) 
 
 def cover_rows(measure: Callable[[int], int], lo: int, hi: int, *, tolerance: int,
                exhaustive: bool = False, seeds: Iterable[int] = (),
-               on_probe: Callable[[int, int], None] | None = None) -> RowsCoverageResult:
+               on_probe: Callable[[int, int], None] | None = None) -> RowsCoverage:
     """Run `measure` on enough rows values in [lo, hi] to bound the peak of every one of them.
 
     measure(rows) -> peak bytes is called at most once per rows value; on_probe(rows, peak) is
@@ -196,13 +156,13 @@ def segment_bound(segment: CoveredSegment, peaks: dict[int, int], tolerance: int
 
 
 def _result(peaks: dict[int, int], segments: list[CoveredSegment], tolerance: int, method: str,
-            argument: str) -> RowsCoverageResult:
+            argument: str) -> RowsCoverage:
     # Ties go to the smallest rows value, like max() over range(lo, hi + 1).
     worst_rows = min(peaks, key=lambda r: (-peaks[r], r))
     bound = max(segment_bound(s, peaks, tolerance) for s in segments)
-    return RowsCoverageResult(peaks=dict(sorted(peaks.items())), worst_rows=worst_rows,
-                              worst_peak=peaks[worst_rows], bound=bound, tolerance=tolerance,
-                              segments=segments, method=method, argument=argument)
+    return RowsCoverage(peak_table=tuple(sorted(peaks.items())), worst_rows=worst_rows,
+                        worst_peak=peaks[worst_rows], bound=bound, tolerance=tolerance,
+                        segments=tuple(segments), method=method, argument=argument)
 
 
 def _merge_executed(segments: list[CoveredSegment]) -> list[CoveredSegment]:

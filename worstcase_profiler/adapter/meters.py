@@ -12,11 +12,13 @@ step and every synthetic step are measured by the same instrument.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import ctypes
+import logging
 import os
+from contextlib import contextmanager
 from typing import Protocol
+
+log = logging.getLogger("vllm.wcprof")
 
 _M_MMAP_THRESHOLD = -3
 
@@ -65,19 +67,15 @@ def set_malloc_mmap_threshold(nbytes: int = 64 << 10) -> bool:
 @contextmanager
 def gc_frozen():
     """Freeze every object that exists now (the engine, the model, vLLM's state) for the
-    duration. A collection then only walks objects made since: a full collection of a vLLM
-    process costs 0.3-0.5 s (this CPU and the H200 host alike; 690k objects), which made it 95% of
-    a CPU sweep's time (CpuMeter.begin collects per step) and, twice over, most of what a cached
-    start added on the H200 (the replay's KV teardown and the held-memory measurement each ran
-    one). Cycles made while frozen are still collected. Garbage that already existed stays frozen,
-    so it cannot be freed in the middle of a step and shrink a measured peak (collect just before
-    entering, and there is none).
+    duration: a collection then walks only objects made since, instead of the whole vLLM
+    process (0.3-0.5 s per full collection). Cycles made while frozen are still collected.
+    Garbage that already existed stays frozen, so it cannot be freed in the middle of a step and
+    shrink a measured peak (collect just before entering, and there is none).
 
     Nests: only the outermost freezes. It freezes even when someone else already froze part of
-    the heap (on the H200's vLLM 0.26 something has by the time the KV cache is sized; a check
-    for that left the heap unfrozen in runs 8 and 9). gc.unfreeze() cannot undo only ours, so
-    then the heap stays frozen on exit — what vLLM does to the whole heap after warm-up anyway —
-    and it is unfrozen on exit only when nothing was frozen before. Also a decorator."""
+    the heap; gc.unfreeze() cannot undo only ours, so then the heap stays frozen on exit (what
+    vLLM does to the whole heap after warm-up anyway), and it is unfrozen on exit only when
+    nothing was frozen before. Also a decorator."""
     import gc
 
     ours = _FREEZE["depth"] == 0
@@ -210,3 +208,52 @@ class PeakAttributor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def device_bytes_held(worker, meter, gc_generation: int = 2, clock=None, phase: str = "") -> int:
+    """What this process holds on the device now. CUDA: free memory at worker init minus free
+    now (vLLM's own total_consumed); CPU: RSS (what CPUWorker subtracts).
+
+    Garbage is collected first so that cycles holding tensors do not count, and the allocator's
+    cache released (it is reusable by any later step, so it is not held). A full collection of an
+    unfrozen vLLM process walks every object: callers run this on a frozen heap
+    (startup.profile_on_frozen_heap), where it walks only new objects; gc_generation=1 walks only
+    the young generations, enough right after a full one. With a PhaseTimer, each part is timed
+    as `<phase>.sync/.gc/.empty_cache`. At DEBUG it also logs what empty_cache released against
+    what the allocator's stats call releasable."""
+    if meter.device_kind == "cuda":
+        import contextlib
+        import gc
+
+        import torch
+
+        part = ((lambda name: clock(f"{phase}.{name}")) if clock is not None
+                else (lambda name: contextlib.nullcontext()))
+        with part("sync"):
+            torch.cuda.synchronize()
+        with part("gc"):
+            gc.collect(gc_generation)
+        debug = log.isEnabledFor(logging.DEBUG)
+        if debug:  # a diagnostic only: the allocator's stats and one more free-memory read
+            stats = torch.cuda.memory_stats()
+            releasable = (stats.get("reserved_bytes.all.current", 0)
+                          - stats.get("allocated_bytes.all.current", 0)
+                          - stats.get("inactive_split_bytes.all.current", 0))
+            free_before, _ = torch.cuda.mem_get_info()
+        with part("empty_cache"):
+            torch.cuda.empty_cache()
+        free, _ = torch.cuda.mem_get_info()
+        if debug:
+            log.debug("[wcprof] %s: empty_cache released %d B; the allocator's stats called %d B "
+                      "releasable", phase or "held", free - free_before, releasable)
+        init = getattr(worker, "init_snapshot", None)
+        return int(init.free_memory - free) if init is not None else meter.consumed()
+    return meter.in_use()
+
+
+def non_torch(meter, consumed: int) -> int:
+    if meter.device_kind == "cuda":
+        import torch
+
+        return max(0, consumed - int(torch.cuda.memory_reserved()))
+    return 0

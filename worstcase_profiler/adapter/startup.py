@@ -1,0 +1,543 @@
+"""The worker's start-up, hook by hook: measure, let the core decide, record, apply.
+
+  determine_available_memory  vLLM's own profile (the stock figure) -> the worst-case sweep, or a
+                              cached sweep's replay -> every workspace slot reserved -> what the
+                              process holds -> admission and the budget decision (core) -> the
+                              budget vLLM allocates the KV cache from.
+  initialize_from_config      what KV initialisation allocated, against that budget.
+  after_warm_up               what warm-up kept, against what admission set aside; the workspace
+                              locked.
+
+Each hook records one frozen phase result in the worker's StartupSession (core/session.py) and
+writes the report once (report.build_report). Decisions are the core's (core/policy.py,
+core/admission.py); this module only measures and applies them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as _dt
+import gc
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+from ..core import policy
+from ..core.admission import compute_admission
+from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, round_capacity_up
+from ..core.session import StartupSession
+from ..core.shapes import Limits, plan_fingerprint
+from ..core.sweep import replay, reused, run_sweep
+from ..core.timing import PhaseTimer
+from ..core.types import (CacheUse, HeldMemory, ProfileResult, StepResult, SweepResult,
+                          WarmupEstimate, WarmupResult, Workspace)
+from ..report import build_report
+from ..settings import ProfilerSettings
+from ..sizes import fmt_bytes
+from . import kv as kvmod
+from . import warmup
+from . import workspace as ws
+from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
+                    sweep_facts, world_rank)
+from .meters import device_bytes_held, gc_frozen, meter_for, non_torch
+from .runner import is_v2_runner, make_driver
+
+log = logging.getLogger("vllm.wcprof")
+
+SESSION_ATTR = "_wcprof_session"  # the one attribute the profiler keeps on a vLLM worker
+
+
+def session_of(worker, settings: ProfilerSettings | None = None) -> StartupSession | None:
+    """This worker's session; created on the first hook (settings given), None before."""
+    session = getattr(worker, SESSION_ATTR, None)
+    if session is None and settings is not None:
+        runner_kind = "v2" if is_v2_runner(worker.model_runner) else "v1"
+        session = StartupSession(settings, engine_facts(worker, runner_kind), created_at=now())
+        # vllm-touch: worker-session
+        setattr(worker, SESSION_ATTR, session)
+    return session
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- determine_available_memory ------------------------------------------------------------
+
+def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
+    session = session_of(worker, settings)
+    clock = session.clock
+    # vllm-touch: worker-config
+    vllm_config = worker.vllm_config
+    runner = worker.model_runner
+    explicit = vllm_config.cache_config.kv_cache_memory_bytes
+    limits = limits_of(vllm_config)
+    meter = meter_for(getattr(worker, "device", "cpu"))
+    cuda = meter.device_kind == "cuda"
+    agree = agree_max_fn() or (lambda v: v)
+    runner_kind = session.facts.runner
+
+    # A cached sweep decides how much of the start is measured (ranks agree: captures run
+    # collectives). Its capacity bucket is checked once vLLM's own figure is known.
+    with clock("cache_lookup"):
+        handle, entry = lookup(worker, limits, settings, runner_kind)
+    first_start = agree(int(entry is None)) == 1
+    graphs_on = cuda and not vllm_config.model_config.enforce_eager
+    with contextlib.ExitStack() as frozen:
+        with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs:
+            stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
+                                              clock=clock)
+        # What the scheduler can form is bounded by the KV pool: vLLM's own budget is an upper
+        # bound on it (ours only comes out smaller), so shapes never exceed what could be
+        # resident at once.
+        bpt = kvmod.bytes_per_token(runner)
+        if bpt:
+            limits = dataclasses.replace(limits, kv_capacity_tokens=round_capacity_up(max(
+                limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt)))
+        if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
+            log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
+                     "has %s: running the full sweep", handle.cache.path(handle.key),
+                     entry.capacity_tokens, limits.kv_capacity_tokens)
+            entry = None
+        driver = make_driver(worker, limits, meter, agree_max_fn())
+        tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None \
+            else meter.resolution_bytes
+        held = lambda phase: device_bytes_held(worker, meter, clock=clock, phase=phase)  # noqa: E731
+        with clock("measure_baseline"):
+            baseline = held("measure_baseline")
+        sweep, use, entry = sweep_or_reuse(driver, limits, settings, tolerance, clock, handle, entry)
+        if entry is None and cuda:
+            estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
+        else:
+            estimate = cached_warmup(worker, entry)
+        with clock("workspace_grow"):
+            workspace = reserve_workspace(entry.workspace_slot_bytes if entry else 0)
+        with clock("measure_held"):
+            held_now = held("measure_held")
+    consumed = held_now
+    if entry is not None:  # a cached start: the full sweep's residue, the same answer as then
+        consumed = policy.reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,
+                                         cached_consumed=entry.consumed_bytes,
+                                         replay_residue=held_now - baseline,
+                                         resolution=meter.resolution_bytes)
+    elif handle is not None:
+        with clock("cache_store"):
+            use = store_entry(handle, use, sweep, workspace, baseline, held_now, estimate,
+                              limits.kv_capacity_tokens)
+
+    held_memory = HeldMemory(requested_bytes=requested_bytes(worker),
+                             consumed_bytes=consumed + sweep.post_profile_bytes,
+                             # vllm-touch: worker-config
+                             weights_bytes=int(getattr(runner, "model_memory_usage", 0) or 0),
+                             non_torch_bytes=non_torch(meter, held_now))
+    admission = compute_admission(
+        requested=held_memory.requested_bytes, consumed=held_memory.consumed_bytes,
+        weights=held_memory.weights_bytes, non_torch=held_memory.non_torch_bytes,
+        worst_transient=sweep.peak_bytes, stock_need=sweep.stock.need_bytes, stock_kv=stock_kv,
+        cudagraph=estimate.total_bytes, margin=settings.margin_bytes, bytes_per_token=bpt,
+        block_size=limits.block_size, max_model_len=limits.max_model_len,
+        one_request=kvmod.one_request_bytes(runner, vllm_config), explicit_kv=explicit,
+        noise=tolerance,
+        # The stock-OOM question is about everything non-KV a step needs, workspace included.
+        context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
+    decision = policy.decide_budget(admission, mode=settings.mode, kv_cap=settings.kv_cap_bytes,
+                                    worst_label=sweep.worst.shape.label(),
+                                    max_model_len=limits.max_model_len)
+    with clock("plan_check"):
+        fingerprints = gather_plan_fingerprints(sweep.steps)
+    session.record_profile(ProfileResult(
+        sweep=sweep, cache=use, workspace=workspace, warmup=estimate, held=held_memory,
+        admission=admission, budget=decision, plan_fingerprints=tuple(fingerprints)))
+    write_report(session)
+    error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
+                                  steps=len(sweep.steps)) or decision.error
+    if error is not None:
+        raise error
+
+    # Keep vLLM's own suggestion log and startup plan consistent with ours.
+    # vllm-touch: worker-budget-attrs
+    worker.peak_activation_memory = sweep.peak_bytes
+    worker.available_kv_cache_memory_bytes = decision.budget_bytes
+    log.info("[wcprof] stock KV %s (peak %s) -> worst-case KV %s (peak %s at %s%s); "
+             "recommended --kv-cache-memory-bytes %d", fmt_bytes(stock_kv),
+             fmt_bytes(sweep.stock.peak_bytes), fmt_bytes(admission.budget_bytes),
+             fmt_bytes(sweep.peak_bytes), sweep.worst.shape.label(),
+             f", op {sweep.worst_op}" if sweep.worst_op else "",
+             admission.recommended_kv_cache_memory_bytes)
+    return decision.budget_bytes
+
+
+def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs, graphs_on: bool
+                     ) -> WarmupEstimate:
+    """A first start's warm-up reserve: CUDA graphs as measured inside vLLM's own profile (or,
+    on V2 runners without an estimator, by the rehearsal), plus what vLLM's warm-up, rehearsed
+    on a provisional KV cache, kept that goes away with that cache (it returns after the real
+    one). What it kept beyond the provisional cache stays, and is in the held memory."""
+    # vllm-touch: worker-warm-up
+    original = type(worker).compile_or_warm_up_model
+    original = getattr(original, "_wcprof_original", original)
+    with clock("warmup_rehearsal"):
+        before = held("warmup_rehearsal.before")
+        with driver.provisional_kv():
+            rehearsal = warmup.rehearse(worker, lambda: original(worker),
+                                        lambda: held("warmup_rehearsal.kept"), graphs=graphs_on)
+        survived = held("warmup_rehearsal.after") - before
+    other = max(0, rehearsal.kept_bytes - max(0, survived) - rehearsal.graphs_bytes)
+    graph_bytes = graphs.bytes if graphs.bytes is not None else rehearsal.graphs_bytes
+    if graphs_on and graphs.bytes is None and not rehearsal.graphs_bytes:
+        graph_bytes = cudagraph_applied(worker)  # vLLM's own figure, checked by the audit
+    log.info("[wcprof] warm-up rehearsed in %.1fs: it keeps %s of CUDA graphs and %s of other "
+             "buffers beyond the KV cache", rehearsal.seconds, fmt_bytes(graph_bytes),
+             fmt_bytes(other))
+    return WarmupEstimate(graphs_bytes=graph_bytes, other_bytes=other, source="rehearsal")
+
+
+def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bool,
+                           clock: PhaseTimer) -> int:
+    """Run vLLM's own profile (`run_profile`, returns its KV figure) and leave the heap frozen in
+    `stack` until it closes, i.e. until the held-memory measurement.
+
+    Every collection on a frozen heap (the KV teardowns, the measurements) walks only the
+    objects made since instead of the whole process (0.3-0.5 s each on a vLLM process). vLLM's
+    CUDA profile collects fully twice itself (memory_profiling): the heap is frozen before it,
+    after one collection of ours, so those become cheap too and no garbage is frozen. A profile
+    that unfreezes the whole heap on its way out (vLLM 0.26 V1's profile_cudagraph_memory ends
+    in gc.unfreeze(); gc.collect()) is followed by a second freeze: nothing it froze is garbage.
+    The CPU profile collects nothing: the freeze starts after it."""
+    if cuda:
+        with clock("heap_freeze"):
+            gc.collect()
+        stack.enter_context(gc_frozen())
+    with clock("vllm_profile"):
+        stock_kv = run_profile()
+    if cuda:
+        gc.freeze()  # again, in case the profile unfroze; gc_frozen's exit unfreezes it all
+    else:
+        stack.enter_context(gc_frozen())
+    return stock_kv
+
+
+class CacheHandle(NamedTuple):
+    cache: SweepCache
+    key: str
+    facts: dict
+
+
+def lookup(worker, limits: Limits, settings: ProfilerSettings, runner_kind: str):
+    """(handle, entry): this configuration's cache slot and its entry (None: a miss), or
+    (None, None) with the cache off. The key leaves the KV pool size out; the entry records it."""
+    directory = cache_dir(settings.cache_dir)
+    if directory is None:
+        return None, None
+    cache = SweepCache(directory)
+    facts = sweep_facts(worker, dataclasses.replace(limits, kv_capacity_tokens=None), settings,
+                        runner_kind)
+    key = cache_key(facts)
+    return CacheHandle(cache, key, facts), cache.load(key)
+
+
+def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
+                   clock: PhaseTimer, handle: "CacheHandle | None", entry: CacheEntry | None):
+    """(sweep, CacheUse, the entry reused or None): the full sweep, or a cached one whose worst
+    shape, replayed now, still needs what it needed (every rank must agree, or all sweep)."""
+    if handle is None:
+        return _full_sweep(driver, limits, settings, tolerance, clock), CacheUse(status="off"), None
+    use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
+    if driver.agree_max(int(entry is None)) == 0:
+        with clock("replay"):
+            check = replay(driver, entry.sweep.worst.shape)
+        clock.add("replay.stock_step", check.stock.seconds)
+        clock.add("replay.worst_step", check.step.seconds)
+        expected = entry.worst_need
+        ok, allowed = policy.cache_verdict(expected, check.step.need_bytes, tolerance)
+        use = dataclasses.replace(use, status="hit", cached_at=entry.created_at,
+                                  cached_need_bytes=expected,
+                                  replayed_need_bytes=check.step.need_bytes,
+                                  allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3))
+        if driver.agree_max(int(not ok)) == 0:
+            sweep = reused(entry.sweep, check)
+            sweep = dataclasses.replace(sweep, peak_bytes=policy.reuse_transient(
+                entry.sweep.peak_bytes, sweep.peak_bytes, tolerance))
+            log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
+                     "allowed %s) in %.1fs", use.path, entry.sweep.worst.shape.label(),
+                     fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
+                     check.seconds)
+            return sweep, use, entry
+        log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
+                    "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
+                    fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
+        use = dataclasses.replace(use, status="stale")
+    return _full_sweep(driver, limits, settings, tolerance, clock), use, None
+
+
+def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
+                clock: PhaseTimer) -> SweepResult:
+    log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner",
+             limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind)
+    progress = SweepProgress(settings, limits.max_num_batched_tokens)
+    try:
+        with clock("sweep"), gc_frozen():
+            sweep = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
+                              context_ladder=settings.context_ladder,
+                              attribute_ops=settings.attribute_ops, on_step=progress)
+    finally:
+        progress.close()
+    log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
+             sweep.seconds, sweep.stock.seconds)
+    return sweep
+
+
+def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,
+                baseline: int, consumed: int, estimate: WarmupEstimate,
+                capacity_tokens: int | None) -> CacheUse:
+    entry = CacheEntry(key=handle.key, facts=handle.facts, created_at=now(), sweep=sweep,
+                       workspace_slot_bytes=max((s.bytes_after for s in workspace.slots), default=0),
+                       baseline_bytes=baseline, consumed_bytes=consumed, warmup=estimate,
+                       capacity_tokens=capacity_tokens)
+    try:
+        path = handle.cache.store(entry)
+        log.info("[wcprof] sweep cached at %s", path)
+        return use
+    except OSError as e:  # a read-only home must not stop the engine
+        log.warning("[wcprof] could not write the sweep cache in %s: %s", handle.cache.directory, e)
+        return dataclasses.replace(use, status="off", path=None)
+
+
+def reserve_workspace(at_least: int) -> Workspace:
+    """Every WorkspaceManager slot grown to the largest any slot reached (or `at_least`, what a
+    cached sweep's slots reached: a replay runs one step)."""
+    mgr = ws.manager()
+    if mgr is None:
+        return Workspace()
+    slots = ws.grow_all_slots(mgr, at_least=at_least)
+    return Workspace(slots=tuple(slots), total_bytes=ws.total_bytes(mgr))
+
+
+def cached_warmup(worker, entry: CacheEntry | None) -> WarmupEstimate:
+    """A start that does not rehearse warm-up (a cached start, or the CPU): what an earlier start
+    of this configuration measured warm-up keeping, or vLLM's own CUDA-graph estimate, whichever
+    is larger."""
+    est = cudagraph_applied(worker)
+    cached = entry.warmup if entry is not None else WarmupEstimate()
+    if cached.total_bytes > est:
+        return dataclasses.replace(cached, source="cache")
+    return WarmupEstimate(graphs_bytes=est, other_bytes=0, source="vllm-estimate" if est else "none")
+
+
+def gather_plan_fingerprints(steps: tuple[StepResult, ...]) -> list[str]:
+    """Every rank's plan_fingerprint of its executed steps, indexed by rank (all-gathered over
+    the world group's CPU group; one entry without distributed state)."""
+    mine = plan_fingerprint([s.shape for s in steps])
+    try:
+        from vllm.distributed import get_world_group  # vllm-touch: world-group
+
+        group = get_world_group()
+        world_size = int(group.world_size)
+    except Exception:  # noqa: BLE001 - no distributed state (CLI tests): one rank
+        return [mine]
+    if world_size <= 1:
+        return [mine]
+    import torch
+    import torch.distributed as dist
+
+    mine_t = torch.tensor(list(mine.encode("ascii")), dtype=torch.uint8)
+    gathered = [torch.empty_like(mine_t) for _ in range(world_size)]
+    dist.all_gather(gathered, mine_t, group=group.cpu_group)
+    return [bytes(t.tolist()).decode("ascii") for t in gathered]
+
+
+class SweepProgress:
+    """A live progress line on a terminal (steps done, the step that ran, the worst so far), one
+    log line per step otherwise. The step count is not known up front: bisection decides it."""
+
+    def __init__(self, settings: ProfilerSettings, rows_max: int):
+        self.count = 0
+        self.worst = 0
+        self._enabled = settings.progress
+        self._bar = None
+        if self._enabled and sys.stderr.isatty() and world_rank() == 0:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(SpinnerColumn(), TextColumn("[bold]wcprof sweep[/] {task.description}"),
+                                 TimeElapsedColumn(), transient=True)
+            self._task = self._bar.add_task(f"rows 1..{rows_max}", total=None)
+            self._bar.start()
+
+    def __call__(self, result: StepResult) -> None:
+        self.count += 1
+        self.worst = max(self.worst, result.need_bytes)
+        if self._bar is not None:
+            self._bar.update(self._task, description=f"step {self.count}: {result.shape.label()} "
+                             f"-> {fmt_bytes(result.need_bytes)} (worst {fmt_bytes(self.worst)})")
+        elif self._enabled:
+            log.info("[wcprof] step %d: %s -> %s in %.2fs", self.count, result.shape.label(),
+                     fmt_bytes(result.need_bytes), result.seconds)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+# --- initialize_from_config ----------------------------------------------------------------
+
+def initialize_from_config(worker, original, kv_cache_config, settings: ProfilerSettings):
+    session = session_of(worker)
+    meter = meter_for(getattr(worker, "device", "cpu"))
+    clock = session.clock if session is not None else PhaseTimer()
+    before = meter.consumed()
+    with clock("vllm_kv_init"):
+        result = original(worker, kv_cache_config)
+    if session is None or session.profile is None:
+        return result
+    if meter.device_kind == "cuda":
+        with clock("measure_after_kv"):
+            # measure_held collected fully after the sweep; only KV init's objects are new.
+            session.measurements["after_kv"] = device_bytes_held(
+                worker, meter, gc_generation=1, clock=clock, phase="measure_after_kv")
+    if settings.kv_audit == "off":
+        return result
+    with clock("kv_audit"):
+        budget = session.profile.budget.budget_bytes
+        groups, allowed = kvmod.allocation(worker.model_runner, kv_cache_config, budget)
+        audit = policy.kv_audit_verdict(groups, budget=budget, allowed=allowed,
+                                        delta_process=meter.consumed() - before)
+    session.record_kv_audit(audit)
+    if audit.verdict != "ok" and settings.kv_audit == "warn":
+        session.warn(audit.message)
+    write_report(session)
+    error = policy.kv_audit_error(audit, settings.kv_audit)
+    if error is not None:
+        raise error
+    (log.info if audit.verdict == "ok" else log.warning)("[wcprof] %s", audit.message)
+    return result
+
+
+# --- compile_or_warm_up_model --------------------------------------------------------------
+
+def warm_up(worker, original, settings: ProfilerSettings, *args, **kwargs):
+    """vLLM's warm-up, with what CUDA-graph capture kept measured, then the warm-up audit."""
+    import time
+
+    session = session_of(worker)
+    t0 = time.perf_counter()
+    with _recording_capture(worker, session):
+        out = original(worker, *args, **kwargs)
+    after_warm_up(worker, settings, time.perf_counter() - t0)
+    return out
+
+
+@contextlib.contextmanager
+def _recording_capture(worker, session: StartupSession | None):
+    """Wrap the runner's capture_model for the warm-up: the free device memory it consumed is
+    what the graphs kept (measured like the held memory: synchronised, allocator cache emptied)."""
+    runner = getattr(worker, "model_runner", None)
+    original = getattr(runner, "capture_model", None)
+    if session is None or original is None or meter_for(getattr(worker, "device", "cpu")).device_kind != "cuda":
+        yield
+        return
+    import torch
+
+    def free_now() -> int:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info()[0])
+
+    def capture_model(*args, **kwargs):
+        before = free_now()
+        out = original(*args, **kwargs)
+        session.measurements["graphs"] = session.measurements.get("graphs", 0) + max(0, before - free_now())
+        return out
+
+    # vllm-touch: runner-capture-model
+    own = vars(runner).get("capture_model")
+    runner.capture_model = capture_model
+    try:
+        yield
+    finally:
+        if own is None:
+            del runner.capture_model
+        else:
+            runner.capture_model = own
+
+
+def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0.0) -> None:
+    session = session_of(worker)
+    if session is None or session.profile is None:
+        return
+    clock = session.clock
+    clock.add("vllm_warm_up", warm_up_seconds)
+    prof = session.profile
+    audit = error = None
+    after_kv = session.measurements.get("after_kv")
+    if after_kv is not None:
+        with clock("warmup_audit"):
+            meter = meter_for(getattr(worker, "device", "cpu"))
+            resident = max(0, device_bytes_held(worker, meter) - int(after_kv))
+            graphs = int(session.measurements.get("graphs", 0))
+            cached = prof.cache.status in ("stored", "hit")
+            audit, error = policy.warmup_verdict(
+                resident=resident, graphs=min(graphs, resident),
+                accounted=prof.admission.cudagraph_bytes, margin=settings.margin_bytes,
+                mode=settings.mode, kv_cache_bytes=prof.admission.kv_cache_bytes, cached=cached)
+            if cached:
+                remember_warmup(prof.cache, WarmupEstimate(
+                    graphs_bytes=min(graphs, resident), other_bytes=max(0, resident - graphs),
+                    source="cache"))
+        if audit.verdict != "ok" and error is None:
+            session.warn(audit.message)
+        (log.info if audit.verdict == "ok" else log.warning)("[wcprof] %s", audit.message)
+    if error is not None:
+        session.record_warmup(WarmupResult(audit=audit))
+        write_report(session)
+        raise error
+    locked, grown = False, 0
+    mgr = ws.manager()
+    if mgr is not None and settings.lock_workspace and settings.mode == "enforce":
+        # Warm-up may have grown a slot after the budget was fixed: say so, loudly.
+        grown = max(0, ws.total_bytes(mgr) - prof.workspace.total_bytes)
+        if grown:
+            session.warn(f"workspace grew by {fmt_bytes(grown)} during warm-up, after the KV budget")
+            log.warning("[wcprof] %s", session.phases.warnings[-1])
+        ws.lock(mgr)
+        locked = True
+        log.info("[wcprof] workspace locked at %s per slot; growth now raises an error naming the "
+                 "caller", fmt_bytes(max(ws.slot_sizes(mgr), default=0)))
+    session.record_warmup(WarmupResult(audit=audit, workspace_locked=locked,
+                                       workspace_grown_bytes=grown))
+    write_report(session)
+
+
+def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
+    """Store what warm-up kept in this configuration's cache entry: the next start subtracts it
+    up front."""
+    if use.path is None or use.key is None:
+        return
+    cache = SweepCache(Path(use.path).parent)
+    entry = cache.load(use.key)
+    if entry is None or entry.warmup == warmup:
+        return
+    try:
+        cache.store(entry.replace(warmup=warmup))
+    except OSError as e:
+        log.warning("[wcprof] could not update the sweep cache: %s", e)
+
+
+# --- the report ----------------------------------------------------------------------------
+
+def write_report(session: StartupSession) -> None:
+    """The report of the phases so far, at the session's json_path (rank r > 0 writes
+    PATH.rank<r>.json); atomically, so a reader never sees half of it."""
+    path = session.settings.json_path
+    if not path:
+        return
+    from ..render.json_report import JsonReporter
+
+    with session.clock("report_write"):
+        report = build_report(session, created_at=session.created_at)
+        if report.rank:
+            root, ext = os.path.splitext(path)
+            path = f"{root}.rank{report.rank}{ext or '.json'}"
+        JsonReporter().write(report, path)

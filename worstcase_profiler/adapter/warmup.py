@@ -1,0 +1,220 @@
+"""What warm-up will keep once the KV budget is fixed, measured before it is fixed.
+
+vLLM's warm-up (compile_or_warm_up_model) runs after the KV cache is allocated and keeps memory
+outside it: CUDA graphs, and buffers some warm-up steps create and keep (samplers, kernel
+warm-ups, per-step state). Admission has to subtract both up front, or the first start of a
+configuration fails the warm-up audit. On a first start (no cached sweep) this module measures
+both; a cached start reuses what the earlier start measured.
+
+  exact_graphs(worker)   around vLLM's own profile: vLLM's CUDA-graph estimator captures every
+                         graph instead of sampling two and extrapolating (V1: all descriptors of
+                         profile_cudagraph_memory; V2 0.29+: all FULL descriptors), and the
+                         free memory the captures took is summed: the exact graph memory.
+  rehearse(...)          on a provisional KV cache: vLLM's own warm-up, with graph capture
+                         replaced (no-op, or, on V2 runners without an estimator of their own,
+                         0.26-0.28, a capture into a throwaway graph pool that is discarded);
+                         what it kept that goes away with the provisional KV cache comes back
+                         after the real one, so it is reserved (WarmupEstimate.other_bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+
+log = logging.getLogger("vllm.wcprof")
+
+
+@dataclass
+class GraphMeasure:
+    """Graph bytes summed over the captures vLLM's profile made (None: nothing was captured,
+    e.g. eager mode, or no estimator on this runner)."""
+
+    bytes: int | None = None
+
+    def add(self, n: int) -> None:
+        self.bytes = (self.bytes or 0) + max(0, int(n))
+
+
+def _free_bytes() -> int:
+    import torch
+
+    torch.cuda.synchronize()
+    return int(torch.cuda.mem_get_info()[0])
+
+
+class _AllDescs(list):
+    """A descriptor list whose leading slices return every descriptor: vLLM's V1
+    profile_cudagraph_memory profiles `descs[:2]`; with this it profiles all of them."""
+
+    def __getitem__(self, item):
+        if isinstance(item, slice) and item.start in (None, 0) and item.step in (None, 1):
+            return list(self)
+        return super().__getitem__(item)
+
+
+@contextlib.contextmanager
+def exact_graphs(worker, enabled: bool):
+    """Make the CUDA-graph estimate vLLM's own profile computes exact, for the duration of the
+    profile (`enabled`: a first start on CUDA with graphs on; ranks must agree on it, as the
+    captures run collectives). Yields a GraphMeasure."""
+    measure = GraphMeasure()
+    runner = getattr(worker, "model_runner", None)
+    if not enabled or runner is None:
+        yield measure
+        return
+    with contextlib.ExitStack() as stack:
+        if hasattr(runner, "cudagraph_dispatcher") and hasattr(runner, "_warmup_and_capture"):
+            stack.enter_context(_v1_all_descriptors(runner, measure))
+        else:
+            stack.enter_context(_v2_all_full_graphs(runner, measure))
+        yield measure
+
+
+@contextlib.contextmanager
+def _v1_all_descriptors(runner, measure: GraphMeasure):
+    # vllm-touch: v1-graph-estimate
+    dispatcher = runner.cudagraph_dispatcher
+    original_descs = dispatcher.get_capture_descs
+    original_capture = runner._warmup_and_capture
+
+    def get_capture_descs(*a, **kw):
+        return [(mode, _AllDescs(descs)) for mode, descs in original_descs(*a, **kw)]
+
+    def warmup_and_capture(*a, **kw):
+        before = _free_bytes()
+        out = original_capture(*a, **kw)
+        measure.add(before - _free_bytes())
+        return out
+
+    dispatcher.get_capture_descs = get_capture_descs
+    runner._warmup_and_capture = warmup_and_capture
+    try:
+        yield
+    finally:
+        del dispatcher.get_capture_descs
+        del runner._warmup_and_capture
+
+
+@contextlib.contextmanager
+def _v2_all_full_graphs(runner, measure: GraphMeasure):
+    # vllm-touch: v2-graph-estimate
+    try:
+        from vllm.v1.worker.gpu import cudagraph_utils
+    except ImportError:
+        yield
+        return
+    if not hasattr(cudagraph_utils, "_FULL_GRAPH_PROFILING_SAMPLES") or \
+            not hasattr(cudagraph_utils, "profile_cudagraph_memory"):
+        yield  # no estimator of its own (0.26-0.28): the rehearsal measures the graphs
+        return
+    saved = cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES
+    original_capture = runner.capture_model
+
+    def capture_model(*a, **kw):
+        before = _free_bytes()
+        out = original_capture(*a, **kw)
+        measure.add(before - _free_bytes())
+        return out
+
+    cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES = 1 << 30
+    runner.capture_model = capture_model
+    try:
+        yield
+    finally:
+        cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES = saved
+        del runner.capture_model
+
+
+def needs_graph_rehearsal(runner) -> bool:
+    """V2 runners whose vLLM has no CUDA-graph estimator of its own (0.26-0.28)."""
+    if hasattr(runner, "cudagraph_dispatcher"):
+        return False
+    try:
+        # vllm-touch: v2-graph-estimate
+        from vllm.v1.worker.gpu import cudagraph_utils
+    except ImportError:
+        return False
+    return not hasattr(cudagraph_utils, "profile_cudagraph_memory")
+
+
+@dataclass
+class Rehearsal:
+    kept_bytes: int       # held memory the warm-up added, on the provisional KV cache
+    graphs_bytes: int     # of it, what graph capture took (V2 0.26-0.28 only; else 0)
+    seconds: float
+
+
+def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
+    """Run `warm_up()` (vLLM's own compile_or_warm_up_model, unwrapped) on the provisional KV
+    cache the caller holds, with graph capture replaced, and measure what it kept.
+    `held_now()` reads the held device memory. graphs=True: on runners that need it, capture
+    the graphs for real into a throwaway pool, measure, discard."""
+    import time
+
+    runner = worker.model_runner
+    t0 = time.perf_counter()
+    before = held_now()
+    measured = GraphMeasure()
+    with _graph_capture_replaced(runner, measured, capture=graphs and needs_graph_rehearsal(runner)):
+        warm_up()
+    kept = max(0, held_now() - before)
+    return Rehearsal(kept_bytes=kept, graphs_bytes=measured.bytes or 0,
+                     seconds=time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _graph_capture_replaced(runner, measure: GraphMeasure, capture: bool):
+    # vllm-touch: runner-capture-model
+    original = getattr(runner, "capture_model", None)
+    if original is None:
+        yield
+        return
+
+    def no_capture(*a, **kw):
+        return 0
+
+    def throwaway_capture(*a, **kw):
+        with _throwaway_graph_pool(runner):
+            before = _free_bytes()
+            original(*a, **kw)
+            measure.add(before - _free_bytes())
+        return 0
+
+    runner.capture_model = throwaway_capture if capture else no_capture
+    try:
+        yield
+    finally:
+        del runner.capture_model
+
+
+@contextlib.contextmanager
+def _throwaway_graph_pool(runner):
+    """Graphs captured into a pool of their own and discarded afterwards (what vLLM 0.29+'s own
+    profile_cudagraph_memory does): the global pool the real capture uses is never touched."""
+    # vllm-touch: v2-graph-estimate
+    from vllm.compilation.cuda_graph import CUDAGraphWrapper
+    from vllm.platforms import current_platform
+
+    platform_cls = type(current_platform)
+    saved_global = platform_cls._global_graph_pool
+    throwaway = current_platform.graph_pool_handle()
+    platform_cls._global_graph_pool = throwaway
+    manager = getattr(runner, "cudagraph_manager", None)
+    saved_manager_pool = getattr(manager, "pool", None)
+    wrappers = list(CUDAGraphWrapper._all_instances)
+    saved_pools = {id(w): w.graph_pool for w in wrappers}
+    if manager is not None:
+        manager.pool = throwaway
+    for w in wrappers:
+        w.graph_pool = throwaway
+    try:
+        yield
+    finally:
+        CUDAGraphWrapper.clear_all_graphs()
+        for w in wrappers:
+            w.graph_pool = saved_pools[id(w)]
+        if manager is not None:
+            manager.pool = saved_manager_pool
+        platform_cls._global_graph_pool = saved_global

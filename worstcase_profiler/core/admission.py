@@ -1,0 +1,99 @@
+"""The admission arithmetic: how much KV cache is safe once the worst step is known.
+
+Stock vLLM gives the KV cache requested - consumed - (its own profile peak) - cudagraphs. We
+subtract the worst transient over every step the scheduler can form instead, plus what warm-up
+will keep (CUDA graphs and other buffers) and a margin, and report both so the difference is
+visible. Pure integer arithmetic; no vLLM, no torch.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..sizes import MiB
+from .types import Admission
+
+
+def kv_tokens(num_bytes: int, bytes_per_token: int, block_size: int) -> int:
+    """Tokens the KV cache holds in `num_bytes`: whole blocks only, as the allocator does.
+    bytes_per_token == 0 (a model without KV cache) holds no tokens to count: 0."""
+    _check_positive(block_size=block_size)
+    _check_non_negative(bytes_per_token=bytes_per_token)
+    if num_bytes <= 0 or bytes_per_token == 0:
+        return 0
+    return (num_bytes // (bytes_per_token * block_size)) * block_size
+
+
+def bytes_for_one_request(bytes_per_token: int, block_size: int, max_model_len: int) -> int:
+    """KV bytes one request at max_model_len needs: whole blocks, rounded up."""
+    blocks = -(-max_model_len // block_size)
+    return blocks * block_size * bytes_per_token
+
+
+def stock_oom_context_len(context_curve: Iterable[tuple[int, int]], *, stock_need: int,
+                          slack: int) -> int | None:
+    """Smallest KV extent whose measured need outgrows what stock admission reserved (its own
+    profile step's need plus the bytes that block rounding left unused); None if none does."""
+    limit = stock_need + slack
+    over = [ctx for ctx, need in context_curve if need > limit]
+    return min(over) if over else None
+
+
+def compute_admission(*, requested: int, consumed: int, weights: int, non_torch: int,
+                      worst_transient: int, stock_need: int, stock_kv: int, cudagraph: int = 0,
+                      margin: int, bytes_per_token: int, block_size: int, max_model_len: int,
+                      one_request: int | None = None, explicit_kv: int | None = None,
+                      noise: int = 0,
+                      context_curve: Iterable[tuple[int, int]] = ()) -> Admission:
+    """budget = requested - consumed - worst_transient - cudagraph - margin (may go negative).
+
+    `stock_kv` is what vLLM's own profile would give the KV cache. `cudagraph` is what warm-up
+    will keep once the budget is fixed (graphs and other buffers). `one_request` is the KV one
+    request at max_model_len needs (default: from bytes_per_token, in whole blocks).
+
+    The configuration fits when the budget holds one request at max_model_len and, with an
+    explicit --kv-cache-memory-bytes, when that explicit size is within the budget and itself
+    holds one such request. The stock shortfall is how much more than stock reserved the worst
+    step at long context needs (0 when stock holds up to max_model_len)."""
+    _check_positive(block_size=block_size, max_model_len=max_model_len)
+    _check_non_negative(bytes_per_token=bytes_per_token)
+    budget = requested - consumed - worst_transient - cudagraph - margin
+    kv_cache = explicit_kv if explicit_kv is not None else max(budget, 0)
+    recommended = (max(budget, 0) // MiB) * MiB
+    if one_request is None:
+        one_request = bytes_for_one_request(bytes_per_token, block_size, max_model_len)
+    fits = budget >= one_request and kv_cache >= one_request
+    if explicit_kv is not None:
+        fits = fits and explicit_kv <= budget
+    block_bytes = bytes_per_token * block_size
+    curve = list(context_curve)
+    # The bytes stock's own reconstruction of its budget leaves unused in its last block.
+    stock_slack = max(0, requested - consumed - stock_need - cudagraph)
+    oom_ctx = stock_oom_context_len(
+        curve, stock_need=stock_need,
+        slack=(stock_slack % block_bytes if block_bytes else 0) + max(0, noise))
+    shortfall = 0
+    if oom_ctx is not None:
+        shortfall = max(need for _, need in curve) - stock_need
+    return Admission(
+        requested_bytes=requested, weights_bytes=weights, non_torch_bytes=non_torch,
+        consumed_bytes=consumed, transient_bytes=worst_transient, cudagraph_bytes=cudagraph,
+        margin_bytes=margin, budget_bytes=budget, kv_cache_bytes=kv_cache,
+        stock_kv_cache_bytes=stock_kv, recommended_kv_cache_memory_bytes=recommended,
+        explicit_kv_cache_memory_bytes=explicit_kv, bytes_per_token=bytes_per_token,
+        kv_tokens_stock=kv_tokens(stock_kv, bytes_per_token, block_size),
+        kv_tokens_worstcase=kv_tokens(kv_cache, bytes_per_token, block_size),
+        stock_oom_context_len=oom_ctx, stock_shortfall_bytes=shortfall,
+        one_request_bytes=one_request, fits=fits)
+
+
+def _check_non_negative(**values: int) -> None:
+    for name, value in values.items():
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _check_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, got {value}")

@@ -1,0 +1,128 @@
+"""Sweep results kept across engine starts, so that a restart does not pay the sweep again.
+
+The sweep's outcome depends on the model, the engine limits, the kernels (vLLM, torch, CUDA,
+attention backend, runner) and the device; `cache_key` hashes all of them. A hit is not trusted
+blindly: the engine replays the cached worst step on its provisional KV cache and compares what
+it needs now with what it needed when the entry was written (policy.cache_verdict). Needing
+more than the meter's tolerance allows means something the key did not see changed (a driver, a
+model plugin's code); the entry is then discarded and the full sweep runs, never a silent reuse
+of a stale figure.
+
+Entries are JSON files named by the key, written atomically, in their own versioned layout
+(`CacheEntry`, SCHEMA): renaming a report field changes neither keys nor entries. A corrupt,
+foreign or older entry reads as a miss. The directory: the `cache_dir` setting, else
+$WCPROF_CACHE_DIR, else $XDG_CACHE_HOME/worstcase_profiler (~/.cache/worstcase_profiler). `off`
+disables the cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .codec import decode, encode
+from .types import SweepResult, WarmupEstimate
+
+ENV_DIR = "WCPROF_CACHE_DIR"
+OFF = "off"
+SCHEMA = 2  # 2: core layout (sweep, consumed, warm-up split); 1 embedded report models
+
+
+def cache_dir(setting: str | None, environ: dict[str, str] | None = None) -> Path | None:
+    """Where entries live, or None when the cache is off."""
+    env = os.environ if environ is None else environ
+    chosen = setting or env.get(ENV_DIR)
+    if chosen is None:
+        base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        chosen = os.path.join(base, "worstcase_profiler")
+    return None if chosen.strip().lower() == OFF else Path(chosen)
+
+
+def cache_key(facts: dict[str, Any]) -> str:
+    """24 hex chars of sha256 over the canonical JSON of everything the sweep depends on."""
+    canonical = json.dumps({"schema": SCHEMA, **facts}, sort_keys=True, separators=(",", ":"),
+                           default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+
+def round_capacity_up(tokens: int) -> int:
+    """KV capacity to 1/16 precision, rounded up: vLLM's own budget moves by a few blocks from
+    one start to the next, which must not change the key. Up is the safe direction (longer
+    extents are planned than the pool can hold)."""
+    quantum = 1 << max(0, tokens.bit_length() - 5)
+    return -(-tokens // quantum) * quantum
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One configuration's sweep, as the start that wrote it measured it."""
+
+    key: str
+    facts: dict
+    created_at: str
+    sweep: SweepResult
+    workspace_slot_bytes: int = 0
+    """What every workspace slot was grown to (a replay runs one step: it grows them to this)."""
+    baseline_bytes: int = 0
+    """Held memory just before the sweep (after vLLM's own profile)."""
+    consumed_bytes: int = 0
+    """Held memory after the sweep and the workspace reservation: baseline + the sweep's residue."""
+    warmup: WarmupEstimate = WarmupEstimate()
+    """What warm-up kept at the start that wrote or last used the entry."""
+    capacity_tokens: int | None = None
+    """The KV pool (rounded up) the sweep's shapes were planned for: not in the key, so the
+    entry is found before vLLM's own profile; a start with another pool sweeps again."""
+    schema: int = SCHEMA
+
+    @property
+    def worst_need(self) -> int:
+        """What the cached worst step needed when the entry was written."""
+        return self.sweep.worst.need_bytes
+
+    def to_json(self) -> str:
+        return json.dumps(encode(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "CacheEntry":
+        """ValueError on anything but a complete entry of this SCHEMA."""
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise ValueError("not a cache entry of schema %d" % SCHEMA)
+        return decode(cls, data)
+
+    def replace(self, **changes) -> "CacheEntry":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass
+class SweepCache:
+    directory: Path
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def load(self, key: str) -> CacheEntry | None:
+        try:
+            entry = CacheEntry.from_json(self.path(key).read_text())
+        except (OSError, ValueError, TypeError):
+            return None
+        return entry if entry.key == key else None
+
+    def store(self, entry: CacheEntry) -> Path:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        target = self.path(entry.key)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{entry.key}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(entry.to_json())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target

@@ -1,0 +1,168 @@
+"""Start-up policy: pure functions that take measured facts and settings and return decisions or
+error values. The adapter measures and applies; nothing here reads vLLM or the device.
+
+  decide_budget       the KV bytes handed to vLLM (or the DoesNotFit that refuses the start)
+  cache_verdict       whether a cached sweep, replayed now, may stand in for a full sweep
+  reuse_consumed      the held-memory figure a cached start admits with
+  kv_audit_verdict    what KV initialisation allocated against the budget (seed 000)
+  warmup_verdict      what warm-up kept against what admission set aside for it
+  plan_agreement      whether every tensor-parallel rank ran the same steps
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..errors import DoesNotFit, KVOvercommit, WcprofError
+from ..sizes import fmt_bytes
+from .types import Admission, BudgetDecision, KVAuditGroup, KVAuditResult, WarmupAuditResult
+
+
+def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label: str,
+                  max_model_len: int) -> BudgetDecision:
+    """enforce: the worst-case budget (or the explicit --kv-cache-memory-bytes when it fits);
+    report: vLLM's own figure, measured and reported only. kv_cap limits what is allocated
+    (never below one request at max_model_len). A configuration that does not fit is refused
+    in enforce mode, with the flag value that would fit when an explicit one is too large."""
+    error = None
+    if not adm.fits and mode == "enforce":
+        explicit = adm.explicit_kv_cache_memory_bytes
+        worst = f"{fmt_bytes(adm.transient_bytes)} at {worst_label}"
+        if explicit is not None and explicit > max(adm.budget_bytes, 0) \
+                and adm.budget_bytes >= adm.one_request_bytes:
+            error = DoesNotFit(
+                f"--kv-cache-memory-bytes {explicit} ({fmt_bytes(explicit)}) leaves no room for "
+                f"the worst-case step ({worst})",
+                hint=f"use --kv-cache-memory-bytes {adm.recommended_kv_cache_memory_bytes} or less")
+        else:
+            error = DoesNotFit(
+                f"after the worst-case step ({worst}) the KV budget is "
+                f"{fmt_bytes(adm.budget_bytes)}; one request at max_model_len={max_model_len} "
+                f"needs {fmt_bytes(adm.one_request_bytes)}",
+                hint="lower --max-model-len or --max-num-batched-tokens, or give the engine more "
+                     "memory")
+    if mode == "report":
+        budget, reason = adm.stock_kv_cache_bytes, "report mode: vLLM's own figure"
+    elif adm.explicit_kv_cache_memory_bytes is not None:
+        budget, reason = adm.explicit_kv_cache_memory_bytes, "explicit --kv-cache-memory-bytes"
+    else:
+        budget, reason = max(0, adm.budget_bytes), "worst-case budget"
+    if kv_cap is not None and budget > max(kv_cap, adm.one_request_bytes):
+        budget, reason = max(kv_cap, adm.one_request_bytes), f"{reason}, capped by kv_cap"
+    return BudgetDecision(budget_bytes=int(budget), reason=reason, error=error)
+
+
+def cache_verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int]:
+    """(still valid, allowed upward drift). Valid while the replayed step needs no more than it
+    needed then, within the meter's tolerance or 2% of it, whichever is larger. Needing less is
+    the safe direction and normal (the cached figure is the largest of many noisy measurements),
+    so only a large drop (4x the allowance or 10%, whichever is larger) also rejects the entry:
+    it describes another build, and reusing it would only throw KV away."""
+    allowed = max(tolerance, cached // 50)
+    floor = cached - max(4 * allowed, cached // 10)
+    return floor <= measured <= cached + allowed, allowed
+
+
+def reuse_transient(cached: int, replayed: int, resolution: int) -> int:
+    """The transient a cached start admits: the cached one while the replay is within the meter's
+    resolution of it (the same configuration gets the same answer), else the larger of the two."""
+    return cached if replayed <= cached + resolution else max(cached, replayed)
+
+
+def reuse_consumed(*, baseline_now: int, cached_baseline: int, cached_consumed: int,
+                   replay_residue: int, resolution: int) -> int:
+    """The held memory a cached start admits with.
+
+    The full sweep leaves behind buffers its many step kinds create lazily (decode and mixed
+    paths, per-shape kernel state), which the engine will create too once it serves; a replay
+    of one step does not. So a cached start counts the full sweep's residue (cached_consumed -
+    cached_baseline) on top of its own baseline (held before the replay), and never less than
+    what the replay left. While its baseline is within the meter's resolution of the cached one,
+    the cached figure stands as is: the same configuration gets the same admission whether it
+    swept or replayed."""
+    residue = max(cached_consumed - cached_baseline, replay_residue)
+    if abs(baseline_now - cached_baseline) <= resolution and replay_residue <= \
+            cached_consumed - cached_baseline + resolution:
+        return cached_consumed
+    return baseline_now + residue
+
+
+def kv_audit_verdict(groups: Iterable[KVAuditGroup], *, budget: int, allowed: int,
+                     delta_process: int | None, tolerance: float = 0.01) -> KVAuditResult:
+    """What KV initialisation allocated (summed over unique storages, per group and outside every
+    group) against the budget the worker returned, or against what an explicit block count
+    explains (`allowed`). Over by more than `tolerance`: over-budget."""
+    groups = tuple(groups)
+    allocated = sum(g.allocated_bytes for g in groups)
+    ratio = allocated / allowed if allowed > 0 else float("inf")
+    over = allocated > allowed * (1 + tolerance)
+    shares = "; ".join(f"{g.name}: {fmt_bytes(g.allocated_bytes)} in {len(g.layers)} holder(s)"
+                       f" (plan {fmt_bytes(g.declared_bytes)})" for g in groups)
+    if over:
+        msg = (f"KV initialisation allocated {fmt_bytes(allocated)} against a budget of "
+               f"{fmt_bytes(allowed)} (x{ratio:.2f}): {shares}")
+    else:
+        msg = f"KV allocation within budget (x{ratio:.3f}): {shares}"
+    return KVAuditResult(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
+                         ratio=ratio, delta_process_bytes=delta_process, groups=groups,
+                         verdict="over-budget" if over else "ok", message=msg)
+
+
+def kv_audit_error(audit: KVAuditResult, setting: str) -> WcprofError | None:
+    """The error that refuses the start (kv_audit=error and over budget), else None."""
+    if audit.verdict == "ok" or setting != "error":
+        return None
+    return KVOvercommit(audit.message,
+                        hint="the engine refuses to start; fix the KV planning of this model, or "
+                             "set worstcase_profiler.kv_audit=warn to start anyway")
+
+
+def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, mode: str,
+                   kv_cache_bytes: int, cached: bool) -> tuple[WarmupAuditResult, DoesNotFit | None]:
+    """Device memory warm-up kept after the KV budget was fixed (`resident`, of which `graphs`
+    by CUDA graph capture), against what admission set aside for it (`accounted`). More than
+    the margin outside the reservation eats the worst step's headroom: in enforce mode that
+    refuses the start, naming what was kept and the flag value that fits (and, when the figure
+    went into the sweep cache, that the next start subtracts it)."""
+    outside = resident - accounted
+    ok = outside <= margin
+    kept = _kept_text(resident, graphs)
+    msg = f"warm-up kept {kept} after the KV budget was fixed; admission set aside {fmt_bytes(accounted)}"
+    msg += ": within the margin" if ok else f", so {fmt_bytes(outside)} of the worst step's headroom is gone"
+    audit = WarmupAuditResult(resident_bytes=resident, graphs_bytes=graphs,
+                              accounted_bytes=accounted, outside_bytes=outside,
+                              allowed_bytes=margin, verdict="ok" if ok else "outside-budget",
+                              message=msg)
+    if ok or mode != "enforce":
+        return audit, None
+    fix = max(0, kv_cache_bytes - max(0, outside))
+    flag = f"--kv-cache-memory-bytes {fix} ({fmt_bytes(fix)})"
+    hint = (f"the figure is cached: start again with the same config and admission subtracts "
+            f"it; or pass {flag}" if cached else f"pass {flag}")
+    return audit, DoesNotFit(msg, hint=hint)
+
+
+def _kept_text(resident: int, graphs: int) -> str:
+    other = max(0, resident - graphs)
+    if graphs and other:
+        return (f"{fmt_bytes(resident)} resident (CUDA graphs {fmt_bytes(graphs)}, other buffers "
+                f"{fmt_bytes(other)})")
+    if graphs:
+        return f"{fmt_bytes(resident)} resident (CUDA graphs)"
+    return f"{fmt_bytes(resident)} resident (buffers other than CUDA graphs: no graph was captured)"
+
+
+def plan_agreement(fingerprints: list[str], *, rank: int, steps: int) -> WcprofError | None:
+    """Every tensor-parallel rank must have run the same steps in the same order (a mismatch would
+    deadlock the collectives): the error naming the ranks that disagree, else None."""
+    if len(set(fingerprints)) <= 1:
+        return None
+    groups: dict[str, list[int]] = {}
+    for r, fp in enumerate(fingerprints):
+        groups.setdefault(fp, []).append(r)
+    detail = "; ".join(f"ranks {ranks}: {fp}" for fp, ranks in groups.items())
+    return WcprofError(
+        f"tensor-parallel ranks executed different worst-case sweeps (plan fingerprints differ: "
+        f"{detail}); rank {rank} ran {steps} steps",
+        hint="every rank must see the same engine limits and settings; compare the per-rank "
+             "reports (.rankN.json)")

@@ -1,0 +1,328 @@
+"""The core's vocabulary: frozen values that flow one way, measure -> decide -> report.
+
+The adapter measures and builds these; the core's pure functions (sweep, admission, policy)
+combine them; report.py projects them onto the public JSON schema. Nothing here imports vLLM,
+torch or pydantic, so the schema can change without touching a decision, and a fingerprint or a
+cache key computed from these values does not move when a report field is renamed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One synthetic step: `num_reqs` requests, `rows` new tokens in total, each request already
+    holding `context_len` cached tokens (the KV extent the attention kernels read is
+    context_len + its own query rows)."""
+
+    kind: ShapeKind
+    rows: int
+    context_len: int
+    num_reqs: int = 1
+
+    def label(self) -> str:
+        return f"{self.kind} rows={self.rows} ctx={self.context_len} reqs={self.num_reqs}"
+
+    def with_context(self, context_len: int) -> "Shape":
+        return dataclasses.replace(self, context_len=context_len)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step needed: its transient peak above the pre-step baseline, and the workspace
+    it asked for (summed over slots), both agreed across ranks."""
+
+    shape: Shape
+    peak_bytes: int
+    seconds: float
+    top_op: str | None = None
+    workspace_bytes: int = 0
+
+    @property
+    def need_bytes(self) -> int:
+        """Non-KV memory the step needs: its transient plus the workspace it asks for."""
+        return self.peak_bytes + self.workspace_bytes
+
+
+@dataclass(frozen=True)
+class ProvisionalKV:
+    """The KV cache the sweep ran on (one request at max_model_len), and what else vLLM allocated
+    while initialising it (metadata builders, input buffers): memory stock admission leaves out."""
+
+    num_blocks: int
+    kv_bytes: int
+    post_profile_bytes: int
+
+
+@dataclass(frozen=True)
+class CoveredSegment:
+    """[lo, hi] inclusive. executed: every rows value in it ran; chord: certified by `probes`."""
+
+    lo: int
+    hi: int
+    how: Literal["executed", "chord"]
+    probes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowsCoverage:
+    """How every rows value 1..N is covered (core/coverage.py); `bound` is the proven upper
+    bound on any rows value's need."""
+
+    peak_table: tuple[tuple[int, int], ...]
+    """(rows, need) of every executed rows value, ascending."""
+    worst_rows: int
+    worst_peak: int
+    bound: int
+    tolerance: int
+    segments: tuple[CoveredSegment, ...]
+    method: str
+    argument: str
+
+    @property
+    def peaks(self) -> dict[int, int]:
+        return dict(self.peak_table)
+
+    @property
+    def executed_rows(self) -> list[int]:
+        return [rows for rows, _ in self.peak_table]
+
+    @property
+    def certified_rows(self) -> int:
+        """Rows values covered by a chord certificate without being executed."""
+        from .coverage import certified_count
+
+        return certified_count(self.segments, self.executed_rows)
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """The worst-case sweep: the stock step, every executed step in order, and the admitted
+    transient `peak_bytes` (the largest measured transient plus the chord certificate's slack)."""
+
+    stock: StepResult
+    steps: tuple[StepResult, ...]
+    worst: StepResult
+    worst_op: str | None
+    peak_bytes: int
+    coverage: RowsCoverage
+    context_curve: tuple[StepResult, ...]
+    rows_max: int
+    post_profile_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class WorkspaceSlot:
+    ubatch: int
+    lane: int
+    bytes_before: int
+    bytes_after: int
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Every WorkspaceManager slot (ubatch x lane) after the sweep's worst was reserved in all of
+    them; total_bytes is what they hold together."""
+
+    slots: tuple[WorkspaceSlot, ...] = ()
+    total_bytes: int = 0
+
+
+CacheStatus = Literal["stored", "hit", "stale", "off"]
+
+
+@dataclass(frozen=True)
+class CacheUse:
+    """Whether this start ran the sweep or reused a cached one, and the check that decided."""
+
+    status: CacheStatus
+    key: str | None = None
+    path: str | None = None
+    cached_at: str | None = None
+    cached_need_bytes: int | None = None
+    replayed_need_bytes: int | None = None
+    allowed_drift_bytes: int | None = None
+    replay_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class WarmupEstimate:
+    """What warm-up will keep resident once the KV budget is fixed, as known before it is fixed:
+    CUDA graphs and other buffers (samplers, kernel warm-ups), and where the figure came from."""
+
+    graphs_bytes: int = 0
+    other_bytes: int = 0
+    source: Literal["none", "vllm-estimate", "rehearsal", "cache"] = "none"
+
+    @property
+    def total_bytes(self) -> int:
+        return self.graphs_bytes + self.other_bytes
+
+
+@dataclass(frozen=True)
+class HeldMemory:
+    """What the process holds once the sweep is done and every workspace slot reserved (weights,
+    non-torch, workspace, buffers), and what the engine may use in all."""
+
+    requested_bytes: int
+    consumed_bytes: int
+    weights_bytes: int
+    non_torch_bytes: int
+
+
+@dataclass(frozen=True)
+class Admission:
+    """KV budget = requested - consumed - worst transient - warm-up reserve - margin."""
+
+    requested_bytes: int
+    weights_bytes: int
+    non_torch_bytes: int
+    consumed_bytes: int
+    transient_bytes: int
+    cudagraph_bytes: int
+    margin_bytes: int
+    budget_bytes: int
+    kv_cache_bytes: int
+    stock_kv_cache_bytes: int
+    recommended_kv_cache_memory_bytes: int
+    explicit_kv_cache_memory_bytes: int | None
+    bytes_per_token: int
+    kv_tokens_stock: int
+    kv_tokens_worstcase: int
+    stock_oom_context_len: int | None
+    stock_shortfall_bytes: int
+    one_request_bytes: int
+    fits: bool
+
+
+@dataclass(frozen=True)
+class BudgetDecision:
+    """The KV bytes handed to vLLM, why, and the error that refuses the start (None: start)."""
+
+    budget_bytes: int
+    reason: str
+    error: Exception | None = None
+
+
+@dataclass(frozen=True)
+class KVAuditGroup:
+    name: str
+    layers: tuple[str, ...]
+    declared_bytes: int
+    allocated_bytes: int
+
+
+@dataclass(frozen=True)
+class KVAuditResult:
+    budget_bytes: int
+    allowed_bytes: int
+    allocated_bytes: int
+    ratio: float
+    delta_process_bytes: int | None
+    groups: tuple[KVAuditGroup, ...]
+    verdict: Literal["ok", "over-budget"]
+    message: str
+
+
+@dataclass(frozen=True)
+class WarmupAuditResult:
+    resident_bytes: int
+    graphs_bytes: int
+    accounted_bytes: int
+    outside_bytes: int
+    allowed_bytes: int
+    verdict: Literal["ok", "outside-budget"]
+    message: str
+
+
+@dataclass(frozen=True)
+class Validation:
+    measured_peak_bytes: int
+    predicted_peak_bytes: int
+    ratio: float
+    requests: tuple[str, ...]
+    seconds: float
+    rank: int = 0
+    target: str = "traffic"
+    shape: Shape | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: Literal["cpu", "cuda"]
+    name: str
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str
+    max_model_len: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    num_speculative_tokens: int = 0
+    block_size: int | None = None
+    kv_cache_dtype: str = "auto"
+    enforce_eager: bool = True
+    gpu_memory_utilization: float | None = None
+    tensor_parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the worker is: fixed before the first phase runs."""
+
+    tool_version: str
+    vllm_version: str
+    rank: int
+    device: DeviceInfo
+    config: EngineConfig
+    runner: str
+    worker: str
+    attention_backends: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    """Everything determine_available_memory measured and decided, in one value."""
+
+    sweep: SweepResult
+    cache: CacheUse
+    workspace: Workspace
+    warmup: WarmupEstimate
+    held: HeldMemory
+    admission: Admission
+    budget: BudgetDecision
+    plan_fingerprints: tuple[str, ...] = ()
+    sweep_mode: str = "full"
+
+    @property
+    def need_bytes(self) -> int:
+        """Non-KV memory the worst step needs: the admitted transient plus the workspace."""
+        return self.sweep.peak_bytes + self.workspace.total_bytes
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    audit: WarmupAuditResult | None
+    workspace_locked: bool = False
+    workspace_grown_bytes: int = 0
+
+
+@dataclass
+class Phases:
+    """The phase results of one start, each set once (StartupSession enforces it)."""
+
+    profile: ProfileResult | None = None
+    kv_audit: KVAuditResult | None = None
+    warmup: WarmupResult | None = None
+    validation: tuple[Validation, ...] = ()
+    warnings: tuple[str, ...] = field(default_factory=tuple)

@@ -1,0 +1,291 @@
+"""The view model every renderer formats: the verdict, the flag to paste, the stock vs worst-case
+rows and the detail lines, each with a kind and a severity. Built from a report alone, so a saved
+report renders the same as a fresh one. Every derived figure a renderer shows is computed here,
+once; renderers only lay it out and style it by severity.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..core.coverage import certified_count
+from ..core.timing import profiler_phases
+from ..report import Report, Shape, StepResult, Verdict
+from ..sizes import fmt_bytes, fmt_tokens
+
+INFO, WARN, ERROR = 0, 1, 2
+MAX_SLOTS_SHOWN = 4
+
+
+@dataclass(frozen=True)
+class Detail:
+    kind: str
+    text: str
+    severity: int = INFO
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    stock: str
+    worst: str
+    difference: str
+
+
+@dataclass(frozen=True)
+class View:
+    verdict: Verdict
+    model: str
+    limits_text: str
+    where_text: str
+    flag_bytes: int
+    flag_note: str
+    rows: tuple[Row, ...]
+    details: tuple[Detail, ...]
+    summary: str
+
+    @property
+    def flag(self) -> str:
+        return f"--kv-cache-memory-bytes {self.flag_bytes}"
+
+
+def shape_text(shape: Shape) -> str:
+    return (f"{shape.kind} rows={fmt_tokens(shape.rows)} ctx={fmt_tokens(shape.context_len)} "
+            f"reqs={shape.num_reqs}")
+
+
+def signed(n: int, fmt=fmt_bytes) -> str:
+    return ("+" if n > 0 else "") + fmt(n)
+
+
+def short_model(name: str, limit: int = 48) -> str:
+    """A local checkpoint directory by its last component; a hub id as it is."""
+    if name.startswith(("/", "./", "../", "~")) and Path(name).name:
+        name = Path(name).name
+    return name if len(name) <= limit else "…" + name[-(limit - 1):]
+
+
+def transient_bytes(report: Report) -> int:
+    """The worst transient admission subtracted (reports before schema 1.3 did not store it)."""
+    adm = report.admission
+    return adm.transient_bytes if adm.transient_bytes is not None \
+        else report.worstcase.peak_activation_bytes
+
+
+def stock_shortfall_bytes(report: Report) -> int:
+    """How much more than stock reserved the worst step at long context needs (0: stock holds)."""
+    adm = report.admission
+    if adm.stock_oom_context_len is None:
+        return 0
+    if adm.stock_shortfall_bytes is not None:
+        return adm.stock_shortfall_bytes
+    worst = max((r.need_bytes for r in report.worstcase.context_curve), default=0)
+    return max(0, worst - report.stock.need_bytes)
+
+
+def build_view(report: Report) -> View:
+    cfg, adm, wc, stock = report.config, report.admission, report.worstcase, report.stock
+    limits = (f"max_model_len={fmt_tokens(cfg.max_model_len)} "
+              f"max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)} "
+              f"max_num_seqs={cfg.max_num_seqs}")
+    where = (f"{report.device.name}, vLLM {report.vllm_version} {report.runner.runner}, "
+             f"TP={cfg.tensor_parallel_size}")
+    rows = [Row("peak activation (transient)", fmt_bytes(stock.peak_activation_bytes),
+                fmt_bytes(wc.peak_activation_bytes),
+                signed(wc.peak_activation_bytes - stock.peak_activation_bytes))]
+    if wc.workspace_bytes or stock.workspace_bytes:
+        rows.append(Row("workspace (all slots)", fmt_bytes(stock.workspace_bytes),
+                        fmt_bytes(wc.workspace_bytes),
+                        signed(wc.workspace_bytes - stock.workspace_bytes)))
+        rows.append(Row("step need (peak + workspace)", fmt_bytes(stock.need_bytes),
+                        fmt_bytes(wc.need_bytes), signed(wc.need_bytes - stock.need_bytes)))
+    rows += [
+        Row("KV cache bytes", fmt_bytes(adm.stock_kv_cache_bytes), fmt_bytes(adm.kv_cache_bytes),
+            signed(adm.kv_cache_bytes - adm.stock_kv_cache_bytes)),
+        Row("KV tokens", fmt_tokens(adm.kv_tokens_stock), fmt_tokens(adm.kv_tokens_worstcase),
+            signed(adm.kv_tokens_worstcase - adm.kv_tokens_stock, fmt_tokens)),
+    ]
+    summary = (f"worst-case peak {fmt_bytes(wc.peak_activation_bytes)} vs stock peak "
+               f"{fmt_bytes(stock.peak_activation_bytes)}; KV tokens "
+               f"{fmt_tokens(adm.kv_tokens_worstcase)} (worst-case) vs "
+               f"{fmt_tokens(adm.kv_tokens_stock)} (stock); {stock_detail(report).text}; worst "
+               f"step {shape_text(wc.worst_shape)}.")
+    return View(verdict=report.verdict, model=cfg.model, limits_text=limits, where_text=where,
+                flag_bytes=adm.recommended_kv_cache_memory_bytes, flag_note=flag_note(report),
+                rows=tuple(rows),
+                details=tuple(details(report)), summary=summary)
+
+
+def details(report: Report) -> list[Detail]:
+    adm, wc = report.admission, report.worstcase
+    out = [Detail("worst-step", f"worst step: {shape_text(wc.worst_shape)}; peak set in "
+                                f"{wc.worst_op or 'unknown op'} (stock profiles "
+                                f"{shape_text(report.stock.shape)})")]
+    if wc.workspace_slots or wc.workspace_bytes:
+        out.append(Detail("workspace", workspace_text(report)))
+    warmup = f"cudagraphs {fmt_bytes(adm.cudagraph_bytes)}"
+    if adm.warmup_source and adm.warmup_source != "none":
+        warmup += f" (warm-up reserve: {warmup_source_text(report)})"
+    out.append(Detail("budget", f"budget: requested {fmt_bytes(adm.requested_bytes)} - consumed "
+                                f"{fmt_bytes(adm.consumed_bytes)} - worst peak "
+                                f"{fmt_bytes(transient_bytes(report))} - {warmup} - margin "
+                                f"{fmt_bytes(adm.margin_bytes)} = {fmt_bytes(adm.budget_bytes)}"))
+    out.append(Detail("flag", f"recommended: --kv-cache-memory-bytes "
+                              f"{adm.recommended_kv_cache_memory_bytes}  {flag_note(report)}"))
+    out.append(stock_detail(report))
+    out.append(Detail("coverage", coverage_text(report)))
+    if wc.sweep_mode != "full":
+        out.append(Detail("sweep-mode", f"sweep mode: {wc.sweep_mode}"))
+    if wc.cache is not None and wc.cache.status != "off":
+        out.append(Detail("cache", cache_text(wc.cache),
+                          WARN if wc.cache.status == "stale" else INFO))
+    if report.kv_audit is not None:
+        a = report.kv_audit
+        out.append(Detail("kv-audit", f"KV audit: allocated {fmt_bytes(a.allocated_bytes)} vs budget "
+                                      f"{fmt_bytes(a.budget_bytes)} (allowed "
+                                      f"{fmt_bytes(a.allowed_bytes)}), ratio {a.ratio:.3f}: "
+                                      f"{a.verdict}", INFO if a.verdict == "ok" else ERROR))
+    if report.warmup_audit is not None and report.warmup_audit.verdict != "ok":
+        out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}", ERROR))
+    for v in (report.validations or ([report.validation] if report.validation else [])):
+        out.append(Detail("validation", validation_text(v),
+                          ERROR if v.measured_peak_bytes > v.predicted_peak_bytes else INFO))
+    if report.ranks:
+        out.append(Detail("ranks", ranks_text(report)))
+    if report.startup_seconds:
+        out.append(Detail("startup", startup_text(report.startup_seconds)))
+    out.extend(Detail("warning", f"warning: {w}", WARN) for w in report.warnings)
+    return out
+
+
+def warmup_source_text(report: Report) -> str:
+    adm = report.admission
+    graphs = adm.warmup_graphs_bytes or 0
+    other = max(0, adm.cudagraph_bytes - graphs)
+    where = {"vllm-estimate": "vLLM's CUDA-graph estimate",
+             "rehearsal": "warm-up rehearsed on the provisional KV cache",
+             "cache": "measured by an earlier start of this configuration"}.get(
+                 adm.warmup_source or "", adm.warmup_source or "")
+    parts = [f"graphs {fmt_bytes(graphs)}"] + ([f"other buffers {fmt_bytes(other)}"] if other else [])
+    return f"{where}; {', '.join(parts)}"
+
+
+def flag_note(report: Report) -> str:
+    adm = report.admission
+    note = f"({fmt_bytes(adm.recommended_kv_cache_memory_bytes)})"
+    if adm.explicit_kv_cache_memory_bytes is not None:
+        note += f"; explicit setting {fmt_bytes(adm.explicit_kv_cache_memory_bytes)}"
+    return note
+
+
+def stock_detail(report: Report) -> Detail:
+    """Where stock admission runs out, why, and by how much against the margin."""
+    adm, cfg = report.admission, report.config
+    oom = adm.stock_oom_context_len
+    if oom is None:
+        return Detail("stock", f"stock holds up to max_model_len ({fmt_tokens(cfg.max_model_len)})")
+    short = stock_shortfall_bytes(report)
+    scale = (f"{short / adm.margin_bytes:.1f}x our {fmt_bytes(adm.margin_bytes)} margin"
+             if adm.margin_bytes else "no margin")
+    curve = report.worstcase.context_curve
+    rows = curve[-1].shape.rows if curve else report.worstcase.worst_shape.rows
+    if oom == 0:
+        return Detail("stock", (
+            f"stock is short at every context length: its profile step (rows="
+            f"{fmt_tokens(report.stock.shape.rows)}, no KV) needs less than a rows="
+            f"{fmt_tokens(rows)} step already needs with an empty KV cache; at max_model_len the "
+            f"shortfall is {fmt_bytes(short)} ({scale})"), WARN)
+    return Detail("stock", (
+        f"stock setting runs out at context length {fmt_tokens(oom)}: from there a step needs "
+        f"more than stock reserved, up to {fmt_bytes(short)} more at max_model_len "
+        f"{fmt_tokens(cfg.max_model_len)} ({scale})"), WARN)
+
+
+def validation_text(v) -> str:
+    what = " (worst step)" if v.target == "worst-step" else ""
+    text = (f"validation{what}: measured {fmt_bytes(v.measured_peak_bytes)} vs predicted "
+            f"{fmt_bytes(v.predicted_peak_bytes)}, ratio {v.ratio:.3f}")
+    if v.shape is not None:
+        text += f" at {shape_text(v.shape)}"
+    text += f" over {len(v.requests)} request(s)"
+    if v.rank:
+        text += f", rank {v.rank}"
+    if v.note:
+        text += f" ({v.note})"
+    return text
+
+
+def ranks_text(report: Report) -> str:
+    """One entry per TP rank: each rank's own peak, KV budget and validation."""
+    same = len({tuple(r.worstcase.plan_fingerprints) for r in report.ranks}) == 1
+
+    def one(r: Report) -> str:
+        text = (f"rank {r.rank}: worst peak {fmt_bytes(r.worstcase.peak_activation_bytes)}, KV "
+                f"{fmt_bytes(r.admission.budget_bytes)}")
+        if r.validation is not None:
+            text += f", validation {r.validation.ratio:.3f}"
+        return text
+
+    return ("TP ranks: " + "; ".join(one(r) for r in report.ranks)
+            + (" (identical sweep on every rank)" if same else " (SWEEPS DIFFER)"))
+
+
+def startup_text(phases: dict[str, float]) -> str:
+    """The profiler's start-up cost next to stock vLLM's own phases, largest first."""
+    ours = profiler_phases(phases)
+    stock = sum(v for k, v in phases.items() if k.startswith("vllm_"))
+    top = ", ".join(f"{k} {v:.2f}s" for k, v in sorted(ours.items(), key=lambda kv: -kv[1])[:4])
+    return (f"start-up: profiler {sum(ours.values()):.2f}s ({top}) on top of vLLM's own "
+            f"profile, KV init and warm-up {stock:.2f}s")
+
+
+def workspace_text(report: Report) -> str:
+    wc = report.worstcase
+    text = f"workspace: {fmt_bytes(wc.workspace_bytes)} persistent"
+    if wc.workspace_locked:
+        text += " (locked)"
+    slots = wc.workspace_slots
+    if slots:
+        shown = "; ".join(f"ubatch {s.ubatch} lane {s.lane}: {fmt_bytes(s.bytes_before)} -> "
+                          f"{fmt_bytes(s.bytes_after)}" for s in slots[:MAX_SLOTS_SHOWN])
+        more = f"; +{len(slots) - MAX_SLOTS_SHOWN} more" if len(slots) > MAX_SLOTS_SHOWN else ""
+        text += f"; per slot: {shown}{more}"
+    return text
+
+
+def coverage_text(report: Report) -> str:
+    wc = report.worstcase
+    cov = wc.coverage
+    certified = certified_count(cov.segments, cov.executed_rows)
+    return (f"rows coverage: {fmt_tokens(wc.rows_covered.min)}..{fmt_tokens(wc.rows_covered.max)}"
+            f" by {cov.method}; {wc.shapes_executed} shapes executed; "
+            f"{fmt_tokens(len(cov.executed_rows))} rows executed, "
+            f"{fmt_tokens(certified)} certified by "
+            f"chord (tolerance {fmt_bytes(cov.tolerance_bytes)}); sweep {wc.seconds:.1f}s"
+            f"{' (when cached)' if wc.cache is not None and wc.cache.status == 'hit' else ''} vs "
+            f"stock step {report.stock.seconds:.2f}s")
+
+
+def cache_text(use) -> str:
+    if use.status == "stored":
+        return f"sweep cached at {use.path} (the next start with this config replays its worst step)"
+    verb = "reused" if use.status == "hit" else "cache STALE, swept again"
+    return (f"sweep {verb}: cached worst step needs {fmt_bytes(use.replayed_need_bytes)} now vs "
+            f"{fmt_bytes(use.cached_need_bytes)} when cached {use.cached_at} (allowed drift "
+            f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s)")
+
+
+def full_extent_prefill(report: Report) -> list[StepResult]:
+    """The rows sweep: prefill chunks whose largest request ends exactly at max_model_len,
+    one per rows value (the last measurement wins), sorted by rows."""
+    mml = report.config.max_model_len
+    by_rows: dict[int, StepResult] = {}
+    for step in report.worstcase.steps:
+        s = step.shape
+        if s.kind != "prefill":
+            continue
+        largest = -(-s.rows // s.num_reqs)
+        if s.context_len + largest == mml:
+            by_rows[s.rows] = step
+    return [by_rows[r] for r in sorted(by_rows)]
