@@ -14,7 +14,7 @@
 #   bash staging/build_vllm032.sh                    # -> .stage32/ (git-ignored), ~6 min here
 #   VLLM_WHEEL=/path/vllm-0.32.0-...whl TORCH_WHEEL=/path/torch-2.11.0-...whl bash ...  # no download
 #
-# On the host (staging/device_run.sh stage32 does this): extract each part into $SITE in its own
+# On the host (staging/device_run.sh stage PART does this): extract each part into $SITE in its own
 # call, back to back (the host keeps /tmp only ~30 s after a call), then
 # `source .stage32/env.sh`. docs/gpu.md has the call sequence and its device cost.
 set -euo pipefail
@@ -84,5 +84,5 @@ for p in "$STAGE"/part??; do
   if [ "$s" -gt "$MAX_PART" ]; then echo "ERROR: $p is $s bytes > 60 MiB" >&2; exit 1; fi
 done
 (cd "$STAGE" && sha256sum part?? >SHA256SUMS && ls -l part??)
-cp "$HERE/stage_part.sh" "$HERE/env32.sh" "$STAGE/"
+cp "$HERE/stage_part.sh" "$STAGE/stage.sh"; cp "$HERE/env32.sh" "$STAGE/env.sh"
 echo "staged in $STAGE: $(ls "$STAGE" | tr '\n' ' ')"

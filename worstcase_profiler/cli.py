@@ -44,7 +44,7 @@ HELP_ENGINE = "--help-engine"
 DEBUG_ENV = "WCPROF_DEBUG"
 LOG_TAIL_LINES = 40
 
-OUR_FLAGS = ("json", "html", "png", "validate", "exhaustive", "margin", "kv_audit",
+OUR_FLAGS = ("json", "html", "png", "validate", "exhaustive", "sweep_depth", "margin", "kv_audit",
              "no_lock_workspace", "quiet", "kv_cap", "no_cache", "debug")
 
 COMMANDS = {
@@ -99,6 +99,11 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
     g.add_argument("--exhaustive", action="store_true",
                    help="execute every rows value 1..max_num_batched_tokens instead of "
                         "certifying segments by chord (slower)")
+    g.add_argument("--sweep-depth", choices=("auto", "full", "cut-down"), default="auto",
+                   help="cut-down: every shape on one decoder layer of each kind, the worst "
+                        "few confirmed on the full model (cost independent of depth); full: "
+                        "every shape on the whole model; auto: cut-down where proven for the "
+                        "model family, else full (default: auto)")
     g.add_argument("--margin", metavar="SIZE", default=None,
                    help="safety margin subtracted from the KV budget, bytes or a unit such as "
                         "256MiB (default: 64MiB)")
@@ -267,7 +272,8 @@ def _settings(ns, json_path: str, on_cpu: bool, sizes: dict | None = None) -> di
     from .core import cache
 
     s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
-         "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace}
+         "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace,
+         "sweep_depth": ns.sweep_depth}
     if ns.no_cache:
         s["cache_dir"] = cache.OFF
     if sizes is None:

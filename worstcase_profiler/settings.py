@@ -43,6 +43,10 @@ class ProfilerSettings:
     kv_cap_bytes: int | None = None
     """Give the engine at most this much KV (the report still states the full budget). wcprof
     uses it so a report run does not fill a CPU host with a KV cache nobody will use."""
+    sweep_depth: Literal["auto", "full", "cut-down"] = "auto"
+    """cut-down: every shape on one decoder layer of each kind, the worst confirmed on the full
+    model; full: every shape on the whole model; auto: cut-down for the model families where it
+    was proven to pick the same worst step as the full sweep (policy.CUT_DOWN_PROVEN)."""
     progress: bool = True
     cache_dir: str | None = None
     """Where sweeps are cached across starts (cache.py); None: $WCPROF_CACHE_DIR or
@@ -74,6 +78,8 @@ def _coerce(key: str, value: Any) -> Any:
             raise ConfigError(f"{CONFIG_KEY}.mode must be off, enforce or report, got {value!r}")
     if key == "kv_audit" and value not in ("error", "warn", "off"):
         raise ConfigError(f"{CONFIG_KEY}.kv_audit must be error, warn or off, got {value!r}")
+    if key == "sweep_depth" and value not in ("auto", "full", "cut-down"):
+        raise ConfigError(f"{CONFIG_KEY}.sweep_depth must be auto, full or cut-down, got {value!r}")
     return value
 
 

@@ -132,6 +132,7 @@ def sweep_facts(worker, limits: Limits, settings, runner_kind: str) -> dict:
         "limits": dataclasses.asdict(limits), "runner": runner_kind,
         "attention_backends": attention_backends(runner),
         "sweep": {"tolerance": settings.tolerance_bytes, "exhaustive": settings.exhaustive,
+                  "depth": settings.sweep_depth,
                   "context_ladder": settings.context_ladder, "attribute_ops": settings.attribute_ops},
     }
     import json

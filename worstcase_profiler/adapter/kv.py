@@ -84,25 +84,30 @@ def one_request_bytes(runner, vllm_config) -> int:
 def kv_cache_config_with_blocks(runner, num_blocks: int):
     """A KVCacheConfig of exactly `num_blocks` blocks for this runner's layers.
 
-    v26/v32: `num_gpu_blocks_override` + get_kv_cache_config_from_groups(available_memory=0), the
-    trick vLLM's own _init_minimal_kv_cache_for_profiling uses. v33: the KVCacheConfigBuilder
-    (`builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=)`; untested here).
+    0.26-0.32: `num_gpu_blocks_override` + get_kv_cache_config_from_groups(available_memory=0),
+    the trick vLLM's own _init_minimal_kv_cache_for_profiling uses. 0.33: the KVCacheConfigBuilder
+    (`builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=)`, with a user's
+    override cleared for the call; read, not run).
     """
     # vllm-touch: kv-cache-config
     vllm_config = runner.vllm_config
     spec = runner.get_kv_cache_spec()
+    cache_config = vllm_config.cache_config
+    saved = cache_config.num_gpu_blocks_override
     try:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
-    except ImportError:
+    except ImportError:  # 0.33: the builder takes the block count itself; a user's override
         from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
         from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
 
         builder = get_kv_cache_config_builder(vllm_config)
         groups = get_kv_cache_groups_from_builder(builder, vllm_config, spec)
-        return builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=num_blocks)
+        cache_config.num_gpu_blocks_override = None  # must not replace ours (vLLM does the same)
+        try:
+            return builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=num_blocks)
+        finally:
+            cache_config.num_gpu_blocks_override = saved
     groups = get_kv_cache_groups(vllm_config, spec)
-    cache_config = vllm_config.cache_config
-    saved = cache_config.num_gpu_blocks_override
     cache_config.num_gpu_blocks_override = num_blocks
     try:
         return get_kv_cache_config_from_groups(vllm_config, groups, available_memory=0)

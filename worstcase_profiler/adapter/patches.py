@@ -156,6 +156,13 @@ REGISTRY: tuple[Touch, ...] = (
           "warm-up: the device memory CUDA-graph capture keeps, so the warm-up audit can say "
           "whether graphs or other buffers were kept; rehearsal: capture skipped (graphs are "
           "measured by vLLM's own estimator) or redirected to a throwaway pool"),
+    Touch("decoder-depth", "config-pin",
+          "the decoder's end_layer (vLLM's pipeline-parallel layer range), for one synthetic "
+          "step of a cut-down sweep",
+          "the cut-down sweep runs every shape on one layer of each kind (a step's peak is set "
+          "inside one layer), so its cost does not grow with depth; the worst shapes are then "
+          "confirmed on the full model",
+          run="0.32 (CPU)", retire="a profiling entry point that runs a subset of layers"),
     Touch("v1-graph-estimate", "instance-swap",
           "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "
           "(during vLLM's own profile_cudagraph_memory)",

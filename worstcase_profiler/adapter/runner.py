@@ -21,6 +21,7 @@ from ..errors import DoesNotFit, UnsupportedModel
 from . import kv as kvmod
 from . import workspace as ws
 from .meters import PeakAttributor
+from .versions import unsupported
 
 
 def _set_config_ctx(vllm_config):
@@ -56,6 +57,43 @@ def init_provisional_kv(runner, limits: Limits, meter, num_blocks: int, initiali
                               post_profile_bytes=max(0, grown - kv_bytes))
 
 
+def _layer_kind(layer) -> tuple:
+    """What makes two decoder layers alike for memory: their class, their children's classes
+    (attention vs linear attention, MoE vs dense MLP) and any sliding window."""
+    kids = tuple((name, type(m).__name__) for name, m in layer.named_children())
+    windows = tuple(sorted({str(getattr(m, "sliding_window", None)) for m in layer.modules()
+                            if hasattr(m, "sliding_window")}))
+    return type(layer).__name__, kids, windows
+
+
+def decoder_cut(model) -> tuple[object, int, int]:
+    """(decoder module, layers kept, layers in all): the shortest prefix of the decoder's layers
+    holding one layer of every kind. ValueError when the model has no such decoder (vLLM's
+    start_layer/end_layer loop), runs compiled (the layer loop is baked into the graph), is split
+    by pipeline parallelism, or has no two layers alike."""
+    # vllm-touch: decoder-depth
+    decoder = None
+    for _name, mod in model.named_modules():
+        layers = getattr(mod, "layers", None)
+        if isinstance(getattr(mod, "start_layer", None), int) and \
+                isinstance(getattr(mod, "end_layer", None), int) and layers is not None:
+            decoder = mod
+            break
+    if decoder is None:
+        raise ValueError("no decoder with a start_layer/end_layer layer loop")
+    if getattr(decoder, "do_not_compile", True) is False:
+        raise ValueError("the model runs compiled (torch.compile bakes the layer loop into its "
+                         "graph); the cut-down sweep needs an eager forward")
+    total = len(decoder.layers)
+    if decoder.start_layer != 0 or decoder.end_layer != total:
+        raise ValueError("the decoder is split by pipeline parallelism")
+    kinds = [_layer_kind(layer) for layer in decoder.layers]
+    keep = max(kinds.index(k) for k in set(kinds)) + 1
+    if keep >= total:
+        raise ValueError(f"no two of its {total} layers are alike")
+    return decoder, keep, total
+
+
 def is_v2_runner(runner) -> bool:
     return type(runner).__module__.startswith(("vllm.v1.worker.gpu.", "vllm.v1.worker.cpu."))
 
@@ -81,7 +119,33 @@ class DriverBase:
         return self._measured(stock_shape(self.limits), self.run_stock, attribute=False)
 
     def measure(self, shape: Shape, attribute: bool = False) -> StepResult:
-        return self._measured(shape, lambda: self.run(shape), attribute)
+        return self._measured(shape, lambda: self._run_at_depth(shape), attribute)
+
+    _cut = None
+
+    @contextlib.contextmanager
+    def cut_down(self):
+        """Synthetic steps run on the decoder cut to one layer of each kind (the stock step is
+        never cut); ValueError names why a model cannot be cut."""
+        decoder, keep, total = decoder_cut(self.model)
+        self._cut = (decoder, keep)
+        try:
+            yield f"{keep} of {total} layers"
+        finally:
+            self._cut = None
+
+    def _run_at_depth(self, shape: Shape) -> None:
+        if self._cut is None:
+            self.run(shape)
+            return
+        # vllm-touch: decoder-depth
+        decoder, keep = self._cut
+        saved = decoder.end_layer
+        decoder.end_layer = decoder.start_layer + keep
+        try:
+            self.run(shape)
+        finally:
+            decoder.end_layer = saved
 
     def _measured(self, shape: Shape, body, attribute: bool) -> StepResult:
         meter = self.meter
@@ -110,10 +174,8 @@ class V1Driver(DriverBase):
         for attr in ("_dummy_run", "_dummy_sampler_run", "initialize_kv_cache",
                      "_cleanup_profiling_kv_cache", "get_kv_cache_spec"):
             if not hasattr(runner, attr):
-                raise UnsupportedModel(
-                    f"the V1 model runner {type(runner).__name__} lacks {attr}()",
-                    hint="this vLLM version is not supported by worstcase_profiler; "
-                         "run without --profiler worstcase or report the version")
+                raise unsupported("v1-dummy-run",
+                                  f"the V1 model runner {type(runner).__name__} lacks {attr}()")
         self.runner = runner
         self.limits = limits
         self.meter = meter
@@ -179,10 +241,35 @@ class V1Driver(DriverBase):
             q[-1] += shape.rows % n
             seq = shape.context_len + max(1, shape.rows // n)
         arr[:n] = [max(0, seq - qi) for qi in q]
+        drafts = self._draft_marks(shape, q)
         try:
             yield
         finally:
             arr[:n] = 0
+            if drafts is not None:
+                drafts.np[:] = self._saved_drafts
+                drafts.copy_to_gpu()
+
+    def _draft_marks(self, shape: Shape, q: list[int]):
+        """With speculative decoding, recurrent-state backends (GDN, Mamba) read which requests
+        are verify steps from runner.num_decode_draft_tokens, which _dummy_run never fills (it
+        holds zeros: every request a verify step, so a 4-row prefill chunk overflows a 1+k span).
+        Mark each dummy request as a step the scheduler forms: at most 1+k rows on a context, a
+        verify step with rows-1 drafts (a decode of 1+k rows has k; V1's one-row mixed-batch
+        decodes 0); more rows, a prompt chunk (-1). Restored after the step."""
+        # vllm-touch: v1-input-batch
+        k = self.limits.num_speculative_tokens
+        drafts = getattr(self.runner, "num_decode_draft_tokens", None)
+        if not k or drafts is None or not hasattr(drafts, "np"):
+            return None
+        import numpy as np
+
+        self._saved_drafts = drafts.np.copy()
+        marks = np.full(len(drafts.np), -1, dtype=drafts.np.dtype)
+        marks[:len(q)] = [qi - 1 if qi <= k + 1 else -1 for qi in q]
+        drafts.np[:] = marks
+        drafts.copy_to_gpu()
+        return drafts
 
     def _run(self, shape: Shape) -> None:
         # vllm-touch: v1-max-num-seqs-pin

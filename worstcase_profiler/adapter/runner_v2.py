@@ -59,6 +59,7 @@ from ..core.shapes import Limits, request_layout
 from ..core.types import Shape
 from ..errors import UnsupportedModel
 from . import workspace as ws
+from .versions import unsupported
 from .runner import DriverBase, _set_config_ctx, init_provisional_kv
 
 log = logging.getLogger("vllm.wcprof")
@@ -73,6 +74,16 @@ def _sync() -> None:
         torch.accelerator.synchronize()  # what V2 profile_run calls (a no-op on vLLM's CPU)
 
 
+def _honours_state_slots(runner) -> bool:
+    """Whether execute_model keeps recurrent-state groups in a dummy step that asks for valid
+    state slots (the source says so from 0.32: `not valid_dummy_state_slots` guards the strip)."""
+    try:
+        source = inspect.getsource(type(runner).execute_model)
+    except (OSError, TypeError):
+        return False
+    return "not valid_dummy_state_slots" in source
+
+
 class V2Driver(DriverBase):
     """Drives vllm.v1.worker.gpu.model_runner.GPUModelRunner (V2)."""
 
@@ -82,8 +93,8 @@ class V2Driver(DriverBase):
         # vllm-touch: v2-dummy-run
         def need(ok: bool, missing: str) -> None:
             if not ok:
-                raise UnsupportedModel(f"the V2 model runner {type(runner).__name__}: {missing}",
-                                       hint=_HINT)
+                raise unsupported("v2-dummy-run",
+                                  f"the V2 model runner {type(runner).__name__}: {missing}")
 
         for attr in ("_dummy_run", "_dummy_sampler_run", "initialize_kv_cache",
                      "get_kv_cache_spec", "prepare_dummy_attn", "max_num_reqs", "max_num_tokens"):
@@ -107,6 +118,13 @@ class V2Driver(DriverBase):
         from vllm.v1.worker.gpu import cudagraph_utils
 
         self._hybrid = any(isinstance(s, MambaSpec) for s in runner.get_kv_cache_spec().values())
+        # is_profile=True strips recurrent-state (Mamba/GDN) groups from the dummy step's
+        # metadata unless valid_dummy_state_slots=True, which only 0.32+ honours (0.30-0.31 take
+        # the argument and still strip them; 0.29 has neither): their cost would go unmeasured.
+        need(not self._hybrid or (self._state_slots and _honours_state_slots(runner)),
+             "a hybrid (Mamba/GDN) model on a V2 runner whose dummy steps skip the recurrent "
+             "layers (valid_dummy_state_slots is honoured from vLLM 0.32); on this version run it "
+             "with VLLM_USE_V2_MODEL_RUNNER=0")
         self._vllm_teardown = getattr(cudagraph_utils, "_teardown_profiling_state", None)
         self.injected: list[tuple[int, int, int]] = []   # (num_reqs, tokens, max seq_len) per step
         self._requests = ws.RequestRecorder()  # workspace each step asks for, as V1Driver

@@ -30,7 +30,7 @@ from ..core.admission import compute_admission
 from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, round_capacity_up
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
-from ..core.sweep import replay, reused, run_sweep
+from ..core.sweep import replay, reused, run_cut_down, run_sweep
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, HeldMemory, ProfileResult, StepResult, SweepResult,
                           WarmupEstimate, WarmupResult, Workspace)
@@ -108,7 +108,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         held = lambda phase: device_bytes_held(worker, meter, clock=clock, phase=phase)  # noqa: E731
         with clock("measure_baseline"):
             baseline = held("measure_baseline")
-        sweep, use, entry = sweep_or_reuse(driver, limits, settings, tolerance, clock, handle, entry)
+        sweep, use, entry, sweep_mode = sweep_or_reuse(driver, limits, settings, tolerance, clock,
+                                                       handle, entry)
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
         else:
@@ -126,7 +127,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     elif handle is not None:
         with clock("cache_store"):
             use = store_entry(handle, use, sweep, workspace, baseline, held_now, estimate,
-                              limits.kv_capacity_tokens)
+                              limits.kv_capacity_tokens, sweep_mode)
 
     held_memory = HeldMemory(requested_bytes=requested_bytes(worker),
                              consumed_bytes=consumed + sweep.post_profile_bytes,
@@ -150,7 +151,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         fingerprints = gather_plan_fingerprints(sweep.steps)
     session.record_profile(ProfileResult(
         sweep=sweep, cache=use, workspace=workspace, warmup=estimate, held=held_memory,
-        admission=admission, budget=decision, plan_fingerprints=tuple(fingerprints)))
+        admission=admission, budget=decision, plan_fingerprints=tuple(fingerprints),
+        sweep_mode=sweep_mode))
     write_report(session)
     error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
                                   steps=len(sweep.steps)) or decision.error
@@ -244,7 +246,8 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
     """(sweep, CacheUse, the entry reused or None): the full sweep, or a cached one whose worst
     shape, replayed now, still needs what it needed (every rank must agree, or all sweep)."""
     if handle is None:
-        return _full_sweep(driver, limits, settings, tolerance, clock), CacheUse(status="off"), None
+        sweep, mode = _full_sweep(driver, limits, settings, tolerance, clock)
+        return sweep, CacheUse(status="off"), None, mode
     use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
     if driver.agree_max(int(entry is None)) == 0:
         with clock("replay"):
@@ -265,38 +268,65 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
                      "allowed %s) in %.1fs", use.path, entry.sweep.worst.shape.label(),
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      check.seconds)
-            return sweep, use, entry
+            return sweep, use, entry, entry.sweep_mode
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
                     fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
         use = dataclasses.replace(use, status="stale")
-    return _full_sweep(driver, limits, settings, tolerance, clock), use, None
+    sweep, mode = _full_sweep(driver, limits, settings, tolerance, clock)
+    return sweep, use, None, mode
 
 
 def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
-                clock: PhaseTimer) -> SweepResult:
-    log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner",
-             limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind)
+                clock: PhaseTimer) -> tuple[SweepResult, str]:
+    """(the sweep, its mode line): cut down when policy.sweep_depth says so and the model can be
+    cut, else on the full model."""
+    model = getattr(driver, "model", None)
+    mode, why = policy.sweep_depth(settings.sweep_depth,
+                                   f"{type(model).__qualname__}" if model is not None else "",
+                                   eager=_runs_eagerly(driver))
+    log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
+             limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind, why)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)
+    kw = dict(tolerance=tolerance, exhaustive=settings.exhaustive,
+              context_ladder=settings.context_ladder, attribute_ops=settings.attribute_ops,
+              on_step=progress)
     try:
         with clock("sweep"), gc_frozen():
-            sweep = run_sweep(driver, tolerance=tolerance, exhaustive=settings.exhaustive,
-                              context_ladder=settings.context_ladder,
-                              attribute_ops=settings.attribute_ops, on_step=progress)
+            sweep = None
+            if mode == "cut-down":
+                try:
+                    sweep, why = run_cut_down(driver, **kw)
+                except ValueError as e:  # the model cannot be cut: say so, sweep it whole
+                    why = f"full: the model cannot be cut down ({e})"
+                    log.info("[wcprof] %s", why)
+            if sweep is None:
+                sweep = run_sweep(driver, **kw)
     finally:
         progress.close()
     log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
              sweep.seconds, sweep.stock.seconds)
-    return sweep
+    return sweep, why
+
+
+def _runs_eagerly(driver) -> bool:
+    """Whether the decoder's forward runs as Python (no torch.compile graph)."""
+    from .runner import decoder_cut
+
+    try:
+        decoder_cut(driver.model)
+    except ValueError as e:
+        return "compiled" not in str(e)
+    return True
 
 
 def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,
                 baseline: int, consumed: int, estimate: WarmupEstimate,
-                capacity_tokens: int | None) -> CacheUse:
+                capacity_tokens: int | None, sweep_mode: str = "full") -> CacheUse:
     entry = CacheEntry(key=handle.key, facts=handle.facts, created_at=now(), sweep=sweep,
                        workspace_slot_bytes=max((s.bytes_after for s in workspace.slots), default=0),
                        baseline_bytes=baseline, consumed_bytes=consumed, warmup=estimate,
-                       capacity_tokens=capacity_tokens)
+                       capacity_tokens=capacity_tokens, sweep_mode=sweep_mode)
     try:
         path = handle.cache.store(entry)
         log.info("[wcprof] sweep cached at %s", path)

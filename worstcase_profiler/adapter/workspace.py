@@ -1,9 +1,13 @@
 """vLLM's WorkspaceManager (vllm/v1/worker/workspace.py): read every (ubatch, lane) slot, grow
-them all to the worst case seen on any slot, lock after warm-up (seed 002).
+them all to the worst case seen on any slot, lock after warm-up: a second execution lane the
+stock profile never exercises gets the worst case too.
 
-Private attributes used, by version (docs/vllm-hooks.md §4):
-  `_current_workspaces` (list of uint8 tensors or None, one per slot): 0.26, 0.32, 0.33
-  `_num_lanes`: 0.32, 0.33 (0.26 has no lanes: slot = ubatch)
+Private attributes used, by version (docs/vllm-hooks.md):
+  `_current_workspaces` (list of uint8 tensors or None, one per slot): 0.26-0.33
+  `_num_lanes`: 0.28+ (0.26-0.27 have no lanes: slot = ubatch)
+  `_get_workspace_id`: 0.31+; 0.28-0.30 have lanes without it: the slot is computed from the
+      ubatch id and the lane ContextVar
+  `_alloc_context`: 0.32+ (the sleep-mode "workspace" pool): slots are grown inside it
 The CPU worker never initialises a manager; then there is nothing to grow or lock.
 """
 
@@ -38,15 +42,19 @@ def grow_all_slots(mgr, at_least: int = 0) -> list[WorkspaceSlot]:
     # vllm-touch: workspace-slots
     import torch
 
+    import contextlib
+
     lanes = int(getattr(mgr, "_num_lanes", 1))
     before = slot_sizes(mgr)
     target = max([*before, at_least])
+    alloc_context = getattr(mgr, "_alloc_context", None) or contextlib.nullcontext
     out = []
     for i, size in enumerate(before):
         if size < target:
             mgr._current_workspaces[i] = None
-            mgr._current_workspaces[i] = torch.zeros(target, dtype=torch.uint8,
-                                                     device=mgr._device)
+            with alloc_context():
+                mgr._current_workspaces[i] = torch.zeros(target, dtype=torch.uint8,
+                                                         device=mgr._device)
         out.append(WorkspaceSlot(ubatch=i // lanes, lane=i % lanes, bytes_before=size,
                                  bytes_after=_nbytes(mgr._current_workspaces[i])))
     return out
@@ -61,10 +69,29 @@ def lock(mgr) -> None:
     mgr.lock()
 
 
+def slot_id_fn(mgr):
+    """The function that says which slot the caller's allocation lands in: vLLM's own (0.31+),
+    else ubatch * lanes + lane from the ubatch id and the lane ContextVar (0.28-0.30), else the
+    ubatch alone (0.26-0.27, no lanes)."""
+    # vllm-touch: workspace-recorder
+    own = getattr(mgr, "_get_workspace_id", None)
+    if own is not None:
+        return own
+    try:
+        from vllm.v1.worker import ubatching
+        from vllm.v1.worker import workspace as wsmod
+    except ImportError:
+        return lambda: 0
+    ubatch = getattr(ubatching, "dbo_current_ubatch_id", lambda: 0)
+    lanes = int(getattr(mgr, "_num_lanes", 1))
+    lane_var = getattr(wsmod, "_workspace_lane", None)
+    return lambda: int(ubatch()) * lanes + (int(lane_var.get()) if lane_var is not None else 0)
+
+
 class RequestRecorder:
     """Records what each (ubatch, lane) slot was asked for during one step, by wrapping the
-    manager's `_ensure_workspace_size` on the instance (0.26, 0.32, 0.33). Slot sizes alone
-    cannot say what a step needs once an earlier step has grown the slot."""
+    manager's `_ensure_workspace_size` on the instance. Slot sizes alone cannot say what a step
+    needs once an earlier step has grown the slot."""
 
     def __init__(self) -> None:
         self.per_slot: dict[int, int] = {}
@@ -79,10 +106,10 @@ class RequestRecorder:
         if mgr is None:
             return self
         original = mgr._ensure_workspace_size
-        slot_of = getattr(mgr, "_get_workspace_id", None)
+        slot_of = slot_id_fn(mgr)
 
         def ensure(required_bytes, *a, **kw):
-            sid = slot_of() if slot_of is not None else 0
+            sid = slot_of()
             self.per_slot[sid] = max(self.per_slot.get(sid, 0), int(required_bytes))
             return original(required_bytes, *a, **kw)
 

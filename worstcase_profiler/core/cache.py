@@ -78,6 +78,8 @@ class CacheEntry:
     capacity_tokens: int | None = None
     """The KV pool (rounded up) the sweep's shapes were planned for: not in the key, so the
     entry is found before vLLM's own profile; a start with another pool sweeps again."""
+    sweep_mode: str = "full"
+    """How the sweep ran (full, or cut down and confirmed), as the report shows it."""
     schema: int = SCHEMA
 
     @property

@@ -7,6 +7,7 @@ error values. The adapter measures and applies; nothing here reads vLLM or the d
   kv_audit_verdict    what KV initialisation allocated against the budget (seed 000)
   warmup_verdict      what warm-up kept against what admission set aside for it
   plan_agreement      whether every tensor-parallel rank ran the same steps
+  sweep_depth         whether the sweep runs cut down or on the full model
 """
 
 from __future__ import annotations
@@ -166,3 +167,23 @@ def plan_agreement(fingerprints: list[str], *, rank: int, steps: int) -> WcprofE
         f"{detail}); rank {rank} ran {steps} steps",
         hint="every rank must see the same engine limits and settings; compare the per-rank "
              "reports (.rankN.json)")
+
+
+CUT_DOWN_PROVEN: dict[str, str] = {}
+"""Model classes on which a cut-down sweep was shown, on a GPU, to pick the same worst shape as
+the full sweep with the confirmed peak equal within the meter's resolution: class -> evidence."""
+
+
+def sweep_depth(setting: str, model_class: str, *, eager: bool) -> tuple[str, str]:
+    """("full" | "cut-down", why). auto cuts down only proven families, and only an eager forward
+    can be cut (a compiled one bakes its layer loop in)."""
+    if setting == "full":
+        return "full", "full: asked for (sweep_depth=full)"
+    if not eager:
+        return "full", "full: the model runs compiled, and a cut-down sweep needs an eager forward"
+    if setting == "cut-down":
+        return "cut-down", "cut-down: asked for (sweep_depth=cut-down)"
+    if model_class in CUT_DOWN_PROVEN:
+        return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
+    return "full", (f"full: the cut-down sweep is not yet proven for {model_class} "
+                    "(sweep_depth=cut-down asks for it)")

@@ -16,6 +16,13 @@ The admitted transient is the largest executed one plus the chord certificate's 
 
 A start that finds the sweep cached replays it instead (`replay`): the stock step and the cached
 worst shape, one step each, on the same provisional KV cache.
+
+Cut-down sweep (`run_cut_down`): a step's transient peak is set inside one decoder layer at a
+time plus the model's ends, and layers of one kind are alike, so the whole plan can run on a
+decoder cut down to one layer of each kind (the driver's `cut_down()`), its cost no longer growing
+with depth. The few worst shapes are then measured again on the full model; the admitted
+transient always comes from full-model measurements: the largest confirmed peak, and the
+cut-down figures raised by the largest full-minus-cut difference the confirmations saw.
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ class StepDriver(Protocol):
         ...
 
     def provisional_kv(self) -> AbstractContextManager[ProvisionalKV]: ...
+
+    def cut_down(self) -> AbstractContextManager[str]:
+        """Run the decoder on one layer of each kind for the duration; yields a description
+        (e.g. "2 of 32 layers"). Raises ValueError naming why when the model cannot be cut."""
+        ...
 
 
 StepCallback = Callable[[StepResult], None]
@@ -108,6 +120,53 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         coverage=rows_cov, context_curve=tuple(curve), rows_max=hi,
         post_profile_bytes=provisional.post_profile_bytes,
         seconds=time.perf_counter() - t_start)
+
+
+CONFIRM = 3
+"""Shapes re-measured on the full model after a cut-down sweep: the worst few by need."""
+
+
+def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
+                 context_ladder: bool = True, attribute_ops: bool = True,
+                 on_step: StepCallback | None = None) -> tuple[SweepResult, str]:
+    """The sweep on the cut-down decoder, then its CONFIRM worst shapes (and the worst of each
+    kind) on the full model. Returns the sweep as admitted and a description of what ran."""
+    t_start = time.perf_counter()
+    with driver.cut_down() as depth:
+        cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
+                        context_ladder=context_ladder, attribute_ops=False, on_step=on_step)
+    ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
+    chosen: list[StepResult] = []
+    for r in ranked:  # the worst few, then the worst of each kind not yet among them
+        if len(chosen) < CONFIRM and r.shape not in {c.shape for c in chosen}:
+            chosen.append(r)
+    for kind in ("prefill", "decode", "mixed"):
+        of_kind = [r for r in ranked if r.shape.kind == kind]
+        if of_kind and of_kind[0].shape not in {c.shape for c in chosen}:
+            chosen.append(of_kind[0])
+    confirmed: list[StepResult] = []
+    with driver.provisional_kv():
+        for c in chosen:
+            full = driver.measure(c.shape, attribute=attribute_ops and c is chosen[0])
+            confirmed.append(full)
+            if on_step:
+                on_step(full)
+    stock = cut.stock  # the stock step ran outside the cut: it is the full model's
+    peak_delta = max(0, max(f.peak_bytes - c.peak_bytes for f, c in zip(confirmed, chosen)))
+    cut_peaks = [r.peak_bytes for r in cut.steps]
+    chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
+    peak = max([f.peak_bytes for f in confirmed] + [stock.peak_bytes]
+               + [p + peak_delta for p in cut_peaks]) + chord_slack
+    worst = max([*confirmed, stock], key=lambda r: (r.need_bytes, r.peak_bytes))
+    worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
+    # The context curve says where stock runs out: raised to full-model figures.
+    curve = tuple(dataclasses.replace(r, peak_bytes=r.peak_bytes + peak_delta)
+                  for r in cut.context_curve)
+    result = dataclasses.replace(
+        cut, steps=tuple([*cut.steps, *confirmed]), worst=worst, worst_op=worst_op,
+        peak_bytes=peak, context_curve=curve, seconds=time.perf_counter() - t_start)
+    return result, (f"cut-down: every shape on {depth}, the {len(confirmed)} worst confirmed on "
+                    f"the full model (full minus cut-down peak: +{peak_delta} B at most)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -135,7 +135,7 @@ def details(report: Report) -> list[Detail]:
                               f"{adm.recommended_kv_cache_memory_bytes}  {flag_note(report)}"))
     out.append(stock_detail(report))
     out.append(Detail("coverage", coverage_text(report)))
-    if wc.sweep_mode != "full":
+    if wc.sweep_mode not in ("full", ""):
         out.append(Detail("sweep-mode", f"sweep mode: {wc.sweep_mode}"))
     if wc.cache is not None and wc.cache.status != "off":
         out.append(Detail("cache", cache_text(wc.cache),
@@ -186,16 +186,20 @@ def stock_detail(report: Report) -> Detail:
     if oom is None:
         return Detail("stock", f"stock holds up to max_model_len ({fmt_tokens(cfg.max_model_len)})")
     short = stock_shortfall_bytes(report)
-    scale = (f"{short / adm.margin_bytes:.1f}x our {fmt_bytes(adm.margin_bytes)} margin"
-             if adm.margin_bytes else "no margin")
+    if not adm.margin_bytes:
+        scale = "no margin"
+    elif short < adm.margin_bytes:
+        scale = f"{100 * short / adm.margin_bytes:.0f}% of our {fmt_bytes(adm.margin_bytes)} margin"
+    else:
+        scale = f"{short / adm.margin_bytes:.1f}x our {fmt_bytes(adm.margin_bytes)} margin"
     curve = report.worstcase.context_curve
     rows = curve[-1].shape.rows if curve else report.worstcase.worst_shape.rows
     if oom == 0:
         return Detail("stock", (
             f"stock is short at every context length: its profile step (rows="
-            f"{fmt_tokens(report.stock.shape.rows)}, no KV) needs less than a rows="
-            f"{fmt_tokens(rows)} step already needs with an empty KV cache; at max_model_len the "
-            f"shortfall is {fmt_bytes(short)} ({scale})"), WARN)
+            f"{fmt_tokens(report.stock.shape.rows)}, no KV, no attention metadata) needs less "
+            f"than a rows={fmt_tokens(rows)} step already needs on an empty KV cache; at "
+            f"max_model_len the shortfall is {fmt_bytes(short)} ({scale})"), WARN)
     return Detail("stock", (
         f"stock setting runs out at context length {fmt_tokens(oom)}: from there a step needs "
         f"more than stock reserved, up to {fmt_bytes(short)} more at max_model_len "
