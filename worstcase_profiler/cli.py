@@ -6,6 +6,8 @@
   wcprof check REPORT.json --kv-cache-memory-bytes N is this flag value safe?
   wcprof diff OLD.json NEW.json [--max-increase 5%]  CI gate
   wcprof render REPORT.json [--html P] [--png P]     re-render a saved report
+  wcprof advise REPORT.json                          the chunk advisor's table (--advise)
+  wcprof guard http://HOST:PORT                      did the profile hold on a running server?
 
 `wcprof --help` is wcprof's own usage and imports nothing heavy; `wcprof --help-engine` lists
 vLLM's engine flags (it imports vLLM). Everything a user can get wrong before the engine starts
@@ -54,6 +56,10 @@ COMMANDS = {
     "check": "is a --kv-cache-memory-bytes value safe for the engine a saved report describes?",
     "diff": "CI gate: did worst-case memory get worse between two saved reports?",
     "render": "re-render a saved report: the verdict screen, --html, --png, --json",
+    "advise": "the chunk advisor's table from a saved report (profile with --advise): KV "
+              "tokens vs prefill throughput per max_num_batched_tokens, and the knee",
+    "guard": "read a running `vllm serve --profiler worstcase`'s /metrics: did the profile "
+             "hold over the steps served so far? (exit 1 when a step exceeded it)",
 }
 
 _debug = False
@@ -93,9 +99,12 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
     g.add_argument("--html", metavar="PATH",
                    help="write the picture as one self-contained HTML file (needs matplotlib)")
     g.add_argument("--png", metavar="PATH", help="write the picture as PNG (needs matplotlib)")
-    g.add_argument("--validate", action="store_true",
-                   help="replay real requests at the worst shapes and report the measured peak "
-                        "(exit 1 when it exceeds the prediction)")
+    g.add_argument("--validate", nargs="?", const="all", default=None,
+                   choices=("all", "worst", "traffic"),
+                   help="serve real requests and report the measured peak against the "
+                        "prediction (exit 1 when it exceeds it): `worst` builds the report's own "
+                        "worst step from requests, `traffic` a generic workload, `all` both "
+                        "(the default when given alone)")
     g.add_argument("--exhaustive", action="store_true",
                    help="execute every rows value 1..max_num_batched_tokens instead of "
                         "certifying segments by chord (slower)")
@@ -117,6 +126,15 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
     g.add_argument("--kv-cap", metavar="SIZE", default=None,
                    help="KV actually allocated by this run (default: the full budget on GPU, "
                         "512MiB on CPU); the report always states the full budget")
+    g.add_argument("--advise", action="store_true",
+                   help="also run the chunk advisor: for max_num_batched_tokens = 256, 512, ... "
+                        "up to the configured one, the worst-case need, the KV it admits and "
+                        "prefill tokens/s at long context, and the knee (docs/advise.md)")
+    g.add_argument("--advise-chunk", metavar="N", action="append", default=None,
+                   help="one more candidate chunk for --advise (repeatable; implies --advise)")
+    g.add_argument("--advise-within", metavar="PCT", default=None,
+                   help="the knee keeps prefill throughput within PCT of the best candidate's "
+                        "(default: 5%%)")
     g.add_argument("--no-cache", action="store_true",
                    help="always run the full sweep (default: reuse a cached sweep of this exact "
                         "model/limits/kernels/device after replaying its worst step)")
@@ -137,11 +155,13 @@ def _light_parser() -> _ArgParser:
     _add_our_flags(p)
     p.add_argument("--model", default=None)
     p.add_argument("--kv-cache-memory-bytes", default=None)
+    p.add_argument("--max-num-batched-tokens", default=None)
     return p
 
 
 _VALUED = ("--json", "--html", "--png", "--margin", "--kv-cap", "--model",
-           "--kv-cache-memory-bytes")
+           "--kv-cache-memory-bytes", "--advise-chunk", "--advise-within",
+           "--max-num-batched-tokens")
 
 
 def _dashes(argv: list[str]) -> list[str]:
@@ -273,7 +293,9 @@ def _settings(ns, json_path: str, on_cpu: bool, sizes: dict | None = None) -> di
 
     s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
          "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace,
-         "sweep_depth": ns.sweep_depth}
+         "sweep_depth": ns.sweep_depth,
+         # --validate reads the allocator's peak itself: the serving guard stays off here
+         "guard": "off", **advise_settings(ns)}
     if ns.no_cache:
         s["cache_dir"] = cache.OFF
     if sizes is None:
@@ -285,6 +307,32 @@ def _settings(ns, json_path: str, on_cpu: bool, sizes: dict | None = None) -> di
     if cap is not None:
         s["kv_cap_bytes"] = cap
     return s
+
+
+def advise_settings(ns, max_num_batched_tokens=None) -> dict:
+    """--advise, --advise-chunk, --advise-within as profiler settings; every value checked before
+    the engine starts (ConfigError: one line, exit 2)."""
+    from .settings import parse_chunks, parse_within
+
+    chunks = parse_chunks(getattr(ns, "advise_chunk", None) or (), "--advise-chunk")
+    within = getattr(ns, "advise_within", None)
+    if not (getattr(ns, "advise", False) or chunks or within is not None):
+        return {}
+    out = {"advise": True, "advise_chunks": list(chunks)}
+    if within is not None:
+        out["advise_within"] = parse_within(within, "--advise-within")
+    if max_num_batched_tokens is not None:
+        try:
+            limit = int(str(max_num_batched_tokens))
+        except ValueError:
+            limit = None
+        over = [c for c in chunks if limit is not None and c > limit]
+        if over:
+            raise ConfigError(f"--advise-chunk {over[0]} is above --max-num-batched-tokens "
+                              f"{limit}: this engine's buffers and sweep stop there",
+                              hint="profile with the larger --max-num-batched-tokens; smaller "
+                                   "chunks are advised from that one run")
+    return out
 
 
 def _quiet_env() -> None:
@@ -439,6 +487,8 @@ def profile(argv: list[str]) -> int:
         model=ours.model, outputs={"--json": ours.json, "--html": ours.html, "--png": ours.png},
         margin=ours.margin, kv_cap=ours.kv_cap, kv_cache_memory_bytes=ours.kv_cache_memory_bytes)
     preflight.check_picture_support({"--html": ours.html, "--png": ours.png})
+    advise_settings(ours, ours.max_num_batched_tokens or (
+        None if ours.model else TINY_DEFAULTS["max_num_batched_tokens"]))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if ours.quiet:
         _quiet_env()
@@ -481,7 +531,7 @@ def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
             if ns.validate:
                 with status("validating: the worst step from real requests, then generic "
                             "traffic…"):
-                    report = with_validations(report, validate(llm, report))
+                    report = with_validations(report, validate(llm, report, ns.validate))
     except WcprofError:
         _show_log_tail(log_path)
         if report_path.exists():  # the report up to the refusal: show what was seen
@@ -501,7 +551,7 @@ def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
     return code
 
 
-def validate(llm, report) -> list:
+def validate(llm, report, which: str = "all") -> list:
     """--validate: the report's worst step from real requests, then generic traffic, per rank."""
     from .adapter.facts import limits_of
     from .adapter.validation import validate_traffic, validate_worst_step
@@ -510,10 +560,14 @@ def validate(llm, report) -> list:
     limits = limits_of(llm.llm_engine.vllm_config)
     predicted = {r.rank: r.worstcase.peak_activation_bytes for r in (report.ranks or [report])}
     w = report.worstcase.worst_shape
-    found = validate_worst_step(llm, predicted, limits,
-                                Shape(w.kind, w.rows, w.context_len, w.num_reqs),
-                                prefix_caching=limits.prefix_caching)
-    return found + validate_traffic(llm, predicted, limits)
+    found = []
+    if which in ("all", "worst"):
+        found += validate_worst_step(llm, predicted, limits,
+                                     Shape(w.kind, w.rows, w.context_len, w.num_reqs),
+                                     prefix_caching=limits.prefix_caching)
+    if which in ("all", "traffic"):
+        found += validate_traffic(llm, predicted, limits)
+    return found
 
 
 def with_validations(report, validations):
@@ -681,8 +735,20 @@ def _gate(argv: list[str]) -> int:
     return gate_main(argv)
 
 
+def _advise(argv: list[str]) -> int:
+    from .readback import advise_main
+
+    return advise_main(argv)
+
+
+def _guard(argv: list[str]) -> int:
+    from .readback import guard_main
+
+    return guard_main(argv)
+
+
 SUBCOMMANDS = {"profile": profile, "demo": _demo, "check": _check, "diff": _diff,
-               "render": _render, "gate": _gate}
+               "render": _render, "gate": _gate, "advise": _advise, "guard": _guard}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,10 +17,10 @@ from pydantic import BaseModel, Field
 if TYPE_CHECKING:  # the projection's input; the schema itself needs nothing from the core
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
-# sweep mode.
+# sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`).
 
 ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
 
@@ -141,6 +141,8 @@ class WorstCase(BaseModel):
         "(tensor-parallel ranks run the same steps in the same order)")
     cache: CacheUse | None = Field(None, description="sweep cache use at this start")
     sweep_mode: str = Field("full", description="full: every shape ran on the whole model")
+    skipped_shapes: list[str] = Field(
+        default_factory=list, description="shapes this runner cannot build, each with why")
 
     @property
     def need_bytes(self) -> int:
@@ -232,6 +234,61 @@ class Validation(BaseModel):
     note: str | None = Field(None, description="why a shape could not be built exactly, if so")
 
 
+class ChunkAdvice(BaseModel):
+    """One candidate max_num_batched_tokens: what an engine started with it needs at its worst,
+    the KV it would admit, and its prefill throughput at long context on this device."""
+
+    chunk: int = Field(description="the candidate max_num_batched_tokens")
+    need_bytes: int = Field(description="transient_bytes + workspace_bytes: what the worst step "
+                                        "of an engine with this chunk needs besides the KV cache")
+    transient_bytes: int = Field(
+        description="largest peak over every step this chunk can form (rows 1..chunk from the "
+                    "sweep's coverage, chord slack included; its own stock step, split "
+                    "prefills, decode batches, mixed step and context ladder)")
+    workspace_bytes: int = Field(description="workspace an engine with this chunk holds (every "
+                                             "slot grown to the largest its steps ask)")
+    worst_shape: Shape = Field(description="the step of largest need for this chunk")
+    budget_bytes: int = Field(description="the KV budget an engine with this chunk gets: requested "
+                                          "- consumed - transient - warm-up reserve - margin")
+    kv_cache_bytes: int = Field(description="max(budget_bytes, 0)")
+    kv_tokens: int = Field(description="tokens that KV cache holds (whole blocks)")
+    fits: bool = Field(description="the budget holds one request at max_model_len")
+    prefill_seconds: float | None = Field(
+        None, description="wall time of one prefill chunk of this size on max_model_len - chunk "
+                          "cached tokens (after one untimed run of it)")
+    prefill_tokens_per_s: float | None = Field(None, description="chunk / prefill_seconds")
+    reused_steps: int = Field(0, description="steps taken from the sweep (same shape)")
+    measured_steps: int = Field(0, description="steps run for this chunk: the sweep had not")
+    note: str | None = Field(None, description="what the operator should know about this row")
+
+
+class ExcludedChunk(BaseModel):
+    chunk: int = Field(description="a chunk asked for (--advise-chunk)")
+    reason: str = Field(description="why it was not measured")
+
+
+class Advice(BaseModel):
+    """The chunk advisor (`wcprof --advise`, core/advise.py): KV tokens against prefill tokens
+    per second for candidate max_num_batched_tokens values, and the knee."""
+
+    configured_chunk: int = Field(description="the max_num_batched_tokens this engine runs with; "
+                                              "its row is this start's own admission")
+    knee_chunk: int | None = Field(None, description="the advised chunk (see rule); null when "
+                                                     "no candidate fits or none was timed")
+    within: float = Field(description="the knee rule's X, a fraction of the best throughput")
+    rule: str = Field(description="how the knee is chosen")
+    candidates: list[ChunkAdvice] = Field(description="ascending by chunk")
+    excluded: list[ExcludedChunk] = Field(default_factory=list,
+                                          description="chunks asked for but not measurable here")
+    steps: list[StepResult] = Field(default_factory=list,
+                                    description="the steps run for the advice, timing steps "
+                                                "included (the sweep's are in worstcase.steps)")
+    seconds: float = Field(0.0, description="wall time of the advice's steps")
+
+    def candidate(self, chunk: int | None) -> ChunkAdvice | None:
+        return next((c for c in self.candidates if c.chunk == chunk), None)
+
+
 class DeviceInfo(BaseModel):
     kind: Literal["cpu", "cuda"]
     name: str
@@ -284,6 +341,9 @@ class Report(BaseModel):
                     "measure_held.gc, ...)")
     ranks: list["Report"] = Field(default_factory=list, description="one entry per TP rank")
     warnings: list[str] = []
+    advice: Advice | None = Field(
+        None, description="the chunk advisor's table, when the start ran it (`wcprof --advise`, "
+                          "setting advise)")
 
     @property
     def verdict(self) -> "Verdict":
@@ -349,6 +409,24 @@ def stock_figures(stock) -> StockFigures:
                         seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
 
 
+def advice_model(a) -> Advice | None:
+    """The core's Advice (core/types.py) on the schema; None passes through."""
+    if a is None:
+        return None
+    return Advice(
+        configured_chunk=a.configured_chunk, knee_chunk=a.knee_chunk, within=a.within,
+        rule=a.rule,
+        candidates=[ChunkAdvice(
+            chunk=c.chunk, need_bytes=c.need_bytes, transient_bytes=c.transient_bytes,
+            workspace_bytes=c.workspace_bytes, worst_shape=_shape(c.worst_shape),
+            budget_bytes=c.budget_bytes, kv_cache_bytes=c.kv_cache_bytes, kv_tokens=c.kv_tokens,
+            fits=c.fits, prefill_seconds=c.prefill_seconds,
+            prefill_tokens_per_s=c.prefill_tokens_per_s, reused_steps=c.reused_steps,
+            measured_steps=c.measured_steps, note=c.note) for c in a.candidates],
+        excluded=[ExcludedChunk(chunk=chunk, reason=why) for chunk, why in a.excluded],
+        steps=[_step(r) for r in a.steps], seconds=a.seconds)
+
+
 def build_report(session: "StartupSession", *, created_at: str) -> Report:
     """The report of a session whose profile phase ran: a pure function of its phase results,
     its settings-independent facts and its phase timings."""
@@ -370,7 +448,8 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         workspace_locked=bool(warm and warm.workspace_locked), seconds=sweep.seconds,
         plan_fingerprints=list(prof.plan_fingerprints),
         cache=CacheUse(**{k: getattr(prof.cache, k) for k in CacheUse.model_fields}),
-        sweep_mode=prof.sweep_mode)
+        sweep_mode=prof.sweep_mode,
+        skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped])
     admission = Admission(
         requested_bytes=adm.requested_bytes, weights_bytes=adm.weights_bytes,
         non_torch_bytes=adm.non_torch_bytes, consumed_bytes=adm.consumed_bytes,
@@ -409,7 +488,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         stock=stock_figures(sweep.stock), worstcase=wc, admission=admission, kv_audit=kv_audit,
         warmup_audit=warmup_audit, validation=gating_validation(validations),
         validations=validations, startup_seconds=dict(session.clock.seconds),
-        warnings=list(phases.warnings))
+        warnings=list(phases.warnings), advice=advice_model(getattr(prof, "advice", None)))
 
 
 def gating_validation(validations: list[Validation]) -> Validation | None:

@@ -51,6 +51,17 @@ class ProfilerSettings:
     cache_dir: str | None = None
     """Where sweeps are cached across starts (cache.py); None: $WCPROF_CACHE_DIR or
     ~/.cache/worstcase_profiler; "off": always sweep."""
+    advise: bool = False
+    """Run the chunk advisor after the sweep (core/advise.py): the worst case, KV and prefill
+    throughput of other max_num_batched_tokens values (wcprof --advise)."""
+    advise_chunks: tuple[int, ...] = ()
+    """Candidate chunks beyond the powers of two from 256 up to the configured one."""
+    advise_within: float = 0.05
+    """The knee rule's X: prefill throughput within this fraction of the best candidate's."""
+    guard: Literal["auto", "on", "off"] = "auto"
+    """The production guard (adapter/guard.py): each served step's allocator peak against the
+    prediction, exported on /metrics. auto: on under `vllm serve`, off in-process (LLM(...),
+    wcprof, benchmarks), where callers read the allocator's peak themselves."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,7 +69,47 @@ class ProfilerSettings:
         return self.mode != "off"
 
 
-_BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops", "progress"}
+_BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops", "progress",
+              "advise"}
+GUARD_CHOICES = ("auto", "on", "off")
+
+
+def parse_chunks(value: Any, what: str = f"{CONFIG_KEY}.advise_chunks") -> tuple[int, ...]:
+    """Positive token counts from a list, a tuple, one int or a comma-separated string."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if isinstance(items, (int, float)) and not isinstance(items, bool):
+        items = [items]
+    out = []
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if isinstance(item, bool) or n < 1 or (isinstance(item, float) and item != n):
+            raise ConfigError(f"{what}: {item!r} is not a positive whole number of tokens",
+                              hint="pass chunk sizes such as 1024 or 3072")
+        out.append(n)
+    return tuple(dict.fromkeys(out))
+
+
+def parse_within(value: Any, what: str = f"{CONFIG_KEY}.advise_within") -> float:
+    """'5%' -> 0.05; a number is a fraction (0.05), so 5 is refused rather than read as 500%."""
+    raw = str(value).strip()
+    pct = raw.endswith("%")
+    try:
+        number = float(raw[:-1] if pct else raw)
+    except ValueError:
+        number = float("nan")
+    fraction = number / 100 if pct else number
+    if not (0 <= fraction < 1):
+        raise ConfigError(f"{what}: {value!r} is not a share in [0%, 100%)",
+                          hint="pass a percentage such as 5% (or a fraction such as 0.05)")
+    return fraction
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -76,6 +127,15 @@ def _coerce(key: str, value: Any) -> Any:
     if key == "mode":
         if value not in ("off", "enforce", "report"):
             raise ConfigError(f"{CONFIG_KEY}.mode must be off, enforce or report, got {value!r}")
+    if key == "advise_chunks":
+        return parse_chunks(value)
+    if key == "advise_within":
+        return parse_within(value)
+    if key == "guard":
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if value not in GUARD_CHOICES:
+            raise ConfigError(f"{CONFIG_KEY}.guard must be auto, on or off, got {value!r}")
     if key == "kv_audit" and value not in ("error", "warn", "off"):
         raise ConfigError(f"{CONFIG_KEY}.kv_audit must be error, warn or off, got {value!r}")
     if key == "sweep_depth" and value not in ("auto", "full", "cut-down"):

@@ -62,3 +62,28 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
     assert "stale" in third.text
     # ...and the entry now holds the fresh sweep
     assert json.loads(entry.read_text())["sweep"]["peak_bytes"] == wc3["peak_activation_bytes"]
+
+
+@pytest.mark.parametrize("demo", ["tiny", "tile"])
+def test_a_cached_restart_admits_what_the_cold_start_admitted(tmp_path, demo):
+    """The same configuration gets the same admission whether the sweep ran or came from the
+    cache: `wcprof diff` at 0% passes both ways (the tile demo once recommended 7% more KV on a
+    cached restart, because the held memory was read after a one-step replay)."""
+    from conftest import BIN
+    import subprocess
+
+    from worstcase_profiler.demos import scenario_args
+
+    env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
+    args = scenario_args(demo)
+    (tmp_path / "cold").mkdir()
+    (tmp_path / "warm").mkdir()
+    cold = run_wcprof(args, tmp_path / "cold", env=env)
+    warm = run_wcprof(args, tmp_path / "warm", env=env)
+    assert cold.rc == 0 and warm.rc == 0, (cold.text + warm.text)[-3000:]
+    assert warm.report["worstcase"]["cache"]["status"] == "hit"
+    a, b = tmp_path / "cold" / "report.json", tmp_path / "warm" / "report.json"
+    for old, new in ((a, b), (b, a)):
+        p = subprocess.run([str(BIN / "wcprof"), "diff", str(old), str(new), "--max-increase", "0%"],
+                           capture_output=True, text=True, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr

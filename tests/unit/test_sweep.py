@@ -29,6 +29,9 @@ class FakeDriver:
         yield ProvisionalKV(num_blocks=5, kv_bytes=10, post_profile_bytes=7)
         self.in_provisional = False
 
+    def cannot_build(self, shape):
+        return None
+
     def measure(self, shape, attribute=False):
         assert self.in_provisional, "synthetic steps need the provisional KV cache"
         self.shapes.append(shape)

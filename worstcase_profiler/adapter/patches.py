@@ -179,6 +179,26 @@ REGISTRY: tuple[Touch, ...] = (
           "into a throwaway pool, measures and discards them (what 0.29's estimator does)",
           run="0.32 read; the 0.26-0.28 path is read, not run",
           retire="an exact V2 CUDA-graph estimate"),
+    # -- the production guard (adapter/guard.py) -------------------------------------------------
+    Touch("guard-step-hook", "instance-swap",
+          "Worker.execute_model, Worker.sample_tokens on the one worker object, from the end of "
+          "warm-up on; reads SchedulerOutput.total_num_scheduled_tokens, num_scheduled_tokens, "
+          "scheduled_spec_decode_tokens, scheduled_new_reqs[*].num_computed_tokens, "
+          "scheduled_cached_reqs.num_computed_tokens (the last three only for the largest step "
+          "and the first step above the prediction)",
+          "under `vllm serve` every forward step's allocator peak is held against the "
+          "prediction (host counters, no device sync); WorkerWrapperBase and the multiproc "
+          "WorkerProc call these through the worker object, so the swap sees every step",
+          run="0.32 (CPU)", read="0.32 (CUDA build: same gpu_worker.py, worker_base.py)",
+          retire="a per-step memory metric in vLLM's own SchedulerStats"),
+    Touch("guard-metrics-export", "class-wrap",
+          "vllm.v1.metrics.loggers.PrometheusStatLogger.__init__",
+          "the API server's /metrics serves prometheus_client's REGISTRY (one API server); "
+          "after vLLM builds its own metrics there, the guard registers one collector that "
+          "reads the workers' figures from small memory-mapped files, keyed by "
+          "vllm_config.instance_id",
+          run="0.32 (CPU)", read="0.32 (CUDA build: same loggers.py)",
+          retire="a plugin hook for extra /metrics collectors"),
 )
 
 
@@ -327,6 +347,12 @@ def _patch_cli() -> bool:
     return True
 
 
+def _patch_guard_export() -> bool:
+    from .guard import install_metrics_export
+
+    return install_metrics_export()
+
+
 # What apply_all installs: registry entry -> installer. Instance swaps, reads and pins are made
 # by the code that needs them, at its marker.
 INSTALLERS: dict[str, Callable[[], bool]] = {
@@ -334,6 +360,7 @@ INSTALLERS: dict[str, Callable[[], bool]] = {
     "worker-budget": _patch_workers,
     "worker-kv-init": _patch_workers,
     "worker-warm-up": _patch_workers,
+    "guard-metrics-export": _patch_guard_export,
 }
 
 

@@ -113,6 +113,9 @@ class DriverBase:
         """Max over every rank (identity on one rank): keeps adaptive decisions identical."""
         return self._agree(value) if self._agree else value
 
+    def cannot_build(self, shape: Shape) -> str | None:
+        return None
+
     def measure_stock(self) -> StepResult:
         """vLLM's own profile step. Same semantics as every synthetic step: the transient above
         what the step leaves live (lazy one-time initialisations land in the held memory)."""

@@ -129,6 +129,17 @@ class V2Driver(DriverBase):
         self.injected: list[tuple[int, int, int]] = []   # (num_reqs, tokens, max seq_len) per step
         self._requests = ws.RequestRecorder()  # workspace each step asks for, as V1Driver
 
+    def cannot_build(self, shape: Shape) -> str | None:
+        """A mixed step's per-request layout is injected into the dummy batch after vLLM built
+        it; recurrent-state (Mamba/GDN) and speculative metadata are built from the batch before
+        that, so on such models the injection would leave them inconsistent (an illegal memory
+        access on the H200, vLLM 0.32, Qwen3.5 + MTP)."""
+        if shape.kind == "mixed" and (self._hybrid or self.limits.num_speculative_tokens):
+            return ("mixed steps are not built on V2 runners of hybrid or speculative models "
+                    "(their per-request layout cannot be injected into recurrent-state and "
+                    "speculative metadata)")
+        return None
+
     def _common_kwargs(self) -> dict:
         # vllm-touch: v2-dummy-run
         kw = dict(is_profile=True, skip_eplb=True)

@@ -54,6 +54,11 @@ class StepDriver(Protocol):
 
     def provisional_kv(self) -> AbstractContextManager[ProvisionalKV]: ...
 
+    def cannot_build(self, shape: Shape) -> str | None:
+        """Why this runner cannot build `shape` as a synthetic step (None: it can). Optional:
+        a driver without it builds every shape."""
+        ...
+
     def cut_down(self) -> AbstractContextManager[str]:
         """Run the decoder on one layer of each kind for the duration; yields a description
         (e.g. "2 of 32 layers"). Raises ValueError naming why when the model cannot be cut."""
@@ -94,10 +99,17 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         seeds = [1 << k for k in range(hi.bit_length()) if (1 << k) <= hi]
         rows_cov = cover_rows(measure_rows, 1, hi, tolerance=tolerance, exhaustive=exhaustive,
                               seeds=seeds)
+        skipped: list[tuple[Shape, str]] = []
         for extra in (*plan.split_prefills(limits, rows_cov.worst_rows), plan.decode_batch(limits),
                       plan.wide_decode_batch(limits), plan.mixed_step(limits)):
-            if extra is not None:
+            if extra is None:
+                continue
+            cannot = getattr(driver, "cannot_build", None)  # optional: every shape by default
+            why = cannot(extra) if cannot is not None else None
+            if why is None:
                 step(extra)
+            else:
+                skipped.append((extra, why))
 
         curve: list[StepResult] = []
         if context_ladder:

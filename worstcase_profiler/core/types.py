@@ -116,6 +116,8 @@ class SweepResult:
     rows_max: int
     post_profile_bytes: int
     seconds: float
+    skipped: tuple[tuple[Shape, str], ...] = ()
+    """Shapes the driver cannot build on this runner, and why (never silently)."""
 
 
 @dataclass(frozen=True)
@@ -326,3 +328,76 @@ class Phases:
     warmup: WarmupResult | None = None
     validation: tuple[Validation, ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --- the chunk advisor (core/advise.py, issue 18) ---------------------------------------------
+
+@dataclass(frozen=True)
+class AdviceMeasurements:
+    """What the adapter measured for the chunk advisor on a provisional KV cache: the steps the
+    candidates need that the sweep did not run (`steps`, in the order run), and one timed prefill
+    step per candidate at long context (`timings`, chunk C on max_model_len - C cached tokens,
+    in `chunks` order)."""
+
+    chunks: tuple[int, ...]
+    excluded: tuple[tuple[int, str], ...] = ()
+    steps: tuple[StepResult, ...] = ()
+    timings: tuple[StepResult, ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ChunkAdvice:
+    """One candidate max_num_batched_tokens C: the worst case an engine started with C needs,
+    the KV it would admit, and its prefill throughput at long context on this device."""
+
+    chunk: int
+    transient_bytes: int
+    """The admitted transient: the largest peak over every step C can form (chord slack
+    included), the stock step at C among them."""
+    workspace_bytes: int
+    """The workspace an engine with C holds (every slot grown to the largest C's steps ask)."""
+    worst_shape: Shape
+    budget_bytes: int
+    kv_tokens: int
+    fits: bool
+    prefill_seconds: float | None = None
+    reused_steps: int = 0
+    """Steps taken from the sweep (same shape), not run again."""
+    measured_steps: int = 0
+    """Steps run for this candidate because the sweep had not run them."""
+    note: str | None = None
+
+    @property
+    def need_bytes(self) -> int:
+        return self.transient_bytes + self.workspace_bytes
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return max(self.budget_bytes, 0)
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        if not self.prefill_seconds or self.prefill_seconds <= 0:
+            return None
+        return self.chunk / self.prefill_seconds
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The chunk advisor's answer: every candidate, the configured one among them, and the
+    knee (None when no candidate fits or none was timed)."""
+
+    configured_chunk: int
+    candidates: tuple[ChunkAdvice, ...]
+    knee_chunk: int | None
+    within: float
+    """X of the knee rule, a fraction (0.05: within 5% of the best prefill throughput)."""
+    rule: str
+    excluded: tuple[tuple[int, str], ...] = ()
+    steps: tuple[StepResult, ...] = ()
+    """The steps run for the advice (not the sweep's), timing steps included."""
+    seconds: float = 0.0
+
+    def candidate(self, chunk: int) -> ChunkAdvice | None:
+        return next((c for c in self.candidates if c.chunk == chunk), None)

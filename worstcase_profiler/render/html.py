@@ -28,6 +28,9 @@ th:first-child, td:first-child { text-align: left; }
 ul.details { padding-left: 1.2em; line-height: 1.45; }
 li.warn { color: #8a4b00; }
 li.error { color: #b2182b; font-weight: bold; }
+tr.knee td { font-weight: bold; background: #eef6ec; }
+tr.error td { color: #b2182b; }
+h2 { font-size: 1.15em; margin: 1em 0 .2em 0; }
 figure { margin: 1em 0; }
 figure svg { width: 100%; height: auto; }
 footer { color: #777; font-size: .85em; margin-top: 1.5em; }
@@ -49,6 +52,31 @@ def inline_svg(report: Report) -> str:
     head_end = svg.index(">")
     head = re.sub(r'\s(width|height)="[^"]*"', "", svg[:head_end])
     return head + ' role="img" aria-label="wcprof memory picture"' + svg[head_end:]
+
+
+def advice_html(view) -> str:
+    """The chunk advisor's table and line (empty without report.advice)."""
+    a = view.advice
+    if a is None:
+        return ""
+    head = ("max_num_batched_tokens", "worst-case need", "KV cache", "KV tokens",
+            "KV tokens vs configured", "prefill tokens/s", "prefill vs configured", "")
+    body = "\n".join(
+        f'<tr class="{SEVERITY_CLASSES[r.severity]}{" knee" if "knee" in r.mark else ""}">'
+        + "".join(f"<td>{escape(str(c))}</td>" for c in (
+            f"{r.chunk:,}", r.need, r.kv_bytes, r.kv_tokens, r.kv_change, r.prefill,
+            r.prefill_change, r.mark)) + "</tr>" for r in a.rows)
+    notes = "".join(f"<li>{escape(n)}</li>" for n in (a.rule, *a.notes))
+    return f"""<h2>Chunk advice</h2>
+<p id="advice-line"><strong>{escape(a.headline)}</strong></p>
+<table id="advice">
+<thead><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr></thead>
+<tbody>
+{body}
+</tbody>
+</table>
+<ul class="details">{notes}</ul>
+"""
 
 
 def render_html(report: Report) -> str:
@@ -84,7 +112,7 @@ def render_html(report: Report) -> str:
 {table}
 </tbody>
 </table>
-<ul class="details">
+{advice_html(view)}<ul class="details">
 {details}
 </ul>
 <figure>

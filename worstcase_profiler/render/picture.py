@@ -8,7 +8,9 @@ Four panels, all from the report alone (no engine):
   rows      what each prefill chunk at full KV extent needs (transient + workspace) against its
             rows value, chord-certified segments shaded, the worst shape marked, stock's
             reservation as a horizontal line;
-  context   the worst rows value at growing KV extent, where stock runs out.
+  context   the worst rows value at growing KV extent, where stock runs out;
+  advice    (only with report.advice) KV tokens admitted and prefill throughput per candidate
+            max_num_batched_tokens, the configured chunk and the knee marked.
 
 The bar arithmetic (`card_bars`) is pure Python so it is tested without drawing. Matplotlib is
 imported lazily, through the object API (Figure + Agg canvas), never pyplot: no global state and
@@ -207,8 +209,12 @@ def _token_axis(axis, xmax: int) -> None:
 def build_figure(report: Report):
     """The matplotlib Figure (no pyplot)."""
     Figure = _matplotlib()
-    fig = Figure(figsize=(14, 13.5), dpi=100, layout="constrained")
-    grid = fig.add_gridspec(3, 2, height_ratios=[1.0, 1.9, 2.1])
+    advice = report.advice is not None and bool(report.advice.candidates)
+    fig = Figure(figsize=(14, 18 if advice else 13.5), dpi=100, layout="constrained")
+    grid = fig.add_gridspec(4 if advice else 3, 2,
+                            height_ratios=[1.0, 1.9, 2.1, 1.8] if advice else [1.0, 1.9, 2.1])
+    if advice:
+        _draw_advice(fig.add_subplot(grid[3, :]), report)
     ax_card = fig.add_subplot(grid[0, :])
     ax_fall = fig.add_subplot(grid[1, :])
     ax_rows = fig.add_subplot(grid[2, 0])
@@ -452,6 +458,64 @@ def _finish_step_axes(ax, report: Report, xlabel: str, xmax: int, extra=()) -> N
     ax.legend(handles=[*handles, *extra], loc="upper left", bbox_to_anchor=(0.0, -0.13),
               fontsize=8.5, frameon=False, ncol=1)
     ax.spines[["top", "right"]].set_visible(False)
+
+
+def _draw_advice(ax, report: Report) -> None:
+    """KV tokens admitted per candidate chunk (left axis) against prefill tokens per second at
+    long context (right axis), both scaled to their own range so small differences show; the
+    configured chunk and the knee marked, each point labelled with its worst-case need."""
+    from matplotlib.ticker import FuncFormatter
+
+    from .view import advice_headline
+
+    advice = report.advice
+    cands = advice.candidates
+    xs = list(range(len(cands)))
+    kv = [c.kv_tokens for c in cands]
+    ax.plot(xs, kv, color="#1b7837", marker="s", markersize=7, linewidth=1.8,
+            label="KV tokens admitted (left)")
+    for x, c in zip(xs, cands):
+        if not c.fits:
+            ax.plot([x], [c.kv_tokens], marker="x", color="#b2182b", markersize=12,
+                    linestyle="none")
+        ax.annotate(f"{fmt_tokens(c.kv_tokens)}\nneed {fmt_bytes(c.need_bytes)}",
+                    (x, c.kv_tokens), xytext=(0, 9), textcoords="offset points", ha="center",
+                    va="bottom", fontsize=8.5, color="#1b7837")
+    lo, hi = min(kv), max(kv)
+    pad = (hi - lo) * 0.35 or max(hi * 0.05, 1)
+    ax.set_ylim(lo - pad, hi + pad * 1.6)
+    ax.set_xticks(xs, [fmt_tokens(c.chunk) + ("\n(configured)" if c.chunk ==
+                                               advice.configured_chunk else "")
+                       for c in cands], fontsize=9.5)
+    ax.set_xlim(-0.5, len(cands) - 0.5)
+    ax.set_xlabel("max_num_batched_tokens (candidate chunk)")
+    ax.set_ylabel("KV tokens admitted", color="#1b7837")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt_tokens(int(round(v)))))
+    rate = ax.twinx()
+    timed = [(x, c.prefill_tokens_per_s) for x, c in zip(xs, cands) if c.prefill_tokens_per_s]
+    if timed:
+        rate.plot([t[0] for t in timed], [t[1] for t in timed], color="#0072B2", marker="o",
+                  linewidth=1.8, label="prefill tokens/s at long context (right)")
+        best = max(t[1] for t in timed)
+        rate.axhline(best * (1 - advice.within), color="#0072B2", linestyle=":", linewidth=1,
+                     label=f"{advice.within:.0%} below the best throughput")
+        rate.set_ylim(0, best * 1.3)
+    rate.set_ylabel("prefill tokens / s", color="#0072B2")
+    rate.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt_tokens(int(round(v)))))
+    knee = advice.candidate(advice.knee_chunk)
+    if knee is not None:
+        ax.axvline(cands.index(knee), color="black", linewidth=1.2, linestyle="--",
+                   label=f"knee: {fmt_tokens(knee.chunk)}")
+    chunks = [c.chunk for c in cands]
+    if advice.configured_chunk in chunks:
+        at = chunks.index(advice.configured_chunk)
+        ax.axvspan(at - 0.4, at + 0.4, color="#eeeeee", zorder=0)
+    handles = ax.get_legend_handles_labels()[0] + rate.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=4,
+              fontsize=8.5, frameon=False)
+    ax.set_title(advice_headline(advice), loc="left", fontsize=11, wrap=True)
+    ax.spines[["top"]].set_visible(False)
+    rate.spines[["top"]].set_visible(False)
 
 
 def _find_step(steps: list[StepResult], shape: Shape) -> StepResult | None:

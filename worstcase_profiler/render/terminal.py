@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..report import Report, Verdict
-from .view import View, build_view
+from .view import AdviceView, View, build_view
 
 VERDICT_STYLES = {
     Verdict.SAFE: "bold green",
@@ -44,8 +44,39 @@ def render(report: Report, console: Console) -> None:
     view = build_view(report)
     console.print(headline(view), soft_wrap=True, highlight=False)
     console.print(comparison_table(view))
+    if view.advice is not None:
+        console.print(advice_table(view.advice))
     for line in detail_lines(view):
         console.print(line, soft_wrap=True, highlight=False)
+
+
+def render_advice(report: Report, console: Console) -> None:
+    """`wcprof advise`: the advisor's table, its line and notes, nothing else."""
+    view = build_view(report)
+    console.print(headline(view), soft_wrap=True, highlight=False)
+    if view.advice is None:
+        return
+    console.print(advice_table(view.advice))
+    console.print(Text(view.advice.headline, style="bold"), soft_wrap=True, highlight=False)
+    for note in (view.advice.rule, *view.advice.notes):
+        console.print(Text(note, style="dim"), soft_wrap=True, highlight=False)
+
+
+ADVICE_COLUMNS = ("chunk", "worst need", "KV cache", "KV tokens", "Δ tokens", "tok/s", "Δ tok/s",
+                  "")
+
+
+def advice_table(advice: AdviceView) -> Table:
+    table = Table(title="chunk advice: max_num_batched_tokens by KV tokens admitted and prefill "
+                        "tok/s at long context (Δ: against the configured chunk)",
+                  title_justify="left", expand=False)
+    for name in ADVICE_COLUMNS:
+        table.add_column(name, justify="left" if name == "" else "right", no_wrap=True)
+    for r in advice.rows:
+        table.add_row(f"{r.chunk:,}", r.need, r.kv_bytes, r.kv_tokens, r.kv_change, r.prefill,
+                      r.prefill_change, r.mark,
+                      style=("bold" if "knee" in r.mark else SEVERITY_STYLES[r.severity]) or None)
+    return table
 
 
 def headline(view: View) -> Text:

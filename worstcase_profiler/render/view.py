@@ -34,6 +34,29 @@ class Row:
 
 
 @dataclass(frozen=True)
+class AdviceRow:
+    chunk: int
+    need: str
+    kv_bytes: str
+    kv_tokens: str
+    kv_change: str
+    prefill: str
+    prefill_change: str
+    mark: str
+    severity: int = INFO
+
+
+@dataclass(frozen=True)
+class AdviceView:
+    """The chunk advisor's table (report.advice): one row per candidate, the knee's line."""
+
+    rows: tuple[AdviceRow, ...]
+    headline: str
+    rule: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class View:
     verdict: Verdict
     model: str
@@ -44,6 +67,7 @@ class View:
     rows: tuple[Row, ...]
     details: tuple[Detail, ...]
     summary: str
+    advice: AdviceView | None = None
 
     @property
     def flag(self) -> str:
@@ -114,7 +138,8 @@ def build_view(report: Report) -> View:
     return View(verdict=report.verdict, model=cfg.model, limits_text=limits, where_text=where,
                 flag_bytes=adm.recommended_kv_cache_memory_bytes, flag_note=flag_note(report),
                 rows=tuple(rows),
-                details=tuple(details(report)), summary=summary)
+                details=tuple(details(report)), summary=summary,
+                advice=build_advice_view(report))
 
 
 def details(report: Report) -> list[Detail]:
@@ -135,6 +160,8 @@ def details(report: Report) -> list[Detail]:
                               f"{adm.recommended_kv_cache_memory_bytes}  {flag_note(report)}"))
     out.append(stock_detail(report))
     out.append(Detail("coverage", coverage_text(report)))
+    for skipped in wc.skipped_shapes:
+        out.append(Detail("skipped", f"not run: {skipped}", WARN))
     if wc.sweep_mode not in ("full", ""):
         out.append(Detail("sweep-mode", f"sweep mode: {wc.sweep_mode}"))
     if wc.cache is not None and wc.cache.status != "off":
@@ -151,6 +178,8 @@ def details(report: Report) -> list[Detail]:
     for v in (report.validations or ([report.validation] if report.validation else [])):
         out.append(Detail("validation", validation_text(v),
                           ERROR if v.measured_peak_bytes > v.predicted_peak_bytes else INFO))
+    if report.advice is not None:
+        out.append(Detail("advice", advice_headline(report.advice)))
     if report.ranks:
         out.append(Detail("ranks", ranks_text(report)))
     if report.startup_seconds:
@@ -293,3 +322,72 @@ def full_extent_prefill(report: Report) -> list[StepResult]:
         if s.context_len + largest == mml:
             by_rows[s.rows] = step
     return [by_rows[r] for r in sorted(by_rows)]
+
+
+# --- the chunk advisor ------------------------------------------------------------------------
+
+def _rate(tps: float | None) -> str:
+    return "n/a" if not tps else f"{tps:,.0f} tok/s"
+
+
+def _pct(new: float | None, old: float | None) -> str:
+    if not new or not old:
+        return ""
+    return f"{100 * (new / old - 1):+.1f}%"
+
+
+def advice_headline(advice) -> str:
+    """One line: the knee against the configured chunk."""
+    knee = advice.candidate(advice.knee_chunk)
+    ref = advice.candidate(advice.configured_chunk)
+    if knee is None:
+        if not any(c.fits for c in advice.candidates):
+            return "advice: no candidate chunk leaves room for one request at max_model_len"
+        return "advice: no knee (no candidate chunk was timed)"
+    best = max((c.prefill_tokens_per_s or 0) for c in advice.candidates if c.fits)
+    share = f"{100 * (knee.prefill_tokens_per_s or 0) / best:.0f}%" if best else "n/a"
+    if ref is None or knee.chunk == ref.chunk:
+        return (f"advice: keep max_num_batched_tokens={fmt_tokens(knee.chunk)}: no other "
+                f"candidate admits more KV while keeping prefill within "
+                f"{advice.within:.0%} of the best ({_rate(knee.prefill_tokens_per_s)}, "
+                f"{fmt_tokens(knee.kv_tokens)} KV tokens)")
+    return (f"advice: --max-num-batched-tokens {knee.chunk} admits "
+            f"{signed(knee.kv_tokens - ref.kv_tokens, fmt_tokens)} KV tokens "
+            f"({signed(knee.kv_cache_bytes - ref.kv_cache_bytes)}) vs the configured "
+            f"{fmt_tokens(ref.chunk)}, at {share} of the best prefill throughput "
+            f"({_rate(knee.prefill_tokens_per_s)} vs {_rate(ref.prefill_tokens_per_s)} "
+            f"configured); worst-case need {fmt_bytes(knee.need_bytes)} vs "
+            f"{fmt_bytes(ref.need_bytes)}")
+
+
+def build_advice_view(report: Report) -> AdviceView | None:
+    advice = report.advice
+    if advice is None:
+        return None
+    ref = advice.candidate(advice.configured_chunk)
+    rows = []
+    for c in advice.candidates:
+        marks = []
+        if c.chunk == advice.configured_chunk:
+            marks.append("configured")
+        if c.chunk == advice.knee_chunk:
+            marks.append("knee")
+        if not c.fits:
+            marks.append("does not fit")
+        same = ref is None or c.chunk == ref.chunk
+        rows.append(AdviceRow(
+            chunk=c.chunk, need=fmt_bytes(c.need_bytes), kv_bytes=fmt_bytes(c.kv_cache_bytes),
+            kv_tokens=fmt_tokens(c.kv_tokens),
+            kv_change="" if same else signed(c.kv_tokens - ref.kv_tokens, fmt_tokens),
+            prefill=f"{c.prefill_tokens_per_s:,.0f}" if c.prefill_tokens_per_s else "n/a",
+            prefill_change="" if same else _pct(c.prefill_tokens_per_s,
+                                                 ref.prefill_tokens_per_s),
+            mark=", ".join(marks), severity=INFO if c.fits else ERROR))
+    notes = tuple(f"chunk {fmt_tokens(e.chunk)} left out: {e.reason}" for e in advice.excluded)
+    timed = sum(1 for c in advice.candidates if c.prefill_seconds)
+    notes += (f"measured for the advice in {advice.seconds:.1f}s: "
+              f"{max(0, len(advice.steps) - timed)} step(s) the sweep had not run, and {timed} "
+              f"timed prefill step(s) (each after an untimed run); every other step taken from "
+              f"the sweep",)
+    return AdviceView(rows=tuple(rows), headline=advice_headline(advice), rule=advice.rule,
+                      notes=notes)

@@ -1,0 +1,127 @@
+"""Issue 18: the production guard on a served engine. `vllm serve --profiler worstcase` (engine core
+and worker in processes of their own), a few completions over 127.0.0.1, then the guard's series
+on the API server's /metrics and `wcprof guard URL` reading them back."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from conftest import BIN, TINY, engine_env
+
+pytestmark = pytest.mark.engine
+
+MODEL = str(TINY)
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _post(port: int, prompt: list[int], max_tokens: int) -> dict:
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                       "return_token_ids": True}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req, timeout=120).read())
+
+
+def _get(url: str) -> str:
+    return urllib.request.urlopen(url, timeout=10).read().decode()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("guard")
+    port = _free_port()
+    env = engine_env(WCPROF_CACHE_DIR=str(tmp / "cache"), WCPROF_GUARD_DIR=str(tmp / "guard"))
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the real thing: engine core in its own process
+    log_path = tmp / "serve.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [str(BIN / "vllm"), "serve", MODEL, "--load-format", "dummy", "--skip-tokenizer-init",
+         "--enforce-eager", "--max-model-len", "4096", "--max-num-batched-tokens", "512",
+         "--max-num-seqs", "8", "--gpu-memory-utilization", "0.25", "--host", "127.0.0.1",
+         "--port", str(port), "--profiler", "worstcase", "--profiler-report",
+         str(tmp / "report.json")],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
+    state = {"port": port, "tmp": tmp, "proc": proc, "log": log_path, "env": env}
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(1)
+        assert proc.poll() is None, log_path.read_text()[-4000:]
+        for i in range(3):
+            out = _post(port, [1, 2, 3, 4 + i], 4)
+            assert out["usage"]["completion_tokens"] == 4
+        _post(port, list(range(1, 900)), 3)  # a chunked prefill: 512 + 387 rows
+        state["metrics"] = _get(f"http://127.0.0.1:{port}/metrics")
+        state["report"] = json.loads((tmp / "report.json").read_text())
+        guard = subprocess.run([str(BIN / "wcprof"), "guard", f"http://127.0.0.1:{port}"],
+                               capture_output=True, text=True, env=env, timeout=60)
+        state["guard"] = guard
+        yield state
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        state["log_text"] = log_path.read_text()
+
+
+def _series(text: str, name: str) -> float:
+    lines = [l for l in text.splitlines() if l.startswith(name + "{")]
+    assert lines, f"{name} missing from /metrics"
+    return float(lines[0].rsplit(" ", 1)[1])
+
+
+def test_metrics_carry_the_guards_series(served):
+    m = served["metrics"]
+    assert "vllm:" in m  # vLLM's own metrics are still there
+    predicted = _series(m, "wcprof_guard_predicted_need_bytes")
+    assert predicted == served["report"]["worstcase"]["peak_activation_bytes"]
+    steps = _series(m, "wcprof_guard_steps_total")
+    assert steps >= 3 * 4 + 2  # 3 short requests (1 prefill + 3 decodes each), 2 prefill chunks
+    assert _series(m, "wcprof_guard_steps_above_prediction_total") == 0
+    observed = _series(m, "wcprof_guard_observed_need_bytes_max")
+    assert 0 < observed <= predicted
+    assert _series(m, "wcprof_guard_largest_step_rows") > 0
+    headroom = _series(m, "wcprof_guard_kv_headroom_bytes")
+    margin = served["report"]["admission"]["margin_bytes"]
+    assert headroom >= margin * 0.9  # the margin at least (what the prediction spares on top)
+
+
+def test_wcprof_guard_says_the_profile_held(served):
+    g = served["guard"]
+    assert g.returncode == 0, g.stdout + g.stderr
+    assert g.stdout.startswith("the profile held over "), g.stdout
+    assert "largest step" in g.stdout and "of predicted" in g.stdout
+
+
+def test_the_worker_logged_the_guard_and_no_step_above(served):
+    text = served["log"].read_text()
+    assert "[wcprof] guard on:" in text and "/metrics exports wcprof_guard_*" in text
+    assert "[wcprof] guard: a served step needed" not in text
+
+
+def test_stopping_the_server_removes_the_guards_files(served):
+    proc = served["proc"]
+    proc.terminate()
+    proc.wait(timeout=60)
+    assert not list((served["tmp"] / "guard").glob("wcprof-guard-*/*.bin"))

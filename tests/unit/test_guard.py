@@ -1,0 +1,291 @@
+"""The production guard without an engine: the ledger, the step wrapper's open/close rules, the
+memory-mapped channel, the /metrics collector and its read-back (`wcprof guard`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from worstcase_profiler.adapter import guard as g
+from worstcase_profiler.cli import main
+from worstcase_profiler.core.guard import (ABOVE, OBSERVED, PREDICTED, STEPS, StepLedger,
+                                           parse_metrics, verdict)
+from worstcase_profiler.settings import ProfilerSettings
+
+MiB = 1 << 20
+
+
+def test_ledger_counts_steps_largest_and_the_first_step_above():
+    led = StepLedger(predicted=10 * MiB, available=100 * MiB, tolerance=MiB // 2)
+    assert led.record(5 * MiB) == (True, False)
+    assert led.record(4 * MiB) == (False, False)
+    assert led.record(10 * MiB + MiB // 2) == (True, False)  # within the meter's noise
+    assert led.record(12 * MiB) == (True, True)
+    assert led.record(11 * MiB) == (False, False)  # above again, but not the first
+    assert (led.steps, led.above, led.max_need) == (5, 2, 12 * MiB)
+    assert led.headroom == 88 * MiB
+
+
+class FakeProbe:
+    tolerance = 0
+
+    def __init__(self, needs):
+        self.needs = list(needs)
+        self.started = 0
+
+    def start(self):
+        self.started += 1
+
+    def end(self):
+        return self.needs.pop(0)
+
+
+def sched(rows, contexts=(0,), new=True):
+    reqs = {f"r{i}": n for i, n in enumerate(_split(rows, len(contexts)))}
+    new_reqs = [SimpleNamespace(num_computed_tokens=c) for c in contexts] if new else []
+    cached = SimpleNamespace(num_computed_tokens=[] if new else list(contexts))
+    return SimpleNamespace(total_num_scheduled_tokens=rows, num_scheduled_tokens=reqs,
+                           scheduled_spec_decode_tokens={}, scheduled_new_reqs=new_reqs,
+                           scheduled_cached_reqs=cached)
+
+
+def _split(rows, n):
+    base, extra = divmod(rows, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+def _guard(needs, predicted=10 * MiB, channel=None, returns=None):
+    calls = []
+
+    def execute(so):
+        calls.append(("execute", so.total_num_scheduled_tokens))
+        return returns
+
+    def sample(grammar):
+        calls.append(("sample", grammar))
+        return "output"
+
+    led = StepLedger(predicted=predicted, available=50 * MiB)
+    return g.StepGuard(execute, sample, FakeProbe(needs), led, channel), calls
+
+
+def test_a_step_is_execute_then_sample_and_empty_steps_are_not_counted():
+    guard, calls = _guard([MiB, 2 * MiB])
+    assert guard.execute_model(sched(64)) is None
+    assert guard.ledger.steps == 0  # still open: sampling is part of the step
+    assert guard.sample_tokens("gm") == "output"
+    assert guard.ledger.steps == 1
+    guard.execute_model(sched(0))  # nothing scheduled: not a forward step
+    guard.sample_tokens(None)
+    assert guard.ledger.steps == 1 and guard._probe.started == 1
+    guard.execute_model(sched(8, (100, 200, 300, 4000)))
+    guard.execute_model(sched(0))  # a new execute closes the open step first
+    assert guard.ledger.steps == 2 and guard.ledger.max_need == 2 * MiB
+    assert guard.ledger.max_shape.max_context == 4000 and guard.ledger.max_shape.reqs == 4
+    assert calls[0] == ("execute", 64)
+
+
+def test_an_execute_that_returns_the_output_closes_the_step():
+    guard, _ = _guard([MiB], returns="pooled")
+    assert guard.execute_model(sched(16)) == "pooled"
+    assert guard.ledger.steps == 1
+
+
+def test_the_first_step_above_the_prediction_is_logged_once_with_its_shape(caplog):
+    guard, _ = _guard([11 * MiB, 12 * MiB, MiB])
+    with caplog.at_level(logging.WARNING, logger="vllm.wcprof"):
+        for rows in (300, 200, 5):
+            guard.execute_model(sched(rows, (1000, 2000)))
+            guard.sample_tokens(None)
+    warnings = [r.getMessage() for r in caplog.records if "guard" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "rows=300 reqs=2" in warnings[0] and "max ctx=2000" in warnings[0]
+    assert "1.00 MiB above" in warnings[0]
+    assert guard.ledger.above == 2 and guard.ledger.first_above[0] == 11 * MiB
+
+
+def test_a_failing_probe_never_stops_serving(caplog):
+    class Broken(FakeProbe):
+        def end(self):
+            raise RuntimeError("boom")
+
+    guard, calls = _guard([])
+    guard._probe = Broken([])
+    with caplog.at_level(logging.ERROR, logger="vllm.wcprof"):
+        guard.execute_model(sched(4))
+        assert guard.sample_tokens(None) == "output"
+        guard.execute_model(sched(4))
+        guard.sample_tokens(None)
+    assert guard._broken and len(calls) == 4
+    assert guard._probe.started == 1  # pass-through after the failure
+
+
+def test_channel_round_trip_and_collector_exposition(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    directory = g.channel_dir("12345", tmp_path)
+    ch0 = g.Channel(directory / "rank0-pid1.bin", pid=1, rank=0, engine=0, predicted=10 * MiB,
+                    available=80 * MiB, tolerance=0)
+    ch1 = g.Channel(directory / "rank1-pid2.bin", pid=2, rank=1, engine=0, predicted=10 * MiB,
+                    available=70 * MiB, tolerance=0)
+    guard, _ = _guard([3 * MiB, 9 * MiB], channel=ch0)
+    for rows in (64, 512):
+        guard.execute_model(sched(rows, (100, 3000)))
+        guard.sample_tokens(None)
+    ch1.put("steps", 2)
+    (directory / "rank9-pid9.bin").write_bytes(b"\0" * 16)  # incomplete: skipped
+    assert g.read_channel(directory / "rank0-pid1.bin")["max_need"] == 9 * MiB
+
+    registry = CollectorRegistry()
+    registry.register(g.GuardCollector("12345", tmp_path))
+    text = generate_latest(registry).decode()
+    figures = parse_metrics(text)
+    assert [f.rank for f in figures] == ["0", "1"]
+    f0 = figures[0]
+    assert f0.steps == 2 and f0.above == 0 and f0.observed == 9 * MiB
+    assert f0.predicted == 10 * MiB and f0.headroom == 71 * MiB
+    assert f0.get("wcprof_guard_largest_step_rows") == 512
+    held, line = verdict(figures)
+    assert held and line.startswith("the profile held over 2 steps: largest step 9.00 MiB of "
+                                    "predicted 10.00 MiB")
+    ch0.close()
+    ch1.close()
+    assert not (directory / "rank0-pid1.bin").exists()
+
+
+def test_collector_says_nothing_without_workers(tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(g.GuardCollector("none", tmp_path))
+    assert b"wcprof_guard" not in generate_latest(registry)
+
+
+def test_verdict_when_a_step_exceeded():
+    text = "\n".join([
+        f'{PREDICTED}{{rank="0",engine="0"}} 1.048576e+07',
+        f'{OBSERVED}{{rank="0",engine="0"}} 1.2582912e+07',
+        f'{STEPS}_total{{rank="0",engine="0"}} 200.0',
+        f'{STEPS}_created{{rank="0",engine="0"}} 1.7e9',
+        f'{ABOVE}_total{{rank="0",engine="0"}} 3.0',
+        'vllm:num_requests_running{model_name="m",engine="0"} 0.0'])
+    held, line = verdict(parse_metrics(text))
+    assert not held
+    assert line.startswith("the profile did NOT hold: 3 step(s) above the prediction over 200 "
+                           "steps; largest step 12.00 MiB of predicted 10.00 MiB (120.0%)")
+    assert verdict([]) == (True, "no wcprof guard metrics found")
+
+
+def test_cpu_probe_sees_an_allocation_inside_the_step():
+    probe = g.CpuProbe()
+    probe.start()
+    block = bytearray(64 * MiB)  # touched: resident
+    del block
+    assert probe.end() >= 60 * MiB
+    probe.start()
+    assert probe.end() < 8 * MiB
+
+
+def test_the_guard_is_on_under_vllm_serve_only_unless_forced():
+    on = ProfilerSettings(mode="enforce")
+    assert g.active(on, ["/x/bin/vllm", "serve", "m"])
+    assert not g.active(on, ["/x/bin/wcprof", "--model", "m"])
+    assert not g.active(on, ["-c"])
+    assert g.active(ProfilerSettings(mode="enforce", guard="on"), ["-c"])
+    assert not g.active(ProfilerSettings(mode="enforce", guard="off"), ["vllm", "serve"])
+    assert not g.active(ProfilerSettings(), ["vllm", "serve"])  # profiler off: nothing
+    assert g.under_api_server(["python", "-m", "vllm.entrypoints.openai.api_server"])
+
+
+def _fake_worker_and_session(predicted=10 * MiB):
+    from worstcase_profiler.core.types import EngineFacts
+
+    calls = []
+    worker = SimpleNamespace(
+        device="cpu",
+        vllm_config=SimpleNamespace(instance_id="inst-1",
+                                    parallel_config=SimpleNamespace(data_parallel_rank=0)),
+        execute_model=lambda so: calls.append(so) or None,
+        sample_tokens=lambda gm: "out")
+    adm = SimpleNamespace(requested_bytes=1000 * MiB, consumed_bytes=300 * MiB,
+                          cudagraph_bytes=0)
+    profile = SimpleNamespace(sweep=SimpleNamespace(peak_bytes=predicted), admission=adm,
+                              budget=SimpleNamespace(budget_bytes=500 * MiB))
+    session = SimpleNamespace(profile=profile,
+                              phases=SimpleNamespace(kv_audit=SimpleNamespace(
+                                  allocated_bytes=600 * MiB)),
+                              facts=SimpleNamespace(rank=0))
+    assert EngineFacts  # the real session carries these; a namespace is enough here
+    return worker, session, calls
+
+
+def test_install_swaps_the_workers_methods_and_exports_its_figures(tmp_path, monkeypatch):
+    monkeypatch.setenv(g.ENV_DIR, str(tmp_path))
+    worker, session, calls = _fake_worker_and_session()
+    assert g.install(worker, session, ProfilerSettings(mode="enforce", guard="off")) is None
+    guard = g.install(worker, session, ProfilerSettings(mode="enforce", guard="on"))
+    assert guard is not None and g.install(worker, session,
+                                           ProfilerSettings(mode="enforce", guard="on")) is guard
+    worker.execute_model(sched(32))
+    assert worker.sample_tokens(None) == "out"
+    assert len(calls) == 1 and guard.ledger.steps == 1
+    assert guard.ledger.available == (1000 - 300 - 600) * MiB  # what the KV cache left
+    figures = parse_metrics(_exposition(g.GuardCollector("inst-1")))
+    assert figures[0].steps == 1 and figures[0].predicted == 10 * MiB
+    guard.close()
+
+
+def _exposition(collector) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+class _Metrics(BaseHTTPRequestHandler):
+    body = b""
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path != "/metrics":
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def metrics_server():
+    server = HTTPServer(("127.0.0.1", 0), _Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_wcprof_guard_reads_a_server(metrics_server, capsys):
+    url = f"http://127.0.0.1:{metrics_server.server_port}"
+    lines = [f'{PREDICTED}{{rank="0",engine="0"}} 100.0', f'{OBSERVED}{{rank="0",engine="0"}} 90.0',
+             f'{STEPS}_total{{rank="0",engine="0"}} 7.0', f'{ABOVE}_total{{rank="0",engine="0"}} 0.0']
+    _Metrics.body = "\n".join(lines).encode()
+    assert main(["guard", url]) == 0
+    assert "the profile held over 7 steps: largest step 90 B of predicted 100 B" in capsys.readouterr().out
+    _Metrics.body = _Metrics.body.replace(b"_total{rank=\"0\",engine=\"0\"} 0.0",
+                                          b"_total{rank=\"0\",engine=\"0\"} 1.0")
+    assert main(["guard", url + "/metrics"]) == 1
+    _Metrics.body = b"vllm:other 1.0\n"
+    assert main(["guard", url]) == 2
+    assert "exports no wcprof_guard_* metrics" in capsys.readouterr().err
+    metrics_server.shutdown()
+    assert main(["guard", "http://127.0.0.1:9", "--timeout", "2"]) == 2

@@ -1,0 +1,95 @@
+"""The chunk advisor's measurements (the decisions are core/advise.py's).
+
+After the sweep, on a provisional KV cache like the sweep's, this runs every step some candidate
+max_num_batched_tokens forms that the sweep did not run (`core.advise.missing_shapes`), then one
+timed prefill step per candidate at long context (chunk C on max_model_len - C cached tokens),
+after one untimed run of the same step so that a lazily compiled kernel or a first-call
+allocation is not what gets timed. Every step goes through the sweep's own StepDriver
+(`driver.measure`), so it is measured, rank-agreed and workspace-recorded exactly like a sweep
+step, and every rank runs the same steps in the same order (the list is a function of the
+rank-agreed sweep).
+
+Two calls from the start-up flow (adapter/startup.py):
+
+    measured = advice.measure(driver, limits, sweep, settings, clock)      # after the sweep
+    result = advice.build(measured, limits, sweep, held, admission, workspace, settings,
+                          sweep_mode=sweep_mode)
+
+both no-ops (None) unless the `advise` setting is on. The measurement runs before the held
+memory is read, so whatever a candidate's step grows stays inside the configured admission.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ..core import advise as core
+from ..core.shapes import Limits
+from ..core.timing import PhaseTimer
+from ..core.types import (Admission, Advice, AdviceMeasurements, HeldMemory, SweepResult,
+                          Workspace)
+from ..settings import ProfilerSettings
+from ..sizes import fmt_bytes, fmt_tokens
+
+log = logging.getLogger("vllm.wcprof")
+
+
+def measure_candidates(driver, limits: Limits, sweep: SweepResult, candidates, *,
+                       excluded=(), context_ladder: bool = True,
+                       clock: PhaseTimer | None = None) -> AdviceMeasurements:
+    """Run the steps the candidates need that the sweep did not run, then time one prefill step
+    per candidate at long context (see the module docstring)."""
+    clock = clock or PhaseTimer()
+    chunks = tuple(candidates)
+    missing = core.missing_shapes(limits, sweep, chunks, context_ladder=context_ladder)
+    t0 = time.perf_counter()
+    with clock("advise"), driver.provisional_kv():
+        steps = tuple(driver.measure(shape) for shape in missing)
+        timings = []
+        for chunk in chunks:
+            shape = core.timing_shape(limits, chunk)
+            driver.measure(shape)  # untimed: the timed run below finds its kernels ready
+            timings.append(driver.measure(shape))
+    seconds = time.perf_counter() - t0
+    log.info("[wcprof] advice: %d candidate chunk(s) %s, %d step(s) the sweep had not run, %d "
+             "timed in %.1fs", len(chunks), ", ".join(fmt_tokens(c) for c in chunks), len(steps),
+             len(timings), seconds)
+    return AdviceMeasurements(chunks=chunks, excluded=tuple(excluded), steps=steps,
+                              timings=tuple(timings), seconds=seconds)
+
+
+def measure(driver, limits: Limits, sweep: SweepResult, settings: ProfilerSettings,
+            clock: PhaseTimer | None = None) -> AdviceMeasurements | None:
+    """The advisor's measurements when the `advise` setting asks for them, else None."""
+    if not settings.advise:
+        return None
+    chunks, excluded = core.candidate_chunks(limits.max_num_batched_tokens,
+                                             settings.advise_chunks,
+                                             max_num_seqs=limits.max_num_seqs)
+    for chunk, why in excluded:
+        log.warning("[wcprof] advice: chunk %s left out: %s", fmt_tokens(chunk), why)
+    return measure_candidates(driver, limits, sweep, chunks, excluded=excluded,
+                              context_ladder=settings.context_ladder, clock=clock)
+
+
+def build(measured: AdviceMeasurements | None, limits: Limits, sweep: SweepResult,
+          held: HeldMemory, admission: Admission, workspace: Workspace,
+          settings: ProfilerSettings, sweep_mode: str = "full") -> Advice | None:
+    """The advice from the measurements and this start's admission (None without them).
+    sweep_mode: ProfileResult.sweep_mode (a cut-down sweep's figures are raised to the full
+    model's, as its own admission does)."""
+    if measured is None:
+        return None
+    result = core.advise(limits, sweep, held=held, admission=admission, workspace=workspace,
+                         measured=measured, within=settings.advise_within,
+                         context_ladder=settings.context_ladder,
+                         cut_down=str(sweep_mode).startswith("cut-down"))
+    knee = result.candidate(result.knee_chunk) if result.knee_chunk is not None else None
+    configured = result.candidate(result.configured_chunk)
+    if knee is not None and configured is not None:
+        log.info("[wcprof] advice: knee at max_num_batched_tokens=%d: KV %s tokens (%+d vs %d "
+                 "configured), need %s", knee.chunk, fmt_tokens(knee.kv_tokens),
+                 knee.kv_tokens - configured.kv_tokens, configured.chunk,
+                 fmt_bytes(knee.need_bytes))
+    return result
