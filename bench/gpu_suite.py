@@ -72,6 +72,9 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "llama8b_graphs": (LLAMA8B, LONG, {}, "v2"),
     "llama8b_eager": (LLAMA8B, [*LONG, "--enforce-eager", "--sweep-depth", "full"], {}, "v2"),
     "llama8b_cut": (LLAMA8B, [*LONG, "--enforce-eager", *CUT], {}, "v2"),
+    # the same configuration again: the sweep cache's restart (run right after llama8b_eager)
+    "llama8b_eager_restart": (LLAMA8B, [*LONG, "--enforce-eager", "--sweep-depth", "full"], {},
+                              "v2"),
     "dsv32_fp8_graphs": (DSV32, [*LONG, "--kv-cache-dtype", "fp8"], {}, None),
     "dsv32_fp8_cut": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *CUT], {}, None),
     "qwen35_mtp": (QWEN35, [*LONG, *GDN_TRITON, "--speculative-config",
@@ -83,7 +86,7 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
-NEW_032 = ("llama8b_graphs", "llama8b_eager", "llama8b_cut", "dsv32_fp8_graphs", "dsv32_fp8_cut",
+NEW_032 = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut", "dsv32_fp8_graphs", "dsv32_fp8_cut",
            "qwen35_mtp", "qwen35_mtp_eager", "dsv4_mtp")
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NEW_032]
@@ -486,7 +489,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                                           f"{' '.join(n for n in CASES if n not in DEFAULT_CASES)}")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--budget-s", type=float, default=540.0, help="the whole suite's wall budget")
-    p.add_argument("--case-timeout-s", type=float, default=300.0)
+    p.add_argument("--case-timeout-s", type=float, default=340.0)
     p.add_argument("--min-case-s", type=float, default=60.0, help="don't start a case with less left")
     p.add_argument("--no-prespawn", action="store_true")
     p.add_argument("--python", default=sys.executable)

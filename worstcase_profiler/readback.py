@@ -4,11 +4,16 @@
                                              (written by `wcprof --advise --json` or a server
                                              whose settings had advise on); --within recomputes
                                              the knee from the saved rows with another X
+  wcprof advise REPORT.json --against R.json ...
+                                             hold the advice against reports of engines really
+                                             started with an advised chunk: each one's KV budget
+                                             within --tolerance (1%) of what the advisor said
   wcprof guard URL [--timeout S]             a running `vllm serve --profiler worstcase`:
                                              scrapes URL/metrics and says whether the profile
                                              held over the steps served so far
 
-Exit codes: advise 0, or 2 for a report without advice; guard 0 held (or no step yet), 1 a step
+Exit codes: advise 0, 1 when an --against report admitted more than --tolerance away from the
+advice, 2 for a report without advice (or an --against chunk it has no row for); guard 0 held (or no step yet), 1 a step
 exceeded the prediction, 2 the server cannot be read or exports no guard metrics.
 Neither imports vLLM or torch.
 """
@@ -30,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
 
 def advise_main(argv: list[str]) -> int:
     """wcprof advise REPORT.json [--within PCT]: the chunk advisor's table from a saved report"""
-    from .core.advise import knee
+    from .core.advise import RULE, knee
     from .render import load_report
     from .render.terminal import render_advice
     from .settings import parse_within
@@ -42,6 +47,11 @@ def advise_main(argv: list[str]) -> int:
     parser.add_argument("--within", metavar="PCT", default=None,
                         help="recompute the knee: prefill throughput within PCT of the best "
                              "(default: the report's own, 5%% unless profiled otherwise)")
+    parser.add_argument("--against", metavar="R.json", nargs="+", default=(),
+                        help="reports of engines started with an advised chunk (same model and "
+                             "limits otherwise): is each one's KV budget what the advice said?")
+    parser.add_argument("--tolerance", metavar="PCT", default="1%",
+                        help="how far an --against budget may be from the advice (default 1%%)")
     ns = parser.parse_args(argv)
     report = load_report(ns.report)
     if report.advice is None:
@@ -52,14 +62,38 @@ def advise_main(argv: list[str]) -> int:
         within = parse_within(ns.within, "--within")
         advice = report.advice.model_copy(update={
             "within": within, "knee_chunk": knee(report.advice.candidates, within),
-            "rule": report.advice.rule.replace(f"{report.advice.within:.0%}", f"{within:.0%}")})
+            "rule": RULE.format(within=within)})
         report = report.model_copy(update={"advice": advice})
     from rich.console import Console
 
     console = Console(soft_wrap=True)
     console.width = max(console.width, 110)  # the table's eight columns, piped or not
     render_advice(report, console)
-    return 0
+    if not ns.against:
+        return 0
+    tolerance = parse_within(ns.tolerance, "--tolerance")
+    return 0 if all(_check_against(report.advice, load_report(path), path, tolerance)
+                    for path in list(ns.against)) else 1
+
+
+def _check_against(advice, other, path: str, tolerance: float) -> bool:
+    """One line: the advisor's row for `other`'s chunk against what `other` admitted."""
+    from .sizes import fmt_bytes, fmt_tokens
+
+    chunk = other.config.max_num_batched_tokens
+    row = advice.candidate(chunk)
+    if row is None:
+        raise ConfigError(f"{path}: max_num_batched_tokens={chunk} is not among the advised "
+                          f"chunks ({', '.join(str(c.chunk) for c in advice.candidates)})",
+                          hint="pass --advise-chunk N when profiling to advise that chunk")
+    got = other.admission.budget_bytes
+    ratio = row.budget_bytes / got if got else float("inf")
+    ok = abs(ratio - 1) <= tolerance
+    print(f"chunk {fmt_tokens(chunk)}: advised KV budget {fmt_bytes(row.budget_bytes)} "
+          f"({fmt_tokens(row.kv_tokens)} tokens), the engine admitted {fmt_bytes(got)} "
+          f"({fmt_tokens(other.admission.kv_tokens_worstcase)} tokens): ratio {ratio:.4f} "
+          f"{'ok' if ok else f'OFF by more than {tolerance:.0%}'} ({path})")
+    return ok
 
 
 def metrics_url(url: str) -> str:

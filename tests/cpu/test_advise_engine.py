@@ -78,3 +78,9 @@ def test_an_engine_started_with_the_smaller_chunk_admits_what_the_advisor_said(a
     assert abs(said["kv_tokens"] - got["kv_tokens_worstcase"]) <= 0.01 * got["kv_tokens_worstcase"]
     # the transient: the advisor's candidate steps cover what that engine's own sweep found
     assert said["transient_bytes"] >= got["transient_bytes"] - 1024 * 1024
+    _, tmp = advised
+    p = subprocess.run([str(BIN / "wcprof"), "advise", str(tmp / "report.json"), "--against",
+                        str(tmp_path / "report.json")], capture_output=True, text=True,
+                       env=engine_env(), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "chunk 256: advised KV budget" in p.stdout and " ok " in p.stdout

@@ -285,3 +285,25 @@ def test_after_a_cut_down_sweep_reused_figures_are_raised_to_the_full_model():
                for a, b in zip(advice.candidates, blind.candidates))
     cut_only = core._raiser(sweep, 3 * MiB)(sweep.steps[:1])[0]  # the first step: a cut figure
     assert cut_only.peak_bytes == sweep.steps[0].peak_bytes + 3 * MiB
+
+
+class NoMixedDriver(FakeDriver):
+    """A runner that cannot build mixed steps (V2 + hybrid or speculative models)."""
+
+    def cannot_build(self, shape):
+        return "no mixed steps here" if shape.kind == "mixed" else None
+
+    def measure(self, shape, attribute=False):
+        assert shape.kind != "mixed", "a shape the runner cannot build was run"
+        return super().measure(shape, attribute)
+
+
+def test_shapes_the_runner_cannot_build_are_left_out_and_said_so():
+    drv = NoMixedDriver(LIMITS)
+    sweep = run_sweep(drv, tolerance=0, attribute_ops=False)
+    measured = measure_candidates(drv, LIMITS, sweep, (256, 1024))
+    assert [s.kind for s, _ in measured.skipped] == ["mixed", "mixed"]  # 256's and 1024's
+    advice = core.advise(LIMITS, sweep, held=HELD, admission=_admission(sweep),
+                         workspace=Workspace(), measured=measured)
+    for chunk in (256, 1024):
+        assert "mixed" in advice.candidate(chunk).note and "not run" in advice.candidate(chunk).note

@@ -40,14 +40,17 @@ def test_build_report_projects_the_profiles_advice_when_present(tmp_path):
     session = build_session()
     assert build_report(session, created_at="t").advice is None
 
-    @dataclasses.dataclass(frozen=True)
-    class WithAdvice(ProfileResult):  # what ProfileResult gains once the start-up hook is in
-        advice: Advice | None = None
-
     prof = session.phases.profile
-    session.phases.profile = WithAdvice(**{f.name: getattr(prof, f.name)
-                                           for f in dataclasses.fields(prof)},
-                                        advice=core_advice())
+    if "advice" in {f.name for f in dataclasses.fields(ProfileResult)}:
+        session.phases.profile = dataclasses.replace(prof, advice=core_advice())
+    else:  # before the start-up hook gives ProfileResult its `advice` field
+        @dataclasses.dataclass(frozen=True)
+        class WithAdvice(ProfileResult):
+            advice: Advice | None = None
+
+        session.phases.profile = WithAdvice(**{f.name: getattr(prof, f.name)
+                                               for f in dataclasses.fields(prof)},
+                                            advice=core_advice())
     report = build_report(session, created_at="t")
     a = report.advice
     assert a.configured_chunk == 8192 and a.knee_chunk == 4096
@@ -134,3 +137,23 @@ def test_profile_flags_are_checked_before_the_engine_starts(capsys):
                          (["--advise-chunk", "1024"], "above --max-num-batched-tokens 512")):
         assert main(argv) == 2, argv
         assert needle in capsys.readouterr().err, argv
+
+
+def test_wcprof_advise_against_engines_started_with_an_advised_chunk(make_report, tmp_path,
+                                                                     capsys):
+    path = tmp_path / "r.json"
+    get_reporter("json").write(make_report(advice=advice_dict()), path)
+    said = advice_model(core_advice()).candidate(2048).budget_bytes
+    close, far = tmp_path / "close.json", tmp_path / "far.json"
+    get_reporter("json").write(make_report(config__max_num_batched_tokens=2048,
+                                           admission__budget_bytes=int(said * 1.004)), close)
+    get_reporter("json").write(make_report(config__max_num_batched_tokens=2048,
+                                           admission__budget_bytes=int(said * 0.97)), far)
+    assert main(["advise", str(path), "--against", str(close)]) == 0
+    assert "chunk 2,048: advised KV budget" in capsys.readouterr().out
+    assert main(["advise", str(path), "--against", str(close), str(far)]) == 1
+    assert "OFF by more than 1%" in capsys.readouterr().out
+    assert main(["advise", str(path), "--against", str(far), "--tolerance", "5%"]) == 0
+    other = tmp_path / "other.json"
+    get_reporter("json").write(make_report(config__max_num_batched_tokens=1000), other)
+    assert main(["advise", str(path), "--against", str(other)]) == 2

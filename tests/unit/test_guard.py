@@ -124,6 +124,19 @@ def test_a_failing_probe_never_stops_serving(caplog):
     assert guard._probe.started == 1  # pass-through after the failure
 
 
+def test_a_probe_that_cannot_start_never_stops_serving(caplog):
+    class NoStart(FakeProbe):
+        def start(self):
+            raise RuntimeError("no allocator")
+
+    guard, calls = _guard([])
+    guard._probe = NoStart([])
+    with caplog.at_level(logging.ERROR, logger="vllm.wcprof"):
+        assert guard.execute_model(sched(4)) is None
+        assert guard.sample_tokens(None) == "output"
+    assert guard._broken and len(calls) == 2 and guard.ledger.steps == 0
+
+
 def test_channel_round_trip_and_collector_exposition(tmp_path):
     from prometheus_client import CollectorRegistry, generate_latest
 
@@ -202,8 +215,7 @@ def test_the_guard_is_on_under_vllm_serve_only_unless_forced():
 
 
 def _fake_worker_and_session(predicted=10 * MiB):
-    from worstcase_profiler.core.types import EngineFacts
-
+    """The attributes install() reads off a vLLM worker and a StartupSession."""
     calls = []
     worker = SimpleNamespace(
         device="cpu",
@@ -219,7 +231,6 @@ def _fake_worker_and_session(predicted=10 * MiB):
                               phases=SimpleNamespace(kv_audit=SimpleNamespace(
                                   allocated_bytes=600 * MiB)),
                               facts=SimpleNamespace(rank=0))
-    assert EngineFacts  # the real session carries these; a namespace is enough here
     return worker, session, calls
 
 

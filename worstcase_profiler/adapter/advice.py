@@ -29,6 +29,7 @@ from ..core.shapes import Limits
 from ..core.timing import PhaseTimer
 from ..core.types import (Admission, Advice, AdviceMeasurements, HeldMemory, SweepResult,
                           Workspace)
+from ..errors import WcprofError
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_tokens
 
@@ -43,6 +44,10 @@ def measure_candidates(driver, limits: Limits, sweep: SweepResult, candidates, *
     clock = clock or PhaseTimer()
     chunks = tuple(candidates)
     missing = core.missing_shapes(limits, sweep, chunks, context_ladder=context_ladder)
+    cannot = getattr(driver, "cannot_build", None)  # optional in the driver protocol
+    skipped = tuple((s, why) for s in missing
+                    if cannot is not None and (why := cannot(s)) is not None)
+    missing = [s for s in missing if s not in dict(skipped)]
     t0 = time.perf_counter()
     with clock("advise"), driver.provisional_kv():
         steps = tuple(driver.measure(shape) for shape in missing)
@@ -56,7 +61,7 @@ def measure_candidates(driver, limits: Limits, sweep: SweepResult, candidates, *
              "timed in %.1fs", len(chunks), ", ".join(fmt_tokens(c) for c in chunks), len(steps),
              len(timings), seconds)
     return AdviceMeasurements(chunks=chunks, excluded=tuple(excluded), steps=steps,
-                              timings=tuple(timings), seconds=seconds)
+                              timings=tuple(timings), seconds=seconds, skipped=skipped)
 
 
 def measure(driver, limits: Limits, sweep: SweepResult, settings: ProfilerSettings,
@@ -69,8 +74,15 @@ def measure(driver, limits: Limits, sweep: SweepResult, settings: ProfilerSettin
                                              max_num_seqs=limits.max_num_seqs)
     for chunk, why in excluded:
         log.warning("[wcprof] advice: chunk %s left out: %s", fmt_tokens(chunk), why)
-    return measure_candidates(driver, limits, sweep, chunks, excluded=excluded,
-                              context_ladder=settings.context_ladder, clock=clock)
+    try:
+        return measure_candidates(driver, limits, sweep, chunks, excluded=excluded,
+                                  context_ladder=settings.context_ladder, clock=clock)
+    except WcprofError:
+        raise
+    except Exception:  # noqa: BLE001 - the advice is optional: the start goes on without it
+        log.warning("[wcprof] advice: measuring the candidate chunks failed; this start goes on "
+                    "without advice", exc_info=True)
+        return None
 
 
 def build(measured: AdviceMeasurements | None, limits: Limits, sweep: SweepResult,

@@ -245,7 +245,11 @@ class StepGuard:
             self._close()
         if self._broken or not scheduler_output.total_num_scheduled_tokens:
             return self._execute(scheduler_output, *args, **kwargs)
-        self._probe.start()
+        try:
+            self._probe.start()
+        except Exception:  # noqa: BLE001 - the guard must never stop serving
+            self._stop()
+            return self._execute(scheduler_output, *args, **kwargs)
         self._open = scheduler_output
         try:
             out = self._execute(scheduler_output, *args, **kwargs)
@@ -286,8 +290,12 @@ class StepGuard:
                                                else step_shape(so))
                 log.warning(warning_text(need, ledger.predicted, shape, self._rank))
         except Exception:  # noqa: BLE001 - the guard must never stop serving
-            self._broken = True
-            log.exception("[wcprof] guard: reading a step failed; the guard stops here")
+            self._stop()
+
+    def _stop(self) -> None:
+        self._broken = True
+        log.exception("[wcprof] guard: reading a step failed; the guard stops here (serving "
+                      "goes on)")
 
     def close(self) -> None:
         if self._channel is not None:

@@ -228,6 +228,8 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
     configured = limits.max_num_batched_tokens
     raised = _raiser(sweep, confirmation_delta(sweep) if cut_down else 0)
     known = {shape: raised(found) for shape, found in known_steps(sweep).items()}
+    unbuildable = dict(getattr(sweep, "skipped", ()))
+    unbuildable.update(measured.skipped)
     extra = _by_shape(measured.steps)
     timed = dict(zip(measured.chunks, measured.timings))
     everything = [sweep.stock, *sweep.steps, *measured.steps]
@@ -237,8 +239,11 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
         cp = plan_candidate(limits, sweep, chunk, context_ladder=context_ladder)
         reused = measured_n = 0
         found: list[StepResult] = []
+        left_out: list[str] = []
         for shape in cp.shapes:
-            if shape in known:
+            if shape in unbuildable and shape not in known and shape not in extra:
+                left_out.append(f"{shape.label()} not run: {unbuildable[shape]}")
+            elif shape in known:
                 found += known[shape]
                 reused += 1
             elif shape in extra:
@@ -263,7 +268,8 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
                               workspace_bytes=workspace.total_bytes, worst_shape=sweep.worst.shape,
                               budget_bytes=admission.budget_bytes,
                               kv_tokens=_tokens(admission.budget_bytes, admission, limits),
-                              fits=admission.budget_bytes >= admission.one_request_bytes)
+                              fits=admission.budget_bytes >= admission.one_request_bytes,
+                              note="; ".join(left_out) or None)
         else:
             adm = compute_admission(
                 requested=held.requested_bytes,
@@ -277,8 +283,9 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
             row = ChunkAdvice(chunk=chunk, transient_bytes=transient, workspace_bytes=ws,
                               worst_shape=worst.shape, budget_bytes=adm.budget_bytes,
                               kv_tokens=adm.kv_tokens_worstcase, fits=adm.budget_bytes >= adm.one_request_bytes,
-                              note="its stock step ran with attention metadata (an upper estimate "
-                                   "of vLLM's own profile step at this chunk)")
+                              note="; ".join(["its stock step ran with attention metadata (an "
+                                              "upper estimate of vLLM's own profile step at this "
+                                              "chunk)", *left_out]))
         rows.append(dataclasses.replace(
             row, prefill_seconds=timing.seconds if timing is not None else None,
             reused_steps=reused, measured_steps=measured_n))

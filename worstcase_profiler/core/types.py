@@ -344,6 +344,9 @@ class AdviceMeasurements:
     steps: tuple[StepResult, ...] = ()
     timings: tuple[StepResult, ...] = ()
     seconds: float = 0.0
+    skipped: tuple[tuple[Shape, str], ...] = ()
+    """Shapes a candidate forms that this runner cannot build (the driver's cannot_build), and
+    why: left out as the sweep leaves them out, and said so."""
 
 
 @dataclass(frozen=True)
