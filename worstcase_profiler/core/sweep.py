@@ -131,7 +131,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         peak_bytes=max(r.peak_bytes for r in [*log, stock]) + chord_slack,
         coverage=rows_cov, context_curve=tuple(curve), rows_max=hi,
         post_profile_bytes=provisional.post_profile_bytes,
-        seconds=time.perf_counter() - t_start)
+        seconds=time.perf_counter() - t_start, skipped=tuple(skipped))
 
 
 CONFIRM = 3
