@@ -195,7 +195,7 @@ SUITE_HEADERS = ["case", "runner", "stock predicted GiB", "worst-case predicted 
 
 
 def _suite_cells(c: dict) -> list:
-    r = c["report"]
+    r = c.get("report")
     if not r:
         return [c["case"]] + [""] * 11 + [c["status"]]
     wc, adm, v = r["worstcase"], r["admission"], r.get("validation") or {}

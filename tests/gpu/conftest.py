@@ -20,6 +20,8 @@ from gpu_results import CASES, HERE, gpu_available, load_results, load_summary, 
 
 
 def pytest_addoption(parser):
+    parser.addoption("--allowed-gap", action="append", default=None, metavar="NAME",
+                     help="a known gap named in a manifest's not_run (e.g. <case>_worst_step)")
     parser.addoption("--results", action="append", default=None, metavar="DIR",
                      help="directory holding bench/gpu_suite.py's summary.json (read, not run); "
                           "repeat it: later directories replace the cases they re-ran")
@@ -44,7 +46,17 @@ def suite(request, tmp_path_factory) -> dict:
     return load_summary(out)
 
 
-@pytest.fixture(params=CASES)
+def pytest_generate_tests(metafunc):
+    """`case` runs over the cases the given results hold (a configuration's own suite), or over
+    the default suite when it runs here."""
+    if "case" not in metafunc.fixturenames:
+        return
+    given = metafunc.config.getoption("--results")
+    names = sorted(load_results([Path(g) for g in given])["by_case"]) if given else list(CASES)
+    metafunc.parametrize("case", names, indirect=True)
+
+
+@pytest.fixture
 def case(request, suite) -> dict:
     name = request.param
     if suite.get("error"):

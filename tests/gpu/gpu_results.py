@@ -51,6 +51,15 @@ def load_summary(path: Path) -> dict:
         oom = find_summary(path).parent / "oom.json"
     summary["by_case"] = {c["case"]: c for c in summary.get("cases", [])}
     summary["soak"] = {r["run"]: r for r in json.loads(oom.read_text())} if oom.exists() else {}
+    manifest = (path if path.is_dir() else path.parent) / "manifest.json"
+    if manifest.exists():  # only what the folder's manifest calls current
+        cases = json.loads(manifest.read_text()).get("cases", {})
+
+        def current(kind: str, name: str) -> bool:
+            return cases.get(kind, {}).get(name, {}).get("status", "current") == "current"
+
+        summary["by_case"] = {n: c for n, c in summary["by_case"].items() if current("suite", n)}
+        summary["soak"] = {n: r for n, r in summary["soak"].items() if current("soak", n)}
     return summary
 
 

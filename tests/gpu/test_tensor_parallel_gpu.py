@@ -20,7 +20,7 @@ TP_CASES = ("dsv32_fp8_tp2", "dsv32_bf16_tp2")
 def tp_case(request, suite) -> dict:
     c = suite.get("by_case", {}).get(request.param)
     if c is None:
-        pytest.skip(f"{request.param} is not in these results (needs 2 GPUs)")
+        pytest.skip(f"no {request.param} in these results (needs 2 GPUs)")
     if c["status"] == "skipped":
         pytest.fail(f"{request.param} was skipped by the suite: {c.get('detail')}")
     return c
