@@ -736,19 +736,29 @@ def _gate(argv: list[str]) -> int:
 
 
 def _advise(argv: list[str]) -> int:
+    """what a smaller max_num_batched_tokens buys: KV against prefill speed (from --advise)"""
     from .readback import advise_main
 
     return advise_main(argv)
 
 
 def _guard(argv: list[str]) -> int:
+    """did the profile hold in production? read a served engine's /metrics"""
     from .readback import guard_main
 
     return guard_main(argv)
 
 
+def _cache(argv: list[str]) -> int:
+    """list, export or import sweep-cache entries (a fleet shares one measurement)"""
+    from .cachetool import main as cache_main
+
+    return cache_main(argv)
+
+
 SUBCOMMANDS = {"profile": profile, "demo": _demo, "check": _check, "diff": _diff,
-               "render": _render, "gate": _gate, "advise": _advise, "guard": _guard}
+               "render": _render, "gate": _gate, "advise": _advise, "guard": _guard,
+               "cache": _cache}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -87,3 +87,35 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(tmp_path, demo):
         p = subprocess.run([str(BIN / "wcprof"), "diff", str(old), str(new), "--max-increase", "0%"],
                            capture_output=True, text=True, env=env)
         assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path):
+    """A shared cache is a trust boundary: an entry whose worst shape and need were both swapped
+    for one of its own small steps (a self-consistent pair that passes its own replay), and whose
+    workspace was shrunk to match, must not be reused: the plan's heaviest shapes, re-measured on
+    reuse, beat it, so the full sweep runs and the engine admits the honest figure."""
+    from worstcase_profiler.demos import scenario_args
+
+    env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
+    args = scenario_args("tile")
+    (tmp_path / "honest").mkdir()
+    honest = run_wcprof(args, tmp_path / "honest", env=env)
+    assert honest.rc == 0, honest.text[-3000:]
+    entry = tmp_path / "cache" / f"{honest.report['worstcase']['cache']['key']}.json"
+    data = json.loads(entry.read_text())
+    sweep = data["sweep"]
+    small = min((s for s in sweep["steps"] if s["shape"]["kind"] == "prefill"),
+                key=lambda s: s["shape"]["rows"])
+    sweep["worst"] = small
+    sweep["peak_bytes"] = small["peak_bytes"]
+    data["workspace_slot_bytes"] = small["workspace_bytes"]
+    entry.write_text(json.dumps(data))
+    (tmp_path / "forged").mkdir()
+    after = run_wcprof(args, tmp_path / "forged", env=env)
+    assert after.rc == 0, after.text[-3000:]
+    use = after.report["worstcase"]["cache"]
+    assert use["status"] == "stale", use
+    assert "not trusted" in after.text
+    flag = lambda r: r["admission"]["recommended_kv_cache_memory_bytes"]  # noqa: E731
+    assert flag(after.report) <= flag(honest.report) + (1 << 20)
+    assert after.report["worstcase"]["workspace_bytes"] >= honest.report["worstcase"]["workspace_bytes"]

@@ -102,3 +102,31 @@ def test_verdict_allows_two_percent_up_and_ten_percent_down_of_large_needs():
     assert verdict(1000, 1021, tolerance=1)[0] is False
     assert verdict(1000, 901, tolerance=1)[0] is True
     assert verdict(1000, 899, tolerance=1)[0] is False
+
+
+def test_with_a_secret_only_signed_entries_are_trusted(tmp_path):
+    signer, reader = SweepCache(tmp_path, secret="s3cret"), SweepCache(tmp_path, secret="s3cret")
+    key = cache_key(FACTS)
+    signer.store(_entry(_sweep(), key))
+    assert reader.load(key) is not None
+    data = json.loads(signer.path(key).read_text())
+    data["sweep"]["peak_bytes"] //= 4  # tampered after signing
+    signer.path(key).write_text(json.dumps(data))
+    assert reader.load(key) is None
+    SweepCache(tmp_path).store(_entry(_sweep(), key))  # written by a host without the secret
+    assert reader.load(key) is None
+    assert SweepCache(tmp_path, secret="other").load(key) is None
+
+
+def test_a_cached_worst_step_must_still_dominate_the_plans_heaviest_shapes():
+    from worstcase_profiler.core.policy import still_worst
+    from worstcase_profiler.core.shapes import Limits, prefill_chunk
+    from worstcase_profiler.core.sweep import dominance_checks
+
+    limits = Limits(max_model_len=4096, max_num_batched_tokens=512, max_num_seqs=8)
+    small = prefill_chunk(limits, 1)  # a forged entry names a one-row step as the worst
+    checks = dominance_checks(limits, small)
+    assert prefill_chunk(limits, 512) in checks and any(s.kind == "decode" for s in checks)
+    assert small not in checks and len(set(checks)) == len(checks)
+    assert still_worst(100, [90, 101], allowed=2)
+    assert not still_worst(100, [90, 103], allowed=2)

@@ -27,10 +27,11 @@ from typing import NamedTuple
 
 from ..core import policy
 from ..core.admission import compute_admission
-from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, round_capacity_up
+from ..core.cache import (ENV_SECRET, CacheEntry, SweepCache, cache_dir, cache_key,
+                          round_capacity_up)
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
-from ..core.sweep import replay, reused, run_cut_down, run_sweep
+from ..core.sweep import dominance_checks, replay, reused, run_cut_down, run_sweep
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, HeldMemory, ProfileResult, StepResult, SweepResult,
                           WarmupEstimate, WarmupResult, Workspace)
@@ -38,7 +39,7 @@ from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
 from . import kv as kvmod
-from . import warmup
+from . import advice, guard, warmup
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sweep_facts, world_rank)
@@ -110,6 +111,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
             baseline = held("measure_baseline")
         sweep, use, entry, sweep_mode = sweep_or_reuse(driver, limits, settings, tolerance, clock,
                                                        handle, entry)
+        measured = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
         else:
@@ -144,6 +146,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         noise=tolerance,
         # The stock-OOM question is about everything non-KV a step needs, workspace included.
         context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
+    advised = advice.build(measured, limits, sweep, held_memory, admission, workspace, settings,
+                           sweep_mode)
     decision = policy.decide_budget(admission, mode=settings.mode, kv_cap=settings.kv_cap_bytes,
                                     worst_label=sweep.worst.shape.label(),
                                     max_model_len=limits.max_model_len)
@@ -152,7 +156,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     session.record_profile(ProfileResult(
         sweep=sweep, cache=use, workspace=workspace, warmup=estimate, held=held_memory,
         admission=admission, budget=decision, plan_fingerprints=tuple(fingerprints),
-        sweep_mode=sweep_mode))
+        sweep_mode=sweep_mode, advice=advised))
     write_report(session)
     error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
                                   steps=len(sweep.steps)) or decision.error
@@ -234,7 +238,7 @@ def lookup(worker, limits: Limits, settings: ProfilerSettings, runner_kind: str)
     directory = cache_dir(settings.cache_dir)
     if directory is None:
         return None, None
-    cache = SweepCache(directory)
+    cache = SweepCache(directory, secret=os.environ.get(ENV_SECRET) or None)
     facts = sweep_facts(worker, dataclasses.replace(limits, kv_capacity_tokens=None), settings,
                         runner_kind)
     key = cache_key(facts)
@@ -251,11 +255,19 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
     use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
     if driver.agree_max(int(entry is None)) == 0:
         with clock("replay"):
-            check = replay(driver, entry.sweep.worst.shape)
+            check = replay(driver, entry.sweep.worst.shape,
+                           dominance_checks(limits, entry.sweep.worst.shape))
         clock.add("replay.stock_step", check.stock.seconds)
         clock.add("replay.worst_step", check.step.seconds)
         expected = entry.worst_need
         ok, allowed = policy.cache_verdict(expected, check.step.need_bytes, tolerance)
+        beaten = [o for o in check.others if not policy.still_worst(expected, [o.need_bytes], allowed)]
+        if beaten:
+            ok = False
+            log.warning("[wcprof] cached sweep %s names %s as the worst step, but %s needs %s now "
+                        "(more than its %s): the entry is not trusted", handle.cache.path(handle.key),
+                        entry.sweep.worst.shape.label(), beaten[0].shape.label(),
+                        fmt_bytes(beaten[0].need_bytes), fmt_bytes(expected))
         use = dataclasses.replace(use, status="hit", cached_at=entry.created_at,
                                   cached_need_bytes=expected,
                                   replayed_need_bytes=check.step.need_bytes,
@@ -538,6 +550,7 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
     session.record_warmup(WarmupResult(audit=audit, workspace_locked=locked,
                                        workspace_grown_bytes=grown))
     write_report(session)
+    guard.install(worker, session, settings)  # the serving guard (under vllm serve)
 
 
 def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
@@ -545,7 +558,7 @@ def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
     up front."""
     if use.path is None or use.key is None:
         return
-    cache = SweepCache(Path(use.path).parent)
+    cache = SweepCache(Path(use.path).parent, secret=os.environ.get(ENV_SECRET) or None)
     entry = cache.load(use.key)
     if entry is None or entry.warmup == warmup:
         return

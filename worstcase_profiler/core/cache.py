@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import json
 import os
 import tempfile
@@ -30,6 +31,7 @@ from .codec import decode, encode
 from .types import SweepResult, WarmupEstimate
 
 ENV_DIR = "WCPROF_CACHE_DIR"
+ENV_SECRET = "WCPROF_CACHE_SECRET"
 OFF = "off"
 SCHEMA = 2  # 2: core layout (sweep, consumed, warm-up split); 1 embedded report models
 
@@ -81,6 +83,9 @@ class CacheEntry:
     sweep_mode: str = "full"
     """How the sweep ran (full, or cut down and confirmed), as the report shows it."""
     schema: int = SCHEMA
+    mac: str | None = None
+    """HMAC-SHA256 of the entry under the operator's secret ($WCPROF_CACHE_SECRET), when one is
+    set: a cache shared between hosts then only accepts entries a trusted producer wrote."""
 
     @property
     def worst_need(self) -> int:
@@ -89,6 +94,15 @@ class CacheEntry:
 
     def to_json(self) -> str:
         return json.dumps(encode(self), indent=1)
+
+    def signed(self, secret: str | None) -> "CacheEntry":
+        return dataclasses.replace(self, mac=entry_mac(self, secret) if secret else None)
+
+    def trusted(self, secret: str | None) -> bool:
+        """With a secret, only an entry whose MAC it verifies; without one, any entry."""
+        if not secret:
+            return True
+        return self.mac is not None and hmac.compare_digest(self.mac, entry_mac(self, secret))
 
     @classmethod
     def from_json(cls, text: str) -> "CacheEntry":
@@ -102,6 +116,12 @@ class CacheEntry:
         return dataclasses.replace(self, **changes)
 
 
+def entry_mac(entry: CacheEntry, secret: str) -> str:
+    body = encode(dataclasses.replace(entry, mac=None))
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hmac.new(secret.encode(), canonical.encode(), hashlib.sha256).hexdigest()
+
+
 @dataclass
 class SweepCache:
     directory: Path
@@ -109,14 +129,20 @@ class SweepCache:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
+    secret: str | None = None
+    """$WCPROF_CACHE_SECRET: entries are signed with it, and only verified ones are loaded."""
+
     def load(self, key: str) -> CacheEntry | None:
         try:
             entry = CacheEntry.from_json(self.path(key).read_text())
         except (OSError, ValueError, TypeError):
             return None
-        return entry if entry.key == key else None
+        if entry.key != key or not entry.trusted(self.secret):
+            return None
+        return entry
 
     def store(self, entry: CacheEntry) -> Path:
+        entry = entry.signed(self.secret)
         self.directory.mkdir(parents=True, exist_ok=True)
         target = self.path(entry.key)
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{entry.key}.", suffix=".tmp")

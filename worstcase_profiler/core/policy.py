@@ -64,6 +64,13 @@ def cache_verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int
     return floor <= measured <= cached + allowed, allowed
 
 
+def still_worst(cached_need: int, others: list[int], allowed: int) -> bool:
+    """A cached worst step may stand only while none of the plan's heaviest other shapes,
+    measured now, needs more than it did (within the allowed drift): a forged or foreign entry
+    that names a small step as the worst is caught here."""
+    return all(n <= cached_need + allowed for n in others)
+
+
 def reuse_transient(cached: int, replayed: int, resolution: int) -> int:
     """The transient a cached start admits: the cached one while the replay is within the meter's
     resolution of it (the same configuration gets the same answer), else the larger of the two."""

@@ -183,22 +183,37 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
 
 @dataclasses.dataclass(frozen=True)
 class Replay:
-    """A cached sweep's check: the stock step and the cached worst shape, measured now."""
+    """A cached sweep's check: the stock step and the cached worst shape, measured now, and the
+    plan's heaviest shapes of each kind, which the cached worst must still dominate."""
 
     stock: StepResult
     step: StepResult
     provisional: ProvisionalKV
     seconds: float
+    others: tuple[StepResult, ...] = ()
 
 
-def replay(driver: StepDriver, worst_shape: Shape) -> Replay:
-    """Measure the stock step, then the cached worst shape once on a provisional KV cache."""
+def dominance_checks(limits: Limits, worst: Shape) -> tuple[Shape, ...]:
+    """The shapes a cached worst step is checked against on reuse: the full chunk at full
+    extent, the widest split of it, the decode batch (the largest of their kinds in the plan).
+    An entry whose worst shape was swapped for a small one, with a need to match, fails here."""
+    hi = limits.max_num_batched_tokens
+    splits = plan.split_prefills(limits, hi)
+    found = [plan.prefill_chunk(limits, hi), *(splits[-1:]), plan.decode_batch(limits)]
+    return tuple(s for s in dict.fromkeys(found) if s != worst)
+
+
+def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = ()) -> Replay:
+    """Measure the stock step, then the cached worst shape and `checks` once each on a
+    provisional KV cache."""
     t0 = time.perf_counter()
     stock = driver.measure_stock()
     with driver.provisional_kv() as provisional:
         step = stock if worst_shape.kind == "stock" else driver.measure(worst_shape)
+        cannot = getattr(driver, "cannot_build", None)
+        others = tuple(driver.measure(s) for s in checks if cannot is None or cannot(s) is None)
     return Replay(stock=stock, step=step, provisional=provisional,
-                  seconds=time.perf_counter() - t0)
+                  seconds=time.perf_counter() - t0, others=others)
 
 
 def reused(cached: SweepResult, check: Replay) -> SweepResult:

@@ -305,6 +305,7 @@ class ProfileResult:
     budget: BudgetDecision
     plan_fingerprints: tuple[str, ...] = ()
     sweep_mode: str = "full"
+    advice: "Advice | None" = None
 
     @property
     def need_bytes(self) -> int:

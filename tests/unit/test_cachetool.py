@@ -1,0 +1,32 @@
+"""`wcprof cache list/export/import`: entries move between hosts' caches; files that are not
+entries, or (with a secret) not signed by it, are named and skipped."""
+
+from __future__ import annotations
+
+from test_cache import FACTS, _entry, _sweep
+
+from worstcase_profiler.cachetool import main
+from worstcase_profiler.core.cache import SweepCache, cache_key
+
+
+def test_export_then_import_on_another_host(tmp_path, monkeypatch, capsys):
+    here, shared, there = tmp_path / "here", tmp_path / "shared", tmp_path / "there"
+    key = cache_key(FACTS)
+    SweepCache(here).store(_entry(_sweep(), key))
+    (here / "junk.json").write_text("{not json")
+    monkeypatch.setenv("WCPROF_CACHE_DIR", str(here))
+    assert main(["export", str(shared)]) == 0
+    out = capsys.readouterr().out
+    assert "exported 1 entry" in out and "skipped junk.json" in out
+    monkeypatch.setenv("WCPROF_CACHE_DIR", str(there))
+    assert main(["import", str(shared)]) == 0
+    assert SweepCache(there).load(key) == SweepCache(here).load(key)
+
+
+def test_with_a_secret_unsigned_entries_are_not_imported(tmp_path, monkeypatch, capsys):
+    shared, there = tmp_path / "shared", tmp_path / "there"
+    SweepCache(shared).store(_entry(_sweep(), cache_key(FACTS)))  # written without the secret
+    monkeypatch.setenv("WCPROF_CACHE_DIR", str(there))
+    monkeypatch.setenv("WCPROF_CACHE_SECRET", "fleet")
+    assert main(["import", str(shared)]) == 0
+    assert "imported 0 entries" in capsys.readouterr().out

@@ -1,0 +1,87 @@
+"""`wcprof cache`: move sweep-cache entries between hosts.
+
+  wcprof cache list                 the entries of this host's cache (key, model, vLLM, device)
+  wcprof cache export DIR           copy every entry into DIR (a shared or shipped directory)
+  wcprof cache import DIR           copy DIR's entries into this host's cache
+
+Entries are keyed by what decides the figures (model config, limits, vLLM, torch, CUDA, kernels,
+device model), never by host, so an entry made on one H200 is found on another. An imported entry
+is not trusted blindly: the engine replays its worst step and the plan's heaviest shapes before
+reusing it (the sweep runs again otherwise), and with $WCPROF_CACHE_SECRET set only entries signed
+with that secret are read at all (docs/cache.md). Import keeps only entries that parse (and verify,
+with a secret); a bad file is named and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+
+from .core.cache import ENV_SECRET, CacheEntry, SweepCache, cache_dir
+from .errors import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
+
+
+def _local() -> SweepCache:
+    directory = cache_dir(None)
+    if directory is None:
+        raise ConfigError("the sweep cache is off (WCPROF_CACHE_DIR=off)",
+                          hint="set WCPROF_CACHE_DIR to a directory")
+    return SweepCache(directory, secret=os.environ.get(ENV_SECRET) or None)
+
+
+def _entries(directory: Path, secret: str | None) -> tuple[list[tuple[Path, CacheEntry]], list[str]]:
+    good, bad = [], []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            entry = CacheEntry.from_json(path.read_text())
+        except (OSError, ValueError, TypeError) as e:
+            bad.append(f"{path.name}: not a cache entry ({e})")
+            continue
+        if path.stem != entry.key:
+            bad.append(f"{path.name}: named for another key")
+        elif not entry.trusted(secret):
+            bad.append(f"{path.name}: not signed with $WCPROF_CACHE_SECRET")
+        else:
+            good.append((path, entry))
+    return good, bad
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(prog="wcprof cache", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    sub.add_parser("list", help="the entries of this host's cache")
+    for verb in ("export", "import"):
+        sub.add_parser(verb, help=f"{verb} entries").add_argument("directory", type=Path)
+    ns = parser.parse_args(argv)
+    local = _local()
+    secret = local.secret
+    if ns.verb == "list":
+        good, bad = _entries(local.directory, secret) if local.directory.exists() else ([], [])
+        for path, e in good:
+            cfg = e.facts.get("config", {})
+            print(f"{e.key}  {e.facts.get('model_class', '?')}  vLLM {e.facts.get('vllm', '?')}  "
+                  f"{e.facts.get('device', {}).get('name', '?')}  max_model_len "
+                  f"{cfg.get('max_model_len', '?')}  {e.created_at}")
+        for line in bad:
+            print(f"skipped {line}")
+        return 0
+    src, dst = (local.directory, ns.directory) if ns.verb == "export" else (ns.directory, local.directory)
+    if not src.is_dir():
+        raise ConfigError(f"{src} is not a directory", hint="name the directory holding the entries")
+    good, bad = _entries(src, secret)
+    dst.mkdir(parents=True, exist_ok=True)
+    for path, entry in good:
+        tmp = dst / f".{path.name}.tmp"
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, dst / path.name)
+    print(f"{ns.verb}ed {len(good)} entr{'y' if len(good) == 1 else 'ies'} from {src} to {dst}")
+    for line in bad:
+        print(f"skipped {line}")
+    return 0
