@@ -10,6 +10,7 @@ wants its sweeps kept across runs (a GPU box) names a directory in WCPROF_TEST_C
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,19 @@ def _isolated_cache(tmp_path_factory):
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+
+
+@pytest.fixture
+def read_only_dir(tmp_path) -> Path:
+    """A directory this process cannot create files in (root ignores mode bits: /sys then)."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    for candidate in (d, Path("/sys")):
+        try:
+            fd, probe = tempfile.mkstemp(dir=candidate)
+        except OSError:
+            return candidate
+        os.close(fd)
+        os.unlink(probe)
+    pytest.skip("no read-only directory available to this user")

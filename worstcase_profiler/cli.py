@@ -676,24 +676,6 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERNAL
 
 
-def _demo(argv: list[str]) -> int:
-    from .demos import run_demo
-
-    return run_demo(argv)
-
-
-def _diff(argv: list[str]) -> int:
-    from .gates import diff_main
-
-    return diff_main(argv)
-
-
-def _check(argv: list[str]) -> int:
-    from .gates import check_main
-
-    return check_main(argv)
-
-
 def _render(argv: list[str]) -> int:
     """wcprof render REPORT.json [--terminal] [--html P] [--png P] [--json P]
 
@@ -728,37 +710,32 @@ def _render(argv: list[str]) -> int:
     return 0
 
 
-def _gate(argv: list[str]) -> int:
-    """CI gate: profile a file of configurations, fail when one got worse than its baseline"""
-    from .ci_gate import main as gate_main
+def _lazy(target: str, doc: str):
+    """A subcommand whose module is imported only when it runs ("module:function")."""
+    module, _, attr = target.partition(":")
 
-    return gate_main(argv)
+    def run(argv: list[str]) -> int:
+        import importlib
 
+        return getattr(importlib.import_module(f"worstcase_profiler.{module}"), attr)(argv)
 
-def _advise(argv: list[str]) -> int:
-    """what a smaller max_num_batched_tokens buys: KV against prefill speed (from --advise)"""
-    from .readback import advise_main
-
-    return advise_main(argv)
-
-
-def _guard(argv: list[str]) -> int:
-    """did the profile hold in production? read a served engine's /metrics"""
-    from .readback import guard_main
-
-    return guard_main(argv)
+    run.__doc__ = doc
+    return run
 
 
-def _cache(argv: list[str]) -> int:
-    """list, export or import sweep-cache entries (a fleet shares one measurement)"""
-    from .cachetool import main as cache_main
-
-    return cache_main(argv)
-
-
-SUBCOMMANDS = {"profile": profile, "demo": _demo, "check": _check, "diff": _diff,
-               "render": _render, "gate": _gate, "advise": _advise, "guard": _guard,
-               "cache": _cache}
+SUBCOMMANDS = {
+    "profile": profile,
+    "demo": _lazy("demos:run_demo", COMMANDS["demo"]),
+    "check": _lazy("gates:check_main", COMMANDS["check"]),
+    "diff": _lazy("gates:diff_main", COMMANDS["diff"]),
+    "render": _render,
+    "gate": _lazy("ci_gate:main", "CI gate: profile a file of configurations, fail when one "
+                                  "got worse than its baseline"),
+    "advise": _lazy("readback:advise_main", COMMANDS["advise"]),
+    "guard": _lazy("readback:guard_main", COMMANDS["guard"]),
+    "cache": _lazy("cachetool:main", "list, export or import sweep-cache entries (a fleet "
+                                     "shares one measurement)"),
+}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,6 +17,7 @@ Exit codes, both subcommands:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable, Literal
@@ -151,7 +152,7 @@ def _load(path: str) -> Report:
 def _config_differences(old: Report, new: Report) -> list[str]:
     keys = ("model", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
             "tensor_parallel_size")
-    a, b = old.config.model_dump(), new.config.model_dump()
+    a, b = dataclasses.asdict(old.config), dataclasses.asdict(new.config)
     out = [f"{k}: {a[k]} -> {b[k]}" for k in keys if a[k] != b[k]]
     if old.device.name != new.device.name:
         out.append(f"device: {old.device.name} -> {new.device.name}")

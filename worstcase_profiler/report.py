@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-if TYPE_CHECKING:  # the projection's input; the schema itself needs nothing from the core
+# Plain records (a step's shape, a device, an engine's limits, a workspace slot, a KV group) are the
+# core's own frozen dataclasses: pydantic validates and serialises them like its models, and
+# their JSON is the same. Everything with a meaning of its own to document keeps a model here.
+from .core.types import DeviceInfo, EngineConfig, KVAuditGroup, Shape, WorkspaceSlot  # noqa: E402
+
+if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
 SCHEMA_VERSION = "1.4"
@@ -23,20 +28,6 @@ SCHEMA_VERSION = "1.4"
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`).
 
 ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
-
-
-class Shape(BaseModel):
-    """One synthetic step: `num_reqs` requests, `rows` new tokens in total, each request already
-    holding `context_len` cached tokens (the KV extent the attention kernels read is
-    context_len + its own query rows)."""
-
-    kind: ShapeKind
-    rows: int
-    context_len: int
-    num_reqs: int = 1
-
-    def label(self) -> str:
-        return f"{self.kind} rows={self.rows} ctx={self.context_len} reqs={self.num_reqs}"
 
 
 class StepResult(BaseModel):
@@ -93,13 +84,6 @@ class Coverage(BaseModel):
     tolerance_bytes: int
     executed_rows: list[int]
     segments: list[Segment]
-
-
-class WorkspaceSlot(BaseModel):
-    ubatch: int
-    lane: int
-    bytes_before: int
-    bytes_after: int
 
 
 class CacheUse(BaseModel):
@@ -187,13 +171,6 @@ class Admission(BaseModel):
     one_request_bytes: int | None = Field(
         None, description="KV one request at max_model_len needs")
     fits: bool
-
-
-class KVAuditGroup(BaseModel):
-    name: str
-    layers: list[str]
-    declared_bytes: int
-    allocated_bytes: int
 
 
 class KVAudit(BaseModel):
@@ -289,25 +266,6 @@ class Advice(BaseModel):
         return next((c for c in self.candidates if c.chunk == chunk), None)
 
 
-class DeviceInfo(BaseModel):
-    kind: Literal["cpu", "cuda"]
-    name: str
-    total_bytes: int
-
-
-class EngineConfig(BaseModel):
-    model: str
-    max_model_len: int
-    max_num_batched_tokens: int
-    max_num_seqs: int
-    num_speculative_tokens: int = 0
-    block_size: int | None = None
-    kv_cache_dtype: str = "auto"
-    enforce_eager: bool = True
-    gpu_memory_utilization: float | None = None
-    tensor_parallel_size: int = 1
-
-
 class RunnerInfo(BaseModel):
     runner: Literal["v1", "v2"]
     worker: str
@@ -376,12 +334,8 @@ class Verdict(str, enum.Enum):
 
 # --- the projection: a start-up session's phase results onto the schema ----------------------
 
-def _shape(s) -> Shape:
-    return Shape(kind=s.kind, rows=s.rows, context_len=s.context_len, num_reqs=s.num_reqs)
-
-
 def _step(r) -> StepResult:
-    return StepResult(shape=_shape(r.shape), peak_bytes=r.peak_bytes, seconds=r.seconds,
+    return StepResult(shape=r.shape, peak_bytes=r.peak_bytes, seconds=r.seconds,
                       top_op=r.top_op, workspace_bytes=r.workspace_bytes)
 
 
@@ -396,7 +350,7 @@ def _validation(v) -> Validation:
     return Validation(measured_peak_bytes=v.measured_peak_bytes,
                       predicted_peak_bytes=v.predicted_peak_bytes, ratio=v.ratio,
                       requests=list(v.requests), seconds=v.seconds, rank=v.rank, target=v.target,
-                      shape=_shape(v.shape) if v.shape is not None else None, note=v.note)
+                      shape=v.shape if v.shape is not None else None, note=v.note)
 
 
 def validation_model(v) -> Validation:
@@ -405,7 +359,7 @@ def validation_model(v) -> Validation:
 
 
 def stock_figures(stock) -> StockFigures:
-    return StockFigures(peak_activation_bytes=stock.peak_bytes, shape=_shape(stock.shape),
+    return StockFigures(peak_activation_bytes=stock.peak_bytes, shape=stock.shape,
                         seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
 
 
@@ -418,7 +372,7 @@ def advice_model(a) -> Advice | None:
         rule=a.rule,
         candidates=[ChunkAdvice(
             chunk=c.chunk, need_bytes=c.need_bytes, transient_bytes=c.transient_bytes,
-            workspace_bytes=c.workspace_bytes, worst_shape=_shape(c.worst_shape),
+            workspace_bytes=c.workspace_bytes, worst_shape=c.worst_shape,
             budget_bytes=c.budget_bytes, kv_cache_bytes=c.kv_cache_bytes, kv_tokens=c.kv_tokens,
             fits=c.fits, prefill_seconds=c.prefill_seconds,
             prefill_tokens_per_s=c.prefill_tokens_per_s, reused_steps=c.reused_steps,
@@ -438,13 +392,12 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
     warm = phases.warmup
     wc = WorstCase(
         peak_activation_bytes=sweep.peak_bytes, workspace_bytes=ws.total_bytes,
-        post_profile_bytes=sweep.post_profile_bytes, worst_shape=_shape(sweep.worst.shape),
+        post_profile_bytes=sweep.post_profile_bytes, worst_shape=sweep.worst.shape,
         worst_op=sweep.worst_op, rows_covered=RowsCovered(min=1, max=sweep.rows_max),
         shapes_executed=len(sweep.steps), coverage=coverage_model(sweep.coverage),
         context_curve=[_step(r) for r in sweep.context_curve],
         steps=[_step(r) for r in sweep.steps],
-        workspace_slots=[WorkspaceSlot(ubatch=s.ubatch, lane=s.lane, bytes_before=s.bytes_before,
-                                       bytes_after=s.bytes_after) for s in ws.slots],
+        workspace_slots=list(ws.slots),
         workspace_locked=bool(warm and warm.workspace_locked), seconds=sweep.seconds,
         plan_fingerprints=list(prof.plan_fingerprints),
         cache=CacheUse(**{k: getattr(prof.cache, k) for k in CacheUse.model_fields}),
@@ -468,8 +421,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
     kv_audit = None if kv is None else KVAudit(
         budget_bytes=kv.budget_bytes, allowed_bytes=kv.allowed_bytes,
         allocated_bytes=kv.allocated_bytes, ratio=kv.ratio, delta_process_bytes=kv.delta_process_bytes,
-        groups=[KVAuditGroup(name=g.name, layers=list(g.layers), declared_bytes=g.declared_bytes,
-                             allocated_bytes=g.allocated_bytes) for g in kv.groups],
+        groups=list(kv.groups),
         verdict=kv.verdict, message=kv.message)
     wa = warm.audit if warm is not None else None
     warmup_audit = None if wa is None else WarmupAudit(
@@ -481,8 +433,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
     return Report(
         tool_version=facts.tool_version, vllm_version=facts.vllm_version, created_at=created_at,
         rank=facts.rank,
-        device=DeviceInfo(kind=dev.kind, name=dev.name, total_bytes=dev.total_bytes),
-        config=EngineConfig(**{k: getattr(cfg, k) for k in EngineConfig.model_fields}),
+        device=dev, config=cfg,
         runner=RunnerInfo(runner=facts.runner, worker=facts.worker,
                           attention_backends=list(facts.attention_backends)),
         stock=stock_figures(sweep.stock), worstcase=wc, admission=admission, kv_audit=kv_audit,

@@ -54,18 +54,6 @@ def one_error(p, code: int = 2, *words: str) -> str:
     return p.stderr
 
 
-def _read_only_dir(tmp_path: Path) -> Path:
-    d = tmp_path / "ro"
-    d.mkdir()
-    d.chmod(0o555)
-    for candidate in (d, Path("/sys")):  # root ignores mode bits; /sys refuses new files
-        try:
-            fd, probe = tempfile.mkstemp(dir=candidate)
-        except OSError:
-            return candidate
-        os.close(fd)
-        os.unlink(probe)
-    pytest.skip("no read-only directory available to this user")
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -110,8 +98,8 @@ def test_hub_model_while_offline(no_vllm, tmp_path):
 
 # -- outputs -----------------------------------------------------------------------------------
 
-def test_json_into_read_only_directory(no_vllm, tmp_path):
-    ro = _read_only_dir(tmp_path)
+def test_json_into_read_only_directory(no_vllm, tmp_path, read_only_dir):
+    ro = read_only_dir
     p = wcprof(["--json", str(ro / "report.json")], no_vllm, tmp_path)
     one_error(p, 2, "--json", "cannot write in")
     assert p.seconds < 30  # before any sweep (a sweep alone takes longer than preflight)
@@ -244,8 +232,8 @@ def test_render_a_file_that_is_not_a_report(no_vllm, tmp_path):
     one_error(wcprof(["render", "x.json"], no_vllm, tmp_path), 2, "not a wcprof report")
 
 
-def test_render_into_a_read_only_directory(no_vllm, tmp_path):
-    ro = _read_only_dir(tmp_path)
+def test_render_into_a_read_only_directory(no_vllm, tmp_path, read_only_dir):
+    ro = read_only_dir
     one_error(wcprof(["render", str(REPORT), "--html", str(ro / "r.html")], no_vllm, tmp_path),
               2, "cannot write in")
 

@@ -34,19 +34,6 @@ def _model_dir(tmp_path: Path, config: str | None, name: str = "m") -> Path:
     return d
 
 
-def _read_only_dir(tmp_path: Path) -> Path:
-    """A directory this process cannot create files in (root ignores mode bits: /sys then)."""
-    d = tmp_path / "ro"
-    d.mkdir()
-    d.chmod(0o555)
-    for candidate in (d, Path("/sys")):
-        try:
-            fd, probe = tempfile.mkstemp(dir=candidate)
-        except OSError:
-            return candidate
-        os.close(fd)
-        os.unlink(probe)
-    pytest.skip("no read-only directory available to this user")
 
 
 def test_import_is_pure():
@@ -200,8 +187,8 @@ def test_output_under_a_file(tmp_path):
         preflight.check_output, str(f / "r.json"), "--json").message
 
 
-def test_output_in_read_only_directory(tmp_path):
-    ro = _read_only_dir(tmp_path)
+def test_output_in_read_only_directory(tmp_path, read_only_dir):
+    ro = read_only_dir
     e = _fails(preflight.check_output, str(ro / "r.json"), "--json")
     assert "cannot write in" in e.message and "writable directory" in e.hint
 
@@ -287,10 +274,10 @@ def test_serve_disabled_checks_nothing():
     preflight.check_serve(ProfilerSettings(json_path="/sys/r.json"))
 
 
-def test_serve_unwritable_report(tmp_path):
+def test_serve_unwritable_report(tmp_path, read_only_dir):
     from worstcase_profiler.settings import ProfilerSettings
 
-    ro = _read_only_dir(tmp_path)
+    ro = read_only_dir
     e = _fails(preflight.check_serve, ProfilerSettings(mode="enforce",
                                                        json_path=str(ro / "r.json")))
     assert e.message.startswith("--profiler-report")
