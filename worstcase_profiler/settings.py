@@ -62,6 +62,10 @@ class ProfilerSettings:
     """The production guard (adapter/guard.py): each served step's allocator peak against the
     prediction, exported on /metrics. auto: on under `vllm serve`, off in-process (LLM(...),
     wcprof, benchmarks), where callers read the allocator's peak themselves."""
+    validate_on_start: Literal["off", "worst", "all"] = "off"
+    """Under `vllm serve`: before the server accepts traffic, build the report's worst step from
+    real requests (worst; all: and generic traffic) and refuse to start when it needs more than
+    predicted (adapter/serve_validation.py)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -138,6 +142,8 @@ def _coerce(key: str, value: Any) -> Any:
             raise ConfigError(f"{CONFIG_KEY}.guard must be auto, on or off, got {value!r}")
     if key == "kv_audit" and value not in ("error", "warn", "off"):
         raise ConfigError(f"{CONFIG_KEY}.kv_audit must be error, warn or off, got {value!r}")
+    if key == "validate_on_start" and value not in ("off", "worst", "all"):
+        raise ConfigError(f"{CONFIG_KEY}.validate_on_start must be off, worst or all, got {value!r}")
     if key == "sweep_depth" and value not in ("auto", "full", "cut-down"):
         raise ConfigError(f"{CONFIG_KEY}.sweep_depth must be auto, full or cut-down, got {value!r}")
     return value

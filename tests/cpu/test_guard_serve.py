@@ -52,7 +52,9 @@ def served(tmp_path_factory):
          "--enforce-eager", "--max-model-len", "4096", "--max-num-batched-tokens", "512",
          "--max-num-seqs", "8", "--gpu-memory-utilization", "0.25", "--host", "127.0.0.1",
          "--port", str(port), "--profiler", "worstcase", "--profiler-report",
-         str(tmp / "report.json")],
+         str(tmp / "report.json"),
+         # issue 14: the opt-in check before the server accepts traffic rides on this server
+         "--additional-config", '{"worstcase_profiler": {"validate_on_start": "worst"}}'],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
     state = {"port": port, "tmp": tmp, "proc": proc, "log": log_path, "env": env}
     try:
@@ -125,3 +127,17 @@ def test_stopping_the_server_removes_the_guards_files(served):
     proc.terminate()
     proc.wait(timeout=60)
     assert not list((served["tmp"] / "guard").glob("wcprof-guard-*/*.bin"))
+
+
+def test_serving_validation_built_the_worst_step_before_traffic(served):
+    """validate_on_start=worst: the report's own worst step, built from real requests after the
+    engine is up and before the HTTP server accepts traffic, within the prediction, recorded in
+    the report and logged once per rank."""
+    text = served["log"].read_text()
+    line = next(l for l in text.splitlines() if "[wcprof] serving validation, rank 0" in l)
+    started = next(i for i, l in enumerate(text.splitlines()) if "Starting vLLM server" in l
+                   or "Uvicorn running" in l or "Application startup complete" in l)
+    assert text.splitlines().index(line) < started, "validated after the server started"
+    worst = [v for v in served["report"]["validations"] if v["target"] == "worst-step"]
+    assert worst and worst[0]["measured_peak_bytes"] <= worst[0]["predicted_peak_bytes"], worst
+    assert worst[0]["shape"]["rows"] == served["report"]["worstcase"]["worst_shape"]["rows"]

@@ -156,6 +156,18 @@ REGISTRY: tuple[Touch, ...] = (
           "warm-up: the device memory CUDA-graph capture keeps, so the warm-up audit can say "
           "whether graphs or other buffers were kept; rehearsal: capture skipped (graphs are "
           "measured by vLLM's own estimator) or redirected to a throwaway pool"),
+    Touch("worker-rpc", "class-wrap", "Worker.wcprof_rpc, CPUWorker.wcprof_rpc (a method added)",
+          "the API server's serving validation asks every worker, through vLLM's own "
+          "collective_rpc by method name (no pickled callables), to start and read its meter and "
+          "to record the result in its report",
+          retire="a plugin RPC hook on the worker"),
+    Touch("serve-validate", "class-wrap",
+          "vllm.entrypoints.launchers.api_server.entry.build_async_engine_client_from_engine_args "
+          "(0.32+), vllm.entrypoints.openai.api_server's (0.26-0.31)",
+          "with validate_on_start, `vllm serve` builds the report's own worst step from real "
+          "requests after the engine is up and before the HTTP server accepts traffic, and "
+          "refuses to start when it needs more than predicted",
+          run="0.32 (CPU)", retire="a server start-up hook for plugins"),
     Touch("decoder-depth", "config-pin",
           "the decoder's end_layer (vLLM's pipeline-parallel layer range), for one synthetic "
           "step of a cut-down sweep",
@@ -295,6 +307,30 @@ def _patch_workers() -> bool:
     return changed
 
 
+def _worker_rpc(self, op: str, payload=None):
+    """Worker.wcprof_rpc(op, payload): what the API server's serving validation asks a worker
+    (by name, so it crosses vLLM's msgpack RPC without pickled callables)."""
+    from .validation import worker_rpc
+
+    return worker_rpc(self, op, payload)
+
+
+def _add_worker_rpc() -> bool:
+    # vllm-touch: worker-rpc
+    changed = False
+    for cls in _worker_classes():
+        if "wcprof_rpc" not in cls.__dict__:
+            cls.wcprof_rpc = _worker_rpc
+            changed = True
+    return changed
+
+
+def _patch_serve_validation() -> bool:
+    from .serve_validation import install
+
+    return install()
+
+
 def _patch_cli() -> bool:
     # vllm-touch: serve-profiler-flag
     from vllm.engine.arg_utils import EngineArgs
@@ -356,6 +392,8 @@ def _patch_guard_export() -> bool:
 # What apply_all installs: registry entry -> installer. Instance swaps, reads and pins are made
 # by the code that needs them, at its marker.
 INSTALLERS: dict[str, Callable[[], bool]] = {
+    "worker-rpc": _add_worker_rpc,
+    "serve-validate": _patch_serve_validation,
     "serve-profiler-flag": _patch_cli,
     "worker-budget": _patch_workers,
     "worker-kv-init": _patch_workers,

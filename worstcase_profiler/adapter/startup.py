@@ -114,6 +114,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         measured = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
+            if graphs.bytes is not None:
+                session.warn("vLLM's own CUDA-graph estimate at this start captured every graph "
+                             "(the profiler measures them exactly on a first start), so the "
+                             "stock KV figure here is vLLM's with that estimate, not its sampled one")
         else:
             estimate = cached_warmup(worker, entry)
         with clock("workspace_grow"):

@@ -127,3 +127,38 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
     note = plan.note if plan.exact else (plan.note or "approximate")
     return _results(peaks, workspace, predicted, [b.label for b in plan.batches if b.measured],
                     time.perf_counter() - t0, target="worst-step", shape=plan.target, note=note)
+
+
+def worker_rpc(worker, op: str, payload=None):
+    """Worker side of the serving validation (Worker.wcprof_rpc, adapter/patches.py):
+      begin     reset this rank's meter
+      end       {"rank", "transient", "workspace"} since begin
+      summary   {"rank", "worst": [kind, rows, context_len, num_reqs], "peak"} of the profile
+      record    payload: plain Validation fields; recorded in this rank's report
+    Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
+    # vllm-touch: worker-session
+    from .facts import world_rank
+    from .startup import session_of, write_report
+
+    if op == "begin":
+        _begin(worker)
+        return None
+    if op == "end":
+        return _end(worker)
+    session = session_of(worker)
+    if op == "summary":
+        if session is None or session.profile is None:
+            return {"rank": world_rank(), "worst": None, "peak": 0}
+        worst = session.profile.sweep.worst.shape
+        return {"rank": world_rank(), "peak": session.profile.sweep.peak_bytes,
+                "worst": [worst.kind, worst.rows, worst.context_len, worst.num_reqs]}
+    if op == "record":
+        mine = [v for v in (payload or []) if v.get("rank") == world_rank()]
+        if session is not None and mine and not session.phases.validation:
+            session.record_validation(tuple(
+                Validation(**{**v, "requests": tuple(v["requests"]),
+                              "shape": Shape(*v["shape"]) if v.get("shape") else None})
+                for v in mine))
+            write_report(session)
+        return len(mine)
+    raise ValueError(f"unknown wcprof_rpc op {op!r}")

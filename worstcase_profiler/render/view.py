@@ -147,7 +147,7 @@ def details(report: Report) -> list[Detail]:
     out = [Detail("worst-step", f"worst step: {shape_text(wc.worst_shape)}; peak set in "
                                 f"{wc.worst_op or 'unknown op'} (stock profiles "
                                 f"{shape_text(report.stock.shape)})")]
-    if wc.workspace_slots or wc.workspace_bytes:
+    if wc.workspace_bytes or any(s.bytes_after for s in wc.workspace_slots):
         out.append(Detail("workspace", workspace_text(report)))
     warmup = f"cudagraphs {fmt_bytes(adm.cudagraph_bytes)}"
     if adm.warmup_source and adm.warmup_source != "none":

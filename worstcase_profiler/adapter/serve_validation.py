@@ -1,0 +1,137 @@
+"""`vllm serve --profiler worstcase` with `validate_on_start`: before the HTTP server accepts
+traffic, the report's own worst step is built from real requests (core/requests_plan.py) and
+measured on every rank, like `wcprof --validate worst`. Needing more than predicted refuses the
+start; the result goes into each rank's report and one log line.
+
+vLLM builds its engine client in `build_async_engine_client_from_engine_args` (an async context
+manager) and starts the HTTP server inside it; the wrap runs the requests between the two. The
+workers are asked through vLLM's own collective_rpc by method name (Worker.wcprof_rpc), so only
+plain data crosses processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+
+from ..core.requests_plan import plan_for, token_ids
+from ..core.shapes import Limits
+from ..core.types import Shape, Validation
+from ..errors import WcprofError
+from ..settings import resolve
+from ..sizes import fmt_bytes
+
+log = logging.getLogger("vllm.wcprof")
+
+MODULES = ("vllm.entrypoints.launchers.api_server.entry",  # 0.32+
+           "vllm.entrypoints.openai.api_server")           # 0.26-0.31
+NAME = "build_async_engine_client_from_engine_args"
+
+
+def install() -> bool:
+    """Wrap the engine-client builder where this vLLM defines it (idempotent)."""
+    # vllm-touch: serve-validate
+    import importlib
+
+    for name in MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        original = module.__dict__.get(NAME)
+        if original is None:
+            continue
+        if getattr(original, "_wcprof_original", None) is not None:
+            return False
+        wrapped = _wrap(original)
+        wrapped._wcprof_original = original
+        setattr(module, NAME, wrapped)
+        return True
+    return False
+
+
+def _wrap(original):
+    @contextlib.asynccontextmanager
+    async def build_async_engine_client_from_engine_args(engine_args, *args, **kwargs):
+        async with original(engine_args, *args, **kwargs) as client:
+            settings = resolve(getattr(engine_args, "additional_config", None))
+            if settings.enabled and settings.validate_on_start != "off":
+                await validate_before_serving(client, settings.validate_on_start)
+            yield client
+
+    return build_async_engine_client_from_engine_args
+
+
+async def validate_before_serving(client, which: str) -> list[Validation]:
+    """Build the worst step from requests on `client` (an AsyncLLM), measure every rank, record
+    the result in each rank's report; WcprofError when a rank needed more than predicted."""
+    from vllm import SamplingParams
+
+    from .facts import limits_of
+
+    # vllm-touch: worker-config
+    limits: Limits = limits_of(client.vllm_config)
+    summaries = await client.collective_rpc("wcprof_rpc", args=("summary",))
+    worst = next((s["worst"] for s in summaries if s.get("worst")), None)
+    if worst is None:
+        log.warning("[wcprof] serving validation skipped: no profile was recorded")
+        return []
+    predicted = {s["rank"]: int(s["peak"]) for s in summaries}
+    plan = plan_for(Shape(*worst), limits, prefix_caching=limits.prefix_caching)
+    vocab = int(client.model_config.get_vocab_size())
+    salt = iter(range(1, 1 << 30))
+    t0 = time.perf_counter()
+    peaks: dict[int, int] = {}
+    workspace: dict[int, int] = {}
+    for batch in plan.batches:
+        prompts = [token_ids(p, vocab, next(salt)) for p in batch.prompts]
+        params = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True)
+        if batch.measured:
+            await client.collective_rpc("wcprof_rpc", args=("begin",))
+        await asyncio.gather(*(_drain(client, {"prompt_token_ids": ids}, params, f"wcprof-{i}")
+                               for i, ids in enumerate(prompts, start=next(salt))))
+        if batch.measured:
+            for out in await client.collective_rpc("wcprof_rpc", args=("end",)):
+                peaks[out["rank"]] = max(peaks.get(out["rank"], 0), out["transient"])
+                workspace[out["rank"]] = out["workspace"]
+    seconds = time.perf_counter() - t0
+    results = []
+    for rank, transient in sorted(peaks.items()):
+        w = workspace[rank]
+        want, got = predicted.get(rank, 0) + w, transient + w
+        results.append(Validation(
+            measured_peak_bytes=got, predicted_peak_bytes=want,
+            ratio=got / want if want else float("inf"),
+            requests=tuple(b.label for b in plan.batches if b.measured), seconds=seconds,
+            rank=rank, target="worst-step", shape=plan.target,
+            note=None if plan.exact else (plan.note or "approximate")))
+    await client.collective_rpc("wcprof_rpc", args=("record", [_plain(v) for v in results]))
+    for v in results:
+        log.info("[wcprof] serving validation, rank %d: %s built from requests needed %s of "
+                 "predicted %s (%.4f)%s", v.rank, v.shape.label(), fmt_bytes(v.measured_peak_bytes),
+                 fmt_bytes(v.predicted_peak_bytes), v.ratio, f"; {v.note}" if v.note else "")
+    over = [v for v in results if v.measured_peak_bytes > v.predicted_peak_bytes]
+    if over:
+        v = over[0]
+        raise WcprofError(
+            f"serving validation: on rank {v.rank} the worst step built from real requests needed "
+            f"{fmt_bytes(v.measured_peak_bytes)}, more than the {fmt_bytes(v.predicted_peak_bytes)} "
+            f"predicted; the server does not start",
+            hint="report it with the profiler report; start without validate_on_start to serve "
+                 "anyway, or lower --kv-cache-memory-bytes by the difference")
+    return results
+
+
+async def _drain(client, prompt: dict, params, request_id: str) -> None:
+    async for _ in client.generate(prompt, params, request_id):
+        pass
+
+
+def _plain(v: Validation) -> dict:
+    d = dataclasses.asdict(v)
+    d["shape"] = [v.shape.kind, v.shape.rows, v.shape.context_len, v.shape.num_reqs] if v.shape else None
+    d["requests"] = list(v.requests)
+    return d
