@@ -335,13 +335,4 @@ class V1Driver(DriverBase):
             bt.clear()
 
 
-def make_driver(worker, limits: Limits, meter, agree_max=None):
-    runner = worker.model_runner
-    if is_v2_runner(runner):
-        from .runner_v2 import V2Driver
-
-        return V2Driver(runner, limits, meter, agree_max)
-    return V1Driver(runner, limits, meter, agree_max)
-
-
-__all__ = ["DriverBase", "V1Driver", "make_driver", "is_v2_runner"]
+__all__ = ["DriverBase", "V1Driver", "is_v2_runner"]

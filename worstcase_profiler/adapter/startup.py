@@ -44,7 +44,8 @@ from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sweep_facts, world_rank)
 from .meters import device_bytes_held, gc_frozen, meter_for, non_torch
-from .runner import is_v2_runner, make_driver
+from .runner import V1Driver, is_v2_runner
+from .runner_v2 import V2Driver
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -203,6 +204,13 @@ def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs, graphs_on:
              "buffers beyond the KV cache", rehearsal.seconds, fmt_bytes(graph_bytes),
              fmt_bytes(other))
     return WarmupEstimate(graphs_bytes=graph_bytes, other_bytes=other, source="rehearsal")
+
+
+def make_driver(worker, limits: Limits, meter, agree_max=None):
+    """The step driver over this worker's model runner: V2 (vllm/v1/worker/gpu/) or V1."""
+    runner = worker.model_runner
+    cls = V2Driver if is_v2_runner(runner) else V1Driver
+    return cls(runner, limits, meter, agree_max)
 
 
 def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bool,

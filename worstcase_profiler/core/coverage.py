@@ -15,11 +15,10 @@ and the measured peaks only, so every tensor-parallel rank runs the identical st
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
 from collections import deque
 from typing import Callable, Iterable
 
-from .types import CoveredSegment, RowsCoverage
+from .types import CoveredSegment, RowsCoverage, certified_count  # noqa: F401 (re-exported)
 
 # Irregular interior offsets (golden-section points): unlike halves/quarters they do not line
 # up with power-of-two tile boundaries, so a periodic staircase is unlikely to look collinear.
@@ -47,18 +46,6 @@ ARGUMENT_EXHAUSTIVE = (
     "Exhaustive: every rows value in the range was executed, so the worst peak is the exact "
     "maximum over all of them; no assumption about the shape of peak(rows) is needed."
 )
-
-
-def certified_count(segments: Iterable, executed_rows: Iterable[int]) -> int:
-    """Rows values inside chord segments that never ran (segments: anything with lo, hi and
-    how, the core's or the report's); chord segments only share their (executed) ends."""
-    executed = sorted(executed_rows)
-    total = 0
-    for seg in segments:
-        if seg.how == "chord" and seg.hi - seg.lo > 1:
-            ran_inside = bisect_left(executed, seg.hi) - bisect_right(executed, seg.lo)
-            total += (seg.hi - seg.lo - 1) - ran_inside
-    return total
 
 
 def interior_probes(a: int, b: int) -> list[int]:
