@@ -1,0 +1,194 @@
+"""Start-up policy (core/policy.py): the pure decisions the adapter applies. Round numbers, so
+each expectation can be checked by hand; warm-up and plan agreement have their own files."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from worstcase_profiler.core import policy
+from worstcase_profiler.core.admission import compute_admission
+from worstcase_profiler.core.types import KVAuditGroup
+from worstcase_profiler.errors import DoesNotFit, KVOvercommit
+
+GiB = 1024**3
+MiB = 1024**2
+BPT = 32 * 1024
+
+
+def adm(**over):
+    args = dict(requested=20 * GiB, consumed=4 * GiB, weights=3 * GiB, non_torch=GiB // 2,
+                worst_transient=3 * GiB, stock_need=2 * GiB, stock_kv=14 * GiB, cudagraph=0,
+                margin=GiB // 2, bytes_per_token=BPT, block_size=16, max_model_len=4096)
+    args.update(over)
+    return compute_admission(**args)
+
+
+def decide(a, mode="enforce", kv_cap=None):
+    return policy.decide_budget(a, mode=mode, kv_cap=kv_cap, worst_label="prefill 8192/4088",
+                                max_model_len=4096)
+
+
+# decide_budget ---------------------------------------------------------------------------------
+
+def test_enforce_hands_vllm_the_worst_case_budget():
+    a = adm()
+    d = decide(a)
+    assert d.error is None
+    assert d.budget_bytes == a.budget_bytes == 20 * GiB - 4 * GiB - 3 * GiB - GiB // 2
+    assert d.reason == "worst-case budget"
+
+
+def test_report_mode_keeps_vllms_figure_and_never_refuses():
+    a = adm(worst_transient=30 * GiB)  # does not fit
+    assert not a.fits
+    d = decide(a, mode="report")
+    assert d.error is None
+    assert d.budget_bytes == 14 * GiB
+    assert "report mode" in d.reason
+
+
+def test_enforce_refuses_a_configuration_that_does_not_fit_and_says_what_to_lower():
+    a = adm(worst_transient=16 * GiB)
+    d = decide(a)
+    assert isinstance(d.error, DoesNotFit)
+    assert "max_model_len=4096" in str(d.error)
+    assert "--max-model-len" in d.error.hint
+    assert d.budget_bytes == 0  # never negative
+
+
+def test_too_large_explicit_kv_is_refused_with_the_flag_value_that_fits():
+    a = adm(explicit_kv=13 * GiB)
+    assert not a.fits
+    d = decide(a)
+    assert isinstance(d.error, DoesNotFit)
+    assert f"--kv-cache-memory-bytes {a.recommended_kv_cache_memory_bytes}" in d.error.hint
+    assert str(13 * GiB) in str(d.error)
+
+
+def test_explicit_kv_that_fits_is_used_as_given():
+    d = decide(adm(explicit_kv=8 * GiB))
+    assert d.error is None and d.budget_bytes == 8 * GiB
+    assert d.reason == "explicit --kv-cache-memory-bytes"
+
+
+def test_kv_cap_limits_the_budget_but_never_below_one_request():
+    a = adm()
+    d = decide(a, kv_cap=GiB)
+    assert d.budget_bytes == GiB and d.reason.endswith("capped by kv_cap")
+    d = decide(a, kv_cap=1)
+    assert d.budget_bytes == a.one_request_bytes
+    assert decide(a, kv_cap=100 * GiB).budget_bytes == a.budget_bytes  # cap above: no change
+
+
+# cache reuse ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("measured,valid", [
+    (GiB, True),                      # same
+    (GiB + GiB // 50, True),          # +2%: within the allowance
+    (GiB + GiB // 50 + 1, False),     # just past it: needs a new sweep
+    (GiB - GiB // 10, True),          # needing less is the safe direction
+    (GiB - GiB // 10 - 1, False),     # far less: another build
+])
+def test_cache_verdict_bounds(measured, valid):
+    ok, allowed = policy.cache_verdict(GiB, measured, tolerance=MiB)
+    assert ok is valid
+    assert allowed == GiB // 50
+
+
+def test_cache_verdict_allowance_is_at_least_the_meter_tolerance():
+    ok, allowed = policy.cache_verdict(10 * MiB, 10 * MiB + 3 * MiB, tolerance=4 * MiB)
+    assert ok and allowed == 4 * MiB
+
+
+def test_still_worst_catches_a_forged_small_worst_step():
+    assert policy.still_worst(GiB, [GiB // 2, GiB + MiB], allowed=MiB)
+    assert not policy.still_worst(GiB // 4, [GiB // 2], allowed=MiB)
+    assert policy.still_worst(GiB, [], allowed=0)
+
+
+def test_reuse_transient_same_config_same_answer_else_the_larger():
+    assert policy.reuse_transient(GiB, GiB + MiB // 4, resolution=MiB // 2) == GiB
+    assert policy.reuse_transient(GiB, GiB - 50 * MiB, resolution=MiB // 2) == GiB
+    assert policy.reuse_transient(GiB, GiB + 5 * MiB, resolution=MiB // 2) == GiB + 5 * MiB
+
+
+def test_reuse_consumed_keeps_the_cached_figure_when_the_baseline_matches():
+    kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
+              resolution=MiB // 2)
+    assert policy.reuse_consumed(baseline_now=10 * GiB, replay_residue=10 * MiB, **kw) \
+        == 10 * GiB + 300 * MiB
+
+
+def test_reuse_consumed_adds_the_sweeps_residue_to_a_moved_baseline():
+    kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
+              resolution=MiB // 2)
+    # this node holds 1 GiB more before the replay: the residue rides on top of it
+    assert policy.reuse_consumed(baseline_now=11 * GiB, replay_residue=10 * MiB, **kw) \
+        == 11 * GiB + 300 * MiB
+    # the replay itself left more than the sweep did: that is counted, never less
+    assert policy.reuse_consumed(baseline_now=10 * GiB, replay_residue=400 * MiB, **kw) \
+        == 10 * GiB + 400 * MiB
+
+
+# KV audit (seed 000) ----------------------------------------------------------------------------
+
+def group(name, declared, allocated, n=1):
+    return KVAuditGroup(name=name, layers=tuple(f"l{i}" for i in range(n)),
+                        declared_bytes=declared, allocated_bytes=allocated)
+
+
+def test_kv_audit_within_budget_is_ok_and_does_not_refuse():
+    r = policy.kv_audit_verdict([group("attn", GiB, GiB)], budget=GiB, allowed=GiB,
+                                delta_process=None)
+    assert r.verdict == "ok" and r.ratio == pytest.approx(1.0)
+    assert policy.kv_audit_error(r, "error") is None
+
+
+def test_kv_audit_names_the_overcommit_of_seed_000():
+    groups = [group("attn", GiB, 4 * GiB, n=4), group("outside every group", 0, GiB // 2)]
+    r = policy.kv_audit_verdict(groups, budget=GiB, allowed=GiB, delta_process=5 * GiB)
+    assert r.verdict == "over-budget"
+    assert r.ratio == pytest.approx(4.5)
+    assert "x4.50" in r.message and "4 holder(s)" in r.message
+    err = policy.kv_audit_error(r, "error")
+    assert isinstance(err, KVOvercommit) and "kv_audit=warn" in err.hint
+    assert policy.kv_audit_error(r, "warn") is None
+
+
+def test_kv_audit_tolerance_is_one_percent():
+    ok = policy.kv_audit_verdict([group("a", GiB, GiB + GiB // 100)], budget=GiB, allowed=GiB,
+                                 delta_process=None)
+    over = policy.kv_audit_verdict([group("a", GiB, GiB + GiB // 100 + 1)], budget=GiB,
+                                   allowed=GiB, delta_process=None)
+    assert (ok.verdict, over.verdict) == ("ok", "over-budget")
+
+
+def test_kv_audit_with_nothing_allowed_is_over_budget_not_a_crash():
+    r = policy.kv_audit_verdict([group("a", 0, MiB)], budget=0, allowed=0, delta_process=None)
+    assert r.verdict == "over-budget" and r.ratio == float("inf")
+
+
+# sweep depth ------------------------------------------------------------------------------------
+
+def test_sweep_depth_full_unless_asked_or_proven(monkeypatch):
+    assert policy.sweep_depth("full", "LlamaForCausalLM", eager=True)[0] == "full"
+    assert policy.sweep_depth("cut-down", "LlamaForCausalLM", eager=True)[0] == "cut-down"
+    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=True)
+    assert depth == "full" and "not yet proven" in why
+    monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
+    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=True)
+    assert depth == "cut-down" and "run N" in why
+
+
+def test_a_compiled_forward_is_never_cut_down(monkeypatch):
+    monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
+    for setting in ("auto", "cut-down"):
+        depth, why = policy.sweep_depth(setting, "LlamaForCausalLM", eager=False)
+        assert depth == "full" and "eager" in why
+
+
+def test_admission_decision_is_a_pure_function_of_its_inputs():
+    a = adm()
+    assert decide(a) == decide(replace(a))
