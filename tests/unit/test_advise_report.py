@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import GiB, MiB, build_session
+from unit_helpers import GiB, MiB, build_session
 from worstcase_profiler.cli import advise_settings, main, parse_ours
 from worstcase_profiler.core.types import Advice, ChunkAdvice, ProfileResult, Shape, StepResult
 from worstcase_profiler.render import get_reporter

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from conftest import build_session
+from unit_helpers import build_session
 from worstcase_profiler.adapter import startup
 from worstcase_profiler.core.policy import plan_agreement
 from worstcase_profiler.core.shapes import (Limits, decode_batch, mixed_step, plan_fingerprint,

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import build_session
+from unit_helpers import build_session
 from worstcase_profiler.adapter import startup
 from worstcase_profiler.core.cache import CacheEntry, SweepCache
 from worstcase_profiler.core.types import WarmupEstimate
