@@ -8,6 +8,10 @@ screen rather than described.
               state outside the budget; the audit refuses to start (then starts with kv_audit=warn)
   tile        scratch that is a non-monotone step function of rows: the worst rows value is
               neither a power of two nor max_num_batched_tokens
+  decode      scratch only on pure-decode steps, sized by the KV they read: the worst step is
+              the widest full-context decode batch, and --validate builds it from real requests
+  wide        scratch per prefill request over every prefill request's KV: the worst step is a
+              prefill spread over all requests, each on a long context
 """
 
 from __future__ import annotations
@@ -28,7 +32,21 @@ SCENARIOS: dict[str, tuple[str | None, list[str], str]] = {
     "tile": ("tile", ["--max-model-len", "2048", "--max-num-batched-tokens", "512",
                       "--max-num-seqs", "4"],
              "tile-rounded scratch peaking at an odd rows value"),
+    "decode": ("decode", ["--max-model-len", "2048", "--max-num-batched-tokens", "256",
+                          "--max-num-seqs", "4", "--validate"],
+               "worst step: the widest full-context decode batch"),
+    "wide": ("wide", ["--max-model-len", "2048", "--max-num-batched-tokens", "256",
+                      "--max-num-seqs", "4", "--validate"],
+             "worst step: a prefill spread over every request"),
 }
+
+
+def demo_help() -> str:
+    """The --help text: one short line per scenario (fits 80 columns)."""
+    lines = ["usage: wcprof demo NAME [wcprof options]", "",
+             "Bundled scenarios, each a real engine: the failure is caught on screen.", ""]
+    lines += [f"  {name:<11} {desc}" for name, (_, _, desc) in SCENARIOS.items()]
+    return "\n".join(lines)
 
 
 def fixture_dir(name: str) -> str:
@@ -55,7 +73,7 @@ def run_demo(argv: list[str]) -> int:
     from .cli import profile
 
     if not argv or argv[0] in ("-h", "--help"):
-        Console().print(__doc__)
+        print(demo_help())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     args = scenario_args(name)  # an unknown name or missing fixtures: one error line, no banner

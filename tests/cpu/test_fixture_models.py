@@ -223,6 +223,8 @@ def test_model_dirs_and_entry_point():
     archs = {
         "scratch": "WcpScratchLlamaForCausalLM",
         "tile": "WcpScratchLlamaForCausalLM",
+        "decode": "WcpScratchLlamaForCausalLM",
+        "wide": "WcpScratchLlamaForCausalLM",
         "overcommit": "WcpOvercommitLlamaForCausalLM",
     }
     for name, arch in archs.items():

@@ -72,7 +72,14 @@ def test_a_decode_batch_decodes_together_on_a_shared_long_prefix():
     plan = plan_for(shape, LIMITS, prefix_caching=True)
     (measured,) = _measured(plan)
     assert len(measured.prompts) == shape.num_reqs
-    assert plan.target.context_len >= LIMITS.max_model_len - 64
+    assert plan.target.context_len >= LIMITS.max_model_len - 3
+    # the tails are prefilled before the decode steps run out, even over several chunks
+    wide = Limits(max_model_len=2048, max_num_batched_tokens=256, max_num_seqs=4, block_size=128)
+    plan = plan_for(decode_batch(wide), wide, prefix_caching=True)
+    (measured,) = _measured(plan)
+    tails = sum(p.suffix_len for p in measured.prompts)
+    assert measured.max_tokens - 1 > -(-tails // wide.max_num_batched_tokens)
+    assert all(p.length + measured.max_tokens == wide.max_model_len - 1 for p in measured.prompts)
 
 
 def test_token_ids_share_exactly_the_prefix():

@@ -136,13 +136,18 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
     per_req = limits.rows_per_decode
     steps = DECODE_STEPS + limits.num_speculative_tokens
     if prefix_caching:
-        ctx = _down(mml - 1 - steps - 1, limits.block_size)
-        prompts = tuple(Prompt(1, ctx, 1) for _ in range(n))
+        # Each prompt tops the block-aligned shared prefix up with its own tail (at most a block),
+        # so the batch decodes at max_model_len - 1. The tails may need several prefill steps;
+        # the output is long enough that every request still decodes in the same last steps.
+        steps += -(-n * limits.block_size // limits.max_num_batched_tokens)
+        prompt = mml - 1 - steps
+        ctx = _down(prompt - 1, limits.block_size)
+        prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))
         return RequestPlan(
-            target=Shape("decode", n * per_req, ctx + steps, n),
-            batches=(_warm(1, ctx), Batch(f"{n} prompts on a cached {ctx}-token prefix, "
-                                          f"decoding {steps} tokens together", prompts, steps,
-                                          True)),
+            target=Shape("decode", n * per_req, prompt + steps - 1 - per_req, n),
+            batches=(_warm(1, ctx), Batch(f"{n} prompts of {prompt} tokens sharing a cached "
+                                          f"{ctx}-token prefix, decoding {steps} tokens together",
+                                          prompts, steps, True)),
             exact=n == shape.num_reqs,
             note=None if n == shape.num_reqs else f"{n} requests: max_num_seqs")
     prompt = mml - 1 - steps

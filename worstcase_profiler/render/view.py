@@ -241,7 +241,8 @@ def validation_text(v) -> str:
             f"{fmt_bytes(v.predicted_peak_bytes)}, ratio {v.ratio:.3f}")
     if v.shape is not None:
         text += f" at {shape_text(v.shape)}"
-    text += f" over {len(v.requests)} request(s)"
+    if v.requests:
+        text += f"; requests: {'; '.join(v.requests)}"
     if v.rank:
         text += f", rank {v.rank}"
     if v.note:

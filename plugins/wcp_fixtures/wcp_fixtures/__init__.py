@@ -5,7 +5,9 @@ Entry point ``vllm.general_plugins: wcp_fixtures = wcp_fixtures:register``.
 Architectures (registered lazily as ``"module:Class"`` strings):
 
 * ``WcpScratchLlamaForCausalLM`` (``wcp_fixtures.scratch``): configs ``scratch``
-  (linear rule) and ``tile`` (tile rule; run with max_num_batched_tokens=512).
+  (linear rule), ``tile`` (tile rule; run with max_num_batched_tokens=512),
+  ``decode`` (worst step: the widest full-context decode batch) and ``wide``
+  (worst step: a prefill spread over every request, each at full context).
   Context-scaled attention workspace on two WorkspaceManager lanes (seed 002).
 * ``WcpOvercommitLlamaForCausalLM`` (``wcp_fixtures.overcommit``): config
   ``overcommit``.  One visible attention layer for KV planning, one KV buffer per
@@ -34,6 +36,7 @@ from .rules import (
     overcommit_num_blocks,
     recurrent_state_bytes,
     scratch_bytes,
+    step_scratch_bytes,
     tile_plan,
     tile_scratch_bytes,
     workspace_slot_bytes,
@@ -51,6 +54,7 @@ __all__ = [
     "recurrent_state_bytes",
     "register",
     "scratch_bytes",
+    "step_scratch_bytes",
     "tile_plan",
     "tile_scratch_bytes",
     "workspace_slot_bytes",
@@ -61,7 +65,7 @@ ARCHITECTURES: dict[str, str] = {
     "WcpOvercommitLlamaForCausalLM": "wcp_fixtures.overcommit:WcpOvercommitLlamaForCausalLM",
 }
 
-CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "overcommit")
+CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "decode", "wide", "overcommit")
 
 _CONFIGS = Path(__file__).resolve().parent / "configs"
 

@@ -139,3 +139,24 @@ def metadata_kv_extent(md: Any, fallback: int) -> int:
             if ext is not None:
                 break
     return ext if ext is not None and ext > 0 else fallback
+
+
+def metadata_requests(md: Any, rows: int) -> tuple[list[int], list[int]] | None:
+    """(query_lens, seq_lens) per request from ``query_start_loc`` and ``seq_lens`` (the common
+    fields of the CPU, FlashAttention and Triton metadata), or None when the metadata lacks them."""
+    qsl = getattr(md, "query_start_loc_cpu", None)
+    if qsl is None:
+        qsl = getattr(md, "query_start_loc", None)
+    seq = getattr(md, "seq_lens_cpu", None)
+    if seq is None:
+        seq = getattr(md, "seq_lens", None)
+    if not isinstance(qsl, torch.Tensor) or not isinstance(seq, torch.Tensor) or qsl.numel() < 2:
+        return None
+    starts = [int(x) for x in qsl.tolist()]
+    query = [b - a for a, b in zip(starts, starts[1:])]
+    # padded requests (graph padding) schedule no rows: drop them, and rows past the real ones
+    lens = [int(x) for x in seq.tolist()[:len(query)]]
+    pairs = [(q, s) for q, s in zip(query, lens) if q > 0]
+    if not pairs or sum(q for q, _ in pairs) > rows:
+        return None
+    return [q for q, _ in pairs], [s for _, s in pairs]

@@ -4,8 +4,8 @@ Tests and the profiler's own checks import these to compute, exactly, what a
 fixture will allocate.  Every function takes the fixture's ``config.json`` as a
 plain dict (only the ``wcp_*`` keys and a few standard Llama keys are read).
 
-Scratch fixtures (``scratch``, ``tile``)
-----------------------------------------
+Scratch fixtures (``scratch``, ``tile``, ``decode``, ``wide``)
+--------------------------------------------------------------
 ``scratch_bytes(rows, kv_extent, cfg)`` is the byte count one attention layer
 requests from vLLM's WorkspaceManager in one step, where ``rows`` is the number
 of tokens in the step and ``kv_extent`` is the largest sequence length (cached
@@ -31,6 +31,29 @@ metadata (vLLM's stock profile step) the fixture calls it with
   (the shipped ``max_num_batched_tokens``) both give 512 row-units; at
   ``kv_extent = 2048`` and 32 B/row/token that is 54 MiB against 32 MiB.
 
+* rule ``"decode"`` (config ``decode``): a split-KV decode kernel whose scratch
+  scales with the KV the step reads, only on pure-decode steps (every request
+  schedules one row)::
+
+      scratch = sum(seq_lens) * B          if max(query_lens) == 1
+              = rows * B                   otherwise
+
+  Its worst step is the widest decode batch at full context, which no single
+  prefill chunk reaches.
+
+* rule ``"wide"`` (config ``wide``): per-request prefill tiles over every
+  prefill request's KV, so a prefill spread over many requests needs the square
+  of their count::
+
+      scratch = n_prefill * sum(seq_lens of prefill requests) * B
+      (n_prefill = requests scheduling more than one row; rows * B when none)
+
+  Its worst step is a multi-request prefill with every request at full context.
+
+``step_scratch_bytes(query_lens, seq_lens, cfg)`` is the per-request form every
+rule answers (linear and tile read ``rows = sum(query_lens)`` and ``kv_extent =
+max(seq_lens)``).
+
 The WorkspaceManager rounds every request up to 256 bytes; a slot that served a
 request of ``n`` bytes holds ``workspace_slot_bytes(n)`` bytes.
 
@@ -45,7 +68,7 @@ no KV budget sees.  ``overcommit_expected_bytes`` gives the total.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Sequence
 
 WORKSPACE_ALIGN = 256  # vllm/v1/worker/workspace.py get_simultaneous: round_up(actual, 256)
 
@@ -95,6 +118,27 @@ def scratch_bytes(rows: int, kv_extent: int, cfg: Mapping[str, Any]) -> int:
     if rule == "tile":
         return tile_scratch_bytes(rows, kv_extent, cfg)
     raise ValueError(f"unknown wcp_scratch_rule {rule!r}")
+
+
+def step_scratch_bytes(query_lens: Sequence[int], seq_lens: Sequence[int],
+                       cfg: Mapping[str, Any]) -> int:
+    """Scratch bytes ONE attention layer requests for a step whose requests schedule
+    ``query_lens`` rows on sequences of ``seq_lens`` tokens (cached + new), per rule."""
+    q = [int(x) for x in query_lens]
+    k = [max(1, int(x)) for x in seq_lens]
+    if len(q) != len(k):
+        raise ValueError(f"{len(q)} query lengths for {len(k)} sequence lengths")
+    rows = sum(q)
+    if rows <= 0:
+        return 0
+    rule = cfg.get("wcp_scratch_rule", "linear")
+    b = bytes_per_row_token(cfg)
+    if rule == "decode":
+        return sum(k) * b if max(q) == 1 else rows * b
+    if rule == "wide":
+        prefill = [s for n, s in zip(q, k) if n > 1]
+        return len(prefill) * sum(prefill) * b if prefill else rows * b
+    return scratch_bytes(rows, max(k), cfg)
 
 
 def brute_force_argmax(

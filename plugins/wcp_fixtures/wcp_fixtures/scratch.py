@@ -26,6 +26,12 @@ Configs (``wcp_fixtures.model_dir(name)``):
   ``scratch = rows * kv_extent * 64``.  With ``max_model_len=2048`` and
   ``max_num_batched_tokens=256`` a max-length request needs 256*2048*64 =
   32 MiB per lane (64 MiB over the two lanes); the stock profile sees 16 KiB.
+* ``decode``: rule ``decode``, 2 layers, 4096 B per token read: a pure-decode
+  step needs ``sum(seq_lens) * 4096`` (4 requests at 2048 tokens: 32 MiB per
+  lane), any step with a prefill row only ``rows * 4096`` (1 MiB at 256 rows).
+* ``wide``: rule ``wide``, 2 layers, 1024 B: ``n_prefill * sum(prefill
+  seq_lens) * 1024`` (4 prefill requests at 2048 tokens: 32 MiB per lane; one
+  request at 2048: 2 MiB).
 * ``tile``: rule ``tile`` (see ``wcp_fixtures.rules``), 2 layers, 32 B per row x
   token, tiers ``[[256, 64, 2], [288, 96, 3], [null, 32, 1]]``.  Meant to run
   with **max_num_batched_tokens = 512** and max_model_len = 2048.  The scratch
@@ -65,7 +71,7 @@ from vllm.model_executor.models.llama import (
 from vllm.model_executor.models.utils import extract_layer_index
 
 from . import _compat
-from .rules import scratch_bytes
+from .rules import step_scratch_bytes
 
 logger = init_logger(__name__)
 
@@ -97,11 +103,17 @@ class WcpScratchLlamaAttention(LlamaAttention):
         n_tokens = int(hidden_states.shape[0])
         if md is None:
             rows, kv_extent, lane = n_tokens, 1, None
+            nbytes = step_scratch_bytes([rows], [1], self.wcp_cfg)
         else:
             rows = _compat.metadata_rows(md, n_tokens)
             kv_extent = _compat.metadata_kv_extent(md, rows)
             lane = self.wcp_layer_index % lanes
-        nbytes = scratch_bytes(rows, kv_extent, self.wcp_cfg)
+            per_request = None
+            if self.wcp_cfg.get("wcp_scratch_rule") in ("decode", "wide"):
+                per_request = _compat.metadata_requests(md, rows)
+            if per_request is None:  # linear/tile, or no per-request fields: the step's extent
+                per_request = ([rows], [kv_extent])
+            nbytes = step_scratch_bytes(*per_request, self.wcp_cfg)
         SCRATCH_LOG.append((self.wcp_layer_index, lane, rows, kv_extent, nbytes, md is not None))
         if nbytes <= 0:
             return

@@ -1,0 +1,58 @@
+"""`--validate` builds the report's own worst step from real requests, also when that step is not
+a long single-request chunk: a fixture whose worst step is the widest full-context decode batch,
+and one whose worst step is a prefill spread over every request (wcp_fixtures `decode`, `wide`).
+Generic traffic need not reach those steps; the worst-step check must, within the CPU meter."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_wcprof
+
+pytestmark = pytest.mark.engine
+
+wcp_fixtures = pytest.importorskip("wcp_fixtures")
+
+ARGS = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+        "--gpu-memory-utilization", "0.25", "--max-model-len", "2048",
+        "--max-num-batched-tokens", "256", "--max-num-seqs", "4", "--validate"]
+MML, SEQS = 2048, 4
+
+
+@pytest.fixture(scope="module", params=["decode", "wide"])
+def run(request, tmp_path_factory):
+    name = request.param
+    r = run_wcprof(["--model", str(wcp_fixtures.model_dir(name)), *ARGS],
+                   tmp_path_factory.mktemp(name))
+    assert r.rc == 0, r.text[-3000:]
+    return name, r
+
+
+def _worst_step_validation(report):
+    (v,) = [v for v in report["validations"] if v["target"] == "worst-step"]
+    return v
+
+
+def test_the_sweep_finds_the_fixtures_worst_step(run):
+    name, r = run
+    worst = r.report["worstcase"]["worst_shape"]
+    assert worst["num_reqs"] == SEQS, worst
+    if name == "decode":
+        assert worst["kind"] == "decode" and worst["context_len"] == MML - 1
+    else:
+        assert worst["kind"] == "prefill" and worst["rows"] == 256
+        assert worst["context_len"] + 256 // SEQS >= MML // 2  # every request on a long context
+    # the fixture's scratch (two lanes) is what makes it the worst: tens of MiB over stock
+    assert r.report["worstcase"]["workspace_bytes"] >= 32 << 20
+
+
+def test_validate_reaches_that_step_from_real_requests(run):
+    name, r = run
+    worst = r.report["worstcase"]["worst_shape"]
+    v = _worst_step_validation(r.report)
+    assert (v["shape"]["kind"], v["shape"]["num_reqs"], v["shape"]["rows"]) == (
+        worst["kind"], worst["num_reqs"], worst["rows"])
+    assert 0.9 <= v["ratio"] <= 1.0, v
+    assert v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
+    # the terminal names the step and the requests that formed it
+    assert "validation (worst step)" in r.out and "requests:" in r.out
