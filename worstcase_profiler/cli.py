@@ -52,7 +52,7 @@ OUR_FLAGS = ("json", "html", "png", "validate", "exhaustive", "sweep_depth", "ma
 COMMANDS = {
     "profile": "boot the engine with the worst-case profiler and print the verdict (the "
                "default command: `wcprof --model M` = `wcprof profile --model M`)",
-    "demo": "run a bundled scenario: tiny, scratch, overcommit, tile",
+    "demo": "run a bundled scenario: tiny, scratch, overcommit, tile, decode, wide",
     "check": "is a --kv-cache-memory-bytes value safe for the engine a saved report describes?",
     "diff": "CI gate: did worst-case memory get worse between two saved reports?",
     "render": "re-render a saved report: the verdict screen, --html, --png, --json",

@@ -196,9 +196,15 @@ def test_help_is_fast_and_lists_subcommands(no_vllm, tmp_path):
 
 
 def test_subcommand_help(no_vllm, tmp_path):
-    for cmd in ("render", "check", "diff", "profile"):
+    from worstcase_profiler.demos import SCENARIOS
+
+    for cmd in ("render", "check", "diff", "profile", "demo"):
         p = wcprof([cmd, "--help"], no_vllm, tmp_path)
         assert p.returncode == 0 and "usage:" in p.stdout, (cmd, p.stderr)
+    top = wcprof(["--help"], no_vllm, tmp_path).stdout
+    demo = wcprof(["demo", "--help"], no_vllm, tmp_path).stdout
+    for name in SCENARIOS:  # both help screens name every bundled scenario
+        assert f"\n  {name} " in demo and name in top.split("\n  demo", 1)[1].split("\n  check")[0]
 
 
 def test_help_engine_lists_vllm_flags(tmp_path):
