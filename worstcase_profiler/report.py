@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-# Plain records (a step's shape, a device, an engine's limits, a workspace slot, a KV group) are the
-# core's own frozen dataclasses: pydantic validates and serialises them like its models, and
-# their JSON is the same. Everything with a meaning of its own to document keeps a model here.
-from .core.types import DeviceInfo, EngineConfig, KVAuditGroup, Shape, WorkspaceSlot  # noqa: E402
+# Plain records (a step's shape, a device, an engine's limits, a workspace slot, a KV group, the
+# sweep cache's use) are the core's own frozen dataclasses: pydantic validates and serialises them
+# like its models, and their JSON is the same. Everything with a meaning of its own to document keeps a model here.
+from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAuditGroup, Shape,  # noqa: E402
+                         WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -84,22 +85,6 @@ class Coverage(BaseModel):
     tolerance_bytes: int
     executed_rows: list[int]
     segments: list[Segment]
-
-
-class CacheUse(BaseModel):
-    """Whether this start ran the sweep or reused a cached one (cache.py), and the check that
-    decided: the cached worst shape replayed now against what it needed when cached."""
-
-    status: Literal["stored", "hit", "stale", "off"] = Field(
-        description="stored: swept and written; hit: reused after the replay matched; stale: the "
-        "replay drifted, so the sweep ran again and replaced the entry; off: no cache")
-    key: str | None = None
-    path: str | None = None
-    cached_at: str | None = None
-    cached_need_bytes: int | None = None
-    replayed_need_bytes: int | None = None
-    allowed_drift_bytes: int | None = None
-    replay_seconds: float | None = None
 
 
 class WorstCase(BaseModel):
@@ -400,7 +385,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         workspace_slots=list(ws.slots),
         workspace_locked=bool(warm and warm.workspace_locked), seconds=sweep.seconds,
         plan_fingerprints=list(prof.plan_fingerprints),
-        cache=CacheUse(**{k: getattr(prof.cache, k) for k in CacheUse.model_fields}),
+        cache=prof.cache,
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped])
     admission = Admission(

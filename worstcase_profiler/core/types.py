@@ -153,7 +153,10 @@ CacheStatus = Literal["stored", "hit", "stale", "off"]
 
 @dataclass(frozen=True)
 class CacheUse:
-    """Whether this start ran the sweep or reused a cached one, and the check that decided."""
+    """Whether this start ran the sweep or reused a cached one, and the check that decided: the
+    cached worst shape replayed now against what it needed when cached. status: stored (swept
+    and written), hit (reused after the replay matched), stale (the replay drifted, so the sweep
+    ran again and replaced the entry), off (no cache)."""
 
     status: CacheStatus
     key: str | None = None
