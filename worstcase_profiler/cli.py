@@ -546,7 +546,9 @@ def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
     if not quiet:
         err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
     code = 0 if report.admission.fits and (report.kv_audit is None or report.kv_audit.verdict == "ok") else 1
-    if any(v.measured_peak_bytes > v.predicted_peak_bytes for v in report.validations):
+    from .core.policy import validation_exceeded
+
+    if any(validation_exceeded(v) for v in report.validations):
         code = 1
     return code
 

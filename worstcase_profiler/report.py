@@ -194,6 +194,9 @@ class Validation(BaseModel):
                                "(its rows, request count and context); traffic: generic requests")
     shape: Shape | None = Field(None, description="the step the requests were built to reach")
     note: str | None = Field(None, description="why a shape could not be built exactly, if so")
+    resolution_bytes: int = Field(
+        0, description="the meter's resolution on this device: measured may exceed predicted by "
+                       "this much before the validation fails (0: exact)")
 
 
 class ChunkAdvice(BaseModel):
@@ -335,7 +338,8 @@ def _validation(v) -> Validation:
     return Validation(measured_peak_bytes=v.measured_peak_bytes,
                       predicted_peak_bytes=v.predicted_peak_bytes, ratio=v.ratio,
                       requests=list(v.requests), seconds=v.seconds, rank=v.rank, target=v.target,
-                      shape=v.shape if v.shape is not None else None, note=v.note)
+                      shape=v.shape if v.shape is not None else None, note=v.note,
+                      resolution_bytes=v.resolution_bytes)
 
 
 def validation_model(v) -> Validation:

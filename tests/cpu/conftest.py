@@ -52,6 +52,16 @@ def run_wcprof(args: list[str], tmp: Path, *, timeout: int = 600, env: dict | No
     return Run(p.returncode, p.stdout, p.stderr, report)
 
 
+CPU_RESOLUTION = 512 << 10  # adapter/meters.py CpuMeter: RSS with the 64 KiB mmap threshold
+
+
+def within_prediction(v: dict) -> bool:
+    """A report's validation held: measured no more than predicted, at the CPU meter's
+    resolution (which the report must carry, so a larger one cannot pass unnoticed)."""
+    assert v["resolution_bytes"] == CPU_RESOLUTION, v
+    return 0 < v["measured_peak_bytes"] <= v["predicted_peak_bytes"] + v["resolution_bytes"]
+
+
 def run_python(code: str, *, timeout: int = 600, env: dict | None = None) -> Run:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=timeout, env=env or engine_env())

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, TINY, engine_env
+from conftest import BIN, TINY, engine_env, within_prediction
 
 pytestmark = pytest.mark.engine
 
@@ -139,5 +139,5 @@ def test_serving_validation_built_the_worst_step_before_traffic(served):
                    or "Uvicorn running" in l or "Application startup complete" in l)
     assert text.splitlines().index(line) < started, "validated after the server started"
     worst = [v for v in served["report"]["validations"] if v["target"] == "worst-step"]
-    assert worst and worst[0]["measured_peak_bytes"] <= worst[0]["predicted_peak_bytes"], worst
+    assert worst and within_prediction(worst[0]), worst
     assert worst[0]["shape"]["rows"] == served["report"]["worstcase"]["worst_shape"]["rows"]

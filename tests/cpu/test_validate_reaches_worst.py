@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_wcprof
+from conftest import run_wcprof, within_prediction
 
 pytestmark = pytest.mark.engine
 
@@ -52,7 +52,6 @@ def test_validate_reaches_that_step_from_real_requests(run):
     v = _worst_step_validation(r.report)
     assert (v["shape"]["kind"], v["shape"]["num_reqs"], v["shape"]["rows"]) == (
         worst["kind"], worst["num_reqs"], worst["rows"])
-    assert 0.9 <= v["ratio"] <= 1.0, v
-    assert v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
+    assert v["ratio"] >= 0.9 and within_prediction(v), v
     # the terminal names the step and the requests that formed it
     assert "validation (worst step)" in r.out and "requests:" in r.out

@@ -192,3 +192,23 @@ def test_a_compiled_forward_is_never_cut_down(monkeypatch):
 def test_admission_decision_is_a_pure_function_of_its_inputs():
     a = adm()
     assert decide(a) == decide(replace(a))
+
+
+# validation ------------------------------------------------------------------------------------
+
+def test_a_validation_fails_only_beyond_the_meters_resolution():
+    from worstcase_profiler.core.types import Validation
+    from worstcase_profiler.render.view import validation_text
+
+    def v(measured, resolution):
+        return Validation(measured_peak_bytes=measured, predicted_peak_bytes=100 * MiB,
+                          ratio=measured / (100 * MiB), requests=("r",), seconds=1.0,
+                          resolution_bytes=resolution)
+
+    assert not policy.validation_exceeded(v(100 * MiB, 0))
+    assert policy.validation_exceeded(v(100 * MiB + 1, 0))  # an exact meter: one byte over fails
+    within = v(100 * MiB + 256 * 1024, 512 * 1024)
+    assert not policy.validation_exceeded(within)
+    assert "within the meter's 512.0 KiB resolution" in validation_text(within)
+    assert policy.validation_exceeded(v(100 * MiB + 512 * 1024 + 1, 512 * 1024))
+    assert "resolution" not in validation_text(v(90 * MiB, 512 * 1024))

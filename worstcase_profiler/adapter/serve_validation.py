@@ -19,6 +19,7 @@ import time
 
 from ..core.requests_plan import plan_for, token_ids
 from ..core.shapes import Limits
+from ..core.policy import validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve
@@ -86,6 +87,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     t0 = time.perf_counter()
     peaks: dict[int, int] = {}
     workspace: dict[int, int] = {}
+    resolution: dict[int, int] = {}
     for batch in plan.batches:
         prompts = [token_ids(p, vocab, next(salt)) for p in batch.prompts]
         params = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True)
@@ -97,6 +99,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
             for out in await client.collective_rpc("wcprof_rpc", args=("end",)):
                 peaks[out["rank"]] = max(peaks.get(out["rank"], 0), out["transient"])
                 workspace[out["rank"]] = out["workspace"]
+                resolution[out["rank"]] = out["resolution"]
     seconds = time.perf_counter() - t0
     results = []
     for rank, transient in sorted(peaks.items()):
@@ -107,13 +110,14 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
             ratio=got / want if want else float("inf"),
             requests=tuple(b.label for b in plan.batches if b.measured), seconds=seconds,
             rank=rank, target="worst-step", shape=plan.target,
-            note=None if plan.exact else (plan.note or "approximate")))
+            note=None if plan.exact else (plan.note or "approximate"),
+            resolution_bytes=resolution.get(rank, 0)))
     await client.collective_rpc("wcprof_rpc", args=("record", [_plain(v) for v in results]))
     for v in results:
         log.info("[wcprof] serving validation, rank %d: %s built from requests needed %s of "
                  "predicted %s (%.4f)%s", v.rank, v.shape.label(), fmt_bytes(v.measured_peak_bytes),
                  fmt_bytes(v.predicted_peak_bytes), v.ratio, f"; {v.note}" if v.note else "")
-    over = [v for v in results if v.measured_peak_bytes > v.predicted_peak_bytes]
+    over = [v for v in results if validation_exceeded(v)]
     if over:
         v = over[0]
         raise WcprofError(

@@ -40,8 +40,10 @@ def _end(wrapper) -> dict:
 
     worker = getattr(wrapper, "worker", wrapper)
     mgr = ws.manager()
-    return {"rank": world_rank(), "transient": int(getattr(worker, _METER_ATTR).end()),
-            "workspace": ws.total_bytes(mgr) if mgr is not None else 0}
+    meter = getattr(worker, _METER_ATTR)
+    return {"rank": world_rank(), "transient": int(meter.end()),
+            "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
+            "resolution": int(meter.resolution_bytes)}
 
 
 def _vocab(llm) -> int:
@@ -57,11 +59,12 @@ def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
                  SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
 
 
-def _measure(llm, batches) -> tuple[dict[int, int], dict[int, int]]:
+def _measure(llm, batches) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
     """Run (prompts, max_tokens, measured) batches in order; per rank the largest transient over
-    the measured ones, and the workspace after them."""
+    the measured ones, the workspace after them, and the meter's resolution."""
     worst: dict[int, int] = {}
     workspace: dict[int, int] = {}
+    resolution: dict[int, int] = {}
     for prompts, max_tokens, measured in batches:
         if measured:
             llm.collective_rpc(_begin)
@@ -70,10 +73,12 @@ def _measure(llm, batches) -> tuple[dict[int, int], dict[int, int]]:
             for out in llm.collective_rpc(_end):
                 worst[out["rank"]] = max(worst.get(out["rank"], 0), out["transient"])
                 workspace[out["rank"]] = out["workspace"]
-    return worst, workspace
+                resolution[out["rank"]] = out["resolution"]
+    return worst, workspace, resolution
 
 
-def _results(worst, workspace, predicted: dict[int, int], requests, seconds, *, target: str,
+def _results(worst, workspace, resolution, predicted: dict[int, int], requests, seconds, *,
+             target: str,
              shape: Shape | None = None, note: str | None = None) -> list[Validation]:
     out = []
     for rank, transient in sorted(worst.items()):
@@ -82,7 +87,8 @@ def _results(worst, workspace, predicted: dict[int, int], requests, seconds, *, 
         got = transient + w
         out.append(Validation(measured_peak_bytes=got, predicted_peak_bytes=want,
                               ratio=got / want if want else float("inf"), requests=tuple(requests),
-                              seconds=seconds, rank=rank, target=target, shape=shape, note=note))
+                              seconds=seconds, rank=rank, target=target, shape=shape, note=note,
+                              resolution_bytes=resolution.get(rank, 0)))
     return out
 
 
@@ -109,8 +115,8 @@ def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Val
     workspace, against its predicted transient (`predicted[rank]`) plus the same workspace."""
     workloads = traffic_prompts(llm, limits)
     t0 = time.perf_counter()
-    worst, workspace = _measure(llm, [(p, m, True) for _, p, m in workloads])
-    return _results(worst, workspace, predicted, [lbl for lbl, _, _ in workloads],
+    worst, workspace, resolution = _measure(llm, [(p, m, True) for _, p, m in workloads])
+    return _results(worst, workspace, resolution, predicted, [lbl for lbl, _, _ in workloads],
                     time.perf_counter() - t0, target="traffic")
 
 
@@ -123,16 +129,16 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
     batches = [([token_ids(p, vocab, next(salt)) for p in b.prompts], b.max_tokens, b.measured)
                for b in plan.batches]
     t0 = time.perf_counter()
-    peaks, workspace = _measure(llm, batches)
+    peaks, workspace, resolution = _measure(llm, batches)
     note = plan.note if plan.exact else (plan.note or "approximate")
-    return _results(peaks, workspace, predicted, [b.label for b in plan.batches if b.measured],
+    return _results(peaks, workspace, resolution, predicted, [b.label for b in plan.batches if b.measured],
                     time.perf_counter() - t0, target="worst-step", shape=plan.target, note=note)
 
 
 def worker_rpc(worker, op: str, payload=None):
     """Worker side of the serving validation (Worker.wcprof_rpc, adapter/patches.py):
       begin     reset this rank's meter
-      end       {"rank", "transient", "workspace"} since begin
+      end       {"rank", "transient", "workspace", "resolution"} since begin
       summary   {"rank", "worst": [kind, rows, context_len, num_reqs], "peak"} of the profile
       record    payload: plain Validation fields; recorded in this rank's report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""

@@ -7,6 +7,7 @@ error values. The adapter measures and applies; nothing here reads vLLM or the d
   kv_audit_verdict    what KV initialisation allocated against the budget (seed 000)
   warmup_verdict      what warm-up kept against what admission set aside for it
   plan_agreement      whether every tensor-parallel rank ran the same steps
+  validation_exceeded whether a validation measured more than predicted
   sweep_depth         whether the sweep runs cut down or on the full model
 """
 
@@ -174,6 +175,13 @@ def plan_agreement(fingerprints: list[str], *, rank: int, steps: int) -> WcprofE
         f"{detail}); rank {rank} ran {steps} steps",
         hint="every rank must see the same engine limits and settings; compare the per-rank "
              "reports (.rankN.json)")
+
+
+def validation_exceeded(v) -> bool:
+    """A validation fails when it measured more than predicted by more than the meter can
+    resolve (`resolution_bytes`: RSS on the CPU moves with heap reuse below the mmap threshold;
+    0 where the meter is exact). Works on the core Validation and the report's alike."""
+    return v.measured_peak_bytes > v.predicted_peak_bytes + (v.resolution_bytes or 0)
 
 
 CUT_DOWN_PROVEN: dict[str, str] = {}

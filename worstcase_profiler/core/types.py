@@ -269,6 +269,7 @@ class Validation:
     target: str = "traffic"
     shape: Shape | None = None
     note: str | None = None
+    resolution_bytes: int = 0
 
 
 @dataclass(frozen=True)
