@@ -102,7 +102,8 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
     g.add_argument("--validate", nargs="?", const="all", default=None,
                    choices=("all", "worst", "traffic"),
                    help="serve real requests and report the measured peak against the "
-                        "prediction (exit 1 when it exceeds it): `worst` builds the report's own "
+                        "prediction (exit 1 when it exceeds it by more than the meter resolves: "
+                        "512 KiB on the CPU, 1 MiB on CUDA): `worst` builds the report's own "
                         "worst step from requests, `traffic` a generic workload, `all` both "
                         "(the default when given alone)")
     g.add_argument("--exhaustive", action="store_true",
