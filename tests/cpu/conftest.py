@@ -59,7 +59,7 @@ def within_prediction(v: dict) -> bool:
     """A report's validation held: measured no more than predicted, at the CPU meter's
     resolution (which the report must carry, so a larger one cannot pass unnoticed)."""
     assert v["resolution_bytes"] == CPU_RESOLUTION, v
-    return 0 < v["measured_peak_bytes"] <= v["predicted_peak_bytes"] + v["resolution_bytes"]
+    return 0 <= v["measured_peak_bytes"] <= v["predicted_peak_bytes"] + v["resolution_bytes"]
 
 
 def run_python(code: str, *, timeout: int = 600, env: dict | None = None) -> Run:
