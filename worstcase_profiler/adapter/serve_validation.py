@@ -24,6 +24,7 @@ from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve
 from ..sizes import fmt_bytes
+from .validation import RankPeaks, plan_note
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -85,9 +86,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     vocab = int(client.model_config.get_vocab_size())
     salt = iter(range(1, 1 << 30))
     t0 = time.perf_counter()
-    peaks: dict[int, int] = {}
-    workspace: dict[int, int] = {}
-    resolution: dict[int, int] = {}
+    peaks = RankPeaks()
     for batch in plan.batches:
         prompts = [token_ids(p, vocab, next(salt)) for p in batch.prompts]
         params = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True)
@@ -96,22 +95,10 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         await asyncio.gather(*(_drain(client, {"prompt_token_ids": ids}, params, f"wcprof-{i}")
                                for i, ids in enumerate(prompts, start=next(salt))))
         if batch.measured:
-            for out in await client.collective_rpc("wcprof_rpc", args=("end",)):
-                peaks[out["rank"]] = max(peaks.get(out["rank"], 0), out["transient"])
-                workspace[out["rank"]] = out["workspace"]
-                resolution[out["rank"]] = out["resolution"]
-    seconds = time.perf_counter() - t0
-    results = []
-    for rank, transient in sorted(peaks.items()):
-        w = workspace[rank]
-        want, got = predicted.get(rank, 0) + w, transient + w
-        results.append(Validation(
-            measured_peak_bytes=got, predicted_peak_bytes=want,
-            ratio=got / want if want else float("inf"),
-            requests=tuple(b.label for b in plan.batches if b.measured), seconds=seconds,
-            rank=rank, target="worst-step", shape=plan.target,
-            note=None if plan.exact else (plan.note or "approximate"),
-            resolution_bytes=resolution.get(rank, 0)))
+            peaks.add(await client.collective_rpc("wcprof_rpc", args=("end",)))
+    results = peaks.results(predicted, [b.label for b in plan.batches if b.measured],
+                            time.perf_counter() - t0, target="worst-step", shape=plan.target,
+                            note=plan_note(plan))
     await client.collective_rpc("wcprof_rpc", args=("record", [_plain(v) for v in results]))
     for v in results:
         log.info("[wcprof] serving validation, rank %d: %s built from requests needed %s of "

@@ -59,37 +59,55 @@ def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
                  SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
 
 
-def _measure(llm, batches) -> tuple[dict[int, int], dict[int, int], dict[int, int]]:
-    """Run (prompts, max_tokens, measured) batches in order; per rank the largest transient over
-    the measured ones, the workspace after them, and the meter's resolution."""
-    worst: dict[int, int] = {}
-    workspace: dict[int, int] = {}
-    resolution: dict[int, int] = {}
+class RankPeaks:
+    """What the measured batches left per rank: the largest transient over them, the workspace
+    after them, and the meter's resolution (from the workers' `_end` answers, in-process or
+    through Worker.wcprof_rpc)."""
+
+    def __init__(self) -> None:
+        self.transient: dict[int, int] = {}
+        self.workspace: dict[int, int] = {}
+        self.resolution: dict[int, int] = {}
+
+    def add(self, answers) -> None:
+        for out in answers:
+            rank = out["rank"]
+            self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
+            self.workspace[rank] = out["workspace"]
+            self.resolution[rank] = out["resolution"]
+
+    def results(self, predicted: dict[int, int], requests, seconds: float, *, target: str,
+                shape: Shape | None = None, note: str | None = None) -> list[Validation]:
+        """One Validation per rank: transient + workspace against the rank's predicted transient
+        (rank 0's when it has none) + the same workspace."""
+        out = []
+        for rank, transient in sorted(self.transient.items()):
+            w = self.workspace[rank]
+            want = predicted.get(rank, predicted.get(0, 0)) + w
+            got = transient + w
+            out.append(Validation(measured_peak_bytes=got, predicted_peak_bytes=want,
+                                  ratio=got / want if want else float("inf"),
+                                  requests=tuple(requests), seconds=seconds, rank=rank,
+                                  target=target, shape=shape, note=note,
+                                  resolution_bytes=self.resolution.get(rank, 0)))
+        return out
+
+
+def plan_note(plan: RequestPlan) -> str | None:
+    """What a validation says about how its requests reached the plan's target."""
+    return plan.note if plan.exact else (plan.note or "approximate")
+
+
+def _measure(llm, batches) -> RankPeaks:
+    """Run (prompts, max_tokens, measured) batches in order, measuring the marked ones."""
+    peaks = RankPeaks()
     for prompts, max_tokens, measured in batches:
         if measured:
             llm.collective_rpc(_begin)
         _generate(llm, prompts, max_tokens)
         if measured:
-            for out in llm.collective_rpc(_end):
-                worst[out["rank"]] = max(worst.get(out["rank"], 0), out["transient"])
-                workspace[out["rank"]] = out["workspace"]
-                resolution[out["rank"]] = out["resolution"]
-    return worst, workspace, resolution
-
-
-def _results(worst, workspace, resolution, predicted: dict[int, int], requests, seconds, *,
-             target: str,
-             shape: Shape | None = None, note: str | None = None) -> list[Validation]:
-    out = []
-    for rank, transient in sorted(worst.items()):
-        w = workspace[rank]
-        want = predicted.get(rank, predicted.get(0, 0)) + w
-        got = transient + w
-        out.append(Validation(measured_peak_bytes=got, predicted_peak_bytes=want,
-                              ratio=got / want if want else float("inf"), requests=tuple(requests),
-                              seconds=seconds, rank=rank, target=target, shape=shape, note=note,
-                              resolution_bytes=resolution.get(rank, 0)))
-    return out
+            peaks.add(llm.collective_rpc(_end))
+    return peaks
 
 
 def traffic_prompts(llm, limits: Limits) -> list[tuple[str, list[list[int]], int]]:
@@ -115,9 +133,9 @@ def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Val
     workspace, against its predicted transient (`predicted[rank]`) plus the same workspace."""
     workloads = traffic_prompts(llm, limits)
     t0 = time.perf_counter()
-    worst, workspace, resolution = _measure(llm, [(p, m, True) for _, p, m in workloads])
-    return _results(worst, workspace, resolution, predicted, [lbl for lbl, _, _ in workloads],
-                    time.perf_counter() - t0, target="traffic")
+    peaks = _measure(llm, [(p, m, True) for _, p, m in workloads])
+    return peaks.results(predicted, [lbl for lbl, _, _ in workloads], time.perf_counter() - t0,
+                         target="traffic")
 
 
 def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: Shape, *,
@@ -129,10 +147,10 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
     batches = [([token_ids(p, vocab, next(salt)) for p in b.prompts], b.max_tokens, b.measured)
                for b in plan.batches]
     t0 = time.perf_counter()
-    peaks, workspace, resolution = _measure(llm, batches)
-    note = plan.note if plan.exact else (plan.note or "approximate")
-    return _results(peaks, workspace, resolution, predicted, [b.label for b in plan.batches if b.measured],
-                    time.perf_counter() - t0, target="worst-step", shape=plan.target, note=note)
+    peaks = _measure(llm, batches)
+    return peaks.results(predicted, [b.label for b in plan.batches if b.measured],
+                         time.perf_counter() - t0, target="worst-step", shape=plan.target,
+                         note=plan_note(plan))
 
 
 def worker_rpc(worker, op: str, payload=None):
