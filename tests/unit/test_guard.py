@@ -300,3 +300,31 @@ def test_wcprof_guard_reads_a_server(metrics_server, capsys):
     assert "exports no wcprof_guard_* metrics" in capsys.readouterr().err
     metrics_server.shutdown()
     assert main(["guard", "http://127.0.0.1:9", "--timeout", "2"]) == 2
+
+
+def test_the_serving_validation_sees_a_batchs_worst_step_while_the_guard_runs():
+    """The guard resets the high-water mark at every step; the serving validation reads it over
+    a whole batch. With the guard installed, the validation must still see the batch's largest
+    step, not only its last one (the guard stays out between begin and end)."""
+    from worstcase_profiler.adapter import validation as v
+
+    sizes = iter([64 * MiB, MiB, MiB])
+
+    def execute(so):
+        block = bytearray(next(sizes))  # touched: resident for the step
+        del block
+
+    guard = g.StepGuard(execute, lambda grammar: "output", g.CpuProbe(),
+                        StepLedger(predicted=10 * MiB, available=50 * MiB), None)
+    worker = SimpleNamespace(device="cpu")
+    setattr(worker, g.GUARD_ATTR, guard)
+    v._begin(worker)
+    for rows in (64, 8):  # the large step first, then a small one
+        guard.execute_model(sched(rows))
+        guard.sample_tokens(None)
+    out = v._end(worker)
+    assert out["transient"] >= 60 * MiB, out
+    assert guard.ledger.steps == 0  # the guard stayed out of the validation's steps
+    guard.execute_model(sched(8))
+    guard.sample_tokens(None)
+    assert guard.ledger.steps == 1  # and is back afterwards

@@ -238,12 +238,15 @@ class StepGuard:
         self._rank = rank
         self._open = None
         self._broken = False
+        self.paused = False
+        """Set while someone else reads the same counters over several steps (the serving
+        validation's meter): the probe resets them at every step, so it stays out meanwhile."""
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         # vllm-touch: guard-step-hook
         if self._open is not None:
             self._close()
-        if self._broken or not scheduler_output.total_num_scheduled_tokens:
+        if self._broken or self.paused or not scheduler_output.total_num_scheduled_tokens:
             return self._execute(scheduler_output, *args, **kwargs)
         try:
             self._probe.start()

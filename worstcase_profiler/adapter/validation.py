@@ -22,26 +22,40 @@ from ..core.types import Shape, Validation
 _METER_ATTR = "_wcprof_validation_meter"
 
 
+def _pause_guard(worker, paused: bool) -> None:
+    """The production guard resets the same high-water mark at every step: it stays out while a
+    validation reads the mark over a whole batch of steps."""
+    from .guard import GUARD_ATTR
+
+    guard = getattr(worker, GUARD_ATTR, None)
+    if guard is not None:
+        guard.paused = paused
+
+
 def _begin(wrapper) -> None:
     """Worker side: reset this rank's high-water mark before the requests."""
     # vllm-touch: worker-session
     from .meters import meter_for
 
     worker = getattr(wrapper, "worker", wrapper)
+    _pause_guard(worker, True)
     meter = meter_for(getattr(worker, "device", "cpu"))
     setattr(worker, _METER_ATTR, meter)
     meter.begin()
 
 
 def _end(wrapper) -> dict:
-    """Worker side: this rank's transient since _begin, and its workspace bytes."""
+    """Worker side: this rank's transient since _begin (read before anything else runs here),
+    and its workspace bytes."""
+    worker = getattr(wrapper, "worker", wrapper)
+    meter = getattr(worker, _METER_ATTR)
+    transient = int(meter.end())
+    _pause_guard(worker, False)
     from . import workspace as ws
     from .facts import world_rank
 
-    worker = getattr(wrapper, "worker", wrapper)
     mgr = ws.manager()
-    meter = getattr(worker, _METER_ATTR)
-    return {"rank": world_rank(), "transient": int(meter.end()),
+    return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes)}
 
