@@ -433,13 +433,14 @@ def build_engine_args(argv: list[str]):
         raise ConfigError(str(e).splitlines()[0], hint="see `wcprof --help-engine`") from None
     from vllm.engine.arg_utils import EngineArgs
 
-    if ns.model in (None, EngineArgs.model, "Qwen/Qwen3-0.6B") and "--model" not in " ".join(argv):
+    given = {a.partition("=")[0] for a in _dashes(argv) if a.startswith("--")}
+    if ns.model in (None, EngineArgs.model, "Qwen/Qwen3-0.6B") and "--model" not in given:
         ns.model = str(BUNDLED)
         ns.load_format = "dummy"
         ns.skip_tokenizer_init = True
         ns.enforce_eager = True
         for k, v in TINY_DEFAULTS.items():
-            if f"--{k.replace('_', '-')}" not in " ".join(argv):
+            if f"--{k.replace('_', '-')}" not in given:
                 setattr(ns, k, v)
     if getattr(ns, "profiler", None) == "default":
         _profiler_flag("default")

@@ -385,3 +385,14 @@ def test_engine_failures_are_classified():
     assert isinstance(found, ConfigError) and "Repository Not Found" in found.message
     other = RuntimeError("shared memory exhausted")
     assert _engine_failure(other) is other
+
+
+def test_engine_flags_are_recognised_as_given_in_either_spelling():
+    """The bundled model's defaults fill only what the user did not pass: --max_model_len is
+    --max-model-len, and --model-impl is not --model."""
+    from worstcase_profiler.cli import BUNDLED, build_engine_args
+
+    ns, _ = build_engine_args(["--max_model_len", "1024"])
+    assert ns.max_model_len == 1024 and ns.model == str(BUNDLED)
+    ns, _ = build_engine_args(["--model-impl", "transformers"])
+    assert ns.model == str(BUNDLED)
