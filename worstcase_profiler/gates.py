@@ -28,7 +28,7 @@ from rich.table import Table
 from .core.admission import bytes_for_one_request
 from .errors import ConfigError
 from .report import Report
-from .sizes import fmt_bytes, fmt_tokens, parse_size
+from .sizes import fmt_bytes, fmt_tokens
 
 Better = Literal["lower", "higher"]
 
@@ -230,12 +230,12 @@ def check_main(argv: list[str]) -> int:
                                  "report describes?")
     parser.add_argument("report", metavar="REPORT.json")
     parser.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv", required=True,
-                        metavar="N", help="bytes, or a size such as 60GiB")
+                        metavar="N", help="bytes, vLLM's notation (4G = 4 GiB, 4g = 4e9), or a "
+                                            "size such as 60GiB")
     ns = parser.parse_args(argv)
-    try:
-        value = parse_size(ns.kv)
-    except ValueError as e:
-        raise ConfigError(f"bad --kv-cache-memory-bytes: {e}") from e
+    from .preflight import kv_bytes_as_vllm_reads
+
+    value = kv_bytes_as_vllm_reads(ns.kv)
     report = _load(ns.report)
     adm, cfg = report.admission, report.config
     budget, recommended = adm.budget_bytes, adm.recommended_kv_cache_memory_bytes

@@ -309,6 +309,15 @@ def check_engine_bytes(value: Any, flag: str = "--kv-cache-memory-bytes") -> int
     return size
 
 
+def kv_bytes_as_vllm_reads(value: Any, flag: str = "--kv-cache-memory-bytes") -> int:
+    """A --kv-cache-memory-bytes value copied from a vLLM command line means what vLLM reads
+    (4G = 4 GiB, 4g = 4e9); our own units (60GiB) are accepted too where vLLM has none."""
+    text = str(value).strip()
+    if text.isdigit() or _VLLM_INT.fullmatch(text):
+        return check_engine_bytes(text, flag)
+    return check_size(text, flag)
+
+
 # --------------------------------------------------------------------------------------------
 # settings from the environment, and the serve side
 # --------------------------------------------------------------------------------------------

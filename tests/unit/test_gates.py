@@ -172,6 +172,13 @@ def test_check_safe_values(capsys):
     assert code == 0 and f"({fmt_bytes(60 * GiB)})" in out
 
 
+def test_check_reads_a_value_copied_from_vllm_as_vllm_does(capsys):
+    """4G is 4 GiB to vLLM (and 4g is 4e9): `wcprof check` must check what vLLM will allocate."""
+    for value, size in (("4G", 4 * GiB), ("4g", 4 * 10**9), ("60G", 60 * GiB)):
+        _, out, _ = run(capsys, "check", FP8, "--kv-cache-memory-bytes", value)
+        assert f"--kv-cache-memory-bytes {size} " in out, (value, out)
+
+
 def test_check_over_budget_says_by_how_much_and_what_to_use(capsys):
     report = load_report(FP8)
     adm = report.admission
