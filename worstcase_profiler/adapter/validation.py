@@ -27,6 +27,7 @@ def _pause_guard(worker, paused: bool) -> None:
     validation reads the mark over a whole batch of steps."""
     from .guard import GUARD_ATTR
 
+    # vllm-touch: guard-step-hook
     guard = getattr(worker, GUARD_ATTR, None)
     if guard is not None:
         guard.paused = paused
