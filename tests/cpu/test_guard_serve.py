@@ -54,7 +54,7 @@ def served(tmp_path_factory):
          "--port", str(port), "--profiler", "worstcase", "--profiler-report",
          str(tmp / "report.json"),
          # issue 14: the opt-in check before the server accepts traffic rides on this server
-         "--additional-config", '{"worstcase_profiler": {"validate_on_start": "worst"}}'],
+         "--additional-config", '{"worstcase_profiler": {"validate_on_start": "all"}}'],
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
     state = {"port": port, "tmp": tmp, "proc": proc, "log": log_path, "env": env}
     try:
@@ -130,9 +130,9 @@ def test_stopping_the_server_removes_the_guards_files(served):
 
 
 def test_serving_validation_built_the_worst_step_before_traffic(served):
-    """validate_on_start=worst: the report's own worst step, built from real requests after the
+    """validate_on_start=all: the report's own worst step, built from real requests after the
     engine is up and before the HTTP server accepts traffic, within the prediction, recorded in
-    the report and logged once per rank."""
+    the report and logged once per rank; then generic traffic, the same way."""
     text = served["log"].read_text()
     line = next(l for l in text.splitlines() if "[wcprof] serving validation, rank 0" in l)
     started = next(i for i, l in enumerate(text.splitlines()) if "Starting vLLM server" in l
@@ -141,3 +141,6 @@ def test_serving_validation_built_the_worst_step_before_traffic(served):
     worst = [v for v in served["report"]["validations"] if v["target"] == "worst-step"]
     assert worst and within_prediction(worst[0]), worst
     assert worst[0]["shape"]["rows"] == served["report"]["worstcase"]["worst_shape"]["rows"]
+    traffic = [v for v in served["report"]["validations"] if v["target"] == "traffic"]
+    assert traffic and within_prediction(traffic[0]) and traffic[0]["shape"] is None, traffic
+    assert "serving validation, rank 0: generic traffic needed" in text

@@ -17,14 +17,15 @@ import dataclasses
 import logging
 import time
 
-from ..core.requests_plan import plan_for, token_ids
+from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
 from ..core.policy import validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve
 from ..sizes import fmt_bytes
-from .validation import RankPeaks, plan_note
+from .validation import (RankPeaks, Workload, kv_tokens_of, traffic_workload,
+                         worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -69,9 +70,8 @@ def _wrap(original):
 
 async def validate_before_serving(client, which: str) -> list[Validation]:
     """Build the worst step from requests on `client` (an AsyncLLM), measure every rank, record
-    the result in each rank's report; WcprofError when a rank needed more than predicted."""
-    from vllm import SamplingParams
-
+    the result in each rank's report; WcprofError when a rank needed more than predicted.
+    which="all" also serves generic traffic (validation.traffic_workload), like --validate."""
     from .facts import limits_of
 
     # vllm-touch: worker-config
@@ -84,36 +84,51 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
     plan = plan_for(Shape(*worst), limits, prefix_caching=limits.prefix_caching)
     vocab = int(client.model_config.get_vocab_size())
-    salt = iter(range(1, 1 << 30))
-    t0 = time.perf_counter()
-    peaks = RankPeaks()
-    for batch in plan.batches:
-        prompts = [token_ids(p, vocab, next(salt)) for p in batch.prompts]
-        params = SamplingParams(max_tokens=batch.max_tokens, ignore_eos=True)
-        if batch.measured:
-            await client.collective_rpc("wcprof_rpc", args=("begin",))
-        await asyncio.gather(*(_drain(client, {"prompt_token_ids": ids}, params, f"wcprof-{i}")
-                               for i, ids in enumerate(prompts, start=next(salt))))
-        if batch.measured:
-            peaks.add(await client.collective_rpc("wcprof_rpc", args=("end",)))
-    results = peaks.results(predicted, [b.label for b in plan.batches if b.measured],
-                            time.perf_counter() - t0, target="worst-step", shape=plan.target,
-                            note=plan_note(plan))
+    results = await _measure(client, worst_step_workload(plan, vocab), predicted)
+    if which == "all":
+        work = traffic_workload(limits, vocab, kv_tokens_of(client.vllm_config, limits.block_size))
+        results += await _measure(client, work, predicted)
     await client.collective_rpc("wcprof_rpc", args=("record", [_plain(v) for v in results]))
     for v in results:
-        log.info("[wcprof] serving validation, rank %d: %s built from requests needed %s of "
-                 "predicted %s (%.4f)%s", v.rank, v.shape.label(), fmt_bytes(v.measured_peak_bytes),
+        log.info("[wcprof] serving validation, rank %d: %s needed %s of predicted %s (%.4f)%s",
+                 v.rank, _what(v), fmt_bytes(v.measured_peak_bytes),
                  fmt_bytes(v.predicted_peak_bytes), v.ratio, f"; {v.note}" if v.note else "")
     over = [v for v in results if validation_exceeded(v)]
     if over:
         v = over[0]
         raise WcprofError(
-            f"serving validation: on rank {v.rank} the worst step built from real requests needed "
+            f"serving validation: on rank {v.rank} {_what(v)} needed "
             f"{fmt_bytes(v.measured_peak_bytes)}, more than the {fmt_bytes(v.predicted_peak_bytes)} "
             f"predicted; the server does not start",
             hint="report it with the profiler report; start without validate_on_start to serve "
                  "anyway, or lower --kv-cache-memory-bytes by the difference")
     return results
+
+
+async def _measure(client, work: Workload, predicted: dict[int, int]) -> list[Validation]:
+    """The workload's batches in order on the engine client, the marked ones measured on every
+    rank through Worker.wcprof_rpc (the serving twin of validation._measure)."""
+    # vllm-touch: worker-config
+    from vllm import SamplingParams
+
+    peaks = RankPeaks()
+    ids = iter(range(1 << 30))
+    t0 = time.perf_counter()
+    for prompts, max_tokens, measured in work.batches:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        if measured:
+            await client.collective_rpc("wcprof_rpc", args=("begin",))
+        await asyncio.gather(*(_drain(client, {"prompt_token_ids": p}, params,
+                                      f"wcprof-{work.target}-{next(ids)}") for p in prompts))
+        if measured:
+            peaks.add(await client.collective_rpc("wcprof_rpc", args=("end",)))
+    return work.results(peaks, predicted, time.perf_counter() - t0)
+
+
+def _what(v: Validation) -> str:
+    if v.shape is None:
+        return "generic traffic"
+    return f"the worst step ({v.shape.label()}) built from real requests"
 
 
 async def _drain(client, prompt: dict, params, request_id: str) -> None:

@@ -14,6 +14,7 @@ processes (TP>1), where the engine's process holds no model and no workspace.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from ..core.requests_plan import RequestPlan, plan_for, token_ids
 from ..core.shapes import Limits
@@ -108,64 +109,81 @@ class RankPeaks:
         return out
 
 
-def plan_note(plan: RequestPlan) -> str | None:
-    """What a validation says about how its requests reached the plan's target."""
-    return plan.note if plan.exact else (plan.note or "approximate")
+@dataclass(frozen=True)
+class Workload:
+    """Token-id batches run in order (prompts, max_tokens, measured), and what their
+    validation says: its target, the labels of the measured batches, the step they reach."""
+
+    target: str
+    batches: tuple[tuple[list[list[int]], int, bool], ...]
+    requests: tuple[str, ...]
+    shape: Shape | None = None
+    note: str | None = None
+
+    def results(self, peaks: RankPeaks, predicted: dict[int, int],
+                seconds: float) -> list[Validation]:
+        return peaks.results(predicted, self.requests, seconds, target=self.target,
+                             shape=self.shape, note=self.note)
 
 
-def _measure(llm, batches) -> RankPeaks:
-    """Run (prompts, max_tokens, measured) batches in order, measuring the marked ones."""
-    peaks = RankPeaks()
-    for prompts, max_tokens, measured in batches:
-        if measured:
-            llm.collective_rpc(_begin)
-        _generate(llm, prompts, max_tokens)
-        if measured:
-            peaks.add(llm.collective_rpc(_end))
-    return peaks
+def worst_step_workload(plan: RequestPlan, vocab: int) -> Workload:
+    """The requests of a plan (core/requests_plan.py) that reach the report's worst step."""
+    salt = iter(range(1, 1 << 30))
+    batches = tuple(([token_ids(p, vocab, next(salt)) for p in b.prompts], b.max_tokens,
+                     b.measured) for b in plan.batches)
+    note = plan.note if plan.exact else (plan.note or "approximate")
+    return Workload("worst-step", batches, tuple(b.label for b in plan.batches if b.measured),
+                    shape=plan.target, note=note)
 
 
-def traffic_prompts(llm, limits: Limits) -> list[tuple[str, list[list[int]], int]]:
-    """(label, token-id prompts, max_tokens): one max_model_len prompt, chunked; then a decode
-    batch of long prompts, as many as the KV pool holds (at most 4)."""
+def traffic_workload(limits: Limits, vocab: int, kv_tokens: int) -> Workload:
+    """Generic traffic: one max_model_len prompt, chunked; then a decode batch of long prompts,
+    as many as the KV pool (`kv_tokens`) holds (at most 4)."""
     mml = limits.max_model_len
-    vocab = _vocab(llm)
     ids = lambda n, s: [(s * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]  # noqa: E731
-    # vllm-touch: worker-config
-    blocks = llm.llm_engine.vllm_config.cache_config.num_gpu_blocks or 0
-    kv_tokens = int(blocks) * limits.block_size
     n_dec = max(1, min(limits.max_num_seqs, 4, kv_tokens // mml - 1))
-    return [
+    labelled = [
         (f"1 prompt of {mml - 2} tokens (chunked by {limits.max_num_batched_tokens})",
          [ids(mml - 2, 1)], 2),
         (f"{n_dec} prompts of {mml - 8} tokens then decode",
          [ids(mml - 8, 10 + i) for i in range(n_dec)], 6),
     ]
+    return Workload("traffic", tuple((p, m, True) for _, p, m in labelled),
+                    tuple(label for label, _, _ in labelled))
+
+
+def kv_tokens_of(vllm_config, block_size: int) -> int:
+    """Tokens the engine's KV pool holds (0 before it is sized)."""
+    # vllm-touch: worker-config
+    return int(vllm_config.cache_config.num_gpu_blocks or 0) * block_size
+
+
+def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]:
+    """Run the workload's batches in order on an LLM, measuring the marked ones on every rank."""
+    peaks = RankPeaks()
+    t0 = time.perf_counter()
+    for prompts, max_tokens, measured in work.batches:
+        if measured:
+            llm.collective_rpc(_begin)
+        _generate(llm, prompts, max_tokens)
+        if measured:
+            peaks.add(llm.collective_rpc(_end))
+    return work.results(peaks, predicted, time.perf_counter() - t0)
 
 
 def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Validation]:
     """Generic traffic, one Validation per rank: the transient each rank measured plus its
     workspace, against its predicted transient (`predicted[rank]`) plus the same workspace."""
-    workloads = traffic_prompts(llm, limits)
-    t0 = time.perf_counter()
-    peaks = _measure(llm, [(p, m, True) for _, p, m in workloads])
-    return peaks.results(predicted, [lbl for lbl, _, _ in workloads], time.perf_counter() - t0,
-                         target="traffic")
+    work = traffic_workload(limits, _vocab(llm),
+                            kv_tokens_of(llm.llm_engine.vllm_config, limits.block_size))
+    return _measure(llm, work, predicted)
 
 
 def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: Shape, *,
                         prefix_caching: bool) -> list[Validation]:
     """The report's worst step built from real requests (core/requests_plan.py), per rank."""
-    plan: RequestPlan = plan_for(worst, limits, prefix_caching=prefix_caching)
-    vocab = _vocab(llm)
-    salt = iter(range(1, 1 << 30))
-    batches = [([token_ids(p, vocab, next(salt)) for p in b.prompts], b.max_tokens, b.measured)
-               for b in plan.batches]
-    t0 = time.perf_counter()
-    peaks = _measure(llm, batches)
-    return peaks.results(predicted, [b.label for b in plan.batches if b.measured],
-                         time.perf_counter() - t0, target="worst-step", shape=plan.target,
-                         note=plan_note(plan))
+    plan = plan_for(worst, limits, prefix_caching=prefix_caching)
+    return _measure(llm, worst_step_workload(plan, _vocab(llm)), predicted)
 
 
 def worker_rpc(worker, op: str, payload=None):
