@@ -547,7 +547,7 @@ def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
     _emit(report, ours)
     if not quiet:
         err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
-    code = 0 if report.admission.fits and (report.kv_audit is None or report.kv_audit.verdict == "ok") else 1
+    code = 0 if report.verdict.severity < 2 else 1  # DOES NOT FIT or KV OVER-COMMIT: 1
     from .core.policy import validation_exceeded
 
     if any(validation_exceeded(v) for v in report.validations):
