@@ -46,9 +46,6 @@ HELP_ENGINE = "--help-engine"
 DEBUG_ENV = "WCPROF_DEBUG"
 LOG_TAIL_LINES = 40
 
-OUR_FLAGS = ("json", "html", "png", "validate", "exhaustive", "sweep_depth", "margin", "kv_audit",
-             "no_lock_workspace", "quiet", "kv_cap", "no_cache", "debug")
-
 COMMANDS = {
     "profile": "boot the engine with the worst-case profiler and print the verdict (the "
                "default command: `wcprof --model M` = `wcprof profile --model M`)",
@@ -288,20 +285,18 @@ def engine_help(token: str) -> int:
 # profile
 # --------------------------------------------------------------------------------------------
 
-def _settings(ns, json_path: str, on_cpu: bool, sizes: dict | None = None) -> dict:
-    from . import preflight
+def _settings(ns, json_path: str, on_cpu: bool, sizes: dict, advice: dict) -> dict:
+    """The profiler settings of this run, from the flags preflight already checked (`sizes`:
+    --margin and --kv-cap in bytes; `advice`: advise_settings)."""
     from .core import cache
 
     s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
          "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace,
          "sweep_depth": ns.sweep_depth,
          # --validate reads the allocator's peak itself: the serving guard stays off here
-         "guard": "off", **advise_settings(ns)}
+         "guard": "off", **advice}
     if ns.no_cache:
         s["cache_dir"] = cache.OFF
-    if sizes is None:
-        sizes = {"margin_bytes": preflight.check_size(ns.margin, "--margin"),
-                 "kv_cap_bytes": preflight.check_size(ns.kv_cap, "--kv-cap", allow_zero=False)}
     if sizes.get("margin_bytes") is not None:
         s["margin_bytes"] = sizes["margin_bytes"]
     cap = sizes.get("kv_cap_bytes") or (CPU_KV_CAP if on_cpu else None)
@@ -489,16 +484,16 @@ def profile(argv: list[str]) -> int:
         model=ours.model, outputs={"--json": ours.json, "--html": ours.html, "--png": ours.png},
         margin=ours.margin, kv_cap=ours.kv_cap, kv_cache_memory_bytes=ours.kv_cache_memory_bytes)
     preflight.check_picture_support({"--html": ours.html, "--png": ours.png})
-    advise_settings(ours, ours.max_num_batched_tokens or (
+    advice = advise_settings(ours, ours.max_num_batched_tokens or (
         None if ours.model else TINY_DEFAULTS["max_num_batched_tokens"]))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if ours.quiet:
         _quiet_env()
     with tempfile.TemporaryDirectory(prefix="wcprof-", ignore_cleanup_errors=True) as tmp:
-        return _profile(argv, ours, sizes, Path(tmp))
+        return _profile(argv, ours, sizes, advice, Path(tmp))
 
 
-def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
+def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int:
     from rich.console import Console
 
     err = Console(stderr=True)
@@ -518,7 +513,7 @@ def _profile(argv: list[str], ours, sizes: dict, tmp: Path) -> int:
 
             extra = dict(engine_args.additional_config or {})
             extra["worstcase_profiler"] = _settings(ns, str(report_path),
-                                                    current_platform.is_cpu(), sizes)
+                                                    current_platform.is_cpu(), sizes, advice)
             engine_args.additional_config = extra
 
             from vllm import LLM

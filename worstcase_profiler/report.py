@@ -28,9 +28,6 @@ SCHEMA_VERSION = "1.4"
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`).
 
-ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
-
-
 class StepResult(BaseModel):
     shape: Shape
     peak_bytes: int = Field(description="transient peak above the pre-step baseline")
@@ -57,11 +54,6 @@ class StockFigures(BaseModel):
     def need_bytes(self) -> int:
         """Non-KV memory stock's own step needs: its transient plus the workspace it left."""
         return self.peak_activation_bytes + self.workspace_bytes
-
-    def as_step(self) -> StepResult:
-        """The stock step among the synthetic ones (vLLM runs it: no worst case is below it)."""
-        return StepResult(shape=self.shape, peak_bytes=self.peak_activation_bytes,
-                          seconds=self.seconds, workspace_bytes=self.workspace_bytes)
 
 
 class RowsCovered(BaseModel):

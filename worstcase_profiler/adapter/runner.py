@@ -17,7 +17,7 @@ import time
 
 from ..core.shapes import Limits, stock_shape
 from ..core.types import ProvisionalKV, Shape, StepResult
-from ..errors import DoesNotFit, UnsupportedModel
+from ..errors import DoesNotFit
 from . import kv as kvmod
 from . import workspace as ws
 from .meters import PeakAttributor

@@ -94,7 +94,6 @@ class CandidatePlan:
     runs them (stock first), and the step its throughput is timed on."""
 
     chunk: int
-    worst_rows: int
     shapes: tuple[Shape, ...]
     timing: Shape
 
@@ -109,7 +108,7 @@ def plan_candidate(limits: Limits, sweep: SweepResult, chunk: int, *,
     if context_ladder:
         top = plan.prefill_chunk(lim, wr)
         shapes += [top.with_context(ctx) for ctx in plan.context_ladder(lim, wr)]
-    return CandidatePlan(chunk=chunk, worst_rows=wr, shapes=tuple(dict.fromkeys(shapes)),
+    return CandidatePlan(chunk=chunk, shapes=tuple(dict.fromkeys(shapes)),
                          timing=plan.prefill_chunk(lim, chunk))
 
 

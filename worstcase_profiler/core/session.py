@@ -7,8 +7,6 @@ report is a projection of the session (report.build_report), written once per ph
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..settings import ProfilerSettings
 from .timing import PhaseTimer
 from .types import EngineFacts, KVAuditResult, Phases, ProfileResult, Validation, WarmupResult
@@ -50,7 +48,3 @@ class StartupSession:
     @property
     def profile(self) -> ProfileResult | None:
         return self.phases.profile
-
-    def snapshot(self) -> Phases:
-        """The phases as they stand (a copy: later phases do not change it)."""
-        return dataclasses.replace(self.phases)

@@ -322,11 +322,6 @@ class ProfileResult:
     sweep_mode: str = "full"
     advice: "Advice | None" = None
 
-    @property
-    def need_bytes(self) -> int:
-        """Non-KV memory the worst step needs: the admitted transient plus the workspace."""
-        return self.sweep.peak_bytes + self.workspace.total_bytes
-
 
 @dataclass(frozen=True)
 class WarmupResult:
