@@ -126,6 +126,8 @@ def test_yaml_configs(tmp_path):
     ("c.txt", "a: --json r.json\n", "drop --json"),
     ("c.txt", "a: --html=r.html\n", "drop --html"),
     ("c.txt", "a: diff old.json new.json\n", "is a wcprof subcommand"),
+    ("c.txt", "a: advise r.json\n", "is a wcprof subcommand"),
+    ("c.txt", "a: cache list\n", "is a wcprof subcommand"),
     ("c.txt", "a: --model 'unclosed\n", "cannot split the arguments"),
 ])
 def test_bad_configs_are_config_errors(tmp_path, name, text, message):
