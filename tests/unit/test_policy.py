@@ -173,19 +173,19 @@ def test_kv_audit_with_nothing_allowed_is_over_budget_not_a_crash():
 # sweep depth ------------------------------------------------------------------------------------
 
 def test_sweep_depth_full_unless_asked_or_proven(monkeypatch):
-    assert policy.sweep_depth("full", "LlamaForCausalLM", eager=True)[0] == "full"
-    assert policy.sweep_depth("cut-down", "LlamaForCausalLM", eager=True)[0] == "cut-down"
-    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=True)
+    assert policy.sweep_depth("full", "LlamaForCausalLM", eager=lambda: True)[0] == "full"
+    assert policy.sweep_depth("cut-down", "LlamaForCausalLM", eager=lambda: True)[0] == "cut-down"
+    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=lambda: True)
     assert depth == "full" and "not yet proven" in why
     monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
-    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=True)
+    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=lambda: True)
     assert depth == "cut-down" and "run N" in why
 
 
 def test_a_compiled_forward_is_never_cut_down(monkeypatch):
     monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
     for setting in ("auto", "cut-down"):
-        depth, why = policy.sweep_depth(setting, "LlamaForCausalLM", eager=False)
+        depth, why = policy.sweep_depth(setting, "LlamaForCausalLM", eager=lambda: False)
         assert depth == "full" and "eager" in why
 
 
@@ -212,3 +212,11 @@ def test_a_validation_fails_only_beyond_the_meters_resolution():
     assert "within the meter's 512.0 KiB resolution" in validation_text(within)
     assert policy.validation_exceeded(v(100 * MiB + 512 * 1024 + 1, 512 * 1024))
     assert "resolution" not in validation_text(v(90 * MiB, 512 * 1024))
+
+
+def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():
+    def never():
+        raise AssertionError("asked whether the model runs eagerly")
+
+    assert policy.sweep_depth("full", "LlamaForCausalLM", eager=never)[0] == "full"
+    assert policy.sweep_depth("auto", "LlamaForCausalLM", eager=never)[0] == "full"

@@ -101,9 +101,10 @@ def engine_facts(worker, runner_kind: str) -> EngineFacts:
                        attention_backends=tuple(attention_backends(runner)))
 
 
-def sweep_facts(worker, limits: Limits, settings, runner_kind: str) -> dict:
+def sweep_facts(worker, engine: EngineFacts, limits: Limits, settings) -> dict:
     """Everything the sweep's figures depend on (the cache key): the model, the limits, the
-    kernels and the device. What it cannot see, the replay of the worst shape checks."""
+    kernels and the device (`engine`: what the session already read of this worker). What it
+    cannot see, the replay of the worst shape checks."""
     import torch
 
     vllm_config = worker.vllm_config
@@ -116,11 +117,11 @@ def sweep_facts(worker, limits: Limits, settings, runner_kind: str) -> dict:
         model_code = None
     comp = vllm_config.compilation_config
     facts = {
-        "tool": __version__, "vllm": vllm_version(), "torch": torch.__version__,
+        "tool": engine.tool_version, "vllm": engine.vllm_version, "torch": torch.__version__,
         "cuda": getattr(torch.version, "cuda", None),
-        "device": dataclasses.asdict(device_info(worker)), "rank": world_rank(),
+        "device": dataclasses.asdict(engine.device), "rank": engine.rank,
         # not the model path (its config is hf_config) nor the budget (admission is recomputed)
-        "config": {k: v for k, v in dataclasses.asdict(engine_config(vllm_config)).items()
+        "config": {k: v for k, v in dataclasses.asdict(engine.config).items()
                    if k not in ("gpu_memory_utilization", "model")},
         "hf_config": {k: v for k, v in vllm_config.model_config.hf_config.to_dict().items()
                       if k not in ("_name_or_path", "name_or_path")},  # where, not what
@@ -129,8 +130,8 @@ def sweep_facts(worker, limits: Limits, settings, runner_kind: str) -> dict:
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}", "model_code": model_code,
         "cudagraph": [str(getattr(comp, "cudagraph_mode", None)),
                       list(getattr(comp, "cudagraph_capture_sizes", None) or [])],
-        "limits": dataclasses.asdict(limits), "runner": runner_kind,
-        "attention_backends": attention_backends(runner),
+        "limits": dataclasses.asdict(limits), "runner": engine.runner,
+        "attention_backends": list(engine.attention_backends),
         "sweep": {"tolerance": settings.tolerance_bytes, "exhaustive": settings.exhaustive,
                   "depth": settings.sweep_depth,
                   "context_ladder": settings.context_ladder, "attribute_ops": settings.attribute_ops},

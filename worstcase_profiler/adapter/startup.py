@@ -33,8 +33,8 @@ from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import dominance_checks, replay, reused, run_cut_down, run_sweep
 from ..core.timing import PhaseTimer
-from ..core.types import (CacheUse, HeldMemory, ProfileResult, StepResult, SweepResult,
-                          WarmupEstimate, WarmupResult, Workspace)
+from ..core.types import (CacheUse, EngineFacts, HeldMemory, ProfileResult, StepResult,
+                          SweepResult, WarmupEstimate, WarmupResult, Workspace)
 from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
@@ -79,13 +79,13 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     limits = limits_of(vllm_config)
     meter = meter_for(getattr(worker, "device", "cpu"))
     cuda = meter.device_kind == "cuda"
-    agree = agree_max_fn() or (lambda v: v)
-    runner_kind = session.facts.runner
+    agree_fn = agree_max_fn()
+    agree = agree_fn or (lambda v: v)
 
     # A cached sweep decides how much of the start is measured (ranks agree: captures run
     # collectives). Its capacity bucket is checked once vLLM's own figure is known.
     with clock("cache_lookup"):
-        handle, entry = lookup(worker, limits, settings, runner_kind)
+        handle, entry = lookup(worker, session.facts, limits, settings)
     first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
@@ -104,7 +104,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                      "has %s: running the full sweep", handle.cache.path(handle.key),
                      entry.capacity_tokens, limits.kv_capacity_tokens)
             entry = None
-        driver = make_driver(worker, limits, meter, agree_max_fn())
+        driver = make_driver(worker, limits, meter, agree_fn)
         tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None \
             else meter.resolution_bytes
         held = lambda phase: device_bytes_held(worker, meter, clock=clock, phase=phase)  # noqa: E731
@@ -244,15 +244,15 @@ class CacheHandle(NamedTuple):
     facts: dict
 
 
-def lookup(worker, limits: Limits, settings: ProfilerSettings, runner_kind: str):
+def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettings):
     """(handle, entry): this configuration's cache slot and its entry (None: a miss), or
     (None, None) with the cache off. The key leaves the KV pool size out; the entry records it."""
     directory = cache_dir(settings.cache_dir)
     if directory is None:
         return None, None
     cache = SweepCache(directory, secret=os.environ.get(ENV_SECRET) or None)
-    facts = sweep_facts(worker, dataclasses.replace(limits, kv_capacity_tokens=None), settings,
-                        runner_kind)
+    facts = sweep_facts(worker, engine, dataclasses.replace(limits, kv_capacity_tokens=None),
+                        settings)
     key = cache_key(facts)
     return CacheHandle(cache, key, facts), cache.load(key)
 
@@ -308,7 +308,7 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     model = getattr(driver, "model", None)
     mode, why = policy.sweep_depth(settings.sweep_depth,
                                    f"{type(model).__qualname__}" if model is not None else "",
-                                   eager=_runs_eagerly(driver))
+                                   eager=lambda: _runs_eagerly(driver))
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind, why)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)

@@ -13,7 +13,7 @@ error values. The adapter measures and applies; nothing here reads vLLM or the d
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..sizes import fmt_bytes
@@ -189,16 +189,18 @@ CUT_DOWN_PROVEN: dict[str, str] = {}
 the full sweep with the confirmed peak equal within the meter's resolution: class -> evidence."""
 
 
-def sweep_depth(setting: str, model_class: str, *, eager: bool) -> tuple[str, str]:
+def sweep_depth(setting: str, model_class: str, *,
+                eager: Callable[[], bool]) -> tuple[str, str]:
     """("full" | "cut-down", why). auto cuts down only proven families, and only an eager forward
-    can be cut (a compiled one bakes its layer loop in)."""
+    can be cut (a compiled one bakes its layer loop in). `eager` is asked only when the answer
+    could be cut-down (finding out walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
-    if not eager:
+    if setting != "cut-down" and model_class not in CUT_DOWN_PROVEN:
+        return "full", (f"full: the cut-down sweep is not yet proven for {model_class} "
+                        "(sweep_depth=cut-down asks for it)")
+    if not eager():
         return "full", "full: the model runs compiled, and a cut-down sweep needs an eager forward"
     if setting == "cut-down":
         return "cut-down", "cut-down: asked for (sweep_depth=cut-down)"
-    if model_class in CUT_DOWN_PROVEN:
-        return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
-    return "full", (f"full: the cut-down sweep is not yet proven for {model_class} "
-                    "(sweep_depth=cut-down asks for it)")
+    return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
