@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import ROOT, engine_env, gib, md_table
+from common import ROOT, engine_env, gib, md_table, write_json
 
 MODELS = ROOT / "tests" / "gpu" / "models"
 LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
@@ -330,7 +330,7 @@ def _write_summary(out: Path, summary: dict, mirror: Path | None = None) -> None
 
 
 def _write_summary_to(out: Path, summary: dict) -> None:
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_json(out / "summary.json", summary)  # the suite may be killed by its time budget
     lines = [f"# wcprof GPU suite ({summary.get('vllm_version', '?')}, wall {summary['wall_s']:.0f}s"
              f" of {summary['budget_s']:.0f}s budget)", "",
              md_table(SUMMARY_HEADERS, [_summary_cells(c) for c in summary["cases"]])]

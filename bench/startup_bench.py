@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, engine_env, worstcase_config
+from common import ROOT, engine_env, worstcase_config, write_json
 
 MODES = ("stock", "worstcase-cold", "worstcase-warm")
 
@@ -149,7 +149,7 @@ def main() -> int:
     results = {"command": " ".join(sys.argv), "models": {}}
     for model in a.model or [str(ROOT / "tests/gpu/models/llama-8l-2048")]:
         bench_model(a, model, passthrough, results)
-        Path(a.out).write_text(json.dumps(results, indent=1))
+        write_json(a.out, results)
     print_table(results)
     return 0 if all("error" not in r for res in results["models"].values() for r in res["runs"]) else 1
 
