@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .shapes import Limits
+from .shapes import Limits, split_rows
 from .types import Shape
 
 
@@ -73,11 +73,6 @@ def _down(n: int, to: int) -> int:
     return max(0, n // to * to)
 
 
-def _split(rows: int, n: int) -> list[int]:
-    base, extra = divmod(rows, n)
-    return [base + (1 if i < extra else 0) for i in range(n)]
-
-
 def _warm(prefix_id: int, length: int) -> Batch:
     """One prompt of `length` shared tokens plus one of its own: every full block of the shared
     part lands in the prefix cache."""
@@ -87,7 +82,7 @@ def _warm(prefix_id: int, length: int) -> Batch:
 
 def _stock(shape: Shape, limits: Limits) -> RequestPlan:
     n = min(shape.num_reqs, limits.max_num_seqs, shape.rows)
-    prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(_split(shape.rows, n)))
+    prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(shape.rows, n)))
     return RequestPlan(target=Shape("stock", shape.rows, 0, n),
                        batches=(Batch(f"{n} fresh prompts of {shape.rows} tokens together",
                                       prompts, 1, True),), exact=n == shape.num_reqs)
@@ -99,7 +94,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
     reachable = min(shape.context_len, mml - 1 - largest)
     if prefix_caching:
         ctx = _down(reachable, limits.block_size)
-        prompts = tuple(Prompt(1, ctx, r) for r in _split(rows, n))
+        prompts = tuple(Prompt(1, ctx, r) for r in split_rows(rows, n))
         return RequestPlan(
             target=Shape("prefill", rows, ctx, n),
             batches=(_warm(1, ctx), Batch(f"{n} prompt(s) on a cached {ctx}-token prefix, "
@@ -111,7 +106,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
         return RequestPlan(
             target=Shape("prefill", rows, 0, n),
             batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
-                           tuple(Prompt(100 + i, 0, r) for i, r in enumerate(_split(rows, n))),
+                           tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
                            1, True),),
             exact=False,
             note="without prefix caching several requests each on a long context cannot be "

@@ -170,8 +170,13 @@ def request_layout(limits: Limits, shape: Shape) -> list[tuple[int, int]]:
         decode_ctx = max(0, limits.max_model_len - per_req)
         prefill_rows = shape.rows - decodes * per_req
         return [(per_req, decode_ctx)] * decodes + [(prefill_rows, shape.context_len)]
-    base, extra = divmod(shape.rows, shape.num_reqs)
-    return [(base + (1 if i < extra else 0), shape.context_len) for i in range(shape.num_reqs)]
+    return [(rows, shape.context_len) for rows in split_rows(shape.rows, shape.num_reqs)]
+
+
+def split_rows(rows: int, n: int) -> list[int]:
+    """`rows` spread as evenly as possible over `n` requests, the first rows % n one larger."""
+    base, extra = divmod(rows, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
 
 
 def context_ladder(limits: Limits, rows: int) -> list[int]:
