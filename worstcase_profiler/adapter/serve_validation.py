@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 
+from ..core import codec
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
 from ..core.policy import validation_exceeded
@@ -82,13 +82,13 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
-    plan = plan_for(Shape(*worst), limits, prefix_caching=limits.prefix_caching)
+    plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching)
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan, vocab), predicted)
     if which == "all":
         work = traffic_workload(limits, vocab, kv_tokens_of(client.vllm_config, limits.block_size))
         results += await _measure(client, work, predicted)
-    await client.collective_rpc("wcprof_rpc", args=("record", [_plain(v) for v in results]))
+    await client.collective_rpc("wcprof_rpc", args=("record", [codec.encode(v) for v in results]))
     for v in results:
         log.info("[wcprof] serving validation, rank %d: %s needed %s of predicted %s (%.4f)%s",
                  v.rank, _what(v), fmt_bytes(v.measured_peak_bytes),
@@ -135,9 +135,3 @@ async def _drain(client, prompt: dict, params, request_id: str) -> None:
     async for _ in client.generate(prompt, params, request_id):
         pass
 
-
-def _plain(v: Validation) -> dict:
-    d = dataclasses.asdict(v)
-    d["shape"] = [v.shape.kind, v.shape.rows, v.shape.context_len, v.shape.num_reqs] if v.shape else None
-    d["requests"] = list(v.requests)
-    return d

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..core import codec
 from ..core.requests_plan import RequestPlan, plan_for, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
@@ -190,8 +191,8 @@ def worker_rpc(worker, op: str, payload=None):
     """Worker side of the serving validation (Worker.wcprof_rpc, adapter/patches.py):
       begin     reset this rank's meter
       end       {"rank", "transient", "workspace", "resolution"} since begin
-      summary   {"rank", "worst": [kind, rows, context_len, num_reqs], "peak"} of the profile
-      record    payload: plain Validation fields; recorded in this rank's report
+      summary   {"rank", "worst": the profile's worst Shape, "peak"} (codec-encoded)
+      record    payload: codec-encoded Validations; this rank's are recorded in its report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
     # vllm-touch: worker-session
     from .facts import world_rank
@@ -206,16 +207,12 @@ def worker_rpc(worker, op: str, payload=None):
     if op == "summary":
         if session is None or session.profile is None:
             return {"rank": world_rank(), "worst": None, "peak": 0}
-        worst = session.profile.sweep.worst.shape
         return {"rank": world_rank(), "peak": session.profile.sweep.peak_bytes,
-                "worst": [worst.kind, worst.rows, worst.context_len, worst.num_reqs]}
+                "worst": codec.encode(session.profile.sweep.worst.shape)}
     if op == "record":
         mine = [v for v in (payload or []) if v.get("rank") == world_rank()]
         if session is not None and mine and not session.phases.validation:
-            session.record_validation(tuple(
-                Validation(**{**v, "requests": tuple(v["requests"]),
-                              "shape": Shape(*v["shape"]) if v.get("shape") else None})
-                for v in mine))
+            session.record_validation(tuple(codec.decode(Validation, v) for v in mine))
             write_report(session)
         return len(mine)
     raise ValueError(f"unknown wcprof_rpc op {op!r}")

@@ -1,4 +1,5 @@
-"""Plain-data encoding of the core's frozen dataclasses (core/types.py), for the sweep cache.
+"""Plain-data encoding of the core's frozen dataclasses (core/types.py), for the sweep cache and
+for what crosses vLLM's RPC between the API server and the workers (the serving validation).
 
 encode(value) gives JSON-ready dicts, lists and scalars; decode(cls, data) rebuilds the frozen
 value from them by the dataclass's own type hints, so a cache entry never goes through the
