@@ -9,6 +9,7 @@ key or decision.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import TYPE_CHECKING, Literal
 
@@ -314,9 +315,14 @@ class Verdict(str, enum.Enum):
 
 # --- the projection: a start-up session's phase results onto the schema ----------------------
 
+def _model(cls, value):
+    """A core value on its schema model: every field the model has, read by name from the core
+    dataclass (properties included); None passes through."""
+    return None if value is None else cls.model_validate(value, from_attributes=True)
+
+
 def _step(r) -> StepResult:
-    return StepResult(shape=r.shape, peak_bytes=r.peak_bytes, seconds=r.seconds,
-                      top_op=r.top_op, workspace_bytes=r.workspace_bytes)
+    return _model(StepResult, r)
 
 
 def coverage_model(c) -> Coverage:
@@ -326,17 +332,9 @@ def coverage_model(c) -> Coverage:
                               for s in c.segments])
 
 
-def _validation(v) -> Validation:
-    return Validation(measured_peak_bytes=v.measured_peak_bytes,
-                      predicted_peak_bytes=v.predicted_peak_bytes, ratio=v.ratio,
-                      requests=list(v.requests), seconds=v.seconds, rank=v.rank, target=v.target,
-                      shape=v.shape if v.shape is not None else None, note=v.note,
-                      resolution_bytes=v.resolution_bytes)
-
-
 def validation_model(v) -> Validation:
     """One core Validation as the schema's (the CLI's --validate fills reports it read back)."""
-    return _validation(v)
+    return _model(Validation, v)
 
 
 def stock_figures(stock) -> StockFigures:
@@ -351,13 +349,7 @@ def advice_model(a) -> Advice | None:
     return Advice(
         configured_chunk=a.configured_chunk, knee_chunk=a.knee_chunk, within=a.within,
         rule=a.rule,
-        candidates=[ChunkAdvice(
-            chunk=c.chunk, need_bytes=c.need_bytes, transient_bytes=c.transient_bytes,
-            workspace_bytes=c.workspace_bytes, worst_shape=c.worst_shape,
-            budget_bytes=c.budget_bytes, kv_cache_bytes=c.kv_cache_bytes, kv_tokens=c.kv_tokens,
-            fits=c.fits, prefill_seconds=c.prefill_seconds,
-            prefill_tokens_per_s=c.prefill_tokens_per_s, reused_steps=c.reused_steps,
-            measured_steps=c.measured_steps, note=c.note) for c in a.candidates],
+        candidates=[_model(ChunkAdvice, c) for c in a.candidates],
         excluded=[ExcludedChunk(chunk=chunk, reason=why) for chunk, why in a.excluded],
         steps=[_step(r) for r in a.steps], seconds=a.seconds)
 
@@ -384,32 +376,12 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         cache=prof.cache,
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped])
-    admission = Admission(
-        requested_bytes=adm.requested_bytes, weights_bytes=adm.weights_bytes,
-        non_torch_bytes=adm.non_torch_bytes, consumed_bytes=adm.consumed_bytes,
-        transient_bytes=adm.transient_bytes, cudagraph_bytes=adm.cudagraph_bytes,
-        warmup_graphs_bytes=prof.warmup.graphs_bytes, warmup_source=prof.warmup.source,
-        margin_bytes=adm.margin_bytes, budget_bytes=adm.budget_bytes,
-        kv_cache_bytes=adm.kv_cache_bytes, stock_kv_cache_bytes=adm.stock_kv_cache_bytes,
-        recommended_kv_cache_memory_bytes=adm.recommended_kv_cache_memory_bytes,
-        explicit_kv_cache_memory_bytes=adm.explicit_kv_cache_memory_bytes,
-        bytes_per_token=adm.bytes_per_token, kv_tokens_stock=adm.kv_tokens_stock,
-        kv_tokens_worstcase=adm.kv_tokens_worstcase,
-        stock_oom_context_len=adm.stock_oom_context_len,
-        stock_shortfall_bytes=adm.stock_shortfall_bytes, one_request_bytes=adm.one_request_bytes,
-        fits=adm.fits)
-    kv = phases.kv_audit
-    kv_audit = None if kv is None else KVAudit(
-        budget_bytes=kv.budget_bytes, allowed_bytes=kv.allowed_bytes,
-        allocated_bytes=kv.allocated_bytes, ratio=kv.ratio, delta_process_bytes=kv.delta_process_bytes,
-        groups=list(kv.groups),
-        verdict=kv.verdict, message=kv.message)
-    wa = warm.audit if warm is not None else None
-    warmup_audit = None if wa is None else WarmupAudit(
-        resident_bytes=wa.resident_bytes, graphs_bytes=wa.graphs_bytes,
-        accounted_bytes=wa.accounted_bytes, outside_bytes=wa.outside_bytes,
-        allowed_bytes=wa.allowed_bytes, verdict=wa.verdict, message=wa.message)
-    validations = [_validation(v) for v in phases.validation]
+    # the core Admission plus what warm-up was expected to keep, and where that figure came from
+    admission = Admission(**dataclasses.asdict(adm), warmup_graphs_bytes=prof.warmup.graphs_bytes,
+                          warmup_source=prof.warmup.source)
+    kv_audit = _model(KVAudit, phases.kv_audit)
+    warmup_audit = _model(WarmupAudit, warm.audit if warm is not None else None)
+    validations = [validation_model(v) for v in phases.validation]
     cfg, dev = facts.config, facts.device
     return Report(
         tool_version=facts.tool_version, vllm_version=facts.vllm_version, created_at=created_at,
