@@ -57,6 +57,7 @@ from ..core.guard import (ABOVE, HEADROOM, HELP, LARGEST_CTX, LARGEST_REQS, LARG
                           OBSERVED, PREDICTED, PREFIX, STEPS, StepLedger, StepShape,
                           warning_text)
 from ..settings import ProfilerSettings, resolve
+from .meters import CpuMeter
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -171,7 +172,7 @@ class CpuProbe:
     """The process high-water mark (VmHWM, reset through /proc/self/clear_refs) and VmRSS, read
     through file descriptors kept open (about 20 us per step)."""
 
-    tolerance = 512 << 10  # the CpuMeter's resolution: heap reuse below the mmap threshold
+    tolerance = CpuMeter.resolution_bytes  # heap reuse below the mmap threshold
 
     def __init__(self) -> None:
         self._clear = os.open("/proc/self/clear_refs", os.O_WRONLY)
