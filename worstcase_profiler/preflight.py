@@ -27,14 +27,13 @@ import re
 import socket
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping, NoReturn
 from urllib.parse import urlparse
 
 from .errors import ConfigError, WcprofError
-from .settings import (ENV_CONFIG, ENV_SWITCH, PROFILER_CHOICES, ProfilerSettings, from_mapping,
-                       profiler_choice_to_mode, resolve)
+from .settings import (PROFILER_CHOICES, ProfilerSettings, from_env, from_mapping,
+                       with_engine_config)
 from .sizes import parse_size
 
 _TRUE = ("1", "true", "yes", "on")
@@ -323,37 +322,9 @@ def kv_bytes_as_vllm_reads(value: Any, flag: str = "--kv-cache-memory-bytes") ->
 # --------------------------------------------------------------------------------------------
 
 def check_env(environ: Mapping[str, str] | None = None) -> ProfilerSettings:
-    """WCPROF_CONFIG then WCPROF_PROFILER, as settings.from_env reads them, with messages that
-    name the variable. Returns the settings."""
-    env = os.environ if environ is None else environ
-    settings = ProfilerSettings()
-    raw = env.get(ENV_CONFIG)
-    if raw:
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            shown = raw if len(raw) <= 60 else raw[:57] + "..."
-            raise ConfigError(f"{ENV_CONFIG} is not valid JSON ({e.msg} at column {e.colno}): "
-                              f"{shown!r}",
-                              hint=f"set it to a JSON object such as {ENV_CONFIG}="
-                                   "'{\"json_path\": \"/var/log/wcprof/report.json\"}', or unset "
-                                   "it") from e
-        try:
-            settings = from_mapping(data, settings)
-        except ConfigError as e:
-            raise ConfigError(f"{ENV_CONFIG}: {e.message}",
-                              hint=e.hint or f"fix or unset {ENV_CONFIG}") from e
-        except ValueError as e:  # a size settings.py could not read
-            raise ConfigError(f"{ENV_CONFIG}: {e}", hint=f"fix or unset {ENV_CONFIG}") from e
-    choice = env.get(ENV_SWITCH)
-    if choice:
-        try:
-            mode = profiler_choice_to_mode(choice)
-        except ConfigError as e:
-            raise ConfigError(f"{ENV_SWITCH}={choice!r} is not a profiler",
-                              hint=f"set {ENV_SWITCH}=worstcase (or default), or unset it") from e
-        settings = replace(settings, mode=mode)
-    return settings
+    """WCPROF_CONFIG then WCPROF_PROFILER (settings.from_env, whose errors name the variable).
+    Returns the settings."""
+    return from_env(environ)
 
 
 def check_serve(settings: ProfilerSettings, source: str = "--profiler-report") -> None:
@@ -373,7 +344,7 @@ def check_serve_args(profiler: str | None, profiler_report: str | None,
     --additional-config, checked and resolved the way the workers will resolve them; then
     check_serve. Returns the settings (mode "off" when nothing switches the profiler on)."""
     env = os.environ if environ is None else environ
-    check_env(env)
+    from_environment = check_env(env)
     if profiler is not None and profiler not in PROFILER_CHOICES:
         raise ConfigError(f"unknown --profiler {profiler!r}",
                           hint=f"use --profiler {' or --profiler '.join(PROFILER_CHOICES)}")
@@ -382,7 +353,7 @@ def check_serve_args(profiler: str | None, profiler_report: str | None,
                           + (" (--profiler default writes no report)" if profiler else ""),
                           hint="add --profiler worstcase, or drop --profiler-report")
     try:
-        settings = resolve(additional_config, dict(env))
+        settings = with_engine_config(additional_config, from_environment)
     except ConfigError as e:
         raise ConfigError(f"--additional-config: {e.message}", hint=e.hint) from e
     except ValueError as e:  # a size settings.py could not read

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from .errors import ConfigError
 from .sizes import parse_size
@@ -178,24 +178,46 @@ def profiler_choice_to_mode(choice: str) -> Mode:
     return "enforce" if choice == "worstcase" else "off"
 
 
-def from_env(environ: dict[str, str] | None = None) -> ProfilerSettings:
+def from_env(environ: Mapping[str, str] | None = None) -> ProfilerSettings:
+    """WCPROF_CONFIG (a JSON object of settings), then WCPROF_PROFILER on top; every error names
+    the variable and says what to set it to."""
     env = os.environ if environ is None else environ
     settings = ProfilerSettings()
-    if env.get(ENV_CONFIG):
+    raw = env.get(ENV_CONFIG)
+    if raw:
         try:
-            raw = json.loads(env[ENV_CONFIG])
+            data = json.loads(raw)
         except json.JSONDecodeError as e:
-            raise ConfigError(f"{ENV_CONFIG} is not valid JSON: {e}") from e
-        settings = from_mapping(raw, settings)
-    if env.get(ENV_SWITCH):
-        settings = replace(settings, mode=profiler_choice_to_mode(env[ENV_SWITCH]))
+            shown = raw if len(raw) <= 60 else raw[:57] + "..."
+            raise ConfigError(f"{ENV_CONFIG} is not valid JSON ({e.msg} at column {e.colno}): "
+                              f"{shown!r}",
+                              hint=f"set it to a JSON object such as {ENV_CONFIG}="
+                                   "'{\"json_path\": \"/var/log/wcprof/report.json\"}', or unset "
+                                   "it") from e
+        try:
+            settings = from_mapping(data, settings)
+        except ConfigError as e:
+            raise ConfigError(f"{ENV_CONFIG}: {e.message}",
+                              hint=e.hint or f"fix or unset {ENV_CONFIG}") from e
+        except ValueError as e:  # a size this module could not read
+            raise ConfigError(f"{ENV_CONFIG}: {e}", hint=f"fix or unset {ENV_CONFIG}") from e
+    choice = env.get(ENV_SWITCH)
+    if choice:
+        try:
+            mode = profiler_choice_to_mode(choice)
+        except ConfigError as e:
+            raise ConfigError(f"{ENV_SWITCH}={choice!r} is not a profiler",
+                              hint=f"set {ENV_SWITCH}=worstcase (or default), or unset it") from e
+        settings = replace(settings, mode=mode)
     return settings
 
 
-def resolve(additional_config: Any, environ: dict[str, str] | None = None) -> ProfilerSettings:
-    """Environment first, then additional_config on top (the engine's own config wins)."""
-    settings = from_env(environ)
-    raw = None
-    if isinstance(additional_config, dict):
-        raw = additional_config.get(CONFIG_KEY)
+def with_engine_config(additional_config: Any, settings: ProfilerSettings) -> ProfilerSettings:
+    """The engine's --additional-config section on top of `settings`."""
+    raw = additional_config.get(CONFIG_KEY) if isinstance(additional_config, dict) else None
     return from_mapping(raw, settings) if raw is not None else settings
+
+
+def resolve(additional_config: Any, environ: Mapping[str, str] | None = None) -> ProfilerSettings:
+    """Environment first, then additional_config on top (the engine's own config wins)."""
+    return with_engine_config(additional_config, from_env(environ))
