@@ -285,9 +285,7 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
                                   replayed_need_bytes=check.step.need_bytes,
                                   allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3))
         if driver.agree_max(int(not ok)) == 0:
-            sweep = reused(entry.sweep, check)
-            sweep = dataclasses.replace(sweep, peak_bytes=policy.reuse_transient(
-                entry.sweep.peak_bytes, sweep.peak_bytes, tolerance))
+            sweep = reused(entry.sweep, check, tolerance)
             log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
                      "allowed %s) in %.1fs", use.path, entry.sweep.worst.shape.label(),
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),

@@ -34,6 +34,7 @@ from typing import Callable, Protocol
 
 from . import shapes as plan
 from .coverage import cover_rows
+from .policy import reuse_transient
 from .shapes import Limits
 from .types import ProvisionalKV, Shape, StepResult, SweepResult
 
@@ -216,9 +217,11 @@ def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (
                   seconds=time.perf_counter() - t0, others=others)
 
 
-def reused(cached: SweepResult, check: Replay) -> SweepResult:
-    """A cached sweep, admitted after its replay: the transient is never below what the replay
-    measured now, and the stock step and provisional KV are this start's."""
-    peak = max(cached.peak_bytes, check.step.peak_bytes, check.stock.peak_bytes)
+def reused(cached: SweepResult, check: Replay, resolution: int) -> SweepResult:
+    """A cached sweep, admitted after its replay: the transient is the cached one while the
+    replay is within the meter's resolution of it, never below what the replay measured now
+    (policy.reuse_transient); the stock step and provisional KV are this start's."""
+    replayed = max(cached.peak_bytes, check.step.peak_bytes, check.stock.peak_bytes)
+    peak = reuse_transient(cached.peak_bytes, replayed, resolution)
     return dataclasses.replace(cached, stock=check.stock, peak_bytes=peak,
                                post_profile_bytes=check.provisional.post_profile_bytes)
