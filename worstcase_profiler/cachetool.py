@@ -14,18 +14,12 @@ with a secret); a bad file is named and skipped.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 from pathlib import Path
 
 from .core.cache import ENV_SECRET, CacheEntry, SweepCache, cache_dir
-from .errors import ConfigError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
+from .errors import ArgParser, ConfigError
 
 
 def _local() -> SweepCache:
@@ -54,7 +48,7 @@ def _entries(directory: Path, secret: str | None) -> tuple[list[tuple[Path, Cach
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(prog="wcprof cache", description=__doc__.split("\n\n")[0])
+    parser = ArgParser(prog="wcprof cache", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
     sub.add_parser("list", help="the entries of this host's cache")
     for verb in ("export", "import"):

@@ -54,13 +54,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from .errors import ConfigError
+from .errors import ArgParser, ConfigError
 from .gates import (
     DEFAULT_GATED,
     METRICS,
     _config_differences,
     _load,
-    _Parser,
     parse_metrics,
     parse_threshold,
     worsening,
@@ -509,7 +508,7 @@ def render_summary(outcomes: list[Outcome], *, threshold: float, gated: list[str
 # ------------------------------------------------------------------------------ main
 
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="wcprof gate",
+    p = ArgParser(prog="wcprof gate",
                 description="profile each configuration of CONFIGS and fail when one got worse "
                             "than its baseline report")
     p.add_argument("configs", metavar="CONFIGS",

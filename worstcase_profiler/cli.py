@@ -33,7 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .errors import ConfigError, WcprofError
+from .errors import ArgParser, ConfigError, WcprofError
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
 TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_seqs": 8,
@@ -66,11 +66,10 @@ _debug = False
 # wcprof's own flags and help (no vLLM import)
 # --------------------------------------------------------------------------------------------
 
-class _ArgParser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (exit 2, one line) instead of printing usage."""
+class _ArgParser(ArgParser):
+    """wcprof's own flags: the message without the prog (it is the whole command)."""
 
-    def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(f"{message}", hint=f"see `{self.prog} --help`")
+    name_prog = False
 
 
 def _profiler_flag(value: str) -> str:

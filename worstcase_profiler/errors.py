@@ -3,6 +3,8 @@ traceback and exits non-zero; the plugin raises them inside the engine so start-
 
 from __future__ import annotations
 
+import argparse
+
 
 class WcprofError(Exception):
     """Base: a problem the operator can fix. `hint` says how."""
@@ -42,3 +44,14 @@ class KVOvercommit(WcprofError):
 
 class WorkspaceGrowth(WcprofError, AssertionError):
     """A locked workspace was asked to grow after warm-up."""
+
+
+class ArgParser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (exit 2, one line, a hint to --help) instead of printing
+    its usage. `name_prog`: the message starts with the prog ("wcprof check: ...")."""
+
+    name_prog = True
+
+    def error(self, message: str):  # type: ignore[override]
+        raise ConfigError(f"{self.prog}: {message}" if self.name_prog else message,
+                          hint=f"see `{self.prog} --help`")

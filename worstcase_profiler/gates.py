@@ -16,7 +16,6 @@ Exit codes, both subcommands:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .core.admission import bytes_for_one_request
-from .errors import ConfigError
+from .errors import ArgParser, ConfigError
 from .report import Report
 from .sizes import fmt_bytes, fmt_tokens
 
@@ -68,13 +67,6 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
            gated_by_default=False),
 ]}
 DEFAULT_GATED = [m.name for m in METRICS.values() if m.gated_by_default]
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (exit 2, one line) instead of printing usage."""
-
-    def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
 
 
 def parse_threshold(text: str) -> float:
@@ -166,7 +158,7 @@ def diff_main(argv: list[str]) -> int:
     more than --max-increase, relative to OLD: peak, workspace and need fail when they grow;
     kv_flag, kv_tokens and stock_oom fail when they shrink. Exit 0: nothing gated got worse by
     more than the threshold; 1: something did; 2: bad input (see the module docstring)."""
-    parser = _Parser(prog="wcprof diff",
+    parser = ArgParser(prog="wcprof diff",
                      description="fail CI when worst-case memory got worse between two reports")
     parser.add_argument("old", metavar="OLD.json")
     parser.add_argument("new", metavar="NEW.json")
@@ -225,7 +217,7 @@ def check_main(argv: list[str]) -> int:
     Safe (exit 0) when one request at max_model_len <= N <= the report's worst-case budget
     (admission.budget_bytes). Otherwise exit 1, saying by how much N is off and what to pass
     instead. Exit 2: bad input."""
-    parser = _Parser(prog="wcprof check",
+    parser = ArgParser(prog="wcprof check",
                      description="is this --kv-cache-memory-bytes value safe for the engine the "
                                  "report describes?")
     parser.add_argument("report", metavar="REPORT.json")

@@ -20,17 +20,11 @@ Neither imports vLLM or torch.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import urllib.error
 import urllib.request
 
-from .errors import ConfigError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise ConfigError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
+from .errors import ArgParser, ConfigError
 
 
 def advise_main(argv: list[str]) -> int:
@@ -40,7 +34,7 @@ def advise_main(argv: list[str]) -> int:
     from .render.terminal import render_advice
     from .settings import parse_within
 
-    parser = _Parser(prog="wcprof advise", allow_abbrev=False,
+    parser = ArgParser(prog="wcprof advise", allow_abbrev=False,
                      description="the chunk advisor's table from a saved report (profile with "
                                  "`wcprof --advise --json REPORT.json`)")
     parser.add_argument("report", metavar="REPORT.json")
@@ -125,7 +119,7 @@ def guard_main(argv: list[str]) -> int:
     from .core.guard import parse_metrics, verdict
     from .sizes import fmt_bytes
 
-    parser = _Parser(prog="wcprof guard", allow_abbrev=False,
+    parser = ArgParser(prog="wcprof guard", allow_abbrev=False,
                      description="read a running `vllm serve --profiler worstcase`'s /metrics "
                                  "and say whether every served step stayed within the "
                                  "prediction (exit 1 when one did not)")
