@@ -15,7 +15,6 @@ with a secret); a bad file is named and skipped.
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 from .core.cache import ENV_SECRET, CacheEntry, SweepCache, cache_dir
@@ -31,17 +30,14 @@ def _local() -> SweepCache:
 
 
 def _entries(directory: Path, secret: str | None) -> tuple[list[tuple[Path, CacheEntry]], list[str]]:
+    """The entries in `directory` this host would load (SweepCache.inspect), and why the others
+    are skipped."""
+    reader = SweepCache(directory, secret=secret)
     good, bad = [], []
     for path in sorted(directory.glob("*.json")):
-        try:
-            entry = CacheEntry.from_json(path.read_text())
-        except (OSError, ValueError, TypeError) as e:
-            bad.append(f"{path.name}: not a cache entry ({e})")
-            continue
-        if path.stem != entry.key:
-            bad.append(f"{path.name}: named for another key")
-        elif not entry.trusted(secret):
-            bad.append(f"{path.name}: not signed with $WCPROF_CACHE_SECRET")
+        entry, why = reader.inspect(path)
+        if entry is None:
+            bad.append(f"{path.name}: {why}")
         else:
             good.append((path, entry))
     return good, bad
@@ -71,10 +67,10 @@ def main(argv: list[str]) -> int:
         raise ConfigError(f"{src} is not a directory", hint="name the directory holding the entries")
     good, bad = _entries(src, secret)
     dst.mkdir(parents=True, exist_ok=True)
-    for path, entry in good:
-        tmp = dst / f".{path.name}.tmp"
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, dst / path.name)
+    from .render.json_report import write_atomically
+
+    for path, _ in good:  # as written (its signature included), never half a file
+        write_atomically(dst / path.name, path.read_bytes())
     print(f"{ns.verb}ed {len(good)} entr{'y' if len(good) == 1 else 'ies'} from {src} to {dst}")
     for line in bad:
         print(f"skipped {line}")

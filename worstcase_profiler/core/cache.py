@@ -133,13 +133,20 @@ class SweepCache:
     """$WCPROF_CACHE_SECRET: entries are signed with it, and only verified ones are loaded."""
 
     def load(self, key: str) -> CacheEntry | None:
+        return self.inspect(self.path(key))[0]
+
+    def inspect(self, path: Path) -> tuple[CacheEntry | None, str | None]:
+        """(the entry, None) when the file at `path` may be used, else (None, why not): not a
+        complete entry of this schema, named for another key, or unsigned with a secret set."""
         try:
-            entry = CacheEntry.from_json(self.path(key).read_text())
-        except (OSError, ValueError, TypeError):
-            return None
-        if entry.key != key or not entry.trusted(self.secret):
-            return None
-        return entry
+            entry = CacheEntry.from_json(path.read_text())
+        except (OSError, ValueError, TypeError) as e:
+            return None, f"not a cache entry ({e})"
+        if path.stem != entry.key:
+            return None, "named for another key"
+        if not entry.trusted(self.secret):
+            return None, "not signed with $WCPROF_CACHE_SECRET"
+        return entry, None
 
     def store(self, entry: CacheEntry) -> Path:
         entry = entry.signed(self.secret)
