@@ -17,7 +17,7 @@ at the top level or under a `configs:` key.
 
 For each configuration the gate runs `wcprof ARGS --json OUT/NAME.json --html OUT/NAME.html
 --quiet` in a subprocess (its output goes to OUT/NAME.log) and compares the report with
-BASELINE/NAME.json exactly as `wcprof diff` does (gates.METRICS, gates.worsening): a gated
+BASELINE/NAME.json exactly as `wcprof diff` does (gates.judge): a gated
 metric that got worse by more than --max-increase fails the configuration. It writes a markdown
 table to OUT/summary.md, and appends it to $GITHUB_STEP_SUMMARY when that is set. Every file is
 written to a temporary name first and renamed, so OUT never holds a half-written file.
@@ -60,6 +60,7 @@ from .gates import (
     METRICS,
     _config_differences,
     _load,
+    judge,
     parse_metrics,
     parse_threshold,
     worsening,
@@ -366,18 +367,7 @@ def _profile(config: GateConfig, out: Path, runner: Runner) -> tuple[RunResult, 
 def _compare(outcome: Outcome, gated: list[str], threshold: float) -> None:
     old, new = outcome.old, outcome.new
     assert old is not None and new is not None
-    worst: tuple[str, float] | None = None
-    for name in gated:
-        metric = METRICS[name]
-        a, b = metric.read(old), metric.read(new)
-        if a is None or b is None:
-            continue
-        w = worsening(metric, a, b)
-        if worst is None or w > worst[1]:
-            worst = (name, w)
-        if w > threshold:
-            outcome.failed.append(name)
-    outcome.worst = worst
+    outcome.failed, outcome.worst = judge(old, new, gated, threshold)
     outcome.gate = "FAIL" if outcome.failed else "PASS"
     for line in _config_differences(old, new):
         outcome.notes.append(f"the reports differ in {line}")
