@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU suite: `wcprof --validate` on each test engine, one subprocess per engine, in one driver.
 
-  python3 bench/gpu_suite.py --out DIR [CASE ...] [--budget-s 540] [--case-timeout-s 300]
+  python3 bench/gpu_suite.py --out DIR [CASE ...] [--budget-s 540] [--case-timeout-s 340]
                              [--no-prespawn]
 
 Cases (models under tests/gpu/models/, config.json only, dummy weights, token-id prompts):

@@ -170,7 +170,7 @@ class CudaProbe:
 
 class CpuProbe:
     """The process high-water mark (VmHWM, reset through /proc/self/clear_refs) and VmRSS, read
-    through file descriptors kept open (about 20 us per step)."""
+    through file descriptors kept open (its cost per step has not been measured)."""
 
     tolerance = CpuMeter.resolution_bytes  # heap reuse below the mmap threshold
 
