@@ -10,6 +10,8 @@ Cases (models under tests/gpu/models/, config.json only, dummy weights, token-id
   llama_v1      as llama_v2 with VLLM_USE_V2_MODEL_RUNNER=0
   dsv32_bf16    as dsv32_fp8 with kv_cache_dtype auto (bf16)
   llama_graphs  as llama_v2 without --enforce-eager (torch.compile + CUDA graphs)
+  llama_v1_graphs, dsv32_fp8_graphs, dsv32_bf16_graphs, scratch_graphs
+                as llama_v1, dsv32_fp8, dsv32_bf16, scratch with graphs (named only)
   scratch       plugins/wcp_fixtures' context-scaled-workspace model (seed 002's scratch that
                 grows with rows x KV extent), eager, max_model_len 8192, max_num_batched_tokens 2048
   dsv32_fp8_tp2, dsv32_bf16_tp2
@@ -76,6 +78,10 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "llama8b_eager_restart": (LLAMA8B, [*LONG, "--enforce-eager", "--sweep-depth", "full"], {},
                               "v2"),
     "dsv32_fp8_graphs": (DSV32, [*LONG, "--kv-cache-dtype", "fp8"], {}, None),
+    # every default case with graphs on as well (llama_graphs is llama_v2's)
+    "llama_v1_graphs": (LLAMA, LONG, {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),
+    "dsv32_bf16_graphs": (DSV32, [*LONG, "--kv-cache-dtype", "auto"], {}, None),
+    "scratch_graphs": (SCRATCH, SHORT, {}, None),
     "dsv32_fp8_cut": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *CUT], {}, None),
     "qwen35_mtp": (QWEN35, [*LONG, *GDN_TRITON, "--speculative-config",
                             '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),
@@ -86,10 +92,11 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
-NEW_032 = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut", "dsv32_fp8_graphs", "dsv32_fp8_cut",
-           "qwen35_mtp", "qwen35_mtp_eager", "dsv4_mtp")
+NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut", "dsv32_fp8_graphs", "dsv32_fp8_cut",
+           "qwen35_mtp", "qwen35_mtp_eager", "dsv4_mtp", "llama_v1_graphs", "dsv32_bf16_graphs",
+           "scratch_graphs")
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
-                 and n not in NEW_032]
+                 and n not in NAMED_ONLY]
 V2_EVIDENCE = "[wcprof] V2 context injected"
 RESTART_HINT = "start again with the same config"
 
@@ -97,7 +104,7 @@ RESTART_HINT = "start again with the same config"
 def _cli_argv(name: str, out: Path) -> list[str]:
     model, extra, _, _ = CASES[name]
     common = list(COMMON)
-    if name in NEW_032:  # the report's own worst step, built from real requests
+    if name in NAMED_ONLY:  # the report's own worst step, built from real requests
         common[common.index("--validate") + 1:common.index("--validate") + 1] = ["worst"]
     return ["--model", str(model), *common, *extra, "--json", str(out / f"{name}.json")]
 

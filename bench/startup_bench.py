@@ -7,7 +7,14 @@ For each model, fresh processes one after the other, the same engine arguments e
   stock           the profiler off;
   worstcase-cold  the profiler on with an empty sweep cache: the full sweep runs;
   worstcase-warm  the profiler on again with the cache the cold start wrote: the worst step is
-                  replayed and the sweep reused (worstcase_profiler/cache.py).
+                  replayed and the sweep reused (worstcase_profiler/cache.py);
+  worstcase-cut   a cold start with --sweep-depth cut-down, in a cache of its own (named only);
+  worstcase-imported
+                  a start whose empty cache first imports --import-from's entries (`wcprof cache
+                  import`): another host's sweep, replayed and checked here (named only).
+--modes picks the modes and their order (default: stock, worstcase-cold, worstcase-warm);
+--export-to copies the cache the cold start wrote into a directory (`wcprof cache export`), for
+another host's worstcase-imported.
 --repeat N starts stock and worstcase-warm N times each, interleaved (stock, warm, stock, warm:
 drift hits both alike), and compares medians. Each process times `LLM(...)` (engine start;
 imports are the same for every mode and timed apart), and the report's startup_seconds say where
@@ -30,7 +37,8 @@ from pathlib import Path
 
 from common import ROOT, engine_env, worstcase_config, write_json
 
-MODES = ("stock", "worstcase-cold", "worstcase-warm")
+MODES = ("stock", "worstcase-cold", "worstcase-warm", "worstcase-cut", "worstcase-imported")
+DEFAULT_MODES = MODES[:3]
 
 
 def child(a) -> int:
@@ -48,10 +56,11 @@ def child(a) -> int:
     from worstcase_profiler.core.timing import profiler_phases  # importable wherever the plugin is
 
     extra = {}
-    report = Path(a.cache_dir) / "report.json"
+    report = Path(f"{a.cache_dir}.report.json")  # beside the cache: an export copies only entries
     report.unlink(missing_ok=True)  # the previous mode's
     if a.mode != "stock":
-        extra["additional_config"] = worstcase_config(str(report), cache_dir=a.cache_dir)
+        depth = {"sweep_depth": "cut-down"} if a.mode == "worstcase-cut" else {}
+        extra["additional_config"] = worstcase_config(str(report), cache_dir=a.cache_dir, **depth)
     kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, seed=0,
                   enforce_eager=not a.graphs, max_model_len=a.max_model_len,
                   max_num_batched_tokens=a.mnbt, gpu_memory_utilization=a.util,
@@ -65,6 +74,8 @@ def child(a) -> int:
         written = json.loads(report.read_text())
         wc, phases = written["worstcase"], written.get("startup_seconds") or {}
         out.update(cache=(wc.get("cache") or {}).get("status"), sweep_s=wc["seconds"],
+                   sweep_mode=wc.get("sweep_mode"),
+                   kv_cache_bytes=written.get("admission", {}).get("kv_cache_bytes"),
                    replay_s=(wc.get("cache") or {}).get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                    profiler_s=round(sum(profiler_phases(phases).values()), 3))
@@ -72,7 +83,23 @@ def child(a) -> int:
     return 0
 
 
+def wcprof_cache(verb: str, directory: str, cache_dir: str) -> str:
+    """`wcprof cache VERB DIRECTORY` against the sweep cache in cache_dir; its output line(s)."""
+    p = subprocess.run([sys.executable, "-m", "worstcase_profiler.cli", "cache", verb, directory],
+                       capture_output=True, text=True, cwd=ROOT,
+                       env=engine_env(WCPROF_CACHE_DIR=cache_dir), timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"wcprof cache {verb} {directory}: rc={p.returncode}: {p.stderr.strip()}")
+    return p.stdout.strip()
+
+
 def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str]) -> dict:
+    imported = None
+    if mode == "worstcase-cut":
+        cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-cut-")
+    elif mode == "worstcase-imported":  # an empty cache that holds only what was imported
+        cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-imported-")
+        imported = wcprof_cache("import", a.import_from, cache_dir)
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough]
     t0 = time.perf_counter()
@@ -83,7 +110,8 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str]) -
         return {"mode": mode, "error": f"rc={p.returncode}", "wall_s": wall,
                 "tail": (p.stdout + p.stderr).splitlines()[-30:]}
     wcprof = [ln for ln in (p.stdout + p.stderr).splitlines() if "[wcprof]" in ln]
-    return {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall, "wcprof_log": wcprof[:40]}
+    return {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall, "wcprof_log": wcprof[:40],
+            **({"imported": imported} if imported else {})}
 
 
 def _parse() -> argparse.Namespace:
@@ -99,25 +127,41 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--graphs", action="store_true")
     p.add_argument("--timeout-s", type=float, default=240)
     p.add_argument("--repeat", type=int, default=1, help="stock and warm starts per model")
+    p.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                   help=f"comma-separated, in order (default: %(default)s); of {', '.join(MODES)}")
+    p.add_argument("--export-to", default=None,
+                   help="copy the sweep cache the cold start wrote here (wcprof cache export)")
+    p.add_argument("--import-from", default=None,
+                   help="worstcase-imported starts from this directory's entries (wcprof cache import)")
     p.add_argument("--prime", action="store_true",
                    help="one uncounted stock start first (a fresh host compiles its kernels there)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if not a.child and not a.out:
         p.error("--out is required")
+    a.order = [m.strip() for m in a.modes.split(",") if m.strip()]
+    unknown = [m for m in a.order if m not in MODES]
+    if unknown:
+        p.error(f"unknown mode(s) {unknown}; known: {', '.join(MODES)}")
+    if "worstcase-imported" in a.order and not a.import_from:
+        p.error("worstcase-imported needs --import-from DIR")
     return a
 
 
 def bench_model(a, model: str, passthrough: list[str], results: dict) -> None:
-    """Stock, cold, warm, then (--repeat) stock and warm again, interleaved, in fresh processes;
-    each start's ratio to the stock median, and the medians per mode."""
+    """--modes in order (stock, cold, warm), then (--repeat) stock and the last cached mode again,
+    interleaved, in fresh processes; each start's ratio to the stock median, and the medians per
+    mode."""
     cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-")
     if a.prime:
         primed = run_mode(a, model, "stock", cache_dir, passthrough)
         results.setdefault("primed", {})[Path(model).name] = primed.get("boot_s", primed.get("error"))
-    order = ["stock", "worstcase-cold", "worstcase-warm"]
-    order += ["stock", "worstcase-warm"] * (max(1, a.repeat) - 1)
+    cached = [m for m in a.order if m in ("worstcase-warm", "worstcase-imported")]
+    order = a.order + (["stock", *cached[-1:]] * (max(1, a.repeat) - 1))
     runs = [run_mode(a, model, mode, cache_dir, passthrough) for mode in order]
+    if a.export_to:
+        results.setdefault("exported", {})[Path(model).name] = wcprof_cache("export", a.export_to,
+                                                                            cache_dir)
     stocks = [r["boot_s"] for r in runs if r["mode"] == "stock" and "boot_s" in r]
     stock = statistics.median(stocks) if stocks else None
     for r in runs:

@@ -10,6 +10,8 @@
 #           run:   bash staging/device_run.sh [CASE ...]           (timeout_s 600; suite <= ~540 s)
 #
 # `stage PART ...` stages other parts (e.g. part02, the MoE kernels) in calls of their own.
+# `exec CMD ...` runs CMD in the suite's environment instead of the suite (e.g.
+# staging/production_run.sh), with $DEADLINE the epoch second it should finish by.
 # Another wheelhouse (e.g. vLLM 0.32 in .stage32/): STAGE=.stage32 SITE=/tmp/site32 on every call,
 # carrying .stage32/... instead. Other settings: OUT (what comes back), WORK, LIMIT_S, WCPROF_CACHE_DIR.
 #
@@ -57,7 +59,7 @@ do_stage() {  # stage [PART ...]: part00 unless parts are named
   ls -A "$SITE" | grep '^\.staged-'
 }
 
-do_run() {
+prepare() {  # stage what is missing, set the engine environment, register the entry point
   [ -f "$SITE/.staged-part00" ] || stage_part part00 || return 1
   stage_part part01 || return 1
   if [ -f "$STAGE/env.sh" ]; then
@@ -75,6 +77,10 @@ do_run() {
   python3 staging/install_entrypoint.py --target "$SITE" --fixtures || return 1
   nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader || true
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'
+}
+
+do_run() {
+  prepare || return 1
   local left=$(( LIMIT_S - ($(date +%s) - T0) - 20 ))   # 20 s to pack $OUT
   echo "suite budget ${left}s"
   rm -rf "$WORK"
@@ -86,8 +92,18 @@ do_run() {
   return $rc
 }
 
+do_exec() {  # exec CMD ...: the same environment as the suite, then CMD (its output to the log)
+  prepare || return 1
+  export DEADLINE=$(( T0 + LIMIT_S - 20 ))   # epoch seconds CMD should be done by
+  "$@"
+}
+
 main() {
-  if [ "${1:-}" = "stage" ]; then shift; do_stage "$@"; else do_run "$@"; fi
+  case "${1:-}" in
+    stage) shift; do_stage "$@" ;;
+    exec) shift; do_exec "$@" ;;
+    *) do_run "$@" ;;
+  esac
 }
 
 main "$@" 2>&1 | tee -a "$OUTDIR/device_run.log"

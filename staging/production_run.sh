@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# What an operator's production start needs proven on the GPU, after the suite, on the same host:
+#   advise   the chunk advisor's 2048 row against an engine really started with 2048 (1%)
+#   soak     the production guard's cost: bench/guard_soak.py, guard on vs off, 200 requests
+#   startup  the 8B layout: stock, cold (full sweep), cold (cut-down), cached restart, exported
+#   import   the 8B layout on a fresh host: stock vs a start from another host's exported entry
+#            (IMPORT_FROM names the directory, carried in the checkout)
+# Run through staging/device_run.sh, which stages and sets the environment:
+#   bash staging/device_run.sh exec bash staging/production_run.sh advise soak startup
+# Each step gets what is left of $DEADLINE. Everything lands in $OUT/production.tar.gz (the
+# device returns few files), the step lines in device_run.log.
+set -uo pipefail
+OUTDIR=${OUT:-/tmp/wcprof-gpu-out}
+P=/tmp/wcprof-production
+rm -rf "$P"; mkdir -p "$P" "$OUTDIR"
+DEADLINE=${DEADLINE:-$(( $(date +%s) + 570 ))}
+LLAMA=tests/gpu/models/llama-8l-2048
+LLAMA8B=tests/gpu/models/llama-3.1-8b-layout
+ENGINE=(--load-format dummy --skip-tokenizer-init --gpu-memory-utilization 0.5 --seed 0
+        --max-model-len 131072 --enforce-eager)
+rc=0
+
+left() { echo $(( DEADLINE - $(date +%s) - 15 )); }   # 15 s to pack
+
+step() {  # step NAME CMD ...: CMD within what is left, its output to $P/NAME.log
+  local name=$1; shift
+  local t=$(left)
+  if [ "$t" -lt 30 ]; then echo "[production] $name: skipped, ${t}s left"; rc=1; return; fi
+  local t0=$(date +%s)
+  timeout "$t" "$@" > "$P/$name.log" 2>&1
+  local r=$?
+  echo "[production] $name: rc=$r in $(( $(date +%s) - t0 ))s (limit ${t}s)"
+  tail -n 12 "$P/$name.log" | sed "s/^/[production]   /"
+  [ "$r" -eq 0 ] || rc=1
+}
+
+for what in "$@"; do
+  case $what in
+    advise)
+      step advise-8192 env WCPROF_CACHE_DIR=off python3 -m worstcase_profiler.cli --model "$LLAMA" \
+        "${ENGINE[@]}" --max-num-batched-tokens 8192 --advise --json "$P/advise-8192.json"
+      step advise-real-2048 env WCPROF_CACHE_DIR=off python3 -m worstcase_profiler.cli \
+        --model "$LLAMA" "${ENGINE[@]}" --max-num-batched-tokens 2048 --json "$P/advise-real-2048.json"
+      step advise-check python3 -m worstcase_profiler.cli advise "$P/advise-8192.json" \
+        --against "$P/advise-real-2048.json" ;;
+    soak)
+      step guard-soak python3 bench/guard_soak.py --out "$P/guard-soak.json" --model "$LLAMA" ;;
+    startup)
+      step startup-8b python3 bench/startup_bench.py --out "$P/startup-8b.json" --model "$LLAMA8B" \
+        --modes stock,worstcase-cold,worstcase-cut,worstcase-warm --repeat 2 \
+        --export-to "$P/cache-export" ;;
+    import)
+      step startup-8b-imported python3 bench/startup_bench.py --out "$P/startup-8b-imported.json" \
+        --model "$LLAMA8B" --modes stock,worstcase-imported --repeat 2 --prime \
+        --import-from "${IMPORT_FROM:?IMPORT_FROM names the exported entries}" ;;
+    *) echo "[production] unknown step $what (advise, soak, startup, import)"; rc=2 ;;
+  esac
+done
+tar -czf "$OUTDIR/production.tar.gz" -C "$P" . && ls -l "$OUTDIR/production.tar.gz"
+exit $rc
