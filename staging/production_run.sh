@@ -4,7 +4,8 @@
 #   soak     the production guard's cost: bench/guard_soak.py, guard on vs off, 200 requests
 #   startup  the 8B layout: stock, cold (full sweep), cold (cut-down), cached restart, exported
 #   import   the 8B layout on a fresh host: stock vs a start from another host's exported entry
-#            (IMPORT_FROM names the directory, carried in the checkout)
+#            (IMPORT_FROM names the directory, carried in the checkout), then its own cold start
+#            and cached restart
 # Run through staging/device_run.sh, which stages and sets the environment:
 #   bash staging/device_run.sh exec bash staging/production_run.sh advise soak startup
 # Each step gets what is left of $DEADLINE. Everything lands in $OUT/production.tar.gz (the
@@ -51,7 +52,8 @@ for what in "$@"; do
         --export-to "$P/cache-export" ;;
     import)
       step startup-8b-imported python3 bench/startup_bench.py --out "$P/startup-8b-imported.json" \
-        --model "$LLAMA8B" --modes stock,worstcase-imported --repeat 2 --prime \
+        --model "$LLAMA8B" --prime \
+        --modes stock,worstcase-imported,stock,worstcase-imported,worstcase-cold,worstcase-warm \
         --import-from "${IMPORT_FROM:?IMPORT_FROM names the exported entries}" ;;
     *) echo "[production] unknown step $what (advise, soak, startup, import)"; rc=2 ;;
   esac

@@ -220,3 +220,12 @@ def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():
 
     assert policy.sweep_depth("full", "LlamaForCausalLM", eager=never)[0] == "full"
     assert policy.sweep_depth("auto", "LlamaForCausalLM", eager=never)[0] == "full"
+
+
+def test_warm_up_creating_the_counted_residue_is_within_what_was_set_aside():
+    kw = dict(resident=112 * MiB, graphs=0, accounted=0, margin=64 * MiB, mode="enforce",
+              kv_cache_bytes=50 * GiB, cached=True)
+    audit, error = policy.warmup_verdict(**kw)
+    assert audit.outside_bytes == 112 * MiB and isinstance(error, DoesNotFit)
+    audit, error = policy.warmup_verdict(**kw, residue=112 * MiB)
+    assert error is None and audit.outside_bytes == 0 and audit.accounted_bytes == 112 * MiB

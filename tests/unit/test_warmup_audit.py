@@ -20,10 +20,10 @@ from worstcase_profiler.errors import DoesNotFit
 MiB = 1 << 20
 
 
-def _worker(tmp_path, mode="enforce", accounted=0, graphs=0):
+def _worker(tmp_path, mode="enforce", accounted=0, graphs=0, **session_kw):
     cache = SweepCache(tmp_path)
     session = build_session(json_path=str(tmp_path / "r.json"), mode=mode,
-                            cache_path=str(cache.path("k")), cudagraph=accounted)
+                            cache_path=str(cache.path("k")), cudagraph=accounted, **session_kw)
     cache.store(CacheEntry(key="k", facts={}, created_at="t", sweep=session.profile.sweep))
     session.measurements.update(after_kv=1000 * MiB, graphs=graphs)
     worker = SimpleNamespace(device="cpu", **{startup.SESSION_ATTR: session})
@@ -88,3 +88,23 @@ def test_report_mode_only_warns(tmp_path, consumed):
     startup.after_warm_up(worker, session.settings)
     assert session.phases.warmup.audit.verdict == "outside-budget"
     assert any("404.00 MiB" in w for w in session.phases.warnings)
+
+
+def test_a_cached_start_may_create_the_residue_its_held_memory_counted(tmp_path, consumed):
+    """A cached start admits with the full sweep's residue in its held memory (buffers the sweep
+    created lazily, policy.reuse_consumed); when warm-up is what creates them, that is no
+    surprise: the audit credits the residue, and the entry keeps warm-up's figure at what went
+    beyond it, so the next start does not subtract the same bytes twice."""
+    worker, session, cache = _worker(tmp_path, cache_status="hit", residue=112 * MiB)
+    consumed["now"] = 1000 * MiB + 112 * MiB
+    startup.after_warm_up(worker, session.settings)
+    audit = session.phases.warmup.audit
+    assert audit.verdict == "ok" and audit.outside_bytes == 0
+    assert "112.00 MiB of the cached sweep's residue" in audit.message
+    assert cache.load("k").warmup.total_bytes == 0
+    # beyond the residue: refused, and only the excess is remembered
+    worker, session, cache = _worker(tmp_path, cache_status="hit", residue=112 * MiB)
+    consumed["now"] = 1000 * MiB + 312 * MiB
+    with pytest.raises(DoesNotFit):
+        startup.after_warm_up(worker, session.settings)
+    assert cache.load("k").warmup == WarmupEstimate(other_bytes=200 * MiB, source="cache")

@@ -8,7 +8,7 @@ MiB = 1024**2
 
 
 def build_session(json_path=None, mode: str = "enforce", fingerprints=("f",), cache_path=None,
-                  **admission_overrides):
+                  cache_status: str = "stored", residue: int = 0, **admission_overrides):
     """A StartupSession whose profile phase is recorded (core values only, no engine)."""
     import dataclasses as dc
 
@@ -40,11 +40,11 @@ def build_session(json_path=None, mode: str = "enforce", fingerprints=("f",), ca
                                             max_num_batched_tokens=512, max_num_seqs=8),
                         runner="v2", worker="Worker")
     session = StartupSession(settings, facts, created_at="2026-01-01T00:00:00+00:00")
-    use = CacheUse(status="stored", key="k", path=cache_path) if cache_path else CacheUse("off")
+    use = CacheUse(status=cache_status, key="k", path=cache_path) if cache_path else CacheUse("off")
     session.record_profile(ProfileResult(
         sweep=sweep, cache=use,
         workspace=Workspace(slots=(WorkspaceSlot(0, 0, 0, 16 * MiB),), total_bytes=16 * MiB),
-        warmup=WarmupEstimate(), held=HeldMemory(40 * GiB, 10 * GiB, 8 * GiB, GiB // 2),
+        warmup=WarmupEstimate(), held=HeldMemory(40 * GiB, 10 * GiB, 8 * GiB, GiB // 2, residue),
         admission=adm, budget=decide_budget(adm, mode=mode, kv_cap=None,
                                             worst_label=worst.shape.label(), max_model_len=4096),
         plan_fingerprints=tuple(fingerprints)))

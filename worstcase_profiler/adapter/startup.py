@@ -140,7 +140,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                              consumed_bytes=consumed + sweep.post_profile_bytes,
                              # vllm-touch: worker-config
                              weights_bytes=int(getattr(runner, "model_memory_usage", 0) or 0),
-                             non_torch_bytes=non_torch(meter, held_now))
+                             non_torch_bytes=non_torch(meter, held_now),
+                             residue_bytes=max(0, consumed - held_now))
     admission = compute_admission(
         requested=held_memory.requested_bytes, consumed=held_memory.consumed_bytes,
         weights=held_memory.weights_bytes, non_torch=held_memory.non_torch_bytes,
@@ -530,14 +531,16 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
             resident = max(0, device_bytes_held(worker, meter) - int(after_kv))
             graphs = int(session.measurements.get("graphs", 0))
             cached = prof.cache.status in ("stored", "hit")
+            residue = prof.held.residue_bytes
             audit, error = policy.warmup_verdict(
                 resident=resident, graphs=min(graphs, resident),
                 accounted=prof.admission.cudagraph_bytes, margin=settings.margin_bytes,
-                mode=settings.mode, kv_cache_bytes=prof.admission.kv_cache_bytes, cached=cached)
-            if cached:
+                mode=settings.mode, kv_cache_bytes=prof.admission.kv_cache_bytes, cached=cached,
+                residue=residue)
+            if cached:  # what warm-up keeps beyond the held memory the entry already counts
                 remember_warmup(prof.cache, WarmupEstimate(
-                    graphs_bytes=min(graphs, resident), other_bytes=max(0, resident - graphs),
-                    source="cache"))
+                    graphs_bytes=min(graphs, resident),
+                    other_bytes=max(0, resident - graphs - residue), source="cache"))
         if audit.verdict != "ok" and error is None:
             session.warn(audit.message)
         (log.info if audit.verdict == "ok" else log.warning)("[wcprof] %s", audit.message)

@@ -127,19 +127,25 @@ def kv_audit_error(audit: KVAuditResult, setting: str) -> WcprofError | None:
 
 
 def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, mode: str,
-                   kv_cache_bytes: int, cached: bool) -> tuple[WarmupAuditResult, DoesNotFit | None]:
+                   kv_cache_bytes: int, cached: bool, residue: int = 0
+                   ) -> tuple[WarmupAuditResult, DoesNotFit | None]:
     """Device memory warm-up kept after the KV budget was fixed (`resident`, of which `graphs`
-    by CUDA graph capture), against what admission set aside for it (`accounted`). More than
-    the margin outside the reservation eats the worst step's headroom: in enforce mode that
-    refuses the start, naming what was kept and the flag value that fits (and, when the figure
-    went into the sweep cache, that the next start subtracts it)."""
-    outside = resident - accounted
+    by CUDA graph capture), against what admission set aside for it: its warm-up reserve
+    (`accounted`) plus `residue`, held memory it counted for buffers not yet allocated (a
+    cached start's sweep residue, HeldMemory.residue_bytes), which warm-up may create. More than
+    the margin outside both eats the worst step's headroom: in enforce mode that refuses the
+    start, naming what was kept and the flag value that fits (and, when the figure went into the
+    sweep cache, that the next start subtracts it)."""
+    outside = resident - accounted - residue
     ok = outside <= margin
     kept = _kept_text(resident, graphs)
-    msg = f"warm-up kept {kept} after the KV budget was fixed; admission set aside {fmt_bytes(accounted)}"
+    aside = fmt_bytes(accounted) if not residue else (
+        f"{fmt_bytes(accounted + residue)} ({fmt_bytes(accounted)} warm-up reserve, "
+        f"{fmt_bytes(residue)} of the cached sweep's residue counted in held memory)")
+    msg = f"warm-up kept {kept} after the KV budget was fixed; admission set aside {aside}"
     msg += ": within the margin" if ok else f", so {fmt_bytes(outside)} of the worst step's headroom is gone"
     audit = WarmupAuditResult(resident_bytes=resident, graphs_bytes=graphs,
-                              accounted_bytes=accounted, outside_bytes=outside,
+                              accounted_bytes=accounted + residue, outside_bytes=outside,
                               allowed_bytes=margin, verdict="ok" if ok else "outside-budget",
                               message=msg)
     if ok or mode != "enforce":

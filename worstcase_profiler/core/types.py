@@ -191,6 +191,10 @@ class HeldMemory:
     consumed_bytes: int
     weights_bytes: int
     non_torch_bytes: int
+    residue_bytes: int = 0
+    """Of consumed_bytes, what this start had not allocated yet when admission measured it: on
+    a cached start, the full sweep's residue (buffers the engine creates lazily, which warm-up
+    or serving then creates; policy.reuse_consumed). 0 on a start that swept."""
 
 
 @dataclass(frozen=True)
