@@ -6,6 +6,8 @@
 #   import   the 8B layout on a fresh host: stock vs a start from another host's exported entry
 #            (IMPORT_FROM names the directory, carried in the checkout), then its own cold start
 #            and cached restart
+#   signed   the 8B layout's stock, cold start and cached restart under $WCPROF_CACHE_SECRET
+#            (a signed entry replays its worst step only)
 # Run through staging/device_run.sh, which stages and sets the environment:
 #   bash staging/device_run.sh exec bash staging/production_run.sh advise soak startup
 # Each step gets what is left of $DEADLINE. Everything lands in $OUT/production.tar.gz (the
@@ -55,7 +57,10 @@ for what in "$@"; do
         --model "$LLAMA8B" --prime \
         --modes stock,worstcase-imported,stock,worstcase-imported,worstcase-cold,worstcase-warm \
         --import-from "${IMPORT_FROM:?IMPORT_FROM names the exported entries}" ;;
-    *) echo "[production] unknown step $what (advise, soak, startup, import)"; rc=2 ;;
+    signed)
+      step startup-8b-signed env WCPROF_CACHE_SECRET=wcprof-bench python3 bench/startup_bench.py \
+        --out "$P/startup-8b-signed.json" --model "$LLAMA8B" ;;
+    *) echo "[production] unknown step $what (advise, soak, startup, import, signed)"; rc=2 ;;
   esac
 done
 tar -czf "$OUTDIR/production.tar.gz" -C "$P" . && ls -l "$OUTDIR/production.tar.gz"

@@ -119,3 +119,23 @@ def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path)
     flag = lambda r: r["admission"]["recommended_kv_cache_memory_bytes"]  # noqa: E731
     assert flag(after.report) <= flag(honest.report) + (1 << 20)
     assert after.report["worstcase"]["workspace_bytes"] >= honest.report["worstcase"]["workspace_bytes"]
+
+
+def test_a_signed_entry_replays_only_its_worst_step_and_an_unsigned_one_is_rechecked(tmp_path):
+    """The dominance re-check guards against forged entries; under $WCPROF_CACHE_SECRET only
+    entries whose signature verifies are loaded at all, so a signed restart skips it (the
+    restart's cost) while a start without the secret runs it."""
+    signed = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"), WCPROF_CACHE_SECRET="s3")
+    unsigned = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
+    uses = {}
+    for name, env in (("cold", signed), ("signed", signed), ("unsigned", unsigned)):
+        (tmp_path / name).mkdir()
+        run = run_wcprof([], tmp_path / name, env=env)
+        assert run.rc == 0, run.text[-3000:]
+        uses[name] = (run.report["worstcase"]["cache"], run.out)
+    assert uses["cold"][0]["status"] == "stored"
+    (use, out), (plain, plain_out) = uses["signed"], uses["unsigned"]
+    assert use["status"] == "hit" and use["trust"] == "signed"
+    assert "no dominance re-check" in out
+    assert plain["status"] == "hit" and plain["trust"] == "re-checked"
+    assert "heaviest plan shape(s) re-checked" in plain_out

@@ -229,3 +229,4 @@ def test_warm_up_creating_the_counted_residue_is_within_what_was_set_aside():
     assert audit.outside_bytes == 112 * MiB and isinstance(error, DoesNotFit)
     audit, error = policy.warmup_verdict(**kw, residue=112 * MiB)
     assert error is None and audit.outside_bytes == 0 and audit.accounted_bytes == 112 * MiB
+

@@ -267,9 +267,11 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
         return sweep, CacheUse(status="off"), None, mode
     use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
     if driver.agree_max(int(entry is None)) == 0:
+        # With a secret, the cache loads only entries whose signature it verified.
+        recheck = policy.recheck_dominance(signed=handle.cache.secret is not None)
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
-                           dominance_checks(limits, entry.sweep.worst.shape))
+                           dominance_checks(limits, entry.sweep.worst.shape) if recheck else ())
         clock.add("replay.stock_step", check.stock.seconds)
         clock.add("replay.worst_step", check.step.seconds)
         expected = entry.worst_need
@@ -284,13 +286,15 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
         use = dataclasses.replace(use, status="hit", cached_at=entry.created_at,
                                   cached_need_bytes=expected,
                                   replayed_need_bytes=check.step.need_bytes,
-                                  allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3))
+                                  allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3),
+                                  trust="re-checked" if recheck else "signed")
         if driver.agree_max(int(not ok)) == 0:
             sweep = reused(entry.sweep, check, tolerance)
             log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
-                     "allowed %s) in %.1fs", use.path, entry.sweep.worst.shape.label(),
+                     "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
-                     check.seconds)
+                     check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
+                     if recheck else "signed under $WCPROF_CACHE_SECRET: no dominance re-check")
             return sweep, use, entry, entry.sweep_mode
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),

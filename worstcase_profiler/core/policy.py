@@ -96,6 +96,14 @@ def reuse_consumed(*, baseline_now: int, cached_baseline: int, cached_consumed: 
     return baseline_now + residue
 
 
+def recheck_dominance(signed: bool) -> bool:
+    """Whether a reused entry's worst step must be re-checked against the plan's heaviest shapes
+    (core/sweep.dominance_checks). That re-check is what stops an entry whose worst shape and
+    need were swapped for a smaller self-consistent pair; an entry signed under the operator's
+    secret cannot have been forged that way (docs/cache.md), so it replays only its worst step."""
+    return not signed
+
+
 def kv_audit_verdict(groups: Iterable[KVAuditGroup], *, budget: int, allowed: int,
                      delta_process: int | None, tolerance: float = 0.01) -> KVAuditResult:
     """What KV initialisation allocated (summed over unique storages, per group and outside every

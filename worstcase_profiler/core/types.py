@@ -166,6 +166,10 @@ class CacheUse:
     replayed_need_bytes: int | None = None
     allowed_drift_bytes: int | None = None
     replay_seconds: float | None = None
+    trust: str | None = None
+    """How a reused entry was trusted besides its replay: "signed" (its MAC verified under
+    $WCPROF_CACHE_SECRET, so the dominance re-check was skipped) or "re-checked" (the plan's
+    heaviest shapes ran and none beat its worst step)."""
 
 
 @dataclass(frozen=True)

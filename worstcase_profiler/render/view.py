@@ -311,7 +311,12 @@ def cache_text(use) -> str:
     verb = "reused" if use.status == "hit" else "cache STALE, swept again"
     return (f"sweep {verb}: cached worst step needs {fmt_bytes(use.replayed_need_bytes)} now vs "
             f"{fmt_bytes(use.cached_need_bytes)} when cached {use.cached_at} (allowed drift "
-            f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s)")
+            f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s"
+            f"{TRUST_TEXT.get(use.trust, '')})")
+
+
+TRUST_TEXT = {"signed": "; signed under $WCPROF_CACHE_SECRET: no dominance re-check",
+              "re-checked": "; the plan's heaviest shapes re-checked"}
 
 
 def full_extent_prefill(report: Report) -> list[StepResult]:
