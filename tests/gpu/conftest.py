@@ -22,6 +22,9 @@ from gpu_results import CASES, HERE, gpu_available, load_results, load_summary, 
 def pytest_addoption(parser):
     parser.addoption("--allowed-gap", action="append", default=None, metavar="NAME",
                      help="a known gap named in a manifest's not_run (e.g. <case>_worst_step)")
+    parser.addoption("--allowed-over", action="append", default=None, metavar="CASE=BYTES",
+                     help="a case a manifest's exceeded names: its validation measured exactly "
+                          "BYTES above the prediction (recorded, with why)")
     parser.addoption("--results", action="append", default=None, metavar="DIR",
                      help="directory holding bench/gpu_suite.py's summary.json (read, not run); "
                           "repeat it: later directories replace the cases they re-ran")
@@ -34,6 +37,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def allowed_over(request) -> dict[str, int]:
+    """CASE -> the exact excess a manifest's exceeded records for it."""
+    pairs = (a.rsplit("=", 1) for a in request.config.getoption("--allowed-over") or [])
+    return {case: int(n) for case, n in pairs}
 
 
 @pytest.fixture(scope="session")

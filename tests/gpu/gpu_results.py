@@ -102,3 +102,10 @@ def asked(case: dict, flag: str) -> int:
 
 def gib(b: int) -> str:
     return f"{b / GiB:.3f} GiB"
+
+
+def within(v: dict, case: str, allowed: dict[str, int]) -> bool:
+    """measured <= predicted; for a case a manifest records as exceeding, the excess must be
+    exactly the recorded one (a larger or a different one fails)."""
+    over = v["measured_peak_bytes"] - v["predicted_peak_bytes"]
+    return over <= 0 or over == allowed.get(case)
