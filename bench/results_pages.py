@@ -140,7 +140,8 @@ def exceeded(runs: list[Run]) -> list[dict]:
     """Current cases whose real requests measured above the prediction, each with the exact
     excess in bytes and why it is recorded rather than fixed (tests/gpu allows that excess, to
     the byte, and nothing else)."""
-    return [e for r in runs if r.has_current() for e in r.m.get("exceeded", [])]
+    return [e for r in runs for e in r.m.get("exceeded", [])
+            if e.get("case") in r.cases("suite", "current")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +166,8 @@ def _run_problems(r: Run) -> list[str]:
     out += [f"{r.name}: exceeded entry without case, bytes or why: {e}"
             for e in r.m.get("exceeded", [])
             if not ("case" in e and "why" in e and isinstance(e.get("bytes"), int) and e["bytes"] > 0)]
+    out += [f"{r.name}: exceeded names {e['case']}, not a suite case of this run"
+            for e in r.m.get("exceeded", []) if "case" in e and e["case"] not in r.cases("suite")]
     return out + [f"{r.name}: not_run entry without why or case/what: {n}"
                   for n in r.m.get("not_run", []) if not _names_a_gap(n)]
 

@@ -15,8 +15,9 @@ For each model, fresh processes one after the other, the same engine arguments e
 --modes picks the modes and their order (default: stock, worstcase-cold, worstcase-warm);
 --export-to copies the cache the cold start wrote into a directory (`wcprof cache export`), for
 another host's worstcase-imported.
---repeat N starts stock and worstcase-warm N times each, interleaved (stock, warm, stock, warm:
-drift hits both alike), and compares medians. Each process times `LLM(...)` (engine start;
+--repeat N starts stock and the last cached mode of --modes N times each, interleaved (stock,
+warm, stock, warm: drift hits both alike), and compares medians. A warm or imported start that
+did not reuse the cache (status other than hit) counts as an error, not as a cached start. Each process times `LLM(...)` (engine start;
 imports are the same for every mode and timed apart), and the report's startup_seconds say where
 the profiler's part of it went. Prints a table of ratios to stock and writes every figure to
 --out. Run it on a host whose kernel caches (Triton, inductor) are already warm — e.g. after
@@ -103,15 +104,26 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str]) -
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT, timeout=a.timeout_s)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT,
+                           timeout=a.timeout_s)
+    except subprocess.TimeoutExpired as e:
+        return {"mode": mode, "error": f"timed out after {a.timeout_s:.0f}s",
+                "wall_s": time.perf_counter() - t0,
+                "tail": (e.stdout or b"").decode(errors="replace").splitlines()[-30:]}
     wall = time.perf_counter() - t0
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("STARTUP ")]
     if p.returncode != 0 or not lines:
         return {"mode": mode, "error": f"rc={p.returncode}", "wall_s": wall,
                 "tail": (p.stdout + p.stderr).splitlines()[-30:]}
     wcprof = [ln for ln in (p.stdout + p.stderr).splitlines() if "[wcprof]" in ln]
-    return {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall, "wcprof_log": wcprof[:40],
-            **({"imported": imported} if imported else {})}
+    out = {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall, "wcprof_log": wcprof[:40],
+           **({"imported": imported} if imported else {})}
+    if mode in ("worstcase-warm", "worstcase-imported") and out.get("cache") != "hit":
+        # a cached mode that swept is not a cached start: keep its figures, not its label
+        out["error"] = f"cache {out.get('cache')!r}, not hit: the sweep ran"
+        out.pop("boot_s", None)
+    return out
 
 
 def _parse() -> argparse.Namespace:
@@ -158,7 +170,12 @@ def bench_model(a, model: str, passthrough: list[str], results: dict) -> None:
         results.setdefault("primed", {})[Path(model).name] = primed.get("boot_s", primed.get("error"))
     cached = [m for m in a.order if m in ("worstcase-warm", "worstcase-imported")]
     order = a.order + (["stock", *cached[-1:]] * (max(1, a.repeat) - 1))
-    runs = [run_mode(a, model, mode, cache_dir, passthrough) for mode in order]
+    runs = []
+    for mode in order:
+        try:
+            runs.append(run_mode(a, model, mode, cache_dir, passthrough))
+        except RuntimeError as e:  # wcprof cache import failed: this start cannot be made
+            runs.append({"mode": mode, "error": str(e)})
     if a.export_to:
         results.setdefault("exported", {})[Path(model).name] = wcprof_cache("export", a.export_to,
                                                                             cache_dir)

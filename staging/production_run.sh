@@ -53,10 +53,14 @@ for what in "$@"; do
         --modes stock,worstcase-cold,worstcase-cut,worstcase-warm --repeat 2 \
         --export-to "$P/cache-export" ;;
     import)
+      if [ -z "${IMPORT_FROM:-}" ]; then
+        echo "[production] import: skipped, IMPORT_FROM names no directory of exported entries"
+        rc=2; continue
+      fi
       step startup-8b-imported python3 bench/startup_bench.py --out "$P/startup-8b-imported.json" \
         --model "$LLAMA8B" --prime \
         --modes stock,worstcase-imported,stock,worstcase-imported,worstcase-cold,worstcase-warm \
-        --import-from "${IMPORT_FROM:?IMPORT_FROM names the exported entries}" ;;
+        --import-from "$IMPORT_FROM" ;;
     signed)
       step startup-8b-signed env WCPROF_CACHE_SECRET=wcprof-bench python3 bench/startup_bench.py \
         --out "$P/startup-8b-signed.json" --model "$LLAMA8B" ;;

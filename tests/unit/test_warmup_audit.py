@@ -108,3 +108,14 @@ def test_a_cached_start_may_create_the_residue_its_held_memory_counted(tmp_path,
     with pytest.raises(DoesNotFit):
         startup.after_warm_up(worker, session.settings)
     assert cache.load("k").warmup == WarmupEstimate(other_bytes=200 * MiB, source="cache")
+
+
+def test_the_residue_credit_never_eats_the_entrys_own_warm_up_reserve(tmp_path, consumed):
+    """Warm-up that keeps its reserve (50 MiB) plus part of the residue (30 of 112 MiB): the
+    start is fine, and the entry keeps the 50 MiB, so the next start sets them aside again."""
+    worker, session, cache = _worker(tmp_path, accounted=50 * MiB, cache_status="hit",
+                                     residue=112 * MiB)
+    consumed["now"] = 1000 * MiB + 80 * MiB
+    startup.after_warm_up(worker, session.settings)
+    assert session.phases.warmup.audit.verdict == "ok"
+    assert cache.load("k").warmup.total_bytes == 50 * MiB
