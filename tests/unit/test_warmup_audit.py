@@ -32,8 +32,11 @@ def _worker(tmp_path, mode="enforce", accounted=0, graphs=0, **session_kw):
 
 @pytest.fixture
 def consumed(monkeypatch):
-    box = {}
+    """box["now"]: the bytes the device holds after warm-up; box["kind"]: the meter's device
+    (cuda by default: exact allocator counters, as on the GPUs these scenarios come from)."""
+    box = {"kind": "cuda"}
     monkeypatch.setattr(startup, "device_bytes_held", lambda worker, meter: box["now"])
+    monkeypatch.setattr(startup, "meter_for", lambda device: SimpleNamespace(device_kind=box["kind"]))
     return box
 
 
@@ -62,6 +65,16 @@ def test_graphs_beyond_the_margin_fail_the_start_and_are_cached(tmp_path, consum
                                                     source="cache")
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["warmup_audit"]["verdict"] == "outside-budget"  # written before refusing
+
+
+def test_on_the_cpu_warm_up_within_the_margin_is_not_recorded(tmp_path, consumed):
+    """RSS growth within the margin is noise on the CPU: recording it would make the restart
+    admit less than the start that swept (tests/cpu/test_sweep_cache.py's parity)."""
+    worker, session, cache = _worker(tmp_path)
+    consumed.update(now=1000 * MiB + MiB, kind="cpu")
+    startup.after_warm_up(worker, session.settings)
+    assert session.phases.warmup.audit.verdict == "ok"
+    assert cache.load("k").warmup.total_bytes == 0
 
 
 def test_buffers_other_than_graphs_are_named(tmp_path, consumed):

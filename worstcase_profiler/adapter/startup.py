@@ -541,12 +541,11 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
                 accounted=prof.admission.cudagraph_bytes, margin=settings.margin_bytes,
                 mode=settings.mode, kv_cache_bytes=prof.admission.kv_cache_bytes, cached=cached,
                 residue=residue)
-            if cached:  # what warm-up keeps beyond the held memory the entry already counts:
-                # the residue is credited only against what it kept beyond its own reserve
-                credited = min(residue, max(0, resident - prof.admission.cudagraph_bytes))
-                remember_warmup(prof.cache, WarmupEstimate(
-                    graphs_bytes=min(graphs, resident),
-                    other_bytes=max(0, resident - graphs - credited), source="cache"))
+            remember = policy.warmup_to_remember(
+                resident=resident, graphs=graphs, reserve=prof.admission.cudagraph_bytes,
+                residue=residue, ok=audit.verdict == "ok", exact=meter.device_kind == "cuda")
+            if cached and remember is not None:
+                remember_warmup(prof.cache, remember)
         if audit.verdict != "ok" and error is None:
             session.warn(audit.message)
         (log.info if audit.verdict == "ok" else log.warning)("[wcprof] %s", audit.message)

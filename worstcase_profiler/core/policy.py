@@ -6,6 +6,7 @@ error values. The adapter measures and applies; nothing here reads vLLM or the d
   reuse_consumed      the held-memory figure a cached start admits with
   kv_audit_verdict    what KV initialisation allocated against the budget (seed 000)
   warmup_verdict      what warm-up kept against what admission set aside for it
+  warmup_to_remember  what of it the sweep cache keeps for the next start
   plan_agreement      whether every tensor-parallel rank ran the same steps
   validation_exceeded whether a validation measured more than predicted
   sweep_depth         whether the sweep runs cut down or on the full model
@@ -17,7 +18,8 @@ from typing import Callable, Iterable
 
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..sizes import fmt_bytes
-from .types import Admission, BudgetDecision, KVAuditGroup, KVAuditResult, WarmupAuditResult
+from .types import (Admission, BudgetDecision, KVAuditGroup, KVAuditResult, WarmupAuditResult,
+                    WarmupEstimate)
 
 
 def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label: str,
@@ -163,6 +165,21 @@ def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, m
     hint = (f"the figure is cached: start again with the same config and admission subtracts "
             f"it; or pass {flag}" if cached else f"pass {flag}")
     return audit, DoesNotFit(msg, hint=hint)
+
+
+def warmup_to_remember(*, resident: int, graphs: int, reserve: int, residue: int, ok: bool,
+                       exact: bool) -> WarmupEstimate | None:
+    """What the configuration's cache entry should remember of this warm-up, or None to leave
+    it as it is. A failed audit always records (the refusal's hint promises the next start
+    subtracts it). A passed one records only on an exact meter (CUDA's allocator counters): on
+    the CPU, RSS growth within the margin is noise, and recording it would make a restart admit
+    less than the start that swept. A cached start's sweep residue (held memory it counted but
+    had not allocated) is credited only against what warm-up kept beyond its own reserve."""
+    if ok and not exact:
+        return None
+    credited = min(residue, max(0, resident - reserve))
+    return WarmupEstimate(graphs_bytes=min(graphs, resident),
+                          other_bytes=max(0, resident - graphs - credited), source="cache")
 
 
 def _kept_text(resident: int, graphs: int) -> str:
