@@ -14,10 +14,9 @@ with a secret); a bad file is named and skipped.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-from .core.cache import ENV_SECRET, CacheEntry, SweepCache, cache_dir
+from .core.cache import CacheEntry, SweepCache, cache_dir
 from .errors import ArgParser, ConfigError
 
 
@@ -26,7 +25,7 @@ def _local() -> SweepCache:
     if directory is None:
         raise ConfigError("the sweep cache is off (WCPROF_CACHE_DIR=off)",
                           hint="set WCPROF_CACHE_DIR to a directory")
-    return SweepCache(directory, secret=os.environ.get(ENV_SECRET) or None)
+    return SweepCache.with_env_secret(directory)
 
 
 def _entries(directory: Path, secret: str | None) -> tuple[list[tuple[Path, CacheEntry]], list[str]]:

@@ -26,6 +26,7 @@ import time
 
 from ..core import advise as core
 from ..core.shapes import Limits
+from ..core.sweep import cannot_build
 from ..core.timing import PhaseTimer
 from ..core.types import (Admission, Advice, AdviceMeasurements, HeldMemory, SweepResult,
                           Workspace)
@@ -44,9 +45,7 @@ def measure_candidates(driver, limits: Limits, sweep: SweepResult, candidates, *
     clock = clock or PhaseTimer()
     chunks = tuple(candidates)
     missing = core.missing_shapes(limits, sweep, chunks, context_ladder=context_ladder)
-    cannot = getattr(driver, "cannot_build", None)  # optional in the driver protocol
-    skipped = tuple((s, why) for s in missing
-                    if cannot is not None and (why := cannot(s)) is not None)
+    skipped = tuple((s, why) for s in missing if (why := cannot_build(driver, s)) is not None)
     missing = [s for s in missing if s not in dict(skipped)]
     t0 = time.perf_counter()
     with clock("advise"), driver.provisional_kv():

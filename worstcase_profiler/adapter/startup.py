@@ -27,8 +27,7 @@ from typing import NamedTuple
 
 from ..core import policy
 from ..core.admission import compute_admission
-from ..core.cache import (ENV_SECRET, CacheEntry, SweepCache, cache_dir, cache_key,
-                          round_capacity_up)
+from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, round_capacity_up
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import dominance_checks, replay, reused, run_cut_down, run_sweep
@@ -251,7 +250,7 @@ def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettin
     directory = cache_dir(settings.cache_dir)
     if directory is None:
         return None, None
-    cache = SweepCache(directory, secret=os.environ.get(ENV_SECRET) or None)
+    cache = SweepCache.with_env_secret(directory)
     facts = sweep_facts(worker, engine, dataclasses.replace(limits, kv_capacity_tokens=None),
                         settings)
     key = cache_key(facts)
@@ -276,13 +275,13 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
         clock.add("replay.worst_step", check.step.seconds)
         expected = entry.worst_need
         ok, allowed = policy.cache_verdict(expected, check.step.need_bytes, tolerance)
-        beaten = [o for o in check.others if not policy.still_worst(expected, [o.need_bytes], allowed)]
-        if beaten:
+        if not policy.still_worst(expected, [o.need_bytes for o in check.others], allowed):
             ok = False
+            beaten = max(check.others, key=lambda o: o.need_bytes)
             log.warning("[wcprof] cached sweep %s names %s as the worst step, but %s needs %s now "
                         "(more than its %s): the entry is not trusted", handle.cache.path(handle.key),
-                        entry.sweep.worst.shape.label(), beaten[0].shape.label(),
-                        fmt_bytes(beaten[0].need_bytes), fmt_bytes(expected))
+                        entry.sweep.worst.shape.label(), beaten.shape.label(),
+                        fmt_bytes(beaten.need_bytes), fmt_bytes(expected))
         use = dataclasses.replace(use, status="hit", cached_at=entry.created_at,
                                   cached_need_bytes=expected,
                                   replayed_need_bytes=check.step.need_bytes,
@@ -576,7 +575,7 @@ def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
     up front."""
     if use.path is None or use.key is None:
         return
-    cache = SweepCache(Path(use.path).parent, secret=os.environ.get(ENV_SECRET) or None)
+    cache = SweepCache.with_env_secret(Path(use.path).parent)
     entry = cache.load(use.key)
     if entry is None or entry.warmup == warmup:
         return

@@ -227,7 +227,7 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
     configured = limits.max_num_batched_tokens
     raised = _raiser(sweep, confirmation_delta(sweep) if cut_down else 0)
     known = {shape: raised(found) for shape, found in known_steps(sweep).items()}
-    unbuildable = dict(getattr(sweep, "skipped", ()))
+    unbuildable = dict(sweep.skipped)
     unbuildable.update(measured.skipped)
     extra = _by_shape(measured.steps)
     timed = dict(zip(measured.chunks, measured.timings))

@@ -132,6 +132,13 @@ class SweepCache:
     secret: str | None = None
     """$WCPROF_CACHE_SECRET: entries are signed with it, and only verified ones are loaded."""
 
+    @classmethod
+    def with_env_secret(cls, directory: Path, environ: dict[str, str] | None = None) -> "SweepCache":
+        """The cache at `directory` under the operator's $WCPROF_CACHE_SECRET (unset or empty:
+        none), as every reader and writer of a shared cache must open it."""
+        env = os.environ if environ is None else environ
+        return cls(directory, secret=env.get(ENV_SECRET) or None)
+
     def load(self, key: str) -> CacheEntry | None:
         return self.inspect(self.path(key))[0]
 

@@ -69,6 +69,13 @@ class StepDriver(Protocol):
 StepCallback = Callable[[StepResult], None]
 
 
+def cannot_build(driver: StepDriver, shape: Shape) -> str | None:
+    """Why `driver` cannot build `shape` (None: it can, or the driver does not say: cannot_build
+    is optional in the protocol)."""
+    ask = getattr(driver, "cannot_build", None)
+    return ask(shape) if ask is not None else None
+
+
 def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
               context_ladder: bool = True, attribute_ops: bool = True,
               on_step: StepCallback | None = None) -> SweepResult:
@@ -105,8 +112,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
                       plan.wide_decode_batch(limits), plan.mixed_step(limits)):
             if extra is None:
                 continue
-            cannot = getattr(driver, "cannot_build", None)  # optional: every shape by default
-            why = cannot(extra) if cannot is not None else None
+            why = cannot_build(driver, extra)
             if why is None:
                 step(extra)
             else:
@@ -211,8 +217,7 @@ def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (
     stock = driver.measure_stock()
     with driver.provisional_kv() as provisional:
         step = stock if worst_shape.kind == "stock" else driver.measure(worst_shape)
-        cannot = getattr(driver, "cannot_build", None)
-        others = tuple(driver.measure(s) for s in checks if cannot is None or cannot(s) is None)
+        others = tuple(driver.measure(s) for s in checks if cannot_build(driver, s) is None)
     return Replay(stock=stock, step=step, provisional=provisional,
                   seconds=time.perf_counter() - t0, others=others)
 
