@@ -57,7 +57,10 @@ COMMANDS = {
               "tokens vs prefill throughput per max_num_batched_tokens, and the knee",
     "guard": "read a running `vllm serve --profiler worstcase`'s /metrics: did the profile "
              "hold over the steps served so far? (exit 1 when a step exceeded it)",
+    "gate": "CI gate: profile a file of configurations, fail when one got worse than its baseline",
+    "cache": "list, export or import sweep-cache entries (a fleet shares one measurement)",
 }
+"""One line per subcommand, for `wcprof --help` (SUBCOMMANDS, at the end, runs them)."""
 
 _debug = False
 
@@ -234,10 +237,7 @@ examples:
 
 
 def _summary(name: str) -> str:
-    if name in COMMANDS:
-        return COMMANDS[name]
-    doc = (getattr(SUBCOMMANDS.get(name), "__doc__", None) or "").strip()
-    return doc.splitlines()[0] if doc else f"see `wcprof {name} --help`"
+    return COMMANDS.get(name) or f"see `wcprof {name} --help`"
 
 
 def _engine_parser():
@@ -708,7 +708,7 @@ def _render(argv: list[str]) -> int:
     return 0
 
 
-def _lazy(target: str, doc: str):
+def _lazy(target: str):
     """A subcommand whose module is imported only when it runs ("module:function")."""
     module, _, attr = target.partition(":")
 
@@ -717,22 +717,19 @@ def _lazy(target: str, doc: str):
 
         return getattr(importlib.import_module(f"worstcase_profiler.{module}"), attr)(argv)
 
-    run.__doc__ = doc
     return run
 
 
 SUBCOMMANDS = {
     "profile": profile,
-    "demo": _lazy("demos:run_demo", COMMANDS["demo"]),
-    "check": _lazy("gates:check_main", COMMANDS["check"]),
-    "diff": _lazy("gates:diff_main", COMMANDS["diff"]),
+    "demo": _lazy("demos:run_demo"),
+    "check": _lazy("gates:check_main"),
+    "diff": _lazy("gates:diff_main"),
     "render": _render,
-    "gate": _lazy("ci_gate:main", "CI gate: profile a file of configurations, fail when one "
-                                  "got worse than its baseline"),
-    "advise": _lazy("readback:advise_main", COMMANDS["advise"]),
-    "guard": _lazy("readback:guard_main", COMMANDS["guard"]),
-    "cache": _lazy("cachetool:main", "list, export or import sweep-cache entries (a fleet "
-                                     "shares one measurement)"),
+    "gate": _lazy("ci_gate:main"),
+    "advise": _lazy("readback:advise_main"),
+    "guard": _lazy("readback:guard_main"),
+    "cache": _lazy("cachetool:main"),
 }
 
 if __name__ == "__main__":
