@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,6 +21,29 @@ def engine_env(**extra: str) -> dict[str, str]:
     """This process's environment for an engine subprocess: the engine core in-process (its
     worker's objects are reachable) and unbuffered output, plus `extra`."""
     return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1", **extra}
+
+
+def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str,
+              log_key: str, log_lines: int) -> dict:
+    """Run an engine subprocess (engine_env, from the repository root) that prints its result as
+    one line `MARKER {json}`: that JSON plus wall_s and, under log_key, up to log_lines output
+    lines holding log_match; or {"error", "wall_s", "tail"} when it timed out, failed or printed
+    no such line."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT,
+                           timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return {"error": f"timed out after {timeout_s:.0f}s", "wall_s": time.perf_counter() - t0,
+                "tail": out.splitlines()[-30:]}
+    wall = time.perf_counter() - t0
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(marker + " ")]
+    if p.returncode != 0 or not lines:
+        return {"error": f"rc={p.returncode}", "wall_s": wall,
+                "tail": (p.stdout + p.stderr).splitlines()[-30:]}
+    logged = [ln for ln in (p.stdout + p.stderr).splitlines() if log_match in ln]
+    return {**json.loads(lines[-1][len(marker) + 1:]), "wall_s": wall, log_key: logged[:log_lines]}
 
 
 def worstcase_config(json_path: str, **extra) -> dict:

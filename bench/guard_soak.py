@@ -23,13 +23,12 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, engine_env, worstcase_config, write_json
+from common import ROOT, run_child, worstcase_config, write_json
 
 
 def prompts(a) -> list[dict]:
@@ -86,16 +85,9 @@ def child(a) -> int:
 def run(a, guard: str, cache_dir: str) -> dict:
     cmd = [sys.executable, __file__, "--child", "--guard", guard, "--cache-dir", cache_dir,
            *a.passthrough]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT,
-                       timeout=a.timeout_s)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("SOAK ")]
-    if p.returncode != 0 or not lines:
-        return {"guard": guard, "error": f"rc={p.returncode}", "wall_s": time.perf_counter() - t0,
-                "tail": (p.stdout + p.stderr).splitlines()[-30:]}
-    guard_log = [ln for ln in (p.stdout + p.stderr).splitlines() if "[wcprof] guard" in ln]
-    return {**json.loads(lines[-1][len("SOAK "):]), "wall_s": time.perf_counter() - t0,
-            "guard_log": guard_log[:10]}
+    return {"guard": guard, **run_child(cmd, "SOAK", timeout_s=a.timeout_s,
+                                        log_match="[wcprof] guard", log_key="guard_log",
+                                        log_lines=10)}
 
 
 def _parse() -> argparse.Namespace:

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, engine_env, worstcase_config, write_json
+from common import ROOT, engine_env, run_child, worstcase_config, write_json
 
 MODES = ("stock", "worstcase-cold", "worstcase-warm", "worstcase-cut", "worstcase-imported")
 DEFAULT_MODES = MODES[:3]
@@ -103,22 +103,11 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str]) -
         imported = wcprof_cache("import", a.import_from, cache_dir)
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough]
-    t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT,
-                           timeout=a.timeout_s)
-    except subprocess.TimeoutExpired as e:
-        return {"mode": mode, "error": f"timed out after {a.timeout_s:.0f}s",
-                "wall_s": time.perf_counter() - t0,
-                "tail": (e.stdout or b"").decode(errors="replace").splitlines()[-30:]}
-    wall = time.perf_counter() - t0
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("STARTUP ")]
-    if p.returncode != 0 or not lines:
-        return {"mode": mode, "error": f"rc={p.returncode}", "wall_s": wall,
-                "tail": (p.stdout + p.stderr).splitlines()[-30:]}
-    wcprof = [ln for ln in (p.stdout + p.stderr).splitlines() if "[wcprof]" in ln]
-    out = {**json.loads(lines[-1][len("STARTUP "):]), "wall_s": wall, "wcprof_log": wcprof[:40],
+    out = {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=a.timeout_s, log_match="[wcprof]",
+                                     log_key="wcprof_log", log_lines=40),
            **({"imported": imported} if imported else {})}
+    if "error" in out:
+        return out
     if mode in ("worstcase-warm", "worstcase-imported") and out.get("cache") != "hit":
         # a cached mode that swept is not a cached start: keep its figures, not its label
         out["error"] = f"cache {out.get('cache')!r}, not hit: the sweep ran"
