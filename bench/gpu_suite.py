@@ -92,9 +92,9 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
-NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut", "dsv32_fp8_graphs", "dsv32_fp8_cut",
-           "qwen35_mtp", "qwen35_mtp_eager", "dsv4_mtp", "llama_v1_graphs", "dsv32_bf16_graphs",
-           "scratch_graphs")
+NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
+              "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_mtp", "qwen35_mtp_eager", "dsv4_mtp",
+              "llama_v1_graphs", "dsv32_bf16_graphs", "scratch_graphs")
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]
 V2_EVIDENCE = "[wcprof] V2 context injected"
