@@ -4,6 +4,8 @@ no request outgrows max_model_len."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from worstcase_profiler.core.requests_plan import plan_for, token_ids
@@ -88,3 +90,73 @@ def test_token_ids_share_exactly_the_prefix():
     a, b = token_ids(Prompt(1, 64, 5), 32000, 1), token_ids(Prompt(1, 64, 5), 32000, 2)
     assert a[:64] == b[:64] and a[64:] != b[64:]
     assert all(0 < t < 32000 for t in a)
+
+
+# A drafter that drops a prefix hit's last block (EAGLE, MTP): a hybrid's 800-token block, as
+# vLLM 0.32 gives Qwen3.5 ("align" mode), with max_num_seqs 1024.
+DRAFT = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+               num_speculative_tokens=2, block_size=800, prefix_caching=True,
+               prefix_hit_min_rows=801)
+
+
+def test_a_dropped_block_caps_the_requests_of_a_wide_prefill():
+    """H200 run 13: 1,024 requests x 8 rows on 131k was swept but the scheduler ran ~10 at a time
+    (each hit recomputed its last 800-token block); such a step is never formed."""
+    shapes = split_prefills(DRAFT, 8192)
+    assert max(s.num_reqs for s in shapes) == 8 <= 8192 // 801
+    assert all(s.rows // s.num_reqs >= DRAFT.prefix_hit_min_rows for s in shapes)
+    no_drop = split_prefills(dataclasses.replace(DRAFT, prefix_hit_min_rows=1), 8192)
+    assert max(s.num_reqs for s in no_drop) == 1024
+    # without prefix caching nothing lines long requests up anyway: those stay over-estimates
+    private = split_prefills(dataclasses.replace(DRAFT, prefix_caching=False), 8192)
+    assert max(s.num_reqs for s in private) == 1024
+
+
+def test_with_a_dropped_block_the_prompts_still_form_the_step():
+    shape = split_prefills(DRAFT, 8192)[-1]  # 8 requests x 1024 rows
+    plan = plan_for(shape, DRAFT, prefix_caching=True)
+    warm, measured = plan.batches
+    ctx, block = plan.target.context_len, DRAFT.block_size
+    shared = warm.prompts[0].prefix_len
+    assert shared == ctx + block and shared % block == 0
+    # vLLM's hit: every shared block matches, then the last one is dropped
+    for p in measured.prompts:
+        hit = ((p.length - 1) // block - 1) * block
+        assert min(hit, shared - block) == ctx
+        assert p.length - ctx == 1024 and p.length < DRAFT.max_model_len
+    assert plan.exact and plan.target.rows == 8192 and plan.target.num_reqs == 8
+
+
+def test_a_step_finer_than_the_dropped_block_is_measured_and_said_not_exact():
+    plan = plan_for(Shape("prefill", 8192, 130000, 1024), DRAFT, prefix_caching=True)
+    assert not plan.exact and "drops the hit's last block" in plan.note
+
+
+def _config(method="mtp", caching=True, block=800, hybrid=True, mode="align", unit=None,
+            compress=None):
+    from types import SimpleNamespace as NS
+
+    spec = None if method is None else NS(
+        method=method, num_speculative_tokens=2,
+        use_eagle_block_drop=lambda: method in ("eagle", "eagle3", "mtp", "dflash", "dspark"))
+    hf = NS(compress_ratios=compress)
+    return NS(speculative_config=spec,
+              cache_config=NS(enable_prefix_caching=caching, block_size=block,
+                              prefix_match_unit=unit, mamba_cache_mode=mode),
+              model_config=NS(hf_config=hf, is_hybrid=hybrid, is_attention_free=False))
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({}, 801),                                   # Qwen3.5 + MTP, prefix caching, "align"
+    ({"hybrid": False, "block": 16}, 17),        # a Llama with EAGLE
+    ({"unit": 16}, 17),                          # a finer prefix_match_unit sets the hit unit
+    ({"method": "ngram"}, 1),                    # a drafter that keeps every matched block
+    ({"method": None}, 1),                       # no drafter
+    ({"caching": False}, 1),                     # no prefix cache, no hit
+    ({"mode": "none"}, 1),                       # a hybrid outside "align": not modelled
+    ({"compress": [4, 128]}, 1),                 # DeepSeek-V4: KV groups of other block sizes
+])
+def test_the_rows_a_hit_leaves_follow_the_drafter_and_the_cache(kwargs, expected):
+    from worstcase_profiler.adapter.facts import prefix_hit_min_rows
+
+    assert prefix_hit_min_rows(_config(**kwargs)) == expected

@@ -29,7 +29,38 @@ def limits_of(vllm_config, runner=None) -> Limits:
         num_speculative_tokens=k,
         block_size=int(vllm_config.cache_config.block_size or 16),
         prefix_caching=bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False)),
+        prefix_hit_min_rows=prefix_hit_min_rows(vllm_config),
     )
+
+
+def prefix_hit_min_rows(vllm_config) -> int:
+    """Limits.prefix_hit_min_rows: one cache block plus one token when the drafter makes vLLM
+    drop a prefix hit's last matched block (EAGLE, MTP, DFlash, DSpark: the drafter needs the
+    target's hidden states of the last tokens), else 1. The block is the cache's hit unit:
+    cache_config.block_size (for a Mamba hybrid in "align" mode, the block every group shares),
+    or prefix_match_unit when that is smaller. Where the hit unit may be finer than that (KV
+    groups of different block sizes, e.g. DeepSeek-V4's compressed attention, or a hybrid not
+    in "align" mode) it stays 1: fewer rows per request only add shapes, the safe direction."""
+    # vllm-touch: worker-config
+    cache, spec = vllm_config.cache_config, vllm_config.speculative_config
+    if spec is None or not getattr(cache, "enable_prefix_caching", False):
+        return 1
+    drops = getattr(spec, "use_eagle_block_drop", None) or getattr(spec, "use_eagle", None)
+    try:
+        if not (callable(drops) and drops()):
+            return 1
+    except Exception:  # noqa: BLE001 - an unknown drafter: no constraint
+        return 1
+    model = vllm_config.model_config
+    text = model.hf_config.get_text_config() if hasattr(model.hf_config, "get_text_config") \
+        else model.hf_config
+    if getattr(text, "compress_ratios", None) or getattr(model, "is_attention_free", False):
+        return 1
+    if getattr(model, "is_hybrid", False) and getattr(cache, "mamba_cache_mode", None) != "align":
+        return 1
+    block = int(cache.block_size or 16)
+    unit = getattr(cache, "prefix_match_unit", None)
+    return min(block, int(unit)) + 1 if unit else block + 1
 
 
 def world_rank() -> int:

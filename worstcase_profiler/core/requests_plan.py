@@ -92,16 +92,32 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
-    if prefix_caching:
+    dropped = limits.prefix_hit_min_rows - 1
+    if prefix_caching and rows // n > dropped:
+        # A drafter that drops a hit's last block (dropped > 0) leaves each prompt computing
+        # that block again: the shared prefix is one block longer and each tail one block
+        # shorter, so the step still holds `rows` on `ctx`.
         ctx = _down(reachable, limits.block_size)
-        prompts = tuple(Prompt(1, ctx, r) for r in split_rows(rows, n))
+        shared = ctx + dropped
+        prompts = tuple(Prompt(1, shared, r - dropped) for r in split_rows(rows, n))
         return RequestPlan(
             target=Shape("prefill", rows, ctx, n),
-            batches=(_warm(1, ctx), Batch(f"{n} prompt(s) on a cached {ctx}-token prefix, "
-                                          f"{rows} new tokens in all", prompts, 1, True)),
+            batches=(_warm(1, shared), Batch(f"{n} prompt(s) on a cached {shared}-token prefix, "
+                                             f"{rows - n * dropped} new tokens in all",
+                                             prompts, 1, True)),
             exact=shape.context_len - ctx <= limits.block_size,
             note=None if ctx == shape.context_len else
             f"context {ctx}: the longest block-aligned one a real request reaches")
+    if prefix_caching and n > 1:
+        return RequestPlan(
+            target=Shape("prefill", rows, 0, n),
+            batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
+                           tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
+                           1, True),),
+            exact=False,
+            note=f"a prefix-cache hit leaves each request {limits.prefix_hit_min_rows} rows to "
+                 f"compute (the drafter drops the hit's last block), more than this step's "
+                 f"{rows // n}: measured on an empty context")
     if n > 1:
         return RequestPlan(
             target=Shape("prefill", rows, 0, n),
@@ -134,7 +150,9 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
         # Each prompt tops the block-aligned shared prefix up with its own tail (at most a block),
         # so the batch decodes at max_model_len - 1. The tails may need several prefill steps;
         # the output is long enough that every request still decodes in the same last steps.
-        steps += -(-n * limits.block_size // limits.max_num_batched_tokens)
+        # (plus the block a drafter's hit drops: prefix_hit_min_rows - 1).
+        tail = limits.block_size + limits.prefix_hit_min_rows - 1
+        steps += -(-n * tail // limits.max_num_batched_tokens)
         prompt = mml - 1 - steps
         ctx = _down(prompt - 1, limits.block_size)
         prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))

@@ -32,6 +32,12 @@ class Limits:
     block_size: int = 16
     kv_capacity_tokens: int | None = None
     prefix_caching: bool = False
+    prefix_hit_min_rows: int = 1
+    """With prefix caching, the fewest prompt tokens a request that hits the cache still computes
+    in its step: 1, or one cache block plus one token when the drafter (EAGLE, MTP, DFlash,
+    DSpark) makes vLLM drop the last matched block (`use_eagle_block_drop`). Requests on a long
+    shared context share a prefill step only through such hits, so at most
+    rows // prefix_hit_min_rows of them do."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -90,11 +96,17 @@ def prefill_chunk(limits: Limits, rows: int) -> Shape:
 def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     """The same R rows spread over n = 2, 4, 8, ... prefill requests (up to max_num_seqs), each
     ending at max_model_len: the scheduler forms these when one request's last chunk and the
-    next one's first share a step. Per-request metadata and kernel splits scale with n."""
+    next one's first share a step. Per-request metadata and kernel splits scale with n. With
+    prefix caching, n stops at rows // prefix_hit_min_rows: each request on the shared context
+    reached it through a cache hit, which leaves that many rows to compute (without it the
+    shapes stay, over-estimates, since nothing else lines long requests up)."""
     _check_rows(limits, rows)
     out = []
     n = 2
-    while n <= min(limits.max_num_seqs, rows):
+    most = min(limits.max_num_seqs, rows)
+    if limits.prefix_caching:
+        most = min(most, rows // limits.prefix_hit_min_rows)
+    while n <= most:
         largest = -(-rows // n)
         extent = _extent_for(limits, n)
         if largest <= extent:
