@@ -83,6 +83,9 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "dsv32_bf16_graphs": (DSV32, [*LONG, "--kv-cache-dtype", "auto"], {}, None),
     "scratch_graphs": (SCRATCH, SHORT, {}, None),
     "dsv32_fp8_cut": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *CUT], {}, None),
+    # the Qwen3.5 hybrid without a drafter: vLLM 0.32's hybrid case, graphs off and on
+    "qwen35_eager": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON], {}, None),
+    "qwen35_graphs": (QWEN35, [*LONG, *GDN_TRITON], {}, None),
     "qwen35_mtp": (QWEN35, [*LONG, *GDN_TRITON, "--speculative-config",
                             '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),
     "qwen35_mtp_eager": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, "--speculative-config",
@@ -93,7 +96,8 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
-              "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_mtp", "qwen35_mtp_eager", "dsv4_mtp",
+              "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
+              "qwen35_mtp_eager", "dsv4_mtp",
               "llama_v1_graphs", "dsv32_bf16_graphs", "scratch_graphs")
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]

@@ -2,6 +2,8 @@
 # What an operator's production start needs proven on the GPU, after the suite, on the same host:
 #   advise   the chunk advisor's 2048 row against an engine really started with 2048 (1%)
 #   soak     the production guard's cost: bench/guard_soak.py, guard on vs off, 200 requests
+#            (SOAK_ARGS, default 6 rounds per process over off,on,off,on,on,off), then
+#            bench/guard_probe.py: the probe's own cost per step against that soak's step time
 #   startup  the 8B layout: stock, cold (full sweep), cold (cut-down), cached restart, exported
 #   import   the 8B layout on a fresh host: stock vs a start from another host's exported entry
 #            (IMPORT_FROM names the directory, carried in the checkout), then its own cold start
@@ -47,7 +49,11 @@ for what in "$@"; do
       step advise-check python3 -m worstcase_profiler.cli advise "$P/advise-8192.json" \
         --against "$P/advise-real-2048.json" ;;
     soak)
-      step guard-soak python3 bench/guard_soak.py --out "$P/guard-soak.json" --model "$LLAMA" ;;
+      # shellcheck disable=SC2086
+      step guard-soak python3 bench/guard_soak.py --out "$P/guard-soak.json" --model "$LLAMA" \
+        ${SOAK_ARGS:---rounds 6 --order off,on,off,on,on,off}
+      step guard-probe python3 bench/guard_probe.py --out "$P/guard-probe.json" \
+        --soak "$P/guard-soak.json" ;;
     startup)
       step startup-8b python3 bench/startup_bench.py --out "$P/startup-8b.json" --model "$LLAMA8B" \
         --modes stock,worstcase-cold,worstcase-cut,worstcase-warm --repeat 2 \
