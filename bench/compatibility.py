@@ -75,7 +75,8 @@ def _cell(m: dict, name: str, case: dict) -> dict:
     if kv:
         figures.append(f"KV audit {kv.get('ratio', 0):.3f}")
     if case.get("first_start") is not None:
-        figures.append("first start refused, restart admitted")
+        figures.append("first start refused, restart " +
+                       ("admitted" if case.get("rc") == 0 else f"refused too (exit {case.get('rc')})"))
     return {"vllm": m.get("vllm", "?"), "device": m.get("gpu", "?"),
             "runner": (rep.get("runner") or {}).get("runner", "?"),
             "graphs": "off" if cfg.get("enforce_eager", True) else "on",

@@ -144,6 +144,14 @@ def exceeded(runs: list[Run]) -> list[dict]:
             if e.get("case") in r.cases("suite", "current")]
 
 
+def failed(runs: list[Run]) -> list[dict]:
+    """Current cases that fail one of the suite's checks, recorded with the check and why (a
+    product that refused to start where it should have started, say): tests/gpu expects exactly
+    those to fail (xfail, strict) and nothing else; the pages list them."""
+    return [e for r in runs for e in r.m.get("failed", [])
+            if e.get("case") in r.cases("suite", "current")]
+
+
 # ---------------------------------------------------------------------------------------------
 # manifest checks
 # ---------------------------------------------------------------------------------------------
@@ -168,6 +176,9 @@ def _run_problems(r: Run) -> list[str]:
             if not ("case" in e and "why" in e and isinstance(e.get("bytes"), int) and e["bytes"] > 0)]
     out += [f"{r.name}: exceeded names {e['case']}, not a suite case of this run"
             for e in r.m.get("exceeded", []) if "case" in e and e["case"] not in r.cases("suite")]
+    out += [f"{r.name}: failed entry without case or why, or naming no suite case: {e}"
+            for e in r.m.get("failed", [])
+            if not ("case" in e and "why" in e and e["case"] in r.cases("suite"))]
     return out + [f"{r.name}: not_run entry without why or case/what: {n}"
                   for n in r.m.get("not_run", []) if not _names_a_gap(n)]
 
@@ -440,6 +451,10 @@ def _not_run_line(n: dict) -> str:
     return f"- **{n.get('what') or n['case']}**: {n['why'].rstrip('.')}."
 
 
+def _failed_line(e: dict) -> str:
+    return f"- **{e['case']}**: {e['why'].rstrip('.')}."
+
+
 def _exceeded_line(e: dict) -> str:
     return f"- **{e['case']}**: measured {e['bytes']:,} B above the prediction. {e['why'].rstrip('.')}."
 
@@ -500,6 +515,7 @@ def current_page(config: str, runs: list[Run]) -> str:
         lines += [f"## {heading}", "", table, ""]
     lines += _bullets("What the figures say", [f"- {b}" for r in cur for b in r.m.get("summary", [])])
     lines += _bullets("Measured above the prediction", [_exceeded_line(e) for e in exceeded(cur)])
+    lines += _bullets("Failing cases", [_failed_line(e) for e in failed(cur)])
     lines += _bullets("What was not run", [_not_run_line(n) for n in not_run(cur)])
     lines += _runs_table(cur) + _commands(cur, current_folders(runs))
     return "\n".join(lines).rstrip() + "\n"
@@ -529,6 +545,7 @@ def _history_run(run: Run) -> list[str]:
         lines += [f"Its suite wrote only [summary.md]({run.name}/suite-summary.md).", ""]
     notes = [f"- {b}" for b in run.m.get("findings", []) + run.m.get("summary", [])]
     notes += ["- Above the prediction: " + _exceeded_line(e)[2:] for e in run.m.get("exceeded", [])]
+    notes += ["- Failing: " + _failed_line(e)[2:] for e in run.m.get("failed", [])]
     notes += ["- Not run: " + _not_run_line(n)[2:] for n in run.m.get("not_run", [])]
     lines += notes + [""] * bool(notes)
     for heading, table in sections([run], None, source=False):
