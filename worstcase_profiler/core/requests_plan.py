@@ -108,25 +108,18 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
             exact=shape.context_len - ctx <= limits.block_size,
             note=None if ctx == shape.context_len else
             f"context {ctx}: the longest block-aligned one a real request reaches")
-    if prefix_caching and n > 1:
-        return RequestPlan(
-            target=Shape("prefill", rows, 0, n),
-            batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
-                           tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
-                           1, True),),
-            exact=False,
-            note=f"a prefix-cache hit leaves each request {limits.prefix_hit_min_rows} rows to "
-                 f"compute (the drafter drops the hit's last block), more than this step's "
-                 f"{rows // n}: measured on an empty context")
     if n > 1:
+        why = (f"a prefix-cache hit leaves each request {limits.prefix_hit_min_rows} rows to "
+               f"compute (the drafter drops the hit's last block), more than this step's "
+               f"{rows // n}" if prefix_caching else
+               "without prefix caching several requests each on a long context cannot be "
+               "lined up in one step")
         return RequestPlan(
             target=Shape("prefill", rows, 0, n),
             batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
                            tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
                            1, True),),
-            exact=False,
-            note="without prefix caching several requests each on a long context cannot be "
-                 "lined up in one step: measured on an empty context")
+            exact=False, note=f"{why}: measured on an empty context")
     ctx = _down(reachable, limits.max_num_batched_tokens)
     return RequestPlan(
         target=Shape("prefill", rows, ctx, 1),
