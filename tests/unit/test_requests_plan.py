@@ -96,14 +96,14 @@ def test_token_ids_share_exactly_the_prefix():
 # vLLM 0.32 gives Qwen3.5 ("align" mode), with max_num_seqs 1024.
 DRAFT = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
                num_speculative_tokens=2, block_size=800, prefix_caching=True,
-               prefix_hit_min_rows=801)
+               prefix_hit_min_rows=800)
 
 
 def test_a_dropped_block_caps_the_requests_of_a_wide_prefill():
     """H200 run 13: 1,024 requests x 8 rows on 131k was swept but the scheduler ran ~10 at a time
     (each hit recomputed its last 800-token block); such a step is never formed."""
     shapes = split_prefills(DRAFT, 8192)
-    assert max(s.num_reqs for s in shapes) == 8 <= 8192 // 801
+    assert max(s.num_reqs for s in shapes) == 8 <= 8192 // 800
     assert all(s.rows // s.num_reqs >= DRAFT.prefix_hit_min_rows for s in shapes)
     no_drop = split_prefills(dataclasses.replace(DRAFT, prefix_hit_min_rows=1), 8192)
     assert max(s.num_reqs for s in no_drop) == 1024
@@ -119,12 +119,22 @@ def test_with_a_dropped_block_the_prompts_still_form_the_step():
     ctx, block = plan.target.context_len, DRAFT.block_size
     shared = warm.prompts[0].prefix_len
     assert shared == ctx + block and shared % block == 0
-    # vLLM's hit: every shared block matches, then the last one is dropped
+    # vLLM's hit, single KV group: (L - 1) // B blocks match, the last is dropped; several
+    # groups (this hybrid): L // B blocks may match. Only the shared ones are cached either way.
     for p in measured.prompts:
-        hit = ((p.length - 1) // block - 1) * block
-        assert min(hit, shared - block) == ctx
+        for matched in ((p.length - 1) // block, p.length // block):
+            assert min(matched * block, shared) - block == ctx
         assert p.length - ctx == 1024 and p.length < DRAFT.max_model_len
     assert plan.exact and plan.target.rows == 8192 and plan.target.num_reqs == 8
+
+
+def test_the_warm_prompt_leaves_a_drafter_room_and_fits_max_model_len():
+    lim = dataclasses.replace(DRAFT, num_speculative_tokens=3)
+    for shape in split_prefills(lim, 8192):
+        plan = plan_for(shape, lim, prefix_caching=True)
+        (warm,) = [b for b in plan.batches if not b.measured]
+        assert warm.prompts[0].suffix_len == 4  # 1 + k: vLLM leaves the last k - 1 uncached
+        assert warm.prompts[0].length + warm.max_tokens <= lim.max_model_len
 
 
 def test_a_step_finer_than_the_dropped_block_is_measured_and_said_not_exact():
@@ -133,7 +143,7 @@ def test_a_step_finer_than_the_dropped_block_is_measured_and_said_not_exact():
 
 
 def _config(method="mtp", caching=True, block=800, hybrid=True, mode="align", unit=None,
-            compress=None):
+            compress=None, threshold=0, connector=False):
     from types import SimpleNamespace as NS
 
     spec = None if method is None else NS(
@@ -141,15 +151,19 @@ def _config(method="mtp", caching=True, block=800, hybrid=True, mode="align", un
         use_eagle_block_drop=lambda: method in ("eagle", "eagle3", "mtp", "dflash", "dspark"))
     hf = NS(compress_ratios=compress)
     return NS(speculative_config=spec,
+              scheduler_config=NS(long_prefill_token_threshold=threshold),
+              kv_transfer_config=NS(kv_connector="LMCacheConnectorV1") if connector else None,
               cache_config=NS(enable_prefix_caching=caching, block_size=block,
                               prefix_match_unit=unit, mamba_cache_mode=mode),
               model_config=NS(hf_config=hf, is_hybrid=hybrid, is_attention_free=False))
 
 
 @pytest.mark.parametrize("kwargs,expected", [
-    ({}, 801),                                   # Qwen3.5 + MTP, prefix caching, "align"
-    ({"hybrid": False, "block": 16}, 17),        # a Llama with EAGLE
-    ({"unit": 16}, 17),                          # a finer prefix_match_unit sets the hit unit
+    ({}, 800),                                   # Qwen3.5 + MTP, prefix caching, "align"
+    ({"hybrid": False, "block": 16}, 16),        # a Llama with EAGLE
+    ({"unit": 16}, 16),                          # a finer prefix_match_unit sets the hit unit
+    ({"threshold": 512}, 1),                     # long_prefill_token_threshold: short chunks
+    ({"connector": True}, 1),                    # LMCache / P-D: external hits drop nothing
     ({"method": "ngram"}, 1),                    # a drafter that keeps every matched block
     ({"method": None}, 1),                       # no drafter
     ({"caching": False}, 1),                     # no prefix cache, no hit

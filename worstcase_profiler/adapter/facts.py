@@ -34,13 +34,21 @@ def limits_of(vllm_config, runner=None) -> Limits:
 
 
 def prefix_hit_min_rows(vllm_config) -> int:
-    """Limits.prefix_hit_min_rows: one cache block plus one token when the drafter makes vLLM
-    drop a prefix hit's last matched block (EAGLE, MTP, DFlash, DSpark: the drafter needs the
-    target's hidden states of the last tokens), else 1. The block is the cache's hit unit:
-    cache_config.block_size (for a Mamba hybrid in "align" mode, the block every group shares),
-    or prefix_match_unit when that is smaller. Where the hit unit may be finer than that (KV
-    groups of different block sizes, e.g. DeepSeek-V4's compressed attention, or a hybrid not
-    in "align" mode) it stays 1: fewer rows per request only add shapes, the safe direction."""
+    """Limits.prefix_hit_min_rows: one cache block when the drafter makes vLLM drop a prefix
+    hit's last matched block (EAGLE, MTP, DFlash, DSpark: the drafter needs the target's hidden
+    states of the last tokens), else 1. One block, not one more: with several KV groups (a Mamba
+    hybrid, sliding window beside full attention) vLLM's hybrid coordinator lets a block-aligned,
+    fully cached prompt hit at its length minus one block, which leaves exactly one block.
+
+    The block is the cache's hit unit: cache_config.block_size (for a Mamba hybrid in "align"
+    mode, the block every group shares), or prefix_match_unit when that is smaller. It stays 1,
+    which adds shapes (the safe direction), wherever a request can reach a long context with
+    fewer rows some other way, or the hit unit may be finer than the block:
+      - long_prefill_token_threshold > 0 caps every prefill chunk, cached or not, below a block;
+      - a KV connector (kv_transfer_config: LMCache, P/D disaggregation) adds external hits that
+        need not drop anything;
+      - KV groups of different block sizes (DeepSeek-V4's compressed attention), a hybrid not in
+        "align" mode, an attention-free model."""
     # vllm-touch: worker-config
     cache, spec = vllm_config.cache_config, vllm_config.speculative_config
     if spec is None or not getattr(cache, "enable_prefix_caching", False):
@@ -51,6 +59,11 @@ def prefix_hit_min_rows(vllm_config) -> int:
             return 1
     except Exception:  # noqa: BLE001 - an unknown drafter: no constraint
         return 1
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    if int(getattr(scheduler, "long_prefill_token_threshold", 0) or 0) > 0:
+        return 1
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        return 1
     model = vllm_config.model_config
     text = model.hf_config.get_text_config() if hasattr(model.hf_config, "get_text_config") \
         else model.hf_config
@@ -60,7 +73,7 @@ def prefix_hit_min_rows(vllm_config) -> int:
         return 1
     block = int(cache.block_size or 16)
     unit = getattr(cache, "prefix_match_unit", None)
-    return min(block, int(unit)) + 1 if unit else block + 1
+    return min(block, int(unit)) if unit else block
 
 
 def world_rank() -> int:

@@ -73,10 +73,14 @@ def _down(n: int, to: int) -> int:
     return max(0, n // to * to)
 
 
-def _warm(prefix_id: int, length: int) -> Batch:
-    """One prompt of `length` shared tokens plus one of its own: every full block of the shared
-    part lands in the prefix cache."""
-    return Batch(f"warm the prefix cache with {length} tokens", (Prompt(prefix_id, length, 1),),
+def _warm(prefix_id: int, length: int, limits: Limits | None = None) -> Batch:
+    """One prompt of `length` shared tokens plus 1 + k of its own (k speculative tokens: vLLM
+    leaves a drafter's last k - 1 tokens uncached): every full block of the shared part lands in
+    the prefix cache."""
+    own = 1
+    if limits is not None:  # within max_model_len with its one output token
+        own = max(1, min(1 + limits.num_speculative_tokens, limits.max_model_len - 1 - length))
+    return Batch(f"warm the prefix cache with {length} tokens", (Prompt(prefix_id, length, own),),
                  max_tokens=1, measured=False)
 
 
@@ -92,7 +96,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
-    dropped = limits.prefix_hit_min_rows - 1
+    dropped = limits.prefix_hit_min_rows if limits.prefix_hit_min_rows > 1 else 0
     if prefix_caching and rows // n > dropped:
         # A drafter that drops a hit's last block (dropped > 0) leaves each prompt computing
         # that block again: the shared prefix is one block longer and each tail one block
@@ -102,9 +106,9 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
         prompts = tuple(Prompt(1, shared, r - dropped) for r in split_rows(rows, n))
         return RequestPlan(
             target=Shape("prefill", rows, ctx, n),
-            batches=(_warm(1, shared), Batch(f"{n} prompt(s) on a cached {shared}-token prefix, "
-                                             f"{rows - n * dropped} new tokens in all",
-                                             prompts, 1, True)),
+            batches=(_warm(1, shared, limits),
+                     Batch(f"{n} prompt(s) on a cached {shared}-token prefix, "
+                           f"{rows - n * dropped} new tokens in all", prompts, 1, True)),
             exact=shape.context_len - ctx <= limits.block_size,
             note=None if ctx == shape.context_len else
             f"context {ctx}: the longest block-aligned one a real request reaches")
@@ -143,17 +147,18 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
         # Each prompt tops the block-aligned shared prefix up with its own tail (at most a block),
         # so the batch decodes at max_model_len - 1. The tails may need several prefill steps;
         # the output is long enough that every request still decodes in the same last steps.
-        # (plus the block a drafter's hit drops: prefix_hit_min_rows - 1).
-        tail = limits.block_size + limits.prefix_hit_min_rows - 1
+        # (plus the block a drafter's hit drops: prefix_hit_min_rows).
+        tail = limits.block_size + (limits.prefix_hit_min_rows
+                                    if limits.prefix_hit_min_rows > 1 else 0)
         steps += -(-n * tail // limits.max_num_batched_tokens)
         prompt = mml - 1 - steps
         ctx = _down(prompt - 1, limits.block_size)
         prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))
         return RequestPlan(
             target=Shape("decode", n * per_req, prompt + steps - 1 - per_req, n),
-            batches=(_warm(1, ctx), Batch(f"{n} prompts of {prompt} tokens sharing a cached "
-                                          f"{ctx}-token prefix, decoding {steps} tokens together",
-                                          prompts, steps, True)),
+            batches=(_warm(1, ctx, limits),
+                     Batch(f"{n} prompts of {prompt} tokens sharing a cached {ctx}-token prefix, "
+                           f"decoding {steps} tokens together", prompts, steps, True)),
             exact=n == shape.num_reqs,
             note=None if n == shape.num_reqs else f"{n} requests: max_num_seqs")
     prompt = mml - 1 - steps

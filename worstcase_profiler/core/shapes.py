@@ -34,10 +34,10 @@ class Limits:
     prefix_caching: bool = False
     prefix_hit_min_rows: int = 1
     """With prefix caching, the fewest prompt tokens a request that hits the cache still computes
-    in its step: 1, or one cache block plus one token when the drafter (EAGLE, MTP, DFlash,
-    DSpark) makes vLLM drop the last matched block (`use_eagle_block_drop`). Requests on a long
-    shared context share a prefill step only through such hits, so at most
-    rows // prefix_hit_min_rows of them do."""
+    in its step: 1, or one cache block when the drafter (EAGLE, MTP, DFlash, DSpark) makes vLLM
+    drop the last matched block (`use_eagle_block_drop`). Requests on a long shared context
+    share a prefill step only through such hits, so at most rows // prefix_hit_min_rows of them
+    do. The adapter leaves it at 1 wherever another route exists (adapter/facts.py)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
