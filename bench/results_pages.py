@@ -136,20 +136,24 @@ def not_run(runs: list[Run]) -> list[dict]:
     return [n for r in runs if r.has_current() for n in r.m.get("not_run", [])]
 
 
+def _on_current_cases(runs: list[Run], key: str) -> list[dict]:
+    """The manifests' `key` entries that name a current suite case of their run."""
+    return [e for r in runs for e in r.m.get(key, [])
+            if e.get("case") in r.cases("suite", "current")]
+
+
 def exceeded(runs: list[Run]) -> list[dict]:
     """Current cases whose real requests measured above the prediction, each with the exact
     excess in bytes and why it is recorded rather than fixed (tests/gpu allows that excess, to
     the byte, and nothing else)."""
-    return [e for r in runs for e in r.m.get("exceeded", [])
-            if e.get("case") in r.cases("suite", "current")]
+    return _on_current_cases(runs, "exceeded")
 
 
 def failed(runs: list[Run]) -> list[dict]:
-    """Current cases that fail one of the suite's checks, recorded with the check and why (a
-    product that refused to start where it should have started, say): tests/gpu expects exactly
-    those to fail (xfail, strict) and nothing else; the pages list them."""
-    return [e for r in runs for e in r.m.get("failed", [])
-            if e.get("case") in r.cases("suite", "current")]
+    """Current cases that fail one of the suite's checks, recorded with why (a product that
+    refused to start where it should have started, say): tests/gpu marks that case's tests as
+    expected to fail (xfail, not strict: its checks that pass still pass); the pages list them."""
+    return _on_current_cases(runs, "failed")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -451,10 +455,6 @@ def _not_run_line(n: dict) -> str:
     return f"- **{n.get('what') or n['case']}**: {n['why'].rstrip('.')}."
 
 
-def _failed_line(e: dict) -> str:
-    return f"- **{e['case']}**: {e['why'].rstrip('.')}."
-
-
 def _exceeded_line(e: dict) -> str:
     return f"- **{e['case']}**: measured {e['bytes']:,} B above the prediction. {e['why'].rstrip('.')}."
 
@@ -515,7 +515,7 @@ def current_page(config: str, runs: list[Run]) -> str:
         lines += [f"## {heading}", "", table, ""]
     lines += _bullets("What the figures say", [f"- {b}" for r in cur for b in r.m.get("summary", [])])
     lines += _bullets("Measured above the prediction", [_exceeded_line(e) for e in exceeded(cur)])
-    lines += _bullets("Failing cases", [_failed_line(e) for e in failed(cur)])
+    lines += _bullets("Failing cases", [_not_run_line(e) for e in failed(cur)])
     lines += _bullets("What was not run", [_not_run_line(n) for n in not_run(cur)])
     lines += _runs_table(cur) + _commands(cur, current_folders(runs))
     return "\n".join(lines).rstrip() + "\n"
@@ -545,7 +545,7 @@ def _history_run(run: Run) -> list[str]:
         lines += [f"Its suite wrote only [summary.md]({run.name}/suite-summary.md).", ""]
     notes = [f"- {b}" for b in run.m.get("findings", []) + run.m.get("summary", [])]
     notes += ["- Above the prediction: " + _exceeded_line(e)[2:] for e in run.m.get("exceeded", [])]
-    notes += ["- Failing: " + _failed_line(e)[2:] for e in run.m.get("failed", [])]
+    notes += ["- Failing: " + _not_run_line(e)[2:] for e in run.m.get("failed", [])]
     notes += ["- Not run: " + _not_run_line(n)[2:] for n in run.m.get("not_run", [])]
     lines += notes + [""] * bool(notes)
     for heading, table in sections([run], None, source=False):
