@@ -96,7 +96,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
-    dropped = limits.prefix_hit_min_rows if limits.prefix_hit_min_rows > 1 else 0
+    dropped = limits.hit_drop
     if prefix_caching and rows // n > dropped:
         # A drafter that drops a hit's last block (dropped > 0) leaves each prompt computing
         # that block again: the shared prefix is one block longer and each tail one block
@@ -147,9 +147,8 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
         # Each prompt tops the block-aligned shared prefix up with its own tail (at most a block),
         # so the batch decodes at max_model_len - 1. The tails may need several prefill steps;
         # the output is long enough that every request still decodes in the same last steps.
-        # (plus the block a drafter's hit drops: prefix_hit_min_rows).
-        tail = limits.block_size + (limits.prefix_hit_min_rows
-                                    if limits.prefix_hit_min_rows > 1 else 0)
+        # (plus the block a drafter's hit drops: hit_drop).
+        tail = limits.block_size + limits.hit_drop
         steps += -(-n * tail // limits.max_num_batched_tokens)
         prompt = mml - 1 - steps
         ctx = _down(prompt - 1, limits.block_size)

@@ -52,6 +52,12 @@ class Limits:
                          f"{f.name.replace('_', '-')} (or fix the engine config)")
 
     @property
+    def hit_drop(self) -> int:
+        """Rows a prefix-cache hit gives back to compute: the dropped block
+        (prefix_hit_min_rows) under such a drafter, else 0."""
+        return self.prefix_hit_min_rows if self.prefix_hit_min_rows > 1 else 0
+
+    @property
     def rows_per_decode(self) -> int:
         """A decode request schedules its next token plus every speculative token."""
         return self.num_speculative_tokens + 1
