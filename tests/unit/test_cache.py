@@ -130,3 +130,18 @@ def test_a_cached_worst_step_must_still_dominate_the_plans_heaviest_shapes():
     assert small not in checks and len(set(checks)) == len(checks)
     assert still_worst(100, [90, 101], allowed=2)
     assert not still_worst(100, [90, 103], allowed=2)
+
+
+def test_the_pool_bound_does_not_depend_on_how_vllm_estimated_its_graphs():
+    # a first start makes vLLM's graph estimate exact (10 GiB here) and its KV figure smaller by
+    # as much; a cached start sees the sampled estimate: one configuration, one key
+    from worstcase_profiler.core.cache import pool_capacity_tokens
+    GiB = 1 << 30
+    common = dict(explicit_bytes=None, bytes_per_token=1 << 16, max_model_len=131072)
+    first = pool_capacity_tokens(stock_kv_bytes=42 * GiB, graph_estimate_bytes=12 * GiB, **common)
+    cached = pool_capacity_tokens(stock_kv_bytes=52 * GiB, graph_estimate_bytes=2 * GiB, **common)
+    assert first == cached >= 54 * GiB // (1 << 16)
+    assert pool_capacity_tokens(stock_kv_bytes=52 * GiB, graph_estimate_bytes=0, **common) < first
+    explicit = pool_capacity_tokens(stock_kv_bytes=52 * GiB, graph_estimate_bytes=2 * GiB,
+                                    **{**common, "explicit_bytes": 4 * GiB})
+    assert explicit == 131072  # 4 GiB hold 65,536 tokens: at least one request at max_model_len

@@ -156,6 +156,16 @@ REGISTRY: tuple[Touch, ...] = (
           "warm-up: the device memory CUDA-graph capture keeps, so the warm-up audit can say "
           "whether graphs or other buffers were kept; rehearsal: capture skipped (graphs are "
           "measured by vLLM's own estimator) or redirected to a throwaway pool"),
+    Touch("v2-warmup-null-block", "private-write",
+          "model_runner.block_tables.redirect_writes_to_null_block (an instance attribute over "
+          "the class default, during the warm-up rehearsal only; removed afterwards)",
+          "vLLM's V2 warm-up caps its batch at what the KV cache's blocks hold, so on the "
+          "provisional cache it ran 23 requests where the real one ran 831 and kept 2.3 GiB more "
+          "(Qwen3.5 + MTP, run 19); with every write sent to the null block it runs its full batch "
+          "on the provisional cache, as vLLM's elastic-EP re-warm-up does",
+          run="not yet", read="0.32 (absent in 0.26, where the audit stays the check; 0.33 unread)",
+          retire="a warm-up whose batch does not depend on the KV cache's size, or a KV budget "
+                 "fixed after warm-up"),
     Touch("worker-rpc", "class-wrap", "Worker.wcprof_rpc, CPUWorker.wcprof_rpc (a method added)",
           "the API server's serving validation asks every worker, through vLLM's own "
           "collective_rpc by method name (no pickled callables), to start and read its meter and "

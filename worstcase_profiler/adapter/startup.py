@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from ..core import policy
 from ..core.admission import compute_admission
-from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, round_capacity_up
+from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, pool_capacity_tokens
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import dominance_checks, replay, reused, run_cut_down, run_sweep
@@ -96,8 +96,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         # resident at once.
         bpt = kvmod.bytes_per_token(runner)
         if bpt:
-            limits = dataclasses.replace(limits, kv_capacity_tokens=round_capacity_up(max(
-                limits.max_model_len, int(explicit if explicit is not None else stock_kv) // bpt)))
+            limits = dataclasses.replace(limits, kv_capacity_tokens=pool_capacity_tokens(
+                explicit_bytes=explicit, stock_kv_bytes=stock_kv,
+                graph_estimate_bytes=cudagraph_applied(worker), bytes_per_token=bpt,
+                max_model_len=limits.max_model_len))
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
                      "has %s: running the full sweep", handle.cache.path(handle.key),

@@ -15,6 +15,8 @@ both; a cached start reuses what the earlier start measured.
                          0.26-0.28, a capture into a throwaway graph pool that is discarded);
                          what it kept that goes away with the provisional KV cache comes back
                          after the real one, so it is reserved (WarmupEstimate.other_bytes).
+                         Its batch is vLLM's real warm-up batch where vLLM allows it
+                         (full_warm_up_batch), not what the provisional cache's blocks hold.
 """
 
 from __future__ import annotations
@@ -157,11 +159,36 @@ def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
     t0 = time.perf_counter()
     before = held_now()
     measured = GraphMeasure()
-    with _graph_capture_replaced(runner, measured, capture=graphs and needs_graph_rehearsal(runner)):
+    with _graph_capture_replaced(runner, measured, capture=graphs and needs_graph_rehearsal(runner)), \
+            full_warm_up_batch(runner):
         warm_up()
     kept = max(0, held_now() - before)
     return Rehearsal(kept_bytes=kept, graphs_bytes=measured.bytes or 0,
                      seconds=time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def full_warm_up_batch(runner):
+    """vLLM's V2 warm-up (0.26+: `warmup.warmup_kernels`) runs as many requests as the KV cache's
+    blocks hold, at most max_num_seqs. On the provisional cache (one request's blocks) that is a
+    few requests where the real cache gives hundreds, and what the sampler and kernels keep grows
+    with that batch (about 12 B per vocabulary entry per request: 2.3 GiB for the Qwen3.5 hybrid
+    with MTP on vLLM 0.32, H200 run 19, where the rehearsal ran 23 requests and the real warm-up
+    831). Where vLLM can send every KV and state write to the null block (0.32+:
+    `BlockTables.redirect_writes_to_null_block`, which its elastic-EP re-warm-up uses), the
+    rehearsal sets it, so the warm-up skips that cap and runs its full batch on the provisional
+    cache. Yields whether it could; where it cannot, the warm-up audit stays the check."""
+    # vllm-touch: v2-warmup-null-block
+    tables = getattr(runner, "block_tables", None)
+    if tables is None or not isinstance(
+            getattr(type(tables), "redirect_writes_to_null_block", None), bool):
+        yield False
+        return
+    tables.redirect_writes_to_null_block = True
+    try:
+        yield True
+    finally:
+        vars(tables).pop("redirect_writes_to_null_block", None)
 
 
 @contextlib.contextmanager
