@@ -113,3 +113,16 @@ def test_same_measurements_same_plan():
     run_sweep(a, tolerance=0, attribute_ops=False)
     run_sweep(b, tolerance=0, attribute_ops=False)
     assert a.shapes == b.shapes
+
+
+def test_allocator_slack_is_admitted_on_top_of_the_largest_step():
+    """The caching allocator can charge the same tensors up to a block's remainder more under
+    another history (adapter/meters.CudaMeter.allocator_slack_bytes): the admitted transient
+    carries it, the measured steps do not."""
+    f = lambda s: s.rows * 1000  # noqa: E731
+    plain = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False)
+    padded = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False,
+                       allocator_slack=2 * MiB)
+    assert padded.peak_bytes == plain.peak_bytes + 2 * MiB
+    assert [r.peak_bytes for r in padded.steps] == [r.peak_bytes for r in plain.steps]
+    assert padded.worst.shape == plain.worst.shape

@@ -318,7 +318,7 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     progress = SweepProgress(settings, limits.max_num_batched_tokens)
     kw = dict(tolerance=tolerance, exhaustive=settings.exhaustive,
               context_ladder=settings.context_ladder, attribute_ops=settings.attribute_ops,
-              on_step=progress)
+              on_step=progress, allocator_slack=getattr(driver.meter, "allocator_slack_bytes", 0))
     try:
         with clock("sweep"), gc_frozen():
             sweep = None

@@ -33,7 +33,8 @@ from .types import SweepResult, WarmupEstimate
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
 OFF = "off"
-SCHEMA = 2  # 2: core layout (sweep, consumed, warm-up split); 1 embedded report models
+SCHEMA = 3  # 3: admitted transient includes the meter's allocator slack; 2: core layout
+# (sweep, consumed, warm-up split); 1 embedded report models
 
 
 def cache_dir(setting: str | None, environ: dict[str, str] | None = None) -> Path | None:

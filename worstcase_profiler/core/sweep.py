@@ -12,7 +12,9 @@ Order of work (identical on every rank: decisions use the rank-agreed need of ea
         the widest decode batch the KV pool can hold; the mixed prefill+decode step;
      c. the worst rows value at growing KV extent (the curve that says when stock runs out);
      d. the worst shape once more, attributed, to name the op that set the peak.
-The admitted transient is the largest executed one plus the chord certificate's slack.
+The admitted transient is the largest executed one plus the chord certificate's slack plus the
+meter's allocator slack (the same tensors read up to that much apart from one step to the next:
+the caching allocator's block reuse depends on history, not on the step; adapter/meters.py).
 
 A start that finds the sweep cached replays it instead (`replay`): the stock step and the cached
 worst shape, one step each, on the same provisional KV cache.
@@ -78,10 +80,11 @@ def cannot_build(driver: StepDriver, shape: Shape) -> str | None:
 
 def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
               context_ladder: bool = True, attribute_ops: bool = True,
-              on_step: StepCallback | None = None) -> SweepResult:
+              on_step: StepCallback | None = None, allocator_slack: int = 0) -> SweepResult:
     """Every step the scheduler can form, at its longest KV extent (see the module docstring).
     Returns the admitted transient `peak_bytes`: the largest measured transient (stock step
-    included: vLLM runs it) plus the chord certificate's slack."""
+    included: vLLM runs it) plus the chord certificate's slack plus `allocator_slack` (the
+    meter's: how far the same step can read apart under another allocator history)."""
     t_start = time.perf_counter()
     limits = driver.limits
     log: list[StepResult] = []
@@ -135,7 +138,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
     chord_slack = max(0, rows_cov.bound - rows_cov.worst_peak)
     return SweepResult(
         stock=stock, steps=tuple(log), worst=worst, worst_op=worst_op,
-        peak_bytes=max(r.peak_bytes for r in [*log, stock]) + chord_slack,
+        peak_bytes=max(r.peak_bytes for r in [*log, stock]) + chord_slack + max(0, allocator_slack),
         coverage=rows_cov, context_curve=tuple(curve), rows_max=hi,
         post_profile_bytes=provisional.post_profile_bytes,
         seconds=time.perf_counter() - t_start, skipped=tuple(skipped))
@@ -147,7 +150,8 @@ CONFIRM = 3
 
 def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
                  context_ladder: bool = True, attribute_ops: bool = True,
-                 on_step: StepCallback | None = None) -> tuple[SweepResult, str]:
+                 on_step: StepCallback | None = None,
+                 allocator_slack: int = 0) -> tuple[SweepResult, str]:
     """The sweep on the cut-down decoder, then its CONFIRM worst shapes (and the worst of each
     kind) on the full model. Returns the sweep as admitted and a description of what ran."""
     t_start = time.perf_counter()
@@ -175,7 +179,7 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     cut_peaks = [r.peak_bytes for r in cut.steps]
     chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
     peak = max([f.peak_bytes for f in confirmed] + [stock.peak_bytes]
-               + [p + peak_delta for p in cut_peaks]) + chord_slack
+               + [p + peak_delta for p in cut_peaks]) + chord_slack + max(0, allocator_slack)
     worst = max([*confirmed, stock], key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.
