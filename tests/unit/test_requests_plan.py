@@ -174,3 +174,133 @@ def test_the_rows_a_hit_leaves_follow_the_drafter_and_the_cache(kwargs, expected
     from worstcase_profiler.adapter.facts import prefix_hit_min_rows
 
     assert prefix_hit_min_rows(_config(**kwargs)) == expected
+
+
+# vLLM 0.32, a Mamba hybrid in "align" mode without a block-dropping drafter (H200 run 18,
+# qwen35_eager: Qwen3.5's 784-token block, every request on one 130,928-token prefix with 8 rows
+# of its own, ran one a step: 0.001 of the prediction).
+HYBRID = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                block_size=784, prefix_caching=True)
+SMALL = Limits(max_model_len=4096, max_num_batched_tokens=512, max_num_seqs=64, block_size=64,
+               prefix_caching=True)
+
+
+def _first_step(plan, limits, vocab=32000):
+    """How many measured requests vLLM 0.32's scheduler admits into their first step, as its
+    Mamba "align" manager decides (no drafter): a request's hit is its longest cached
+    block-aligned prefix, at most its length - 1 (kv_cache_manager.get_computed_blocks); one
+    whose prompt ends within the block after its hit registers the hit's block as cached this
+    step (MambaManager._cache_partial_tail_block); a request whose hit ends on a block cached
+    this step is refused, and admission stops there (MambaManager.get_num_blocks_to_allocate,
+    Scheduler.schedule's `new_blocks is None: break`). Token budget and max_num_seqs apply."""
+    block, salt = limits.block_size, iter(range(1, 1 << 30))
+    cached: set[tuple[int, ...]] = set()
+    measured = []
+    for batch in plan.batches:
+        for p in batch.prompts:
+            ids = token_ids(p, vocab, next(salt))
+            if batch.measured:
+                measured.append(ids)
+            else:
+                cached.update(tuple(ids[:k]) for k in range(block, len(ids), block))
+    this_step, budget, admitted = set(), limits.max_num_batched_tokens, 0
+    for ids in measured:
+        hit = max((k for k in range(block, len(ids), block) if tuple(ids[:k]) in cached),
+                  default=0)
+        key = tuple(ids[:hit])
+        if (hit and key in this_step) or len(ids) - hit > budget \
+                or admitted == limits.max_num_seqs:
+            break
+        if 0 < len(ids) - hit < block and hit:
+            this_step.add(key)
+        budget -= len(ids) - hit
+        admitted += 1
+    return admitted
+
+
+def test_siblings_on_one_hit_block_share_no_step_without_distinct_hits():
+    """The model of vLLM's rule reproduces run 18: the shared-prefix plan forms a step of one."""
+    shape = split_prefills(SMALL, 512)[-1]  # 64 requests x 8 rows
+    assert shape.num_reqs == 64
+    assert _first_step(plan_for(shape, SMALL, prefix_caching=True), SMALL) == 1
+
+
+def test_with_distinct_hits_every_request_of_a_wide_prefill_shares_the_step():
+    shape = split_prefills(SMALL, 512)[-1]
+    plan = plan_for(shape, SMALL, prefix_caching=True, distinct_hits=True)
+    assert _first_step(plan, SMALL) == shape.num_reqs == 64
+    assert plan.target == Shape("prefill", 512, plan.target.context_len, 64) and plan.exact
+    (measured,) = _measured(plan)
+    assert sum(p.suffix_len for p in measured.prompts) == 512
+    assert all(p.cached_len == plan.target.context_len for p in measured.prompts)
+
+
+def test_distinct_hits_give_each_request_its_own_cached_last_block():
+    shape = split_prefills(HYBRID, 8192)[-1]  # 1,024 requests x 8 rows, as run 18
+    assert shape.num_reqs == 1024
+    plan = plan_for(shape, HYBRID, prefix_caching=True, distinct_hits=True)
+    base, branches, measured = plan.batches
+    assert not base.measured and not branches.measured and measured.measured
+    ctx, block = plan.target.context_len, HYBRID.block_size
+    assert ctx == 130928 and plan.target.num_reqs == 1024 and plan.target.rows == 8192
+    (b,) = base.prompts
+    assert b.prefix_len == ctx - block and not b.branch_len
+    warmed = {(p.prefix_id, p.prefix_len, p.branch_id, p.branch_len) for p in branches.prompts}
+    assert len(warmed) == len(branches.prompts) == 1024
+    ids = {p.branch_id for p in measured.prompts}
+    assert len(ids) == 1024 and 0 not in ids
+    for p in measured.prompts:
+        assert (p.prefix_id, p.prefix_len, p.branch_id, p.branch_len) in warmed
+        assert p.cached_len == ctx and p.suffix_len == 8 and p.length < HYBRID.max_model_len
+    for batch in plan.batches:
+        assert all(p.length + batch.max_tokens <= HYBRID.max_model_len for p in batch.prompts)
+
+
+def test_distinct_hits_leave_steps_that_need_none_as_they_were():
+    one = prefill_chunk(HYBRID, 8192)
+    assert plan_for(one, HYBRID, prefix_caching=True, distinct_hits=True) == \
+        plan_for(one, HYBRID, prefix_caching=True)
+    wide = Shape("prefill", 8192, 129000, 8)  # 1,024 rows each: past a block, nothing to share
+    assert plan_for(wide, HYBRID, prefix_caching=True, distinct_hits=True) == \
+        plan_for(wide, HYBRID, prefix_caching=True)
+    drafter = split_prefills(DRAFT, 8192)[-1]
+    assert plan_for(drafter, DRAFT, prefix_caching=True, distinct_hits=True) == \
+        plan_for(drafter, DRAFT, prefix_caching=True)
+
+
+@pytest.mark.parametrize("shape", [decode_batch(SMALL), mixed_step(SMALL)])
+def test_decodes_on_a_shared_prefix_get_their_own_blocks_too(shape):
+    plan = plan_for(shape, SMALL, prefix_caching=True, distinct_hits=True)
+    (measured,) = _measured(plan)
+    on_shared = [p for p in measured.prompts if p.prefix_id == 1]
+    assert len(on_shared) >= 2
+    assert len({p.branch_id for p in on_shared}) == len(on_shared)
+    assert all(p.branch_len == SMALL.block_size for p in on_shared)
+    for batch in plan.batches:
+        assert all(p.length + batch.max_tokens <= SMALL.max_model_len for p in batch.prompts)
+    if shape.kind == "decode":
+        assert _first_step(plan, dataclasses.replace(SMALL, max_num_batched_tokens=1 << 20)) \
+            == shape.num_reqs
+
+
+def test_token_ids_share_a_branch_only_with_its_warm_prompt():
+    from worstcase_profiler.core.requests_plan import Prompt
+
+    a = token_ids(Prompt(1, 64, 5, branch_id=1, branch_len=16), 32000, 1)
+    b = token_ids(Prompt(1, 64, 1, branch_id=1, branch_len=16), 32000, 2)
+    c = token_ids(Prompt(1, 64, 5, branch_id=2, branch_len=16), 32000, 3)
+    assert a[:80] == b[:80] and a[:64] == c[:64] and a[64:80] != c[64:80]
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    ({"method": None}, True),                    # qwen35_eager: hybrid, "align", no drafter
+    ({"method": "ngram"}, True),                 # a drafter that keeps every matched block
+    ({}, False),                                 # MTP drops the hit's block: run 18, 0.9994
+    ({"method": None, "caching": False}, False),
+    ({"method": None, "mode": "none"}, False),   # no per-block Mamba states
+    ({"method": None, "hybrid": False}, False),
+])
+def test_sibling_hits_serialize_on_an_align_hybrid_without_a_dropping_drafter(kwargs, expected):
+    from worstcase_profiler.adapter.facts import sibling_hits_serialize
+
+    assert sibling_hits_serialize(_config(**kwargs)) is expected

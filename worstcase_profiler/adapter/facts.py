@@ -51,13 +51,7 @@ def prefix_hit_min_rows(vllm_config) -> int:
         "align" mode, an attention-free model."""
     # vllm-touch: worker-config
     cache, spec = vllm_config.cache_config, vllm_config.speculative_config
-    if spec is None or not getattr(cache, "enable_prefix_caching", False):
-        return 1
-    drops = getattr(spec, "use_eagle_block_drop", None) or getattr(spec, "use_eagle", None)
-    try:
-        if not (callable(drops) and drops()):
-            return 1
-    except Exception:  # noqa: BLE001 - an unknown drafter: no constraint
+    if not getattr(cache, "enable_prefix_caching", False) or not _drops_hit_block(spec):
         return 1
     scheduler = getattr(vllm_config, "scheduler_config", None)
     if int(getattr(scheduler, "long_prefill_token_threshold", 0) or 0) > 0:
@@ -74,6 +68,41 @@ def prefix_hit_min_rows(vllm_config) -> int:
     block = int(cache.block_size or 16)
     unit = getattr(cache, "prefix_match_unit", None)
     return min(block, int(unit)) if unit else block
+
+
+def _drops_hit_block(spec) -> bool:
+    """Whether the drafter makes vLLM drop a prefix hit's last matched block
+    (`use_eagle_block_drop`); an unknown drafter (the call fails) is taken not to."""
+    # vllm-touch: worker-config
+    if spec is None:
+        return False
+    drops = getattr(spec, "use_eagle_block_drop", None) or getattr(spec, "use_eagle", None)
+    try:
+        return bool(callable(drops) and drops())
+    except Exception:  # noqa: BLE001 - an unknown drafter: no constraint
+        return False
+
+
+def sibling_hits_serialize(vllm_config) -> bool:
+    """Whether requests that resume from one cached block, each computing less than a block
+    beyond it, are kept out of one another's step (`plan_for(distinct_hits=...)`, which then
+    gives each its own cached last block): a Mamba hybrid in "align" mode with prefix caching
+    and no drafter that drops a hit's last block.
+
+    vLLM 0.32: such a request's prompt ends within the block after its hit, so the prompt's
+    last hash boundary is the hit itself, and caching its blocks registers the hit's state block
+    as cached in this step (single_type_kv_cache_manager.MambaManager._cache_partial_tail_block);
+    a later request whose hit ends on a block cached in this step is refused for the step
+    (MambaManager.get_num_blocks_to_allocate returns num_gpu_blocks + 1, and the scheduler stops
+    admitting). H200 run 18, qwen35_eager: 1,024 requests x 8 rows on one 130,928-token prefix
+    ran one a step (0.001 of the prediction). A block-dropping drafter (MTP, EAGLE) makes each
+    request compute past the next block, and the same plan formed its step (0.9994)."""
+    # vllm-touch: worker-config
+    cache, model = vllm_config.cache_config, vllm_config.model_config
+    return (bool(getattr(cache, "enable_prefix_caching", False))
+            and bool(getattr(model, "is_hybrid", False))
+            and getattr(cache, "mamba_cache_mode", None) == "align"
+            and not _drops_hit_block(vllm_config.speculative_config))
 
 
 def world_rank() -> int:

@@ -72,7 +72,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     """Build the worst step from requests on `client` (an AsyncLLM), measure every rank, record
     the result in each rank's report; WcprofError when a rank needed more than predicted.
     which="all" also serves generic traffic (validation.traffic_workload), like --validate."""
-    from .facts import limits_of
+    from .facts import limits_of, sibling_hits_serialize
 
     # vllm-touch: worker-config
     limits: Limits = limits_of(client.vllm_config)
@@ -82,7 +82,8 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
-    plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching)
+    plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching,
+                    distinct_hits=sibling_hits_serialize(client.vllm_config))
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan, vocab), predicted)
     if which == "all":

@@ -183,7 +183,11 @@ def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Val
 def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: Shape, *,
                         prefix_caching: bool) -> list[Validation]:
     """The report's worst step built from real requests (core/requests_plan.py), per rank."""
-    plan = plan_for(worst, limits, prefix_caching=prefix_caching)
+    from .facts import sibling_hits_serialize
+
+    # vllm-touch: worker-config
+    plan = plan_for(worst, limits, prefix_caching=prefix_caching,
+                    distinct_hits=sibling_hits_serialize(llm.llm_engine.vllm_config))
     return _measure(llm, worst_step_workload(plan, _vocab(llm)), predicted)
 
 

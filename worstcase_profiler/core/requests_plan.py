@@ -10,6 +10,10 @@ batches marked `measured`. Pure: no vLLM.
                       prompts share it and add their own rows, so one step holds exactly the
                       shape's rows and requests on (block-aligned) that context. Decode and mixed
                       steps line requests up the same way.
+  distinct hits       a Mamba hybrid in "align" mode without a block-dropping drafter: vLLM lets
+                      only one request a step resume from a given cached state block when its new
+                      rows end within the next block, so each such request hits a cached last
+                      block of its own under the shared prefix (`plan_for(distinct_hits=True)`).
   prefix caching off  one request's chunks line up on max_num_batched_tokens boundaries, so a
                       single-request prefill is reached with the context rounded down to a
                       multiple of the chunk; several requests each on a long context cannot be
@@ -30,15 +34,23 @@ from .types import Shape
 @dataclass(frozen=True)
 class Prompt:
     """Token ids: `prefix_len` tokens shared by every prompt with the same `prefix_id`, then
-    `suffix_len` tokens of its own."""
+    `branch_len` tokens shared by every prompt with the same `branch_id` (a request's own cached
+    last block, `_branch`), then `suffix_len` tokens of its own."""
 
     prefix_id: int
     prefix_len: int
     suffix_len: int
+    branch_id: int = 0
+    branch_len: int = 0
 
     @property
     def length(self) -> int:
-        return self.prefix_len + self.suffix_len
+        return self.prefix_len + self.branch_len + self.suffix_len
+
+    @property
+    def cached_len(self) -> int:
+        """The tokens a warm-up caches for it: the shared prefix and its branch."""
+        return self.prefix_len + self.branch_len
 
 
 @dataclass(frozen=True)
@@ -58,15 +70,21 @@ class RequestPlan:
     note: str | None = None
 
 
-def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool) -> RequestPlan:
-    """Requests that reach `shape` (a worst step of the sweep)."""
+def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
+             distinct_hits: bool = False) -> RequestPlan:
+    """Requests that reach `shape` (a worst step of the sweep).
+
+    distinct_hits: requests that resume from one cached block and compute less than a block
+    beyond it never share a step (vLLM 0.32, a Mamba hybrid in "align" mode without a
+    block-dropping drafter: adapter/facts.sibling_hits_serialize); each of them then hits a
+    cached last block of its own (`_branch`)."""
     if shape.kind == "stock":
         return _stock(shape, limits)
     if shape.kind == "prefill":
-        return _prefill(shape, limits, prefix_caching)
+        return _prefill(shape, limits, prefix_caching, distinct_hits)
     if shape.kind == "decode":
-        return _decode(shape, limits, prefix_caching)
-    return _mixed(shape, limits, prefix_caching)
+        return _decode(shape, limits, prefix_caching, distinct_hits)
+    return _mixed(shape, limits, prefix_caching, distinct_hits)
 
 
 def _down(n: int, to: int) -> int:
@@ -84,6 +102,55 @@ def _warm(prefix_id: int, length: int, limits: Limits | None = None) -> Batch:
                  max_tokens=1, measured=False)
 
 
+def _branch(prompts: tuple[Prompt, ...], prefix_id: int, limits: Limits
+            ) -> tuple[tuple[Prompt, ...], Batch | None]:
+    """The prompts on `prefix_id`, each moved onto a cached last block of its own (the shared
+    prefix one block shorter, then `block` tokens of the prompt's own branch), and the batch that
+    caches those blocks; unchanged, and no batch, unless at least two of them sit on at least a
+    block of cached prefix and compute less than a block beyond it. Lengths, context and rows
+    are unchanged: only which tokens the last cached block holds.
+
+    Why (vLLM 0.32, Mamba "align" mode, no block-dropping drafter): a request whose prompt ends
+    within the block after its hit registers the hit's state block as cached in this step
+    (single_type_kv_cache_manager.MambaManager._cache_partial_tail_block: the prompt's last
+    hash boundary is the hit itself), and a request whose hit ends on a block cached in this step
+    is refused for the step (MambaManager.get_num_blocks_to_allocate returns num_gpu_blocks + 1):
+    one such request per step on a shared prefix. Hits ending on different blocks never meet."""
+    block = limits.block_size
+    # a drafter's dropped block (hit_drop) is computed again: past the next block, no conflict
+    hit = [i for i, p in enumerate(prompts)
+           if p.prefix_id == prefix_id and not p.branch_len and p.prefix_len >= block
+           and p.suffix_len + limits.hit_drop < block]
+    if len(hit) < 2:
+        return prompts, None
+    out, warm = list(prompts), []
+    for n, i in enumerate(hit):
+        p = prompts[i]
+        base = p.prefix_len - block
+        out[i] = Prompt(prefix_id, base, p.suffix_len, branch_id=1 + n, branch_len=block)
+        # 1 + k own tokens, as _warm: vLLM leaves a drafter's last k - 1 uncached
+        own = max(1, min(1 + limits.num_speculative_tokens,
+                         limits.max_model_len - 1 - p.prefix_len))
+        warm.append(Prompt(prefix_id, base, own, branch_id=1 + n, branch_len=block))
+    return tuple(out), Batch(f"warm {len(warm)} last blocks of {block} tokens, one per request, "
+                             f"on the cached {prompts[hit[0]].prefix_len - block}-token prefix",
+                             tuple(warm), max_tokens=1, measured=False)
+
+
+def _warmed(prompts: tuple[Prompt, ...], prefix_id: int, shared: int, limits: Limits, *,
+            distinct_hits: bool, drafter_room: bool = True
+            ) -> tuple[tuple[Prompt, ...], tuple[Batch, ...]]:
+    """The prompts on `prefix_id` and the batches that warm their `shared`-token prefix: one
+    prompt; with `distinct_hits`, where `_branch` applies, the prefix a block shorter and then
+    each prompt's own last block."""
+    room = limits if drafter_room else None
+    if distinct_hits:
+        branched, branches = _branch(prompts, prefix_id, limits)
+        if branches is not None:
+            return branched, (_warm(prefix_id, shared - limits.block_size, room), branches)
+    return prompts, (_warm(prefix_id, shared, room),)
+
+
 def _stock(shape: Shape, limits: Limits) -> RequestPlan:
     n = min(shape.num_reqs, limits.max_num_seqs, shape.rows)
     prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(shape.rows, n)))
@@ -92,7 +159,8 @@ def _stock(shape: Shape, limits: Limits) -> RequestPlan:
                                       prompts, 1, True),), exact=n == shape.num_reqs)
 
 
-def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
+def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
+             distinct_hits: bool = False) -> RequestPlan:
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
@@ -104,10 +172,12 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
         ctx = _down(reachable, limits.block_size)
         shared = ctx + dropped
         prompts = tuple(Prompt(1, shared, r - dropped) for r in split_rows(rows, n))
+        prompts, warms = _warmed(prompts, 1, shared, limits, distinct_hits=distinct_hits)
+        own = " (each on its own cached last block)" if len(warms) > 1 else ""
         return RequestPlan(
             target=Shape("prefill", rows, ctx, n),
-            batches=(_warm(1, shared, limits),
-                     Batch(f"{n} prompt(s) on a cached {shared}-token prefix, "
+            batches=(*warms,
+                     Batch(f"{n} prompt(s) on a cached {shared}-token prefix{own}, "
                            f"{rows - n * dropped} new tokens in all", prompts, 1, True)),
             exact=shape.context_len - ctx <= limits.block_size,
             note=None if ctx == shape.context_len else
@@ -138,7 +208,8 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
 DECODE_STEPS = 4
 
 
-def _decode(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
+def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
+            distinct_hits: bool = False) -> RequestPlan:
     n, mml = shape.num_reqs, limits.max_model_len
     n = min(n, limits.max_num_seqs)
     per_req = limits.rows_per_decode
@@ -153,11 +224,14 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
         prompt = mml - 1 - steps
         ctx = _down(prompt - 1, limits.block_size)
         prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))
+        prompts, warms = _warmed(prompts, 1, ctx, limits, distinct_hits=distinct_hits)
+        own = " (each on its own cached last block)" if len(warms) > 1 else ""
         return RequestPlan(
             target=Shape("decode", n * per_req, prompt + steps - 1 - per_req, n),
-            batches=(_warm(1, ctx, limits),
-                     Batch(f"{n} prompts of {prompt} tokens sharing a cached {ctx}-token prefix, "
-                           f"decoding {steps} tokens together", prompts, steps, True)),
+            batches=(*warms,
+                     Batch(f"{n} prompts of {prompt} tokens sharing a cached {ctx}-token "
+                           f"prefix{own}, decoding {steps} tokens together", prompts, steps,
+                           True)),
             exact=n == shape.num_reqs,
             note=None if n == shape.num_reqs else f"{n} requests: max_num_seqs")
     prompt = mml - 1 - steps
@@ -170,13 +244,15 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
              "decode together at full context than the step holds")
 
 
-def _mixed(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
+def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
+           distinct_hits: bool = False) -> RequestPlan:
     decodes = shape.num_reqs - 1
     per_req = limits.rows_per_decode
     mnbt, mml, block = limits.max_num_batched_tokens, limits.max_model_len, limits.block_size
     chunk = shape.rows - decodes * per_req
     if not prefix_caching or decodes < 1:
-        return _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching)
+        return _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
+                        distinct_hits)
     steps = DECODE_STEPS + limits.num_speculative_tokens
     decode_ctx = _down(mml - 1 - steps - 1, block)
     # The long prompt's first chunk shares step 1 with the decodes' one-token prefills; its
@@ -185,9 +261,11 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
     long_ctx = _down(mml - 1 - chunk - first, block)
     prompts = tuple(Prompt(1, decode_ctx, 1) for _ in range(decodes)) + \
         (Prompt(2, long_ctx, first + chunk),)
+    prompts, warms = _warmed(prompts, 1, decode_ctx, limits, distinct_hits=distinct_hits,
+                             drafter_room=False)
     return RequestPlan(
         target=Shape("mixed", decodes * per_req + chunk, long_ctx + first, shape.num_reqs),
-        batches=(_warm(1, decode_ctx), _warm(2, long_ctx),
+        batches=(*warms, _warm(2, long_ctx),
                  Batch(f"{decodes} decodes on a cached {decode_ctx}-token prefix beside a "
                        f"{first + chunk}-token prompt on a cached {long_ctx}-token prefix",
                        prompts, steps, True)),
@@ -197,7 +275,10 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool) -> RequestPlan:
 
 
 def token_ids(prompt: Prompt, vocab: int, salt: int) -> list[int]:
-    """Deterministic ids: the shared prefix depends only on prefix_id, the suffix on salt."""
+    """Deterministic ids: the shared prefix depends only on prefix_id, the branch on branch_id
+    (behind a prefix that already tells prefix ids apart), the suffix on salt."""
     def ids(seed: int, n: int) -> list[int]:
         return [(seed * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]
-    return ids(1000 + prompt.prefix_id, prompt.prefix_len) + ids(50000 + salt, prompt.suffix_len)
+    branch = ids(20000 + prompt.branch_id, prompt.branch_len) if prompt.branch_len else []
+    return ids(1000 + prompt.prefix_id, prompt.prefix_len) + branch + \
+        ids(50000 + salt, prompt.suffix_len)
