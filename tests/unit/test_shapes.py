@@ -167,3 +167,19 @@ def test_prefix_caching_lets_requests_share_a_full_length_prefix():
     tight = Limits(4096, 8192, 256, kv_capacity_tokens=4096 + 16 * 3, prefix_caching=True)
     assert tight.max_resident_requests == 4
     assert decode_batch(tight).num_reqs == 4
+
+
+def test_requests_owning_more_than_a_block_fit_fewer_at_once_and_that_count_is_swept():
+    # Qwen3.5 hybrid on the H200 (run 20): 7,332 pool blocks of 784 tokens; in align mode each
+    # request on the shared prefix owns a cached last block and a new one in each of 4 groups
+    from worstcase_profiler.core.shapes import Limits, split_prefills
+    base = dict(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                block_size=784, kv_capacity_tokens=7332 * 784, prefix_caching=True)
+    one_block = Limits(**base)
+    own = Limits(**base, prefix_request_tokens=8 * 784)
+    assert one_block.max_resident_requests >= 1024
+    assert own.max_resident_requests == (7332 * 784 - 168 * 784) // (8 * 784) + 1 == 896
+    full = [s for s in split_prefills(own, 8192) if s.context_len > 130000]
+    assert max(s.num_reqs for s in full) == 896  # the most that sit at full extent at once
+    assert 1024 not in [s.num_reqs for s in full]
+    assert [s.num_reqs for s in split_prefills(one_block, 8192)][-1] == 1024

@@ -102,7 +102,20 @@ def sibling_hits_serialize(vllm_config) -> bool:
     return (bool(getattr(cache, "enable_prefix_caching", False))
             and bool(getattr(model, "is_hybrid", False))
             and getattr(cache, "mamba_cache_mode", None) == "align"
-            and not _drops_hit_block(vllm_config.speculative_config))
+            and not _drops_hit_block(vllm_config.speculative_config)
+            and _mamba_caches_partial_tail())
+
+
+def _mamba_caches_partial_tail() -> bool:
+    """The mechanism behind sibling_hits_serialize is there (0.26 and 0.32 have it). Where it is
+    not, requests on one hit may share a step and hold fewer blocks each; the limits then keep one
+    block a request (more requests at once: the safe direction)."""
+    # vllm-touch: mamba-hit-serialize
+    try:
+        from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    except ImportError:
+        return False
+    return callable(getattr(MambaManager, "_cache_partial_tail_block", None))
 
 
 def world_rank() -> int:

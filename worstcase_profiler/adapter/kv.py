@@ -74,6 +74,18 @@ def bytes_per_token(runner) -> int:
     return int(round(total))
 
 
+def prefix_request_tokens(runner, bytes_per_token: int) -> int:
+    """Limits.prefix_request_tokens where requests share a step only on cached hits of their own
+    (facts.sibling_hits_serialize): each holds, in every KV group, its own cached last block and
+    one new block. A pool block is what the plan allocates per block (every group's layers share
+    the pool: one block serves one group); in capacity tokens, rounded down (fewer tokens a
+    request means more requests at once: the safe direction)."""
+    # vllm-touch: kv-holders
+    cfg = kv_cache_config_with_blocks(runner, 2)
+    block_bytes = declared_bytes(cfg) // max(1, int(cfg.num_blocks))
+    return max(1, 2 * len(cfg.kv_cache_groups) * block_bytes // bytes_per_token)
+
+
 def one_request_bytes(runner, vllm_config) -> int:
     """What one request at max_model_len needs, from each layer's own spec (vLLM's check)."""
     # vllm-touch: kv-holders

@@ -166,6 +166,15 @@ REGISTRY: tuple[Touch, ...] = (
           run="not yet", read="0.32 (absent in 0.26, where the audit stays the check; 0.33 unread)",
           retire="a warm-up whose batch does not depend on the KV cache's size, or a KV budget "
                  "fixed after warm-up"),
+    Touch("mamba-hit-serialize", "private-read",
+          "vllm.v1.core.single_type_kv_cache_manager.MambaManager._cache_partial_tail_block "
+          "(presence only)",
+          "a Mamba hybrid in align mode lets one request a step resume from a block cached in that "
+          "step (H200 run 18); --validate then gives each request its own cached last block, and "
+          "the sweep counts that block and a new one in every group per resident request; where "
+          "the mechanism is absent neither applies (more requests at once: the safe direction)",
+          run="0.32 (CPU: tests/cpu/test_hybrid_hit_scheduling.py)", read="0.26, 0.32",
+          retire="a scheduler that lets sibling hits share a step"),
     Touch("worker-rpc", "class-wrap", "Worker.wcprof_rpc, CPUWorker.wcprof_rpc (a method added)",
           "the API server's serving validation asks every worker, through vLLM's own "
           "collective_rpc by method name (no pickled callables), to start and read its meter and "

@@ -41,7 +41,7 @@ from . import kv as kvmod
 from . import advice, guard, warmup
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
-                    sweep_facts, world_rank)
+                    sibling_hits_serialize, sweep_facts, world_rank)
 from .meters import device_bytes_held, gc_frozen, meter_for, non_torch
 from .runner import V1Driver, is_v2_runner
 from .runner_v2 import V2Driver
@@ -100,6 +100,13 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                 explicit_bytes=explicit, stock_kv_bytes=stock_kv,
                 graph_estimate_bytes=cudagraph_applied(worker), bytes_per_token=bpt,
                 max_model_len=limits.max_model_len))
+            if limits.prefix_caching and sibling_hits_serialize(vllm_config):
+                limits = dataclasses.replace(
+                    limits, prefix_request_tokens=kvmod.prefix_request_tokens(runner, bpt))
+                log.info("[wcprof] requests on one cached prefix share a step only on hits of "
+                         "their own here: each owns %d KV tokens, so the pool holds %d at the "
+                         "full extent at once", limits.prefix_request_tokens,
+                         limits.max_resident_requests)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
                      "has %s: running the full sweep", handle.cache.path(handle.key),

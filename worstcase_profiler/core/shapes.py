@@ -38,11 +38,18 @@ class Limits:
     drop the last matched block (`use_eagle_block_drop`). Requests on a long shared context
     share a prefill step only through such hits, so at most rows // prefix_hit_min_rows of them
     do. The adapter leaves it at 1 wherever another route exists (adapter/facts.py)."""
+    prefix_request_tokens: int | None = None
+    """With prefix caching, the KV capacity (in kv_capacity_tokens' unit) each request beyond the
+    first on one shared full-length prefix takes: one block when None. Where requests share a
+    step only on cached hits of their own (a Mamba hybrid in "align" mode on vLLM 0.32,
+    adapter/facts.sibling_hits_serialize), each holds its own cached last block and a new block
+    in every KV group (adapter/kv.prefix_request_tokens), which bounds how many fit at once."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if (value is None and f.name == "kv_capacity_tokens") or f.name == "prefix_caching":
+            if (value is None and f.name in ("kv_capacity_tokens", "prefix_request_tokens")) \
+                    or f.name == "prefix_caching":
                 continue
             floor = 0 if f.name == "num_speculative_tokens" else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < floor:
@@ -70,12 +77,14 @@ class Limits:
     @property
     def max_resident_requests(self) -> int | None:
         """How many max_model_len requests the KV cache holds at once; None when capacity is
-        unknown. With prefix caching they share one full-length prefix and own one block each."""
+        unknown. With prefix caching they share one full-length prefix and each own one block
+        (prefix_request_tokens where that is more)."""
         if self.kv_capacity_tokens is None:
             return None
         if self.prefix_caching:
             spare = self.kv_capacity_tokens - self.tokens_per_full_request
-            return spare // self.block_size + 1 if spare >= 0 else 0
+            own = self.prefix_request_tokens or self.block_size
+            return spare // own + 1 if spare >= 0 else 0
         return self.kv_capacity_tokens // self.tokens_per_full_request
 
 
@@ -105,19 +114,27 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     next one's first share a step. Per-request metadata and kernel splits scale with n. With
     prefix caching, n stops at rows // prefix_hit_min_rows: each request on the shared context
     reached it through a cache hit, which leaves that many rows to compute (without it the
-    shapes stay, over-estimates, since nothing else lines long requests up)."""
+    shapes stay, over-estimates, since nothing else lines long requests up). When the KV pool
+    holds fewer full-length requests on the shared prefix than the largest n, that count is a
+    shape too: the most requests that can sit at the full extent at once."""
     _check_rows(limits, rows)
-    out = []
-    n = 2
     most = min(limits.max_num_seqs, rows)
     if limits.prefix_caching:
         most = min(most, rows // limits.prefix_hit_min_rows)
+    counts = []
+    n = 2
     while n <= most:
+        counts.append(n)
+        n *= 2
+    resident = limits.max_resident_requests if limits.prefix_caching else None
+    if resident is not None and 2 <= resident < most and resident not in counts:
+        counts = sorted([*counts, resident])
+    out = []
+    for n in counts:
         largest = -(-rows // n)
         extent = _extent_for(limits, n)
         if largest <= extent:
             out.append(Shape(kind="prefill", rows=rows, context_len=extent - largest, num_reqs=n))
-        n *= 2
     return out
 
 
