@@ -61,3 +61,15 @@ def test_the_redirect_is_undone_when_the_warm_up_fails():
     except RuntimeError:
         pass
     assert "redirect_writes_to_null_block" not in vars(runner.block_tables)
+
+
+def test_a_speculative_runner_keeps_the_capped_batch():
+    runner = SimpleNamespace(block_tables=Tables(), speculator=object())
+    held = [0]
+
+    def warm_up():
+        held[0] += (1024 if runner.block_tables.redirect_writes_to_null_block else 23) * PER_REQUEST
+
+    out = warmup.rehearse(SimpleNamespace(model_runner=runner), warm_up, lambda: held[0],
+                          graphs=False)
+    assert out.kept_bytes == 23 * PER_REQUEST
