@@ -73,3 +73,33 @@ def test_a_speculative_runner_keeps_the_capped_batch():
     out = warmup.rehearse(SimpleNamespace(model_runner=runner), warm_up, lambda: held[0],
                           graphs=False)
     assert out.kept_bytes == 23 * PER_REQUEST
+
+
+def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():
+    import sys
+    import types
+
+    calls = []
+    module = types.ModuleType("fake_gpu_worker")
+    module.enable_gpu_sync_check = lambda: calls.append("sync")
+
+    class Worker:
+        def _maybe_activate_jit_monitor(self):
+            calls.append("jit")
+
+        def compile_or_warm_up_model(self):
+            self._maybe_activate_jit_monitor()
+            module.enable_gpu_sync_check()
+
+    Worker.__module__ = Worker.compile_or_warm_up_model.__module__ = module.__name__
+    sys.modules[module.__name__] = module
+    try:
+        worker = Worker()
+        worker.model_runner = SimpleNamespace(block_tables=OldTables())
+        warmup.rehearse(worker, worker.compile_or_warm_up_model, lambda: 0, graphs=False)
+        assert calls == []
+        worker.compile_or_warm_up_model()  # the real warm-up, afterwards
+        assert calls == ["jit", "sync"]
+        assert "_maybe_activate_jit_monitor" not in vars(worker)
+    finally:
+        del sys.modules[module.__name__]

@@ -166,6 +166,15 @@ REGISTRY: tuple[Touch, ...] = (
           run="not yet", read="0.32 (absent in 0.26, where the audit stays the check; 0.33 unread)",
           retire="a warm-up whose batch does not depend on the KV cache's size, or a KV budget "
                  "fixed after warm-up"),
+    Touch("warm-up-serving-checks", "instance-swap",
+          "worker._maybe_activate_jit_monitor (0.32) and vllm.v1.worker.gpu_worker's "
+          "enable_gpu_sync_check (0.26+), no-ops during the warm-up rehearsal only",
+          "vLLM switches its kernel JIT monitor (and, under VLLM_GPU_SYNC_CHECK, the sync check) "
+          "on at the end of warm-up; the rehearsal would switch them on before the real warm-up, "
+          "which then logged its own compiles as 'JIT compilation during inference' (run 19-20) "
+          "and would raise in the monitor's error mode",
+          run="not yet", read="0.26, 0.32",
+          retire="a warm-up entry point without the serving-time switches"),
     Touch("mamba-hit-serialize", "private-read",
           "vllm.v1.core.single_type_kv_cache_manager.MambaManager._cache_partial_tail_block "
           "(presence only)",

@@ -160,11 +160,41 @@ def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
     before = held_now()
     measured = GraphMeasure()
     with _graph_capture_replaced(runner, measured, capture=graphs and needs_graph_rehearsal(runner)), \
-            full_warm_up_batch(runner):
+            full_warm_up_batch(runner), _end_of_warm_up_deferred(worker):
         warm_up()
     kept = max(0, held_now() - before)
     return Rehearsal(kept_bytes=kept, graphs_bytes=measured.bytes or 0,
                      seconds=time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _end_of_warm_up_deferred(worker):
+    """vLLM ends its warm-up by switching on checks meant for serving: the kernel JIT monitor
+    (0.32: any later compile is logged, or raised in its "error" mode) and, under
+    VLLM_GPU_SYNC_CHECK, the sync check (0.26+). After the rehearsal the real warm-up still has
+    to run, so for the rehearsal both stay off; the real warm-up switches them on as usual."""
+    # vllm-touch: warm-up-serving-checks
+    import sys
+
+    fn = getattr(type(worker), "compile_or_warm_up_model", None)
+    fn = getattr(fn, "_wcprof_original", fn)  # the module whose globals vLLM's warm-up reads
+    module = sys.modules.get(getattr(fn, "__module__", None) or type(worker).__module__)
+    swaps = []
+    if callable(getattr(worker, "_maybe_activate_jit_monitor", None)):
+        swaps.append((worker, "_maybe_activate_jit_monitor"))
+    if module is not None and callable(getattr(module, "enable_gpu_sync_check", None)):
+        swaps.append((module, "enable_gpu_sync_check"))
+    saved = [(obj, name, vars(obj).get(name)) for obj, name in swaps]
+    for obj, name in swaps:
+        setattr(obj, name, lambda *a, **kw: None)
+    try:
+        yield
+    finally:
+        for obj, name, old in saved:
+            if old is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
 
 
 @contextlib.contextmanager
