@@ -106,7 +106,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                 log.info("[wcprof] requests on one cached prefix share a step only on hits of "
                          "their own here: each owns %d KV tokens, so the pool holds %d at the "
                          "full extent at once", limits.prefix_request_tokens,
-                         limits.max_resident_requests)
+                         limits.max_distinct_hit_requests)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
                      "has %s: running the full sweep", handle.cache.path(handle.key),

@@ -78,12 +78,20 @@ class Limits:
     def max_resident_requests(self) -> int | None:
         """How many max_model_len requests the KV cache holds at once; None when capacity is
         unknown. With prefix caching they share one full-length prefix and each own one block
-        (prefix_request_tokens where that is more)."""
+        (decoding siblings hold one block per group at most: the floor stays one block)."""
+        return self._resident(self.block_size)
+
+    @property
+    def max_distinct_hit_requests(self) -> int | None:
+        """max_resident_requests for a prefill step whose requests each hit a cached block of
+        their own (prefix_request_tokens each); only split prefills use it."""
+        return self._resident(self.prefix_request_tokens or self.block_size)
+
+    def _resident(self, own: int) -> int | None:
         if self.kv_capacity_tokens is None:
             return None
         if self.prefix_caching:
             spare = self.kv_capacity_tokens - self.tokens_per_full_request
-            own = self.prefix_request_tokens or self.block_size
             return spare // own + 1 if spare >= 0 else 0
         return self.kv_capacity_tokens // self.tokens_per_full_request
 
@@ -126,7 +134,7 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     while n <= most:
         counts.append(n)
         n *= 2
-    resident = limits.max_resident_requests if limits.prefix_caching else None
+    resident = limits.max_distinct_hit_requests if limits.prefix_caching else None
     if resident is not None and 2 <= resident < most and resident not in counts:
         counts = sorted([*counts, resident])
     out = []
