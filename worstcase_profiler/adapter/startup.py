@@ -103,9 +103,9 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
             if limits.prefix_caching and sibling_hits_serialize(vllm_config):
                 limits = dataclasses.replace(
                     limits, prefix_request_tokens=kvmod.prefix_request_tokens(runner, bpt))
-                log.info("[wcprof] requests on one cached prefix share a step only on hits of "
-                         "their own here: each owns %d KV tokens, so the pool holds %d at the "
-                         "full extent at once", limits.prefix_request_tokens,
+                log.info("[wcprof] requests on one cached prefix share a prefill step only on "
+                         "hits of their own here: each owns %d KV tokens, so at most %d of them "
+                         "share one at the full extent", limits.prefix_request_tokens,
                          limits.max_distinct_hit_requests)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
@@ -517,15 +517,8 @@ def _recording_capture(worker, session: StartupSession | None):
         return out
 
     # vllm-touch: runner-capture-model
-    own = vars(runner).get("capture_model")
-    runner.capture_model = capture_model
-    try:
+    with warmup.replaced(runner, "capture_model", capture_model):
         yield
-    finally:
-        if own is None:
-            del runner.capture_model
-        else:
-            runner.capture_model = own
 
 
 def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0.0) -> None:

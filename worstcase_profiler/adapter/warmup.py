@@ -168,6 +168,26 @@ def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
 
 
 @contextlib.contextmanager
+def replaced(obj, name: str, value):
+    """`obj.name` is `value` for the duration (an instance or module attribute over whatever the
+    class or module had); afterwards the object's own earlier value again, or none. The swap
+    behind the touches that name it."""
+    # vllm-touch: runner-capture-model
+    # vllm-touch: v2-warmup-null-block
+    # vllm-touch: warm-up-serving-checks
+    own = vars(obj)
+    had, old = name in own, own.get(name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, old)
+        else:
+            delattr(obj, name)
+
+
+@contextlib.contextmanager
 def _end_of_warm_up_deferred(worker):
     """vLLM ends its warm-up by switching on checks meant for serving: the kernel JIT monitor
     (0.32: any later compile is logged, or raised in its "error" mode) and, under
@@ -179,22 +199,13 @@ def _end_of_warm_up_deferred(worker):
     fn = getattr(type(worker), "compile_or_warm_up_model", None)
     fn = getattr(fn, "_wcprof_original", fn)  # the module whose globals vLLM's warm-up reads
     module = sys.modules.get(getattr(fn, "__module__", None) or type(worker).__module__)
-    swaps = []
-    if callable(getattr(worker, "_maybe_activate_jit_monitor", None)):
-        swaps.append((worker, "_maybe_activate_jit_monitor"))
-    if module is not None and callable(getattr(module, "enable_gpu_sync_check", None)):
-        swaps.append((module, "enable_gpu_sync_check"))
-    saved = [(obj, name, vars(obj).get(name)) for obj, name in swaps]
-    for obj, name in swaps:
-        setattr(obj, name, lambda *a, **kw: None)
-    try:
+    off = lambda *a, **kw: None  # noqa: E731
+    with contextlib.ExitStack() as stack:
+        if callable(getattr(worker, "_maybe_activate_jit_monitor", None)):
+            stack.enter_context(replaced(worker, "_maybe_activate_jit_monitor", off))
+        if module is not None and callable(getattr(module, "enable_gpu_sync_check", None)):
+            stack.enter_context(replaced(module, "enable_gpu_sync_check", off))
         yield
-    finally:
-        for obj, name, old in saved:
-            if old is None:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
 
 
 @contextlib.contextmanager
@@ -221,11 +232,8 @@ def full_warm_up_batch(runner):
             getattr(type(tables), "redirect_writes_to_null_block", None), bool):
         yield False
         return
-    tables.redirect_writes_to_null_block = True
-    try:
+    with replaced(tables, "redirect_writes_to_null_block", True):
         yield True
-    finally:
-        vars(tables).pop("redirect_writes_to_null_block", None)
 
 
 @contextlib.contextmanager
@@ -246,11 +254,8 @@ def _graph_capture_replaced(runner, measure: GraphMeasure, capture: bool):
             measure.add(before - _free_bytes())
         return 0
 
-    runner.capture_model = throwaway_capture if capture else no_capture
-    try:
+    with replaced(runner, "capture_model", throwaway_capture if capture else no_capture):
         yield
-    finally:
-        del runner.capture_model
 
 
 @contextlib.contextmanager
