@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from worstcase_profiler.core.requests_plan import plan_for, token_ids
+from worstcase_profiler.core.requests_plan import Pool, plan_for, token_ids
 from worstcase_profiler.core.shapes import Limits, decode_batch, split_prefills
 
 torch = pytest.importorskip("torch")
@@ -57,16 +57,16 @@ def _scheduler(limits: Limits, num_blocks: int = 4000):
                      structured_output_manager=StructuredOutputManager(vc))
 
 
-def _widest_measured_step(plan, limits: Limits) -> int:
-    """Run the plan's batches in order (each to completion, as --validate does); the most
-    requests any step of the measured batch scheduled."""
+def _widest_measured_step(plan, limits: Limits, num_blocks: int = 4000) -> int:
+    """Run the plan's batches in order (each to completion, as --validate does) on a pool of
+    `num_blocks`; the most requests any step of the measured batch scheduled."""
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
-    sched = _scheduler(limits)
+    sched = _scheduler(limits, num_blocks)
     init_none_hash(sha256)
     hasher = get_request_block_hasher(limits.block_size, sha256)
     salt, widest = iter(range(1, 1 << 30)), 0
@@ -109,3 +109,23 @@ def test_on_one_shared_hit_block_vllm_runs_them_one_a_step():
     on one Mamba state block, this fails and the branches can go."""
     shape = split_prefills(LIMITS, 512)[-1]
     assert _widest_measured_step(plan_for(shape, LIMITS, prefix_caching=True), LIMITS) == 1
+
+
+@pytest.mark.parametrize("blocks", [640, 560, 450, 300])
+def test_a_pool_too_small_for_every_sibling_still_forms_the_whole_step(blocks):
+    """The admitted pool holds fewer requests on their own last blocks than the step has (H200
+    run 20: about 895 of 1,024, measured 0.84 of the prediction): the plan keeps what the pool
+    holds on the shared prefix and sends the rest as fresh prompts; vLLM's scheduler runs all
+    64 in one step. On the plain sibling plan the same pools run at most 55 at once."""
+    shape = split_prefills(LIMITS, 512)[-1]
+    plan = plan_for(shape, LIMITS, prefix_caching=True, distinct_hits=True,
+                    pool=Pool(blocks=blocks, groups=4, prefix_groups=1))
+    assert not plan.exact
+    assert _widest_measured_step(plan, LIMITS, blocks) == shape.num_reqs == 64
+
+
+def test_without_the_pool_fit_a_small_pool_splits_the_step():
+    """Why the fit exists: the siblings-only plan on a 600-block pool does not hold 64 at once."""
+    shape = split_prefills(LIMITS, 512)[-1]
+    plan = plan_for(shape, LIMITS, prefix_caching=True, distinct_hits=True)
+    assert _widest_measured_step(plan, LIMITS, 600) < 64

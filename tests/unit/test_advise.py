@@ -112,6 +112,24 @@ def test_every_candidate_matches_a_sweep_of_an_engine_started_with_it():
         assert cand.kv_tokens == _admission(own).kv_tokens_worstcase, cand.chunk
 
 
+def test_candidates_carry_the_allocator_slack_their_own_sweep_would():
+    """Each candidate's transient is what its own sweep admits, allocator slack included (the
+    configured row has it through the sweep; the others must too, or they look 2 MiB cheaper)."""
+    slack = 2 * MiB
+    drv = FakeDriver(LIMITS)
+    sweep = run_sweep(drv, tolerance=0, attribute_ops=False, allocator_slack=slack)
+    chunks, excluded = core.candidate_chunks(LIMITS.max_num_batched_tokens, (384,),
+                                             max_num_seqs=LIMITS.max_num_seqs)
+    measured = measure_candidates(drv, LIMITS, sweep, chunks, excluded=excluded)
+    advice = core.advise(LIMITS, sweep, held=HELD, admission=_admission(sweep),
+                         workspace=Workspace(), measured=measured, allocator_slack=slack)
+    for cand in advice.candidates:
+        limits_c = dataclasses.replace(LIMITS, max_num_batched_tokens=cand.chunk)
+        own = run_sweep(FakeDriver(limits_c), tolerance=0, attribute_ops=False,
+                        allocator_slack=slack)
+        assert cand.transient_bytes == own.peak_bytes, cand.chunk
+
+
 def test_the_configured_row_is_this_starts_admission_and_nothing_is_run_again_for_it():
     advice, sweep, extra = _advise()
     ref = advice.candidate(1024)

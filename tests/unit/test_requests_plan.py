@@ -304,3 +304,44 @@ def test_sibling_hits_serialize_on_an_align_hybrid_without_a_dropping_drafter(kw
     from worstcase_profiler.adapter.facts import sibling_hits_serialize
 
     assert sibling_hits_serialize(_config(**kwargs)) is expected
+
+
+def _blocks_needed(plan, pool) -> int:
+    """Blocks the measured step holds under the scheduler's allocation (_fit's docstring)."""
+    from worstcase_profiler.core.requests_plan import Pool  # noqa: F401
+
+    (measured,) = _measured(plan)
+    block = SMALL.block_size
+    on = [p for p in measured.prompts if p.branch_len]
+    fresh = [p for p in measured.prompts if not p.prefix_len and not p.branch_len]
+    prefix = on[0].prefix_len if on else 0
+    return (pool.prefix_groups * -(-prefix // block) + 2 * pool.groups * len(on)
+            + sum(pool.groups * -(-p.suffix_len // block) for p in fresh))
+
+
+@pytest.mark.parametrize("blocks", [5000, 700, 600, 450, 330, 300])
+def test_a_distinct_hit_step_keeps_every_request_within_the_pool(blocks):
+    """The admitted pool holds fewer requests on their own last blocks than the wide prefill has
+    (H200 run 20: about 895 of 1,024): the rest come as fresh prompts, so the step still holds
+    every request and row, and no more blocks than the pool has."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    shape = split_prefills(SMALL, 512)[-1]
+    pool = Pool(blocks=blocks, groups=4, prefix_groups=1)
+    plan = plan_for(shape, SMALL, prefix_caching=True, distinct_hits=True, pool=pool)
+    (measured,) = _measured(plan)
+    assert len(measured.prompts) == plan.target.num_reqs == 64
+    assert sum(p.suffix_len for p in measured.prompts) == 512
+    assert _blocks_needed(plan, pool) <= blocks - 1 - pool.groups
+    kept = sum(1 for p in measured.prompts if p.branch_len)
+    if kept == 64:
+        assert plan == plan_for(shape, SMALL, prefix_caching=True, distinct_hits=True)
+        return
+    assert not plan.exact and f"{64 - kept} of the 64 requests on no context" in plan.note
+    assert measured.prompts[kept:] == tuple(p for p in measured.prompts if not p.branch_len)
+    assert _first_step(plan, SMALL) == 64  # the siblings first: their hits are held first
+    if kept:
+        assert len(plan.batches[-2].prompts) == kept  # one warmed branch per kept request
+        assert plan.target.context_len == shape.context_len // 64 * 64
+    else:
+        assert plan.batches == (measured,) and plan.target.context_len == 0

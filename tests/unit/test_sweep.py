@@ -126,3 +126,29 @@ def test_allocator_slack_is_admitted_on_top_of_the_largest_step():
     assert padded.peak_bytes == plain.peak_bytes + 2 * MiB
     assert [r.peak_bytes for r in padded.steps] == [r.peak_bytes for r in plain.steps]
     assert padded.worst.shape == plain.worst.shape
+
+
+def test_a_reused_sweep_that_drifted_up_keeps_its_slack_over_the_replay():
+    """A cached start whose worst step now needs more than the cached one (within the cache's
+    drift allowance) admits the replay plus the cached margin over that step (allocator and
+    chord slack), not the bare replay; within the meter's resolution, the cached figure."""
+    import dataclasses
+
+    from worstcase_profiler.core.sweep import Replay, reused
+
+    f = lambda s: s.rows * 1000  # noqa: E731
+    cached = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False,
+                       allocator_slack=2 * MiB)
+    margin = cached.peak_bytes - cached.worst.peak_bytes
+    assert margin >= 2 * MiB
+
+    def replay(delta):
+        step = dataclasses.replace(cached.worst, peak_bytes=cached.worst.peak_bytes + delta)
+        return Replay(stock=cached.stock, step=step, others=(),
+                      provisional=ProvisionalKV(num_blocks=5, kv_bytes=10, post_profile_bytes=7),
+                      seconds=0.0)
+
+    assert reused(cached, replay(0), MiB).peak_bytes == cached.peak_bytes
+    assert reused(cached, replay(MiB // 2), MiB).peak_bytes == cached.peak_bytes
+    drifted = reused(cached, replay(3 * MiB), MiB).peak_bytes
+    assert drifted == cached.worst.peak_bytes + 3 * MiB + margin > cached.peak_bytes

@@ -15,14 +15,30 @@ PER_REQUEST = 3 << 20  # what the stand-in warm-up keeps per request it ran
 
 class Tables:  # vLLM 0.32's BlockTables: a class default the elastic-EP warm-up overrides
     redirect_writes_to_null_block = False
+    num_kv_cache_groups = 4
+
+    def __init__(self):
+        self.staged: list[tuple[int, int, list[int]]] = []  # (request, group, block ids)
+
+    def append_block_ids(self, req_index, new_block_ids, overwrite):  # block_table.py:110-129
+        for g in range(self.num_kv_cache_groups):
+            ids = new_block_ids[g]
+            if self.redirect_writes_to_null_block:
+                ids = [0] * len(ids)
+            self.staged.append((req_index, g, list(ids)))
 
 
 class OldTables:  # vLLM 0.26: no redirect
     pass
 
 
+def _runner(tables, blocks=165, **kw):
+    return SimpleNamespace(block_tables=tables, kv_cache_config=SimpleNamespace(num_blocks=blocks),
+                           **kw)
+
+
 def _rehearse(tables, *, blocks=165, blocks_per_request=7, max_num_seqs=1024):
-    runner = SimpleNamespace(block_tables=tables)
+    runner = _runner(tables, blocks)
     held = [0]
 
     def warm_up():  # warmup.py:296-311: the cap unless writes go to the null block
@@ -50,7 +66,7 @@ def test_without_the_redirect_the_rehearsal_keeps_what_the_blocks_allow():
 
 
 def test_the_redirect_is_undone_when_the_warm_up_fails():
-    runner = SimpleNamespace(block_tables=Tables())
+    runner = _runner(Tables())
 
     def failing():
         assert runner.block_tables.redirect_writes_to_null_block is True
@@ -61,18 +77,47 @@ def test_the_redirect_is_undone_when_the_warm_up_fails():
     except RuntimeError:
         pass
     assert "redirect_writes_to_null_block" not in vars(runner.block_tables)
+    assert "append_block_ids" not in vars(runner.block_tables)
 
 
-def test_a_speculative_runner_keeps_the_capped_batch():
-    runner = SimpleNamespace(block_tables=Tables(), speculator=object())
-    held = [0]
+def test_writes_go_to_a_scratch_block_per_group_never_the_null_block():
+    """Block 0 is vLLM's padding marker: the GDN kernels skip a sequence whose state index is 0
+    and leave empty() outputs unwritten (H200 run 20: the MTP hybrid's rehearsal never ended).
+    Each group writes to a real block of its own instead, and a drafter's runner gets the full
+    batch too."""
+    tables = Tables()
+    runner = _runner(tables, speculator=object())
 
-    def warm_up():
-        held[0] += (1024 if runner.block_tables.redirect_writes_to_null_block else 23) * PER_REQUEST
+    def warm_up():  # as warmup.py: the cap read from the flag, then distinct ids per request
+        assert runner.block_tables.redirect_writes_to_null_block is True
+        for r in range(3):
+            tables.append_block_ids(r, tuple([10 * r + g + 1, 10 * r + g + 2] for g in range(4)),
+                                    False)
 
-    out = warmup.rehearse(SimpleNamespace(model_runner=runner), warm_up, lambda: held[0],
-                          graphs=False)
-    assert out.kept_bytes == 23 * PER_REQUEST
+    warmup.rehearse(SimpleNamespace(model_runner=runner), warm_up, lambda: 0, graphs=False)
+    assert {(g, tuple(ids)) for _, g, ids in tables.staged} == \
+        {(g, (1 + g, 1 + g)) for g in range(4)}
+    assert len(tables.staged) == 12
+    tables.append_block_ids(5, ([7], [8], [9], [10]), False)  # afterwards: vLLM's own again
+    assert tables.staged[-4:] == [(5, 0, [7]), (5, 1, [8]), (5, 2, [9]), (5, 3, [10])]
+
+
+def test_a_provisional_cache_without_a_spare_block_per_group_keeps_the_capped_batch():
+    out, runner = _rehearse(Tables(), blocks=4)  # null block + 3 < 4 groups' scratch blocks
+    assert out.kept_bytes == 1 * PER_REQUEST
+
+
+def test_a_stalled_rehearsal_dumps_every_threads_stack(tmp_path, monkeypatch):
+    import sys
+    import time
+
+    log = open(tmp_path / "stderr", "w+")
+    monkeypatch.setattr(sys, "stderr", log)
+    with warmup.stall_watch("a test", after_s=0.2):
+        time.sleep(0.6)
+    log.flush()
+    text = (tmp_path / "stderr").read_text()
+    assert "test_a_stalled_rehearsal_dumps_every_threads_stack" in text
 
 
 def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():

@@ -86,16 +86,18 @@ def measure(driver, limits: Limits, sweep: SweepResult, settings: ProfilerSettin
 
 def build(measured: AdviceMeasurements | None, limits: Limits, sweep: SweepResult,
           held: HeldMemory, admission: Admission, workspace: Workspace,
-          settings: ProfilerSettings, sweep_mode: str = "full") -> Advice | None:
+          settings: ProfilerSettings, sweep_mode: str = "full",
+          allocator_slack: int = 0) -> Advice | None:
     """The advice from the measurements and this start's admission (None without them).
     sweep_mode: ProfileResult.sweep_mode (a cut-down sweep's figures are raised to the full
-    model's, as its own admission does)."""
+    model's, as its own admission does). allocator_slack: the meter's (core.advise)."""
     if measured is None:
         return None
     result = core.advise(limits, sweep, held=held, admission=admission, workspace=workspace,
                          measured=measured, within=settings.advise_within,
                          context_ladder=settings.context_ladder,
-                         cut_down=str(sweep_mode).startswith("cut-down"))
+                         cut_down=str(sweep_mode).startswith("cut-down"),
+                         allocator_slack=allocator_slack)
     knee = result.candidate(result.knee_chunk) if result.knee_chunk is not None else None
     configured = result.candidate(result.configured_chunk)
     if knee is not None and configured is not None:

@@ -138,8 +138,13 @@ REGISTRY: tuple[Touch, ...] = (
     Touch("kv-holders", "private-read",
           "compilation_config.static_forward_context[*].kv_cache, model modules' kv_cache, "
           "runner.kv_caches, kv_cache_config.kv_cache_groups / kv_cache_tensors, spec "
-          "page_size_bytes / block_size / max_memory_usage_bytes",
-          "what KV initialisation actually allocated, per group, recurrent state included"),
+          "page_size_bytes / block_size / max_memory_usage_bytes; runner.kv_cache_config."
+          "num_blocks and its groups' spec types; spec classes named SlidingWindowSpec / "
+          "ChunkedLocalAttentionSpec (by name, through the MRO) and their sliding_window, "
+          "UniformTypeKVCacheSpecs.kv_cache_specs, a group's host_resident",
+          "what KV initialisation actually allocated, per group, recurrent state included; the "
+          "serving pool a --validate plan has to fit (validation.pool_of); what one "
+          "max_model_len request holds of the pool per group (kv.full_request_tokens)"),
     # -- workspace --------------------------------------------------------------------------------
     Touch("workspace-slots", "private-write",
           "vllm.v1.worker.workspace: current_workspace_manager(), WorkspaceManager."
@@ -157,13 +162,18 @@ REGISTRY: tuple[Touch, ...] = (
           "whether graphs or other buffers were kept; rehearsal: capture skipped (graphs are "
           "measured by vLLM's own estimator) or redirected to a throwaway pool"),
     Touch("v2-warmup-null-block", "private-write",
-          "model_runner.block_tables.redirect_writes_to_null_block (an instance attribute over "
-          "the class default, during the warm-up rehearsal only; removed afterwards)",
+          "model_runner.block_tables.redirect_writes_to_null_block and .append_block_ids "
+          "(instance attributes over the class's, during the warm-up rehearsal only; removed "
+          "afterwards): the flag lifts the warm-up's cap, the swap sends group g's writes to "
+          "block 1 + g instead of the null block",
           "vLLM's V2 warm-up caps its batch at what the KV cache's blocks hold, so on the "
           "provisional cache it ran 23 requests where the real one ran 831 and kept 2.3 GiB more "
-          "(Qwen3.5 + MTP, run 19); with every write sent to the null block it runs its full batch "
-          "on the provisional cache, as vLLM's elastic-EP re-warm-up does",
-          run="not yet", read="0.32 (absent in 0.26, where the audit stays the check; 0.33 unread)",
+          "(Qwen3.5 + MTP, run 19); with the flag, as vLLM's elastic-EP re-warm-up does, it runs "
+          "its full batch on the provisional cache; not onto the null block itself, which the GDN "
+          "kernels treat as padding (outputs left unwritten: the MTP hybrid's rehearsal never "
+          "ended, run 20)",
+          run="0.32 (CUDA, H200: the null-block form, run 20)",
+          read="0.32 (absent in 0.26, where the audit stays the check; 0.33 unread)",
           retire="a warm-up whose batch does not depend on the KV cache's size, or a KV budget "
                  "fixed after warm-up"),
     Touch("warm-up-serving-checks", "instance-swap",

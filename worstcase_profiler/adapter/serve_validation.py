@@ -24,7 +24,7 @@ from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve
 from ..sizes import fmt_bytes
-from .validation import (RankPeaks, Workload, kv_tokens_of, traffic_workload,
+from .validation import (RankPeaks, Workload, kv_tokens_of, pool_from, traffic_workload,
                          worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
@@ -82,8 +82,9 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
+    pool = pool_from(await client.collective_rpc("wcprof_rpc", args=("pool",)))
     plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching,
-                    distinct_hits=sibling_hits_serialize(client.vllm_config))
+                    distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool)
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan, vocab), predicted)
     if which == "all":

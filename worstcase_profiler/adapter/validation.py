@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from ..core import codec
-from ..core.requests_plan import RequestPlan, plan_for, token_ids
+from ..core.requests_plan import Pool, RequestPlan, plan_for, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
 
@@ -61,6 +61,27 @@ def _end(wrapper) -> dict:
     return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes)}
+
+
+def pool_of(wrapper) -> dict | None:
+    """Worker side: the KV pool the scheduler allocates from, as requests_plan.Pool's fields
+    (blocks; KV groups; groups that keep every block of a cached prefix: the non-Mamba ones),
+    from the runner's KVCacheConfig; None before the KV cache exists."""
+    # vllm-touch: kv-holders
+    worker = getattr(wrapper, "worker", wrapper)
+    cfg = getattr(getattr(worker, "model_runner", None), "kv_cache_config", None)
+    if cfg is None or not getattr(cfg, "kv_cache_groups", None):
+        return None
+    groups = cfg.kv_cache_groups
+    mamba = sum(1 for g in groups if "Mamba" in type(g.kv_cache_spec).__name__)
+    return {"blocks": int(cfg.num_blocks), "groups": len(groups),
+            "prefix_groups": max(1, len(groups) - mamba)}
+
+
+def pool_from(answers) -> Pool | None:
+    """The pool every rank's scheduler shares (the smallest any rank reports)."""
+    found = [Pool(**a) for a in answers if a]
+    return min(found, key=lambda p: p.blocks) if found else None
 
 
 def _vocab(llm) -> int:
@@ -187,7 +208,8 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
 
     # vllm-touch: worker-config
     plan = plan_for(worst, limits, prefix_caching=prefix_caching,
-                    distinct_hits=sibling_hits_serialize(llm.llm_engine.vllm_config))
+                    distinct_hits=sibling_hits_serialize(llm.llm_engine.vllm_config),
+                    pool=pool_from(llm.collective_rpc(pool_of)))
     return _measure(llm, worst_step_workload(plan, _vocab(llm)), predicted)
 
 
@@ -195,6 +217,7 @@ def worker_rpc(worker, op: str, payload=None):
     """Worker side of the serving validation (Worker.wcprof_rpc, adapter/patches.py):
       begin     reset this rank's meter
       end       {"rank", "transient", "workspace", "resolution"} since begin
+      pool      this rank's KV pool (pool_of), or None
       summary   {"rank", "worst": the profile's worst Shape, "peak"} (codec-encoded)
       record    payload: codec-encoded Validations; this rank's are recorded in its report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
@@ -207,6 +230,8 @@ def worker_rpc(worker, op: str, payload=None):
         return None
     if op == "end":
         return _end(worker)
+    if op == "pool":
+        return pool_of(worker)
     session = session_of(worker)
     if op == "summary":
         if session is None or session.profile is None:

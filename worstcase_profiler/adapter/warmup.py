@@ -160,11 +160,36 @@ def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
     before = held_now()
     measured = GraphMeasure()
     with _graph_capture_replaced(runner, measured, capture=graphs and needs_graph_rehearsal(runner)), \
-            full_warm_up_batch(runner), _end_of_warm_up_deferred(worker):
+            full_warm_up_batch(runner), _end_of_warm_up_deferred(worker), \
+            stall_watch("the warm-up rehearsal"):
         warm_up()
     kept = max(0, held_now() - before)
     return Rehearsal(kept_bytes=kept, graphs_bytes=measured.bytes or 0,
                      seconds=time.perf_counter() - t0)
+
+
+STALL_DUMP_S = 120.0
+"""A rehearsal still running after this long writes every thread's Python stack to stderr (the
+engine log), once: what it waits on, without stopping it."""
+
+
+@contextlib.contextmanager
+def stall_watch(what: str, after_s: float = STALL_DUMP_S):
+    """For the duration, faulthandler dumps every thread's stack to stderr if it lasts longer
+    than `after_s` seconds (a GPU kernel that never ends shows as the host sync waiting on it)."""
+    import faulthandler
+    import sys
+
+    try:
+        faulthandler.dump_traceback_later(after_s, repeat=False, file=sys.stderr)
+    except (RuntimeError, ValueError, OSError, AttributeError):  # no usable stderr
+        yield
+        return
+    log.debug("[wcprof] %s: stacks go to stderr if it runs past %.0f s", what, after_s)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @contextlib.contextmanager
@@ -215,24 +240,39 @@ def full_warm_up_batch(runner):
     few requests where the real cache gives hundreds, and what the sampler and kernels keep grows
     with that batch (about 12 B per vocabulary entry per request: 2.3 GiB for the Qwen3.5 hybrid
     with MTP on vLLM 0.32, H200 run 19, where the rehearsal ran 23 requests and the real warm-up
-    831). Where vLLM can send every KV and state write to the null block (0.32+:
+    831). Where vLLM can send every KV and state write to one block (0.32+:
     `BlockTables.redirect_writes_to_null_block`, which its elastic-EP re-warm-up uses), the
     rehearsal sets it, so the warm-up skips that cap and runs its full batch on the provisional
     cache. Yields whether it could; where it cannot, the warm-up audit stays the check.
 
-    Not with a drafter: the Qwen3.5 hybrid with MTP and graphs never finished this rehearsal
-    (H200 run 20: no progress for two minutes after vLLM's kernel warm-ups, cause not found), so
-    a speculative runner keeps the capped batch and the audit catches what it misses."""
+    Not the null block itself: block 0 is vLLM's padding marker, and the Mamba/GDN kernels skip
+    a sequence whose state index is 0, leaving outputs made with torch.empty unwritten, so every
+    later layer, the drafter and the samplers ran on uninitialised memory (the Qwen3.5 hybrid
+    with MTP and graphs never finished that rehearsal, H200 run 20). Each KV group's writes go
+    to a scratch block of its own instead (group g: block 1 + g, real blocks of the provisional
+    cache that nothing else holds), so every kernel computes on finite data; the requests share
+    it, which changes values, not what the warm-up allocates."""
     # vllm-touch: v2-warmup-null-block
     tables = getattr(runner, "block_tables", None)
-    if getattr(runner, "speculator", None) is not None:
-        yield False
-        return
     if tables is None or not isinstance(
-            getattr(type(tables), "redirect_writes_to_null_block", None), bool):
+            getattr(type(tables), "redirect_writes_to_null_block", None), bool) or \
+            not callable(getattr(tables, "append_block_ids", None)):
         yield False
         return
-    with replaced(tables, "redirect_writes_to_null_block", True):
+    groups = int(getattr(tables, "num_kv_cache_groups", 0) or 0)
+    blocks = int(getattr(getattr(runner, "kv_cache_config", None), "num_blocks", 0) or 0)
+    if groups < 1 or blocks <= groups:
+        yield False
+        return
+    original = tables.append_block_ids
+
+    def append_block_ids(req_index, new_block_ids, overwrite):
+        scratch = tuple([1 + g] * len(ids) for g, ids in enumerate(new_block_ids))
+        with replaced(tables, "redirect_writes_to_null_block", False):
+            return original(req_index, scratch, overwrite)
+
+    with replaced(tables, "redirect_writes_to_null_block", True), \
+            replaced(tables, "append_block_ids", append_block_ids):
         yield True
 
 

@@ -219,9 +219,11 @@ def _raiser(sweep: SweepResult, delta: int):
 def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: Admission,
            workspace: Workspace, measured: AdviceMeasurements,
            within: float = DEFAULT_WITHIN, context_ladder: bool = True,
-           cut_down: bool = False) -> Advice:
+           cut_down: bool = False, allocator_slack: int = 0) -> Advice:
     """Every candidate of `measured.chunks` (see the module docstring), and the knee.
-    cut_down: the sweep ran cut down (its figures are raised by `confirmation_delta`)."""
+    cut_down: the sweep ran cut down (its figures are raised by `confirmation_delta`).
+    allocator_slack: the meter's, added to every candidate's transient as the sweep adds it to
+    the configured chunk's (core/sweep.run_sweep), so candidates compare like for like."""
     if not 0 <= within < 1:
         raise ValueError(f"within must be a fraction in [0, 1), got {within}")
     configured = limits.max_num_batched_tokens
@@ -258,7 +260,8 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
         steps = [*raised(_full_extent_rows(limits, sweep, chunk)), *found]
         bound, worst_need = rows_bound(sweep, chunk, own)
         worst = max(steps, key=lambda r: (r.need_bytes, r.peak_bytes))
-        transient = max(r.peak_bytes for r in steps) + max(0, bound - worst_need)
+        transient = max(r.peak_bytes for r in steps) + max(0, bound - worst_need) \
+            + max(0, allocator_slack)
         ws_need = max(r.workspace_bytes for r in steps)
         ws = workspace.total_bytes if not ws_scale else -(-workspace.total_bytes * ws_need // ws_scale)
         timing = timed.get(chunk)

