@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from ..core.shapes import request_capacity_tokens
 from ..core.types import KVAuditGroup
 
 
@@ -84,6 +85,54 @@ def prefix_request_tokens(runner, bytes_per_token: int) -> int:
     cfg = kv_cache_config_with_blocks(runner, 2)
     block_bytes = declared_bytes(cfg) // max(1, int(cfg.num_blocks))
     return max(1, 2 * len(cfg.kv_cache_groups) * block_bytes // bytes_per_token)
+
+
+def _kept_tokens(spec) -> int | None:
+    """The fewest trailing tokens a decoding request keeps in a group of `spec`
+    (shapes.request_capacity_tokens' kept_tokens): the window of a SlidingWindowSpec, 1 for a
+    ChunkedLocalAttentionSpec, None for every other spec — a FullAttentionSpec that carries a
+    sliding_window (vLLM's conversion when the hybrid KV cache manager is off) keeps everything.
+    A UniformTypeKVCacheSpecs group answers for its layers when they all agree. Classes are
+    matched by name through the MRO (SlidingWindowMLASpec is a SlidingWindowSpec), so a vLLM
+    that moves them does not break every start: an unknown class counts as holding it all."""
+    # vllm-touch: kv-holders
+
+    def kind(s, name: str) -> bool:
+        return any(c.__name__ == name for c in type(s).__mro__)
+
+    inner = list((getattr(spec, "kv_cache_specs", None) or {}).values()) or [spec]
+    if all(kind(s, "SlidingWindowSpec") for s in inner):
+        return max(1, min(int(s.sliding_window) for s in inner))
+    if all(kind(s, "ChunkedLocalAttentionSpec") for s in inner):
+        return 1
+    return None
+
+
+def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
+                        block_size: int) -> int | None:
+    """Limits.full_request_tokens: what one max_model_len request holds of the pool, in capacity
+    tokens, counted per KV group on a KVCacheConfig of vLLM's own grouping (the pool block is
+    what the plan allocates per block, as in prefix_request_tokens). None, without building a
+    config, unless some layer keeps only a window (sliding window, chunked local attention):
+    pure full-attention models and Mamba hybrids keep the block-rounded max_model_len."""
+    # vllm-touch: kv-cache-config
+    if not any(_kept_tokens(spec) is not None for spec in runner.get_kv_cache_spec().values()):
+        return None
+    cfg = kv_cache_config_with_blocks(runner, 2)
+    block_bytes = declared_bytes(cfg) // max(1, int(cfg.num_blocks))
+    vllm_config = runner.vllm_config
+    groups = []
+    for group in cfg.kv_cache_groups:
+        if getattr(group, "host_resident", False):  # a pool of its own (0.32 HiSparse)
+            continue
+        spec = group.kv_cache_spec
+        reserved = -(-int(spec.max_memory_usage_bytes(vllm_config)) // int(spec.page_size_bytes))
+        groups.append((int(spec.block_size), reserved, _kept_tokens(spec)))
+    if block_bytes <= 0 or not groups:
+        return None
+    return request_capacity_tokens(max_model_len=max_model_len, block_size=block_size,
+                                   pool_block_bytes=block_bytes, bytes_per_token=bytes_per_token,
+                                   groups=groups)
 
 
 def one_request_bytes(runner, vllm_config) -> int:

@@ -99,7 +99,15 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
             limits = dataclasses.replace(limits, kv_capacity_tokens=pool_capacity_tokens(
                 explicit_bytes=explicit, stock_kv_bytes=stock_kv,
                 graph_estimate_bytes=cudagraph_applied(worker), bytes_per_token=bpt,
-                max_model_len=limits.max_model_len))
+                max_model_len=limits.max_model_len),
+                # sliding-window / chunked-local groups keep a window of each request, not all
+                full_request_tokens=kvmod.full_request_tokens(runner, bpt, limits.max_model_len,
+                                                              limits.block_size))
+            if limits.full_request_tokens is not None:
+                log.info("[wcprof] windowed KV groups keep only part of each request: one at "
+                         "max_model_len holds %d KV tokens of the pool (not %d), so up to %s of "
+                         "them sit at the full extent at once", limits.tokens_per_full_request,
+                         limits.rounded_model_len, limits.max_resident_requests)
             if limits.prefix_caching and sibling_hits_serialize(vllm_config):
                 limits = dataclasses.replace(
                     limits, prefix_request_tokens=kvmod.prefix_request_tokens(runner, bpt))
@@ -161,7 +169,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         # The stock-OOM question is about everything non-KV a step needs, workspace included.
         context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
     advised = advice.build(measured, limits, sweep, held_memory, admission, workspace, settings,
-                           sweep_mode)
+                           sweep_mode, allocator_slack=getattr(meter, "allocator_slack_bytes", 0))
     decision = policy.decide_budget(admission, mode=settings.mode, kv_cap=settings.kv_cap_bytes,
                                     worst_label=sweep.worst.shape.label(),
                                     max_model_len=limits.max_model_len)

@@ -23,7 +23,12 @@ class Limits:
     full-length requests can be resident at once — unless prefix caching is on: then requests
     that share one cached prefix each sit at the full extent while the pool holds the prefix
     once plus one block per request (seed 002's traffic is exactly this), so the pool bounds
-    the request count, not each request's context."""
+    the request count, not each request's context.
+
+    kv_capacity_tokens is the pool in bytes_per_token units (a token in every attention layer).
+    A max_model_len request costs its block-rounded length in that unit unless some KV groups
+    keep only a trailing window of it (full_request_tokens): every count derived here is an
+    upper bound on what the scheduler can form, never below vLLM's own max concurrency."""
 
     max_model_len: int
     max_num_batched_tokens: int
@@ -44,11 +49,19 @@ class Limits:
     step only on cached hits of their own (a Mamba hybrid in "align" mode on vLLM 0.32,
     adapter/facts.sibling_hits_serialize), each holds its own cached last block and a new block
     in every KV group (adapter/kv.prefix_request_tokens), which bounds how many fit at once."""
+    full_request_tokens: int | None = None
+    """The fewest KV capacity tokens (kv_capacity_tokens' unit) one request at max_model_len
+    holds, where KV groups that keep only a trailing window of it (sliding window beside full
+    attention: Gemma 2/3, gpt-oss, Mistral; chunked local attention) make that less than its
+    block-rounded length: `request_capacity_tokens` computes it from vLLM's KV groups
+    (adapter/kv.full_request_tokens). None: every group holds the whole request.
+    `tokens_per_full_request` takes the smaller of the two, so it never lowers a count."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if (value is None and f.name in ("kv_capacity_tokens", "prefix_request_tokens")) \
+            if (value is None and f.name in ("kv_capacity_tokens", "prefix_request_tokens",
+                                             "full_request_tokens")) \
                     or f.name == "prefix_caching":
                 continue
             floor = 0 if f.name == "num_speculative_tokens" else 1
@@ -70,15 +83,31 @@ class Limits:
         return self.num_speculative_tokens + 1
 
     @property
-    def tokens_per_full_request(self) -> int:
-        """KV tokens one request at max_model_len occupies, rounded up to whole blocks."""
+    def rounded_model_len(self) -> int:
+        """max_model_len rounded up to whole blocks."""
         return -(-self.max_model_len // self.block_size) * self.block_size
+
+    @property
+    def tokens_per_full_request(self) -> int:
+        """KV capacity tokens one request at max_model_len occupies: its length rounded up to
+        whole blocks, or full_request_tokens where windowed KV groups make it less. A request at
+        extent E <= max_model_len then costs at least E * tokens_per_full_request /
+        rounded_model_len (`request_capacity_tokens`' contract), which `_extent_for` inverts."""
+        rounded = self.rounded_model_len
+        if self.full_request_tokens is None:
+            return rounded
+        return min(rounded, self.full_request_tokens)
 
     @property
     def max_resident_requests(self) -> int | None:
         """How many max_model_len requests the KV cache holds at once; None when capacity is
-        unknown. With prefix caching they share one full-length prefix and each own one block
-        (decoding siblings hold one block per group at most: the floor stays one block)."""
+        unknown. Each costs tokens_per_full_request: where KV groups keep only a window, vLLM's
+        pool gives each group its own blocks, so this counts pool blocks per group the way
+        vLLM's get_max_concurrency_for_kv_cache_config does (and is never below it: a window
+        group is charged the window a decoding request keeps, not vLLM's admission cap). With
+        prefix caching they share one full-length prefix and each own one block per group
+        (decoding siblings hold one block per group at most: the floor stays one block, which
+        is block_size capacity tokens over all groups together)."""
         return self._resident(self.block_size)
 
     @property
@@ -94,6 +123,52 @@ class Limits:
             spare = self.kv_capacity_tokens - self.tokens_per_full_request
             return spare // own + 1 if spare >= 0 else 0
         return self.kv_capacity_tokens // self.tokens_per_full_request
+
+
+def request_capacity_tokens(*, max_model_len: int, block_size: int, pool_block_bytes: int,
+                            bytes_per_token: int,
+                            groups: Iterable[tuple[int, int, int | None]]) -> int | None:
+    """Limits.full_request_tokens: the fewest KV capacity tokens one request at max_model_len
+    holds in vLLM's pool, or None when no KV group keeps only a window (then every group holds
+    the whole request and the block-rounded max_model_len stays the cost, bit for bit).
+
+    The pool, as vLLM lays it out: num_blocks blocks of `pool_block_bytes`, each serving one KV
+    group at a time (every group draws from the one pool). A capacity token is
+    `bytes_per_token` bytes (kv_capacity_tokens = pool bytes // bytes_per_token). `groups` has,
+    per KV group on the device pool:
+      (block_size, reserved_blocks, kept_tokens)
+      - block_size: tokens per block of that group;
+      - reserved_blocks: the blocks vLLM counts for one max_model_len request there,
+        cdiv(spec.max_memory_usage_bytes, spec.page_size_bytes), the terms
+        get_max_concurrency_for_kv_cache_config sums;
+      - kept_tokens: for a group that frees what falls behind a trailing window, the fewest
+        trailing tokens a decoding request keeps there (sliding window: the window, since a
+        decode step keeps window - 1 computed tokens plus the new one; chunked local
+        attention: 1, a request just past a chunk boundary); None for any other group.
+    A windowed group holds min(reserved, cdiv(min(kept, max_model_len), block)) blocks of the
+    request, any other group its reserved blocks. The sum, in capacity tokens, is scaled by
+    R / X (R = max_model_len rounded to `block_size`, X = the largest rounding over R and the
+    groups' blocks: R when every group has `block_size`) and rounded down.
+
+    Guarantees (the plan's counts are upper bounds on what the scheduler forms):
+      - every term is at most vLLM's own (its window groups reserve the admission cap, window
+        plus in-flight tokens plus one), so kv_capacity_tokens // result >= vLLM's
+        max concurrency for the same pool;
+      - a request at extent E <= max_model_len costs at least E * result / R capacity tokens
+        (each group's blocks over E never fall below their value at max_model_len over X),
+        which is what `_extent_for` inverts."""
+    groups = list(groups)
+    if not any(kept is not None for _, _, kept in groups):
+        return None
+    held = 0
+    widest = -(-max_model_len // block_size) * block_size
+    rounded = widest
+    for group_block, reserved, kept in groups:
+        if kept is not None:
+            reserved = min(reserved, -(-min(kept, max_model_len) // group_block))
+        held += reserved
+        widest = max(widest, -(-max_model_len // group_block) * group_block)
+    return max(1, held * pool_block_bytes * rounded // (bytes_per_token * widest))
 
 
 def stock_shape(limits: Limits) -> Shape:
@@ -147,15 +222,28 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
 
 
 def _extent_for(limits: Limits, num_reqs: int) -> int:
-    """The longest sequence each of `num_reqs` requests can have at once: max_model_len, or the
-    KV capacity shared between them when that is smaller (never smaller with prefix caching
-    while the pool holds one shared full-length prefix plus a block per request)."""
+    """The longest sequence each of `num_reqs` requests can have at once: max_model_len, or what
+    the KV capacity lets that many hold when that is smaller. An upper bound (the safe
+    direction): a request at extent E costs at least E * T / R capacity tokens (T =
+    tokens_per_full_request, R = rounded_model_len; T = R without windowed groups), so
+    without prefix caching E <= capacity * R / (n * T), capacity // n when T = R.
+
+    With prefix caching the requests can share one cached prefix and each own at least one
+    block per group beyond it (block_size capacity tokens), so E * T / R + (n - 1) * block_size
+    <= capacity: max_model_len while the pool holds the shared full-length prefix plus a block
+    per request (n <= max_resident_requests), and above that count still far more than
+    capacity // n, which would plan those steps too short."""
     if limits.kv_capacity_tokens is None:
         return limits.max_model_len
     resident = limits.max_resident_requests
     if limits.prefix_caching and resident is not None and num_reqs <= resident:
         return limits.max_model_len
-    return max(1, min(limits.max_model_len, limits.kv_capacity_tokens // num_reqs))
+    rounded, per_req = limits.rounded_model_len, limits.tokens_per_full_request
+    extent = limits.kv_capacity_tokens * rounded // (num_reqs * per_req)
+    if limits.prefix_caching:  # never below the private bound (both bound the same steps)
+        shared = limits.kv_capacity_tokens - (num_reqs - 1) * limits.block_size
+        extent = max(extent, shared * rounded // per_req)
+    return max(1, min(limits.max_model_len, extent))
 
 
 def wide_decode_batch(limits: Limits) -> Shape | None:
