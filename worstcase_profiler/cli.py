@@ -33,7 +33,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .errors import ArgParser, ConfigError, WcprofError
+from .errors import ArgParser, ConfigError, UnsupportedModel, WcprofError
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
 TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_seqs": 8,
@@ -460,6 +460,13 @@ def _engine_failure(e: Exception) -> Exception:
                                f"{_first_line(c)}",
                                hint="check the repo id (and for a gated model, HF_TOKEN), or "
                                     "pass a local model directory")
+    for c in chain:
+        if type(c).__module__.startswith("torch._dynamo"):
+            return UnsupportedModel(
+                f"torch.compile could not trace the model for vLLM's compiled forward and CUDA "
+                f"graphs ({type(c).__name__}: {_first_line(c)})",
+                hint="start it with --enforce-eager (no compile, no graphs), or rerun with "
+                     "--debug for the traceback")
     if isinstance(e, (ValueError, TypeError)):
         return ConfigError(f"vLLM refused the configuration: {_first_line(e)}",
                            hint="`wcprof --help-engine` describes vLLM's flags")

@@ -361,7 +361,7 @@ def test_engine_failures_are_classified():
     """What LLM(...) raises: our own errors unwrapped, vLLM's config checks and the hub's refusals
     are bad input (exit 2), anything else stays itself (exit 70 in main)."""
     from worstcase_profiler.cli import _engine_failure
-    from worstcase_profiler.errors import ConfigError, DoesNotFit
+    from worstcase_profiler.errors import ConfigError, DoesNotFit, UnsupportedModel
 
     inner = DoesNotFit("no room")
     try:
@@ -383,6 +383,16 @@ def test_engine_failures_are_classified():
     except OSError as wrapped:
         found = _engine_failure(wrapped)
     assert isinstance(found, ConfigError) and "Repository Not Found" in found.message
+    unsupported = type("Unsupported", (RuntimeError,), {"__module__": "torch._dynamo.exc"})
+    try:
+        try:
+            raise unsupported("Attempted to call function marked as skipped")
+        except RuntimeError as e:
+            raise RuntimeError("engine core initialization failed") from e
+    except RuntimeError as wrapped:
+        found = _engine_failure(wrapped)
+    assert isinstance(found, UnsupportedModel) and "--enforce-eager" in found.hint
+    assert "marked as skipped" in found.message
     other = RuntimeError("shared memory exhausted")
     assert _engine_failure(other) is other
 
