@@ -357,42 +357,38 @@ def test_ctrl_c_during_start_up_cleans_up(tmp_path):
     assert not list(tmpdir.glob("wcprof-*"))
 
 
+def _raised_from(inner: BaseException, outer: BaseException) -> BaseException:
+    """`outer` as the engine raises it: `raise outer from inner`, caught."""
+    try:
+        try:
+            raise inner
+        except BaseException as e:
+            raise outer from e
+    except BaseException as wrapped:
+        return wrapped
+
+
 def test_engine_failures_are_classified():
     """What LLM(...) raises: our own errors unwrapped, vLLM's config checks and the hub's refusals
-    are bad input (exit 2), anything else stays itself (exit 70 in main)."""
+    are bad input (exit 2), a torch.compile trace failure says to run eager (exit 4), anything
+    else stays itself (exit 70 in main)."""
     from worstcase_profiler.cli import _engine_failure
     from worstcase_profiler.errors import ConfigError, DoesNotFit, UnsupportedModel
 
     inner = DoesNotFit("no room")
-    try:
-        try:
-            raise inner
-        except DoesNotFit as e:
-            raise RuntimeError("engine core failed") from e
-    except RuntimeError as wrapped:
-        assert _engine_failure(wrapped) is inner
+    assert _engine_failure(_raised_from(inner, RuntimeError("engine core failed"))) is inner
     assert isinstance(_engine_failure(ValueError("bad max_model_len")), ConfigError)
 
     hub_error = type("RepositoryNotFoundError", (OSError,),
                      {"__module__": "huggingface_hub.errors"})
-    try:
-        try:
-            raise hub_error("404 Client Error: Repository Not Found for url")
-        except OSError as e:
-            raise OSError("Repo id must be in the form 'repo_name'") from e
-    except OSError as wrapped:
-        found = _engine_failure(wrapped)
+    found = _engine_failure(_raised_from(hub_error("404 Client Error: Repository Not Found for url"),
+                                         OSError("Repo id must be in the form 'repo_name'")))
     assert isinstance(found, ConfigError) and "Repository Not Found" in found.message
     unsupported = type("Unsupported", (RuntimeError,), {"__module__": "torch._dynamo.exc"})
-    try:
-        try:
-            raise unsupported("Attempted to call function marked as skipped")
-        except RuntimeError as e:
-            raise RuntimeError("engine core initialization failed") from e
-    except RuntimeError as wrapped:
-        found = _engine_failure(wrapped)
+    found = _engine_failure(_raised_from(unsupported("Attempted to call function marked as skipped"),
+                                         RuntimeError("engine core initialization failed")))
     assert isinstance(found, UnsupportedModel) and "--enforce-eager" in found.hint
-    assert "marked as skipped" in found.message
+    assert "marked as skipped" in found.message and found.exit_code == 4
     other = RuntimeError("shared memory exhausted")
     assert _engine_failure(other) is other
 

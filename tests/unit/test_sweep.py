@@ -152,3 +152,62 @@ def test_a_reused_sweep_that_drifted_up_keeps_its_slack_over_the_replay():
     assert reused(cached, replay(MiB // 2), MiB).peak_bytes == cached.peak_bytes
     drifted = reused(cached, replay(3 * MiB), MiB).peak_bytes
     assert drifted == cached.worst.peak_bytes + 3 * MiB + margin > cached.peak_bytes
+
+
+class CutDriver(FakeDriver):
+    """A decoder cut to one layer: every step needs `gap(shape)` less there than on the full
+    model (the stock step always runs on the full model)."""
+
+    def __init__(self, limits, transient, gap):
+        super().__init__(limits, transient=transient)
+        self.cut, self.gap, self.full_shapes = False, gap, []
+
+    @contextlib.contextmanager
+    def cut_down(self):
+        self.cut = True
+        yield "1 layer"
+        self.cut = False
+
+    def measure(self, shape, attribute=False):
+        r = super().measure(shape, attribute)
+        if self.cut:
+            return StepResult(shape=shape, peak_bytes=r.peak_bytes - self.gap(shape), seconds=0.0)
+        self.full_shapes.append(shape)
+        return r
+
+
+def test_a_cut_down_sweep_admits_the_full_models_worst_not_a_confirmed_shape_raised_by_another():
+    """H200 run 13 (the 8B layout): the confirmed worst step was raised by another confirmed
+    shape's larger full-minus-cut difference, 64 MiB above what the full model needs (0.972 from
+    real requests). Confirmed shapes now count at their full-model figure; a shape whose bound
+    (cut figure + largest difference) still beats them is confirmed too."""
+    from worstcase_profiler.core.sweep import run_cut_down
+
+    f = lambda s: (300 * MiB + s.rows * 4 * MiB + s.context_len * 256 * 1024  # noqa: E731
+                   - s.num_reqs * 20 * MiB)
+    gap = lambda s: (64 * MiB if s.kind == "decode" else 3 * MiB)  # noqa: E731 - decode: more layers' worth
+    full = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False)
+    drv = CutDriver(LIMITS, f, gap)
+    cut, mode = run_cut_down(drv, tolerance=0, attribute_ops=False)
+    assert any(s.kind == "decode" for s in drv.full_shapes)  # the large difference was seen
+    assert cut.peak_bytes == full.peak_bytes
+    assert cut.worst.shape == full.worst.shape and "+67108864 B" in mode
+    assert len(drv.full_shapes) <= core_sweep_limits()
+
+
+def core_sweep_limits() -> int:
+    from worstcase_profiler.core.sweep import CONFIRM, CONFIRM_MORE
+
+    return CONFIRM + 3 + CONFIRM_MORE  # the worst few, the worst of each kind, the extra ones
+
+
+def test_a_cut_down_bound_above_every_confirmed_figure_is_confirmed_or_admitted():
+    """Every shape's admitted bound stays at least its full-model need wherever its difference is
+    no larger than the largest confirmed one (the cut-down assumption)."""
+    from worstcase_profiler.core import sweep as core_sweep
+
+    f = lambda s: s.rows * 100_000 + (s.num_reqs - 1) * 2 * MiB  # noqa: E731
+    gap = lambda s: MiB * (1 + s.num_reqs % 3)  # noqa: E731
+    full = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False)
+    cut, _ = core_sweep.run_cut_down(CutDriver(LIMITS, f, gap), tolerance=0, attribute_ops=False)
+    assert cut.peak_bytes >= full.peak_bytes
