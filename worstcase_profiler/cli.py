@@ -460,8 +460,17 @@ def _engine_failure(e: Exception) -> Exception:
                                f"{_first_line(c)}",
                                hint="check the repo id (and for a gated model, HF_TOKEN), or "
                                     "pass a local model directory")
-    for c in chain:
-        if type(c).__module__.startswith("torch._dynamo"):
+    # A trace failure, followed through explicit causes only (an error that merely happened
+    # while handling one is not it), and not an out-of-memory error that a compile wrapped.
+    causes: list[BaseException] = []
+    cause = e
+    while cause is not None and all(cause is not c for c in causes):
+        causes.append(cause)
+        cause = cause.__cause__
+    oom = any("OutOfMemory" in type(c).__name__ or "out of memory" in str(c) for c in causes)
+    for c in causes:
+        if type(c).__module__.startswith("torch._dynamo") and not oom and \
+                type(c).__name__ in ("Unsupported", "UserError", "UncapturedHigherOrderOpError"):
             return UnsupportedModel(
                 f"torch.compile could not trace the model for vLLM's compiled forward and CUDA "
                 f"graphs ({type(c).__name__}: {_first_line(c)})",

@@ -389,6 +389,11 @@ def test_engine_failures_are_classified():
                                          RuntimeError("engine core initialization failed")))
     assert isinstance(found, UnsupportedModel) and "--enforce-eager" in found.hint
     assert "marked as skipped" in found.message and found.exit_code == 4
+    compile_failed = type("BackendCompilerFailed", (RuntimeError,),
+                          {"__module__": "torch._dynamo.exc"})
+    oom = _raised_from(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+                       compile_failed("backend='inductor' raised: OutOfMemoryError"))
+    assert _engine_failure(oom) is oom  # not a trace failure: stays itself
     other = RuntimeError("shared memory exhausted")
     assert _engine_failure(other) is other
 

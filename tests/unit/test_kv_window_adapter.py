@@ -113,3 +113,47 @@ def test_chunked_local_groups_keep_one_block(monkeypatch):
     bpt = kvmod.bytes_per_token(runner)
     # 8192 full blocks + one block in each of three chunked groups; a pool block = 4 tokens
     assert kvmod.full_request_tokens(runner, bpt, MML, BLOCK) == (8192 + 3) * 2 * 32768 // bpt
+
+
+def test_declared_bytes_counts_the_one_backing_once_whatever_the_overlay_strides():
+    """vLLM 0.32 places every KVCacheTensor in ONE backing allocation (its worker asserts a single
+    size); layers of two page sizes in one group give two tensors with different block strides.
+    Counting each stride once doubled the pool block (review): prefix_request_tokens and
+    full_request_tokens then charged each request twice what it holds."""
+    from vllm.v1.core import kv_cache_utils as ku
+
+    try:
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+    except ImportError:
+        pytest.skip("this vLLM has no KV cache layouts (0.26)")
+    specs = {n: _spec(kvi.SlidingWindowSpec, sliding_window=128) for n in ("a", "c")}
+    specs["b"] = kvi.SlidingWindowSpec(block_size=BLOCK, num_kv_heads=4, head_size=64,
+                                       dtype=torch.bfloat16, sliding_window=128)
+    uniform = kvi.UniformTypeKVCacheSpecs.from_specs(specs)
+    if uniform is None:
+        pytest.skip("this vLLM does not group layers of different page sizes")
+    vc = types.SimpleNamespace(
+        attention_config=types.SimpleNamespace(hisparse_config=None),
+        cache_config=types.SimpleNamespace(get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBHNC,
+                                           num_gpu_blocks_override=2,
+                                           prefix_cache_retention_interval=None))
+    cfg = ku.get_kv_cache_config_from_groups(vc, [kvi.KVCacheGroupSpec(list(specs), uniform)],
+                                             available_memory=0)
+    sizes = {t.size for t in cfg.kv_cache_tensors}
+    assert len(cfg.kv_cache_tensors) > 1 and len(sizes) == 1
+    assert len({t.block_stride for t in cfg.kv_cache_tensors}) > 1  # the case that doubled
+    assert kvmod.declared_bytes(cfg) == sizes.pop()
+
+
+def test_a_mamba_group_is_charged_the_one_block_a_decoding_request_holds():
+    """vLLM reserves a Mamba group 2 + speculative + checkpoint blocks a request, but a decoding
+    request holds one (MambaManager.remove_skipped_blocks): charging the reservation would count
+    fewer requests than can sit in the pool beside a sliding-window group (review). A pure Mamba
+    hybrid keeps the plan it had (no windowed layer: no per-group count at all)."""
+    mamba = kvi.MambaSpec(block_size=BLOCK, shapes=((1, 1),), dtypes=(torch.float32,),
+                          mamba_cache_mode="align")
+    assert kvmod._kept_tokens(mamba) == 1
+    assert kvmod._kept_tokens(_spec(kvi.FullAttentionSpec)) is None
+    runner = types.SimpleNamespace(get_kv_cache_spec=lambda: {"m": mamba,
+                                                              "f": _spec(kvi.FullAttentionSpec)})
+    assert kvmod.full_request_tokens(runner, 1024, MML, BLOCK) is None

@@ -345,3 +345,18 @@ def test_a_distinct_hit_step_keeps_every_request_within_the_pool(blocks):
         assert plan.target.context_len == shape.context_len // 64 * 64
     else:
         assert plan.batches == (measured,) and plan.target.context_len == 0
+
+
+def test_a_roomy_pool_leaves_a_plan_with_unbranched_prompts_as_it_was():
+    """Rows that straddle a block leave some prompts on the prefix without a branch of their own;
+    a pool that holds them all must not count those as moved (review: "2 of the 4 requests on no
+    context" while all four were on it)."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    lim = Limits(4096, 512, 64, block_size=16, kv_capacity_tokens=10**6, prefix_caching=True)
+    shape = Shape("prefill", 62, 4000, 4)
+    plain = plan_for(shape, lim, prefix_caching=True, distinct_hits=True)
+    (measured,) = _measured(plain)
+    assert any(not p.branch_len for p in measured.prompts)  # the straddling case
+    assert plan_for(shape, lim, prefix_caching=True, distinct_hits=True,
+                    pool=Pool(blocks=10**5, groups=4, prefix_groups=1)) == plain

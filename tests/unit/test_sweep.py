@@ -152,6 +152,10 @@ def test_a_reused_sweep_that_drifted_up_keeps_its_slack_over_the_replay():
     assert reused(cached, replay(MiB // 2), MiB).peak_bytes == cached.peak_bytes
     drifted = reused(cached, replay(3 * MiB), MiB).peak_bytes
     assert drifted == cached.worst.peak_bytes + 3 * MiB + margin > cached.peak_bytes
+    # a re-checked shape that now needs more than the worst (within the drift allowed) counts too
+    other = dataclasses.replace(cached.worst, peak_bytes=cached.worst.peak_bytes + 5 * MiB)
+    check = dataclasses.replace(replay(0), others=(other,))
+    assert reused(cached, check, MiB).peak_bytes == other.peak_bytes + margin
 
 
 class CutDriver(FakeDriver):

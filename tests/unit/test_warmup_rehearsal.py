@@ -107,17 +107,42 @@ def test_a_provisional_cache_without_a_spare_block_per_group_keeps_the_capped_ba
     assert out.kept_bytes == 1 * PER_REQUEST
 
 
-def test_a_stalled_rehearsal_dumps_every_threads_stack(tmp_path, monkeypatch):
+def test_a_stalled_rehearsal_says_so_and_dumps_every_threads_stack(tmp_path, monkeypatch, caplog):
+    import logging
     import sys
     import time
 
     log = open(tmp_path / "stderr", "w+")
     monkeypatch.setattr(sys, "stderr", log)
-    with warmup.stall_watch("a test", after_s=0.2):
-        time.sleep(0.6)
+    with caplog.at_level(logging.WARNING, logger="vllm.wcprof"):
+        with warmup.stall_watch("a test", after_s=0.2):
+            time.sleep(0.6)
+        with warmup.stall_watch("a quick one", after_s=0.5):
+            pass
+        time.sleep(0.7)
     log.flush()
     text = (tmp_path / "stderr").read_text()
-    assert "test_a_stalled_rehearsal_dumps_every_threads_stack" in text
+    assert "test_a_stalled_rehearsal_says_so_and_dumps_every_threads_stack" in text
+    assert [r.getMessage() for r in caplog.records if "has run for" in r.getMessage()] == \
+        ["[wcprof] a test has run for 0 s: every thread's stack follows on stderr (a long "
+         "warm-up is not necessarily a hang; it goes on)"]
+
+
+def test_the_scratch_swap_takes_vllms_own_append_block_ids_signature():
+    """The swap must pass through whatever vLLM's BlockTables.append_block_ids takes (review)."""
+    import inspect
+
+    bt = __import__("pytest").importorskip("vllm.v1.worker.gpu.block_table")
+    params = list(inspect.signature(bt.BlockTables.append_block_ids).parameters)
+    assert params[:3] == ["self", "req_index", "new_block_ids"]
+    tables = Tables()
+    runner = _runner(tables)
+
+    def warm_up():
+        tables.append_block_ids(0, ([5], [6], [7], [8]), overwrite=True)  # keyword, as vLLM may
+
+    warmup.rehearse(SimpleNamespace(model_runner=runner), warm_up, lambda: 0, graphs=False)
+    assert [ids for _, _, ids in tables.staged] == [[1], [2], [3], [4]]
 
 
 def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():

@@ -223,3 +223,34 @@ def test_limits_validates_full_request_tokens():
         Limits(4096, 8192, 256, full_request_tokens=0)
     assert Limits(4096, 8192, 256, full_request_tokens=None).tokens_per_full_request == 4096
     assert Limits(4096, 8192, 256, full_request_tokens=272).tokens_per_full_request == 272
+
+
+def test_ranks_plan_with_the_largest_pool_and_the_cheapest_request_any_rank_computed():
+    """Pipeline-parallel ranks hold different layers, so their KV arithmetic differs; every rank
+    must plan the same steps (a different plan hangs the collectives), and the largest request
+    counts are the safe direction (review)."""
+    from worstcase_profiler.core.shapes import agreed
+
+    base = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                  block_size=16, prefix_caching=True)
+    ranks = [dataclasses.replace(base, kv_capacity_tokens=400_000, full_request_tokens=70_000),
+             dataclasses.replace(base, kv_capacity_tokens=300_000, full_request_tokens=None,
+                                 prefix_request_tokens=32)]
+
+    def on_every_rank(fn):
+        """Run fn(limits, agree_max) on each rank in lockstep, agree_max taking the max."""
+        calls = [[] for _ in ranks]
+
+        def agree_for(r):
+            def agree_max(v):
+                calls[r].append(v)
+                return max(c[len(calls[r]) - 1] for c in calls if len(c) >= len(calls[r]))
+            return agree_max
+        # rank 1 first posts its values, then rank 0 sees both (a fake all-reduce)
+        fn(ranks[1], agree_for(1))
+        return fn(ranks[0], agree_for(0))
+
+    out = on_every_rank(agreed)
+    assert out.kv_capacity_tokens == 400_000
+    assert out.full_request_tokens == 70_000 and out.prefix_request_tokens == 32
+    assert agreed(base, lambda v: v) == base  # one rank: unchanged

@@ -87,24 +87,33 @@ def prefix_request_tokens(runner, bytes_per_token: int) -> int:
     return max(1, 2 * len(cfg.kv_cache_groups) * block_bytes // bytes_per_token)
 
 
+def _kind(spec, name: str) -> bool:
+    """Whether `spec` is a vLLM `name` spec (by class name through the MRO: SlidingWindowMLASpec
+    is a SlidingWindowSpec; a vLLM that moves the classes does not break every start)."""
+    return any(c.__name__ == name for c in type(spec).__mro__)
+
+
 def _kept_tokens(spec) -> int | None:
     """The fewest trailing tokens a decoding request keeps in a group of `spec`
     (shapes.request_capacity_tokens' kept_tokens): the window of a SlidingWindowSpec, 1 for a
-    ChunkedLocalAttentionSpec, None for every other spec — a FullAttentionSpec that carries a
+    ChunkedLocalAttentionSpec and for a MambaSpec (vLLM reserves more for it, speculative and
+    checkpoint blocks, but a decoding request holds one: MambaManager.remove_skipped_blocks),
+    the window plus one of an RSWASpec, None for every other spec — a FullAttentionSpec that carries a
     sliding_window (vLLM's conversion when the hybrid KV cache manager is off) keeps everything.
     A UniformTypeKVCacheSpecs group answers for its layers when they all agree. Classes are
     matched by name through the MRO (SlidingWindowMLASpec is a SlidingWindowSpec), so a vLLM
     that moves them does not break every start: an unknown class counts as holding it all."""
     # vllm-touch: kv-holders
-
-    def kind(s, name: str) -> bool:
-        return any(c.__name__ == name for c in type(s).__mro__)
-
     inner = list((getattr(spec, "kv_cache_specs", None) or {}).values()) or [spec]
-    if all(kind(s, "SlidingWindowSpec") for s in inner):
+    if all(_kind(s, "SlidingWindowSpec") for s in inner):
         return max(1, min(int(s.sliding_window) for s in inner))
-    if all(kind(s, "ChunkedLocalAttentionSpec") for s in inner):
+    if all(_kind(s, "ChunkedLocalAttentionSpec") for s in inner):
         return 1
+    if all(_kind(s, "MambaSpec") for s in inner):  # a running state: one block in steady state
+        return 1
+    if all(_kind(s, "RSWASpec") for s in inner) and \
+            all(getattr(s, "rswa_window", None) for s in inner):  # evicts the gap behind it
+        return max(1, min(int(s.rswa_window) + 1 for s in inner))
     return None
 
 
@@ -116,7 +125,8 @@ def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
     config, unless some layer keeps only a window (sliding window, chunked local attention):
     pure full-attention models and Mamba hybrids keep the block-rounded max_model_len."""
     # vllm-touch: kv-cache-config
-    if not any(_kept_tokens(spec) is not None for spec in runner.get_kv_cache_spec().values()):
+    if not any(_kept_tokens(spec) is not None and not _kind(spec, "MambaSpec")
+               for spec in runner.get_kv_cache_spec().values()):
         return None
     cfg = kv_cache_config_with_blocks(runner, 2)
     block_bytes = declared_bytes(cfg) // max(1, int(cfg.num_blocks))
@@ -177,21 +187,15 @@ def kv_cache_config_with_blocks(runner, num_blocks: int):
 
 
 def declared_bytes(kv_cache_config) -> int:
-    """What the plan says it allocates: unique backing sizes (v32+: one backing, many overlays;
-    v26: one tensor per KVCacheTensor, packed ones counted once)."""
+    """What the plan says it allocates on the device. 0.32+ (KVCacheTensor has `layers`): every
+    tensor places its layers in ONE backing allocation of `size` bytes (vLLM's worker asserts a
+    single size, v1/worker/utils.py), so that size, once, whatever the overlays' strides. 0.26: one
+    tensor per KVCacheTensor. Host-resident pools (0.32 HiSparse) are not device memory."""
     # vllm-touch: kv-holders
-    seen = set()
-    total = 0
-    for t in kv_cache_config.kv_cache_tensors:
-        if getattr(t, "host_resident", False):
-            continue
-        key = (t.size, getattr(t, "block_stride", 0)) if getattr(t, "layers", None) is not None else id(t)
-        if getattr(t, "layers", None) is not None:
-            if key in seen:
-                continue
-            seen.add(key)
-        total += t.size
-    return total
+    device = [t for t in kv_cache_config.kv_cache_tensors if not getattr(t, "host_resident", False)]
+    if any(getattr(t, "layers", None) is not None for t in device):
+        return max((int(t.size) for t in device), default=0)
+    return sum(int(t.size) for t in device)
 
 
 def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup], int]:

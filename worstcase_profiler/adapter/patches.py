@@ -172,7 +172,8 @@ REGISTRY: tuple[Touch, ...] = (
           "its full batch on the provisional cache; not onto the null block itself, which the GDN "
           "kernels treat as padding (outputs left unwritten: the MTP hybrid's rehearsal never "
           "ended, run 20)",
-          run="0.32 (CUDA, H200: the null-block form, run 20)",
+          run="0.32 (CUDA, H200: the null-block form in run 20, the scratch-block form in runs "
+              "21-24)",
           read="0.32 (absent in 0.26, where the audit stays the check; 0.33 unread)",
           retire="a warm-up whose batch does not depend on the KV cache's size, or a KV budget "
                  "fixed after warm-up"),

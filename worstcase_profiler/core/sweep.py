@@ -261,11 +261,13 @@ def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (
 
 def reused(cached: SweepResult, check: Replay, resolution: int) -> SweepResult:
     """A cached sweep, admitted after its replay: the transient is the cached one while the
-    replay is within the meter's resolution of it, never below what the replay measured now
-    with the cached margin over its worst step (chord and allocator slack) on top
+    replay is within the meter's resolution of it, never below what any step of the replay
+    measured now (the cached worst, the shapes re-checked for dominance, the stock step) with
+    the cached margin over its worst step (chord and allocator slack) on top
     (policy.reuse_transient); the stock step and provisional KV are this start's."""
     margin = max(0, cached.peak_bytes - cached.worst.peak_bytes)
-    replayed = max(cached.peak_bytes, check.step.peak_bytes + margin, check.stock.peak_bytes)
+    now = max(r.peak_bytes for r in (check.step, *check.others, check.stock))
+    replayed = max(cached.peak_bytes, now + margin)
     peak = reuse_transient(cached.peak_bytes, replayed, resolution)
     return dataclasses.replace(cached, stock=check.stock, peak_bytes=peak,
                                post_profile_bytes=check.provisional.post_profile_bytes)
