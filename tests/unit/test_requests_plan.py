@@ -360,3 +360,56 @@ def test_a_roomy_pool_leaves_a_plan_with_unbranched_prompts_as_it_was():
     assert any(not p.branch_len for p in measured.prompts)  # the straddling case
     assert plan_for(shape, lim, prefix_caching=True, distinct_hits=True,
                     pool=Pool(blocks=10**5, groups=4, prefix_groups=1)) == plain
+
+
+def _widest_decode(plan, limits) -> tuple[int, int]:
+    """A model of vLLM's V1 scheduler without prefix caching (running requests first, each a
+    decode of 1 + k rows or the rest of its prompt within the budget, then waiting ones in order;
+    unlimited KV): the most requests in one step that were all decoding, and the largest
+    context any of them had then."""
+    (batch,) = [b for b in plan.batches if b.measured]
+    per_req = limits.rows_per_decode
+    reqs = [{"prompt": p.length, "done": 0, "out": 0} for p in batch.prompts]
+    waiting, running, widest, ctx = list(reqs), [], 0, 0
+    while waiting or running:
+        budget = limits.max_num_batched_tokens
+        decoding = []
+        for r in running:
+            if budget <= 0:
+                break
+            need = per_req if r["done"] >= r["prompt"] else min(r["prompt"] - r["done"], budget)
+            if r["done"] >= r["prompt"]:
+                decoding.append(r)
+            budget -= need
+            r["step"] = need
+        while waiting and budget > 0 and len(running) < limits.max_num_seqs:
+            r = waiting.pop(0)
+            r["step"] = min(r["prompt"], budget)
+            budget -= r["step"]
+            running.append(r)
+        if len(decoding) == len(running) and len(decoding) > widest:
+            widest, ctx = len(decoding), max(r["done"] + r["out"] for r in decoding)
+        for r in running:
+            if r["done"] >= r["prompt"]:
+                r["out"] += 1
+            else:
+                r["done"] += r.pop("step")
+                if r["done"] >= r["prompt"]:
+                    r["out"] += 1  # the prefill's last chunk samples the first token
+        running = [r for r in running if r["out"] < batch.max_tokens]
+    return widest, ctx
+
+
+def test_without_prefix_caching_a_decode_batch_decodes_together_at_its_context():
+    """No prefix caching: the prompts prefill one after another, so the plan makes the earlier
+    ones decode until the last has prefilled; all n then decode together, none past the shape's
+    context (before: n prompts at max_model_len that finished one by one, H200-free CPU run of a
+    Gemma 3 layout: 0.13 of the prediction)."""
+    lim = Limits(max_model_len=4096, max_num_batched_tokens=256, max_num_seqs=64, block_size=128)
+    shape = Shape("decode", 64, 912, 64)
+    plan = plan_for(shape, lim, prefix_caching=False)
+    widest, ctx = _widest_decode(plan, lim)
+    assert widest == 64 and ctx <= 912 + 1 + lim.rows_per_decode
+    assert plan.target.context_len <= 912 and not plan.exact
+    for b in plan.batches:
+        assert all(p.length + b.max_tokens <= lim.max_model_len for p in b.prompts)

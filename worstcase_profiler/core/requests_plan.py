@@ -20,7 +20,10 @@ batches marked `measured`. Pure: no vLLM.
   prefix caching off  one request's chunks line up on max_num_batched_tokens boundaries, so a
                       single-request prefill is reached with the context rounded down to a
                       multiple of the chunk; several requests each on a long context cannot be
-                      lined up in one step, and the plan says so (`exact=False`, `note`).
+                      lined up in one prefill step, and the plan says so (`exact=False`, `note`);
+                      a decode batch is, approximately: the prompts prefill one after another
+                      while the earlier ones keep decoding, so all decode together at the end,
+                      on contexts up to the shape's (as long as the KV pool holds them).
 
 A request's prompt plus its output never exceeds max_model_len (vLLM refuses a prompt of
 max_model_len tokens), so the longest reachable KV extent is max_model_len - 1.
@@ -99,7 +102,7 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     if shape.kind == "prefill":
         return _prefill(shape, limits, prefix_caching, distinct_hits, pool)
     if shape.kind == "decode":
-        return _decode(shape, limits, prefix_caching, distinct_hits)
+        return _decode(shape, limits, prefix_caching, distinct_hits, pool)
     return _mixed(shape, limits, prefix_caching, distinct_hits)
 
 
@@ -283,7 +286,8 @@ DECODE_STEPS = 4
 
 
 def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
-            distinct_hits: bool = False) -> RequestPlan:
+            distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
+    del pool  # the shape's context is already what the sweep's pool lets n requests hold
     n, mml = shape.num_reqs, limits.max_model_len
     n = min(n, limits.max_num_seqs)
     per_req = limits.rows_per_decode
@@ -308,14 +312,27 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
                            True)),
             exact=n == shape.num_reqs,
             note=None if n == shape.num_reqs else f"{n} requests: max_num_seqs")
-    prompt = mml - 1 - steps
+    # Without prefix caching the prompts prefill one after another, a chunk budget at a time
+    # (what the decoding ones leave of it); the earlier ones decode meanwhile, long enough that
+    # all n still decode together in the last steps. The first one then ends at the shape's
+    # context, the last one `grow` tokens short of it.
+    end = min(shape.context_len, mml - 1 - per_req) + 1 + per_req - steps  # prompt + grow
+    budget = max(1, limits.max_num_batched_tokens - n * per_req)
+    prompt = max(1, end * budget // (budget + n))
+    grow = -(-(n - 1) * prompt // budget)
+    while prompt > 1 and prompt + grow > end:
+        prompt -= 1
+        grow = -(-(n - 1) * prompt // budget)
     prompts = tuple(Prompt(10 + i, 0, prompt) for i in range(n))
+    first = prompt + grow + steps - 1 - per_req
     return RequestPlan(
-        target=Shape("decode", n * per_req, prompt, n),
-        batches=(Batch(f"{n} prompts of {prompt} tokens, then decode", prompts, steps, True),),
+        target=Shape("decode", n * per_req, first, n),
+        batches=(Batch(f"{n} prompts of {prompt} tokens, decoding {grow + steps} tokens each",
+                       prompts, grow + steps, True),),
         exact=False,
-        note="without prefix caching the prompts prefill one after another, so fewer of them "
-             "decode together at full context than the step holds")
+        note=f"without prefix caching the prompts prefill one after another: the earlier ones "
+             f"decode meanwhile, so in the last steps all {n} decode together on contexts from "
+             f"about {prompt + steps - 1 - per_req} to {first}")
 
 
 def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
