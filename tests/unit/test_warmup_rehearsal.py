@@ -168,6 +168,10 @@ def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():
         worker.model_runner = SimpleNamespace(block_tables=OldTables())
         warmup.rehearse(worker, worker.compile_or_warm_up_model, lambda: 0, graphs=False)
         assert calls == []
+        jit = __import__("pytest").importorskip("vllm.utils.jit_monitor")
+        real, seen = jit.activate, []
+        warmup.rehearse(worker, lambda: seen.append(jit.activate), lambda: 0, graphs=False)
+        assert seen and seen[0] is not real and jit.activate is real  # 0.26's direct call
         worker.compile_or_warm_up_model()  # the real warm-up, afterwards
         assert calls == ["jit", "sync"]
         assert "_maybe_activate_jit_monitor" not in vars(worker)

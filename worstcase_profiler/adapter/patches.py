@@ -178,13 +178,16 @@ REGISTRY: tuple[Touch, ...] = (
           retire="a warm-up whose batch does not depend on the KV cache's size, or a KV budget "
                  "fixed after warm-up"),
     Touch("warm-up-serving-checks", "instance-swap",
-          "worker._maybe_activate_jit_monitor (0.32) and vllm.v1.worker.gpu_worker's "
+          "worker._maybe_activate_jit_monitor (0.32), vllm.utils.jit_monitor.activate (0.26: "
+          "the warm-up imports it at call time) and vllm.v1.worker.gpu_worker's "
           "enable_gpu_sync_check (0.26+), no-ops during the warm-up rehearsal only",
           "vLLM switches its kernel JIT monitor (and, under VLLM_GPU_SYNC_CHECK, the sync check) "
           "on at the end of warm-up; the rehearsal would switch them on before the real warm-up, "
           "which then logged its own compiles as 'JIT compilation during inference' (run 19-20) "
           "and would raise in the monitor's error mode",
-          run="not yet", read="0.26, 0.32",
+          run="0.32 (CUDA, H200: runs 21-25, no inference-time JIT compile logged); on 0.26 "
+              "the monitor still came on inside the rehearsal (run 23), fixed after it, not re-run",
+          read="0.26, 0.32",
           retire="a warm-up entry point without the serving-time switches"),
     Touch("mamba-hit-serialize", "private-read",
           "vllm.v1.core.single_type_kv_cache_manager.MambaManager._cache_partial_tail_block "

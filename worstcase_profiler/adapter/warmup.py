@@ -227,7 +227,9 @@ def replaced(obj, name: str, value):
 @contextlib.contextmanager
 def _end_of_warm_up_deferred(worker):
     """vLLM ends its warm-up by switching on checks meant for serving: the kernel JIT monitor
-    (0.32: any later compile is logged, or raised in its "error" mode) and, under
+    (any later compile is logged, or raised in its "error" mode; 0.32 through the worker's
+    _maybe_activate_jit_monitor, 0.26 through vllm.utils.jit_monitor.activate, which H200 run
+    23 saw switched on inside the rehearsal) and, under
     VLLM_GPU_SYNC_CHECK, the sync check (0.26+). After the rehearsal the real warm-up still has
     to run, so for the rehearsal both stay off; the real warm-up switches them on as usual."""
     # vllm-touch: warm-up-serving-checks
@@ -237,9 +239,17 @@ def _end_of_warm_up_deferred(worker):
     fn = getattr(fn, "_wcprof_original", fn)  # the module whose globals vLLM's warm-up reads
     module = sys.modules.get(getattr(fn, "__module__", None) or type(worker).__module__)
     off = lambda *a, **kw: None  # noqa: E731
+    try:  # 0.26 calls the monitor's activate() directly, imported at call time
+        import importlib
+
+        jit = importlib.import_module("vllm.utils.jit_monitor")
+    except ImportError:
+        jit = None
     with contextlib.ExitStack() as stack:
         if callable(getattr(worker, "_maybe_activate_jit_monitor", None)):
             stack.enter_context(replaced(worker, "_maybe_activate_jit_monitor", off))
+        if callable(getattr(jit, "activate", None)):
+            stack.enter_context(replaced(jit, "activate", off))
         if module is not None and callable(getattr(module, "enable_gpu_sync_check", None)):
             stack.enter_context(replaced(module, "enable_gpu_sync_check", off))
         yield
