@@ -6,7 +6,7 @@ import contextlib
 
 from worstcase_profiler.core.shapes import Limits, stock_shape
 from worstcase_profiler.core.sweep import run_sweep
-from worstcase_profiler.core.types import ProvisionalKV, StepResult
+from worstcase_profiler.core.types import ProvisionalKV, Shape, StepResult
 
 MiB = 1 << 20
 
@@ -156,6 +156,14 @@ def test_a_reused_sweep_that_drifted_up_keeps_its_slack_over_the_replay():
     other = dataclasses.replace(cached.worst, peak_bytes=cached.worst.peak_bytes + 5 * MiB)
     check = dataclasses.replace(replay(0), others=(other,))
     assert reused(cached, check, MiB).peak_bytes == other.peak_bytes + margin
+    # a re-checked shape the sweep never ran: what it measured now, plus the allocator slack
+    unseen = StepResult(shape=Shape("prefill", 64, 7, 3), peak_bytes=cached.peak_bytes + 4 * MiB,
+                        seconds=0.0)
+    check = dataclasses.replace(replay(0), others=(unseen,))
+    assert reused(cached, check, MiB, 2 * MiB).peak_bytes == unseen.peak_bytes + 2 * MiB
+    small = dataclasses.replace(unseen, peak_bytes=cached.worst.peak_bytes)  # below: no change
+    assert reused(cached, dataclasses.replace(replay(0), others=(small,)), MiB, 2 * MiB
+                  ).peak_bytes == cached.peak_bytes
 
 
 class CutDriver(FakeDriver):

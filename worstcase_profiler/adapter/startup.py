@@ -308,7 +308,8 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
                                   allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3),
                                   trust="re-checked" if recheck else "signed")
         if driver.agree_max(int(not ok)) == 0:
-            sweep = reused(entry.sweep, check, tolerance)
+            sweep = reused(entry.sweep, check, tolerance,
+                           getattr(driver.meter, "allocator_slack_bytes", 0))
             log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
                      "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),

@@ -259,15 +259,25 @@ def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (
                   seconds=time.perf_counter() - t0, others=others)
 
 
-def reused(cached: SweepResult, check: Replay, resolution: int) -> SweepResult:
+def reused(cached: SweepResult, check: Replay, resolution: int,
+           allocator_slack: int = 0) -> SweepResult:
     """A cached sweep, admitted after its replay: the transient is the cached one while the
-    replay is within the meter's resolution of it, never below what any step of the replay
-    measured now (the cached worst, the shapes re-checked for dominance, the stock step) with
-    the cached margin over its worst step (chord and allocator slack) on top
-    (policy.reuse_transient); the stock step and provisional KV are this start's."""
-    margin = max(0, cached.peak_bytes - cached.worst.peak_bytes)
-    now = max(r.peak_bytes for r in (check.step, *check.others, check.stock))
-    replayed = max(cached.peak_bytes, now + margin)
+    replay is within the meter's resolution of it, else the cached one plus the largest drift
+    any replayed step shows against the same shape's cached figure (the cached worst, the shapes
+    re-checked for dominance, the stock step); a re-checked shape the cached sweep never ran
+    (the full chunk's widest split, say, where the worst rows were smaller) counts at what it
+    measured now plus the meter's `allocator_slack` (policy.reuse_transient); the stock step and
+    provisional KV are this start's."""
+    before: dict = {}
+    for r in (*cached.steps, cached.stock):
+        before[r.shape] = max(before.get(r.shape, 0), r.peak_bytes)
+
+    def bound(r: StepResult) -> int:
+        if r.shape in before:
+            return cached.peak_bytes + max(0, r.peak_bytes - before[r.shape])
+        return r.peak_bytes + max(0, allocator_slack)
+
+    replayed = max(bound(r) for r in (check.step, *check.others, check.stock))
     peak = reuse_transient(cached.peak_bytes, replayed, resolution)
     return dataclasses.replace(cached, stock=check.stock, peak_bytes=peak,
                                post_profile_bytes=check.provisional.post_profile_bytes)
