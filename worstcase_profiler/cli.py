@@ -442,15 +442,22 @@ def build_engine_args(argv: list[str]):
     return ns, engine_args
 
 
-def _engine_failure(e: Exception) -> Exception:
-    """The plugin's own errors may arrive wrapped by the engine: unwrap them; vLLM's config
-    validation (ValueError/TypeError) and the Hugging Face hub refusing the model (an unknown
-    or gated repo id) are bad input; anything else stays what it is."""
+def _chain(e: BaseException, *, context: bool) -> list[BaseException]:
+    """`e` and what it was raised from (`__cause__`), and with `context` also what it was raised
+    while handling (`__context__`); each once."""
     chain: list[BaseException] = []
     cause: BaseException | None = e
     while cause is not None and all(cause is not c for c in chain):
         chain.append(cause)
-        cause = cause.__cause__ or cause.__context__
+        cause = cause.__cause__ or (cause.__context__ if context else None)
+    return chain
+
+
+def _engine_failure(e: Exception) -> Exception:
+    """The plugin's own errors may arrive wrapped by the engine: unwrap them; vLLM's config
+    validation (ValueError/TypeError) and the Hugging Face hub refusing the model (an unknown
+    or gated repo id) are bad input; anything else stays what it is."""
+    chain = _chain(e, context=True)
     for c in chain:
         if isinstance(c, WcprofError):
             return c
@@ -462,11 +469,7 @@ def _engine_failure(e: Exception) -> Exception:
                                     "pass a local model directory")
     # A trace failure, followed through explicit causes only (an error that merely happened
     # while handling one is not it), and not an out-of-memory error that a compile wrapped.
-    causes: list[BaseException] = []
-    cause = e
-    while cause is not None and all(cause is not c for c in causes):
-        causes.append(cause)
-        cause = cause.__cause__
+    causes = _chain(e, context=False)
     oom = any("OutOfMemory" in type(c).__name__ or "out of memory" in str(c) for c in causes)
     for c in causes:
         if type(c).__module__.startswith("torch._dynamo") and not oom and \

@@ -82,12 +82,18 @@ def prefix_request_tokens(runner, bytes_per_token: int) -> int:
     the pool: one block serves one group); in capacity tokens, rounded down (fewer tokens a
     request means more requests at once: the safe direction)."""
     # vllm-touch: kv-holders
-    cfg = kv_cache_config_with_blocks(runner, 2)
-    block_bytes = declared_bytes(cfg) // max(1, int(cfg.num_blocks))
+    cfg, block_bytes = _pool_block(runner)
     return max(1, 2 * len(cfg.kv_cache_groups) * block_bytes // bytes_per_token)
 
 
-def _kind(spec, name: str) -> bool:
+def _pool_block(runner):
+    """(a KVCacheConfig of vLLM's own grouping for this runner, the bytes of one pool block: what
+    the plan allocates per block, every group's layers sharing the pool)."""
+    cfg = kv_cache_config_with_blocks(runner, 2)
+    return cfg, declared_bytes(cfg) // max(1, int(cfg.num_blocks))
+
+
+def is_spec(spec, name: str) -> bool:
     """Whether `spec` is a vLLM `name` spec (by class name through the MRO: SlidingWindowMLASpec
     is a SlidingWindowSpec; a vLLM that moves the classes does not break every start)."""
     return any(c.__name__ == name for c in type(spec).__mro__)
@@ -105,13 +111,13 @@ def _kept_tokens(spec) -> int | None:
     that moves them does not break every start: an unknown class counts as holding it all."""
     # vllm-touch: kv-holders
     inner = list((getattr(spec, "kv_cache_specs", None) or {}).values()) or [spec]
-    if all(_kind(s, "SlidingWindowSpec") for s in inner):
+    if all(is_spec(s, "SlidingWindowSpec") for s in inner):
         return max(1, min(int(s.sliding_window) for s in inner))
-    if all(_kind(s, "ChunkedLocalAttentionSpec") for s in inner):
+    if all(is_spec(s, "ChunkedLocalAttentionSpec") for s in inner):
         return 1
-    if all(_kind(s, "MambaSpec") for s in inner):  # a running state: one block in steady state
+    if all(is_spec(s, "MambaSpec") for s in inner):  # a running state: one block in steady state
         return 1
-    if all(_kind(s, "RSWASpec") for s in inner) and \
+    if all(is_spec(s, "RSWASpec") for s in inner) and \
             all(getattr(s, "rswa_window", None) for s in inner):  # evicts the gap behind it
         return max(1, min(int(s.rswa_window) + 1 for s in inner))
     return None
@@ -125,11 +131,10 @@ def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
     config, unless some layer keeps only a window (sliding window, chunked local attention):
     pure full-attention models and Mamba hybrids keep the block-rounded max_model_len."""
     # vllm-touch: kv-cache-config
-    if not any(_kept_tokens(spec) is not None and not _kind(spec, "MambaSpec")
+    if not any(_kept_tokens(spec) is not None and not is_spec(spec, "MambaSpec")
                for spec in runner.get_kv_cache_spec().values()):
         return None
-    cfg = kv_cache_config_with_blocks(runner, 2)
-    block_bytes = declared_bytes(cfg) // max(1, int(cfg.num_blocks))
+    cfg, block_bytes = _pool_block(runner)
     vllm_config = runner.vllm_config
     groups = []
     for group in cfg.kv_cache_groups:

@@ -72,8 +72,10 @@ def pool_of(wrapper) -> dict | None:
     cfg = getattr(getattr(worker, "model_runner", None), "kv_cache_config", None)
     if cfg is None or not getattr(cfg, "kv_cache_groups", None):
         return None
+    from .kv import is_spec
+
     groups = cfg.kv_cache_groups
-    mamba = sum(1 for g in groups if "Mamba" in type(g.kv_cache_spec).__name__)
+    mamba = sum(1 for g in groups if is_spec(g.kv_cache_spec, "MambaSpec"))
     return {"blocks": int(cfg.num_blocks), "groups": len(groups),
             "prefix_groups": max(1, len(groups) - mamba)}
 

@@ -95,14 +95,15 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     beyond it never share a step (vLLM 0.32, a Mamba hybrid in "align" mode without a
     block-dropping drafter: adapter/facts.sibling_hits_serialize); each of them then hits a
     cached last block of its own (`_branch`). pool: the serving engine's KV pool; a prefill
-    step's requests beyond what it holds on their own last blocks become fresh prompts (`_fit`).
-    None: assume it holds them all."""
+    prefill step's requests beyond what it holds on their own last blocks become fresh prompts
+    (`_fit`); None: assume it holds them all. A decode shape's context is already what the
+    sweep's pool lets its requests hold."""
     if shape.kind == "stock":
         return _stock(shape, limits)
     if shape.kind == "prefill":
         return _prefill(shape, limits, prefix_caching, distinct_hits, pool)
     if shape.kind == "decode":
-        return _decode(shape, limits, prefix_caching, distinct_hits, pool)
+        return _decode(shape, limits, prefix_caching, distinct_hits)
     return _mixed(shape, limits, prefix_caching, distinct_hits)
 
 
@@ -214,8 +215,7 @@ def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, 
         return prompts, warms, on_prefix
     if keep < 2:  # one request on the prefix needs no branch: keep none, all fresh
         keep = 0
-    stay = set(branched[:keep])
-    moved = [i for i in branched if i not in stay]
+    moved = branched[keep:]
     out = [p for i, p in enumerate(prompts) if i not in moved] + \
         [Prompt(100 + n, 0, prompts[i].suffix_len) for n, i in enumerate(moved)]
     warm = warms[-1]
@@ -286,8 +286,7 @@ DECODE_STEPS = 4
 
 
 def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
-            distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
-    del pool  # the shape's context is already what the sweep's pool lets n requests hold
+            distinct_hits: bool = False) -> RequestPlan:
     n, mml = shape.num_reqs, limits.max_model_len
     n = min(n, limits.max_num_seqs)
     per_req = limits.rows_per_decode

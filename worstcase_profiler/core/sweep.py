@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import AbstractContextManager
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from . import shapes as plan
 from .coverage import cover_rows
@@ -144,6 +144,14 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         seconds=time.perf_counter() - t_start, skipped=tuple(skipped))
 
 
+def largest_peaks(steps: Iterable[StepResult]) -> dict[Shape, int]:
+    """Shape -> the largest peak any of `steps` measured for it."""
+    out: dict[Shape, int] = {}
+    for r in steps:
+        out[r.shape] = max(out.get(r.shape, 0), r.peak_bytes)
+    return out
+
+
 CONFIRM = 3
 """Shapes re-measured on the full model after a cut-down sweep: the worst few by need."""
 
@@ -179,17 +187,15 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
         if of_kind and of_kind[0].shape not in {c.shape for c in chosen}:
             chosen.append(of_kind[0])
     stock = cut.stock  # the stock step ran outside the cut: it is the full model's
-    cut_peak: dict = {}
-    for r in cut.steps:  # a shape's cut-down figure: the largest it measured
-        cut_peak[r.shape] = max(cut_peak.get(r.shape, 0), r.peak_bytes)
+    cut_peak = largest_peaks(cut.steps)  # a shape's cut-down figure: the largest it measured
     confirmed: list[StepResult] = []
 
     def delta() -> int:
         return max(0, max(f.peak_bytes - cut_peak[f.shape] for f in confirmed))
 
     def bounds() -> dict:
-        exact = {f.shape for f in confirmed}
-        return {shape: p + delta() for shape, p in cut_peak.items() if shape not in exact}
+        exact, d = {f.shape for f in confirmed}, delta()
+        return {shape: p + d for shape, p in cut_peak.items() if shape not in exact}
 
     more = 0
     with driver.provisional_kv():
@@ -268,9 +274,7 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     (the full chunk's widest split, say, where the worst rows were smaller) counts at what it
     measured now plus the meter's `allocator_slack` (policy.reuse_transient); the stock step and
     provisional KV are this start's."""
-    before: dict = {}
-    for r in (*cached.steps, cached.stock):
-        before[r.shape] = max(before.get(r.shape, 0), r.peak_bytes)
+    before = largest_peaks((*cached.steps, cached.stock))
 
     def bound(r: StepResult) -> int:
         if r.shape in before:
