@@ -52,6 +52,7 @@ LLAMA8B = MODELS / "llama-3.1-8b-layout"
 QWEN35, DSV4 = MODELS / "qwen35-8l-mtp", MODELS / "dsv4-4l-mtp"
 GDN_TRITON = ["--additional-config", '{"gdn_prefill_backend": "triton"}']
 CUT = ["--sweep-depth", "cut-down"]
+PROVE = ["--sweep-depth", "prove"]  # both sweeps on one engine: issue 20's proof, no validation
 FIXTURES = ROOT / "plugins" / "wcp_fixtures"
 SCRATCH = FIXTURES / "wcp_fixtures" / "configs" / "scratch"
 COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--gpu-memory-utilization", "0.5",
@@ -93,13 +94,26 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
                                   '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),
     "dsv4_mtp": (DSV4, [*LONG, "--enforce-eager", "--speculative-config",
                         '{"method": "mtp", "num_speculative_tokens": 1}'], {}, None),
+    # the cut-down proof (policy.CUT_DOWN_PROVEN): every eager suite configuration of a family
+    "llama_v2_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
+    "llama_v1_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE],
+                       {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),
+    "llama8b_prove": (LLAMA8B, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
+    "dsv32_fp8_prove": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *PROVE], {},
+                        None),
+    "dsv32_bf16_prove": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *PROVE],
+                         {}, None),
+    "qwen35_prove": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *PROVE], {}, None),
+    "qwen35_mtp_prove": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *PROVE,
+                                  "--speculative-config",
+                                  '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
               "qwen35_mtp_eager", "dsv4_mtp",
-              "llama_v1_graphs", "dsv32_bf16_graphs")
+              "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")))
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]
 V2_EVIDENCE = "[wcprof] V2 context injected"
@@ -109,9 +123,15 @@ RESTART_HINT = "start again with the same config"
 def _cli_argv(name: str, out: Path) -> list[str]:
     model, extra, _, _ = CASES[name]
     common = list(COMMON)
-    if name in NAMED_ONLY:  # the report's own worst step, built from real requests
+    if proves(name):  # the proof compares two sweeps; the admitted one is validated elsewhere
+        common.remove("--validate")
+    elif name in NAMED_ONLY:  # the report's own worst step, built from real requests
         common[common.index("--validate") + 1:common.index("--validate") + 1] = ["worst"]
     return ["--model", str(model), *common, *extra, "--json", str(out / f"{name}.json")]
+
+
+def proves(name: str) -> bool:
+    return "prove" in CASES[name][1]
 
 
 def _env(name: str) -> dict[str, str]:
@@ -214,7 +234,12 @@ def _check_report(report: dict, name: str, put) -> None:
     wc, st, val = report["worstcase"], report["stock"], report.get("validation")
     put("worst_ge_stock", wc["peak_activation_bytes"] >= st["peak_activation_bytes"],
         f"worst {wc['peak_activation_bytes']} vs stock {st['peak_activation_bytes']}")
-    if val is None:
+    if proves(name):
+        proof = wc.get("cut_down_proof") or {}
+        put("cut_down_proven", proof.get("verdict") == "proven",
+            f"{proof.get('verdict', 'no proof in the report')} ({proof.get('depth')}; peak "
+            f"{proof.get('full_peak_bytes')} full, {proof.get('confirmed_peak_bytes')} confirmed)")
+    elif val is None:
         put("validation_within_prediction", False, "no validation section")
     else:
         put("validation_within_prediction", val["measured_peak_bytes"] <= val["predicted_peak_bytes"],

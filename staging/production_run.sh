@@ -6,10 +6,13 @@
 #            bench/guard_probe.py: the probe's own cost per step against that soak's step time
 #   startup  the 8B layout: stock, cold (full sweep), cold (cut-down), cached restart, exported
 #   import   the 8B layout on a fresh host: stock vs a start from another host's exported entry
-#            (IMPORT_FROM names the directory, carried in the checkout), then its own cold start
-#            and cached restart
+#            (IMPORT_FROM names the directory, carried in the checkout; IMPORT_SECRET the secret
+#            it was signed with; IMPORT_MODES the modes), then its own cold start and restart
 #   signed   the 8B layout's stock, cold start and cached restart under $WCPROF_CACHE_SECRET
 #            (a signed entry replays its worst step only)
+#   first    the 8B layout's first start (issue 20): eager stock, cold cut-down, cold full and
+#            signed cached restart, twice interleaved, the signed entries exported to
+#            $P/cache-export-signed for another host; then with CUDA graphs, stock vs cold
 # Run through staging/device_run.sh, which stages and sets the environment:
 #   bash staging/device_run.sh exec bash staging/production_run.sh advise soak startup
 # Each step gets what is left of $DEADLINE. Everything lands in $OUT/production.tar.gz (the
@@ -63,14 +66,23 @@ for what in "$@"; do
         echo "[production] import: skipped, IMPORT_FROM names no directory of exported entries"
         rc=2; continue
       fi
-      step startup-8b-imported python3 bench/startup_bench.py --out "$P/startup-8b-imported.json" \
+      # IMPORT_SECRET: the entries are signed (first's export): this host verifies them
+      step startup-8b-imported env ${IMPORT_SECRET:+WCPROF_CACHE_SECRET=$IMPORT_SECRET} \
+        python3 bench/startup_bench.py --out "$P/startup-8b-imported.json" \
         --model "$LLAMA8B" --prime \
-        --modes stock,worstcase-imported,stock,worstcase-imported,worstcase-cold,worstcase-warm \
+        --modes "${IMPORT_MODES:-stock,worstcase-imported,stock,worstcase-imported,worstcase-cold,worstcase-warm}" \
         --import-from "$IMPORT_FROM" ;;
     signed)
       step startup-8b-signed env WCPROF_CACHE_SECRET=wcprof-bench python3 bench/startup_bench.py \
         --out "$P/startup-8b-signed.json" --model "$LLAMA8B" ;;
-    *) echo "[production] unknown step $what (advise, soak, startup, import, signed)"; rc=2 ;;
+    first)
+      step first-eager env WCPROF_CACHE_SECRET=wcprof-bench python3 bench/startup_bench.py \
+        --out "$P/first-eager.json" --model "$LLAMA8B" \
+        --modes stock,worstcase-cut,worstcase-cold,worstcase-warm --repeat 2 \
+        --export-to "$P/cache-export-signed"
+      step first-graphs python3 bench/startup_bench.py --out "$P/first-graphs.json" \
+        --model "$LLAMA8B" --graphs --modes stock,worstcase-cold --timeout-s 400 ;;
+    *) echo "[production] unknown step $what (advise, soak, startup, import, signed, first)"; rc=2 ;;
   esac
 done
 tar -czf "$OUTDIR/production.tar.gz" -C "$P" . && ls -l "$OUTDIR/production.tar.gz"

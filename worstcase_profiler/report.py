@@ -24,10 +24,10 @@ from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAuditGroup, Shape
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.4"
+SCHEMA_VERSION = "1.5"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
-# sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`).
+# sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof.
 
 class StepResult(BaseModel):
     shape: Shape
@@ -80,6 +80,29 @@ class Coverage(BaseModel):
     segments: list[Segment]
 
 
+class CutDownProof(BaseModel):
+    """`--sweep-depth prove`: the cut-down sweep beside the full one on the same engine (the
+    full one admitted). Proven when the cut-down sweep's worst shape is the full sweep's (or
+    needs the same on the full model within the resolution), its confirmed peak equals the full
+    sweep's within the resolution, and it admits no less."""
+
+    verdict: str = Field(description='"proven", or why not')
+    depth: str = Field(description='what the cut kept, e.g. "1 of 32 layers"')
+    full_worst: Shape
+    cut_worst: Shape
+    full_peak_bytes: int = Field(description="the full sweep's worst step on the full model")
+    confirmed_peak_bytes: int = Field(
+        description="the cut-down sweep's worst step, confirmed on the full model")
+    full_admitted_bytes: int
+    cut_admitted_bytes: int
+    resolution_bytes: int
+    full_seconds: float
+    cut_seconds: float
+    deltas: dict[str, int] = Field(
+        default_factory=dict, description="per step kind, the largest full-model minus "
+        "cut-down peak over the shapes both sweeps measured")
+
+
 class WorstCase(BaseModel):
     peak_activation_bytes: int = Field(description="largest transient over every executed shape")
     workspace_bytes: int = Field(description="persistent workspace after every slot was grown")
@@ -105,6 +128,8 @@ class WorstCase(BaseModel):
     sweep_mode: str = Field("full", description="full: every shape ran on the whole model")
     skipped_shapes: list[str] = Field(
         default_factory=list, description="shapes this runner cannot build, each with why")
+    cut_down_proof: CutDownProof | None = Field(
+        None, description="--sweep-depth prove: the cut-down sweep compared with the full one")
 
     @property
     def need_bytes(self) -> int:
@@ -321,6 +346,17 @@ def _model(cls, value):
     return None if value is None else cls.model_validate(value, from_attributes=True)
 
 
+def proof_model(p) -> CutDownProof | None:
+    if p is None:
+        return None
+    return CutDownProof(
+        verdict=p.verdict, depth=p.depth, full_worst=p.full_worst, cut_worst=p.cut_worst,
+        full_peak_bytes=p.full_peak_bytes, confirmed_peak_bytes=p.confirmed_peak_bytes,
+        full_admitted_bytes=p.full_admitted_bytes, cut_admitted_bytes=p.cut_admitted_bytes,
+        resolution_bytes=p.resolution_bytes, full_seconds=p.full_seconds,
+        cut_seconds=p.cut_seconds, deltas=dict(p.deltas))
+
+
 def _step(r) -> StepResult:
     return _model(StepResult, r)
 
@@ -375,7 +411,8 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         plan_fingerprints=list(prof.plan_fingerprints),
         cache=prof.cache,
         sweep_mode=prof.sweep_mode,
-        skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped])
+        skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
+        cut_down_proof=proof_model(prof.cut_down_proof))
     # the core Admission plus what warm-up was expected to keep, and where that figure came from
     admission = Admission(**dataclasses.asdict(adm), warmup_graphs_bytes=prof.warmup.graphs_bytes,
                           warmup_source=prof.warmup.source)

@@ -43,10 +43,11 @@ class ProfilerSettings:
     kv_cap_bytes: int | None = None
     """Give the engine at most this much KV (the report still states the full budget). wcprof
     uses it so a report run does not fill a CPU host with a KV cache nobody will use."""
-    sweep_depth: Literal["auto", "full", "cut-down"] = "auto"
+    sweep_depth: Literal["auto", "full", "cut-down", "prove"] = "auto"
     """cut-down: every shape on one decoder layer of each kind, the worst confirmed on the full
     model; full: every shape on the whole model; auto: cut-down for the model families where it
-    was proven to pick the same worst step as the full sweep (policy.CUT_DOWN_PROVEN)."""
+    was proven to pick the same worst step as the full sweep (policy.CUT_DOWN_PROVEN); prove:
+    both, the full one admitted, and the report says whether the cut-down one agreed."""
     progress: bool = True
     cache_dir: str | None = None
     """Where sweeps are cached across starts (cache.py); None: $WCPROF_CACHE_DIR or
@@ -144,8 +145,9 @@ def _coerce(key: str, value: Any) -> Any:
         raise ConfigError(f"{CONFIG_KEY}.kv_audit must be error, warn or off, got {value!r}")
     if key == "validate_on_start" and value not in ("off", "worst", "all"):
         raise ConfigError(f"{CONFIG_KEY}.validate_on_start must be off, worst or all, got {value!r}")
-    if key == "sweep_depth" and value not in ("auto", "full", "cut-down"):
-        raise ConfigError(f"{CONFIG_KEY}.sweep_depth must be auto, full or cut-down, got {value!r}")
+    if key == "sweep_depth" and value not in ("auto", "full", "cut-down", "prove"):
+        raise ConfigError(f"{CONFIG_KEY}.sweep_depth must be auto, full, cut-down or prove, got "
+                          f"{value!r}")
     return value
 
 

@@ -173,3 +173,19 @@ def test_enabled_by_additional_config():
 def test_correct_model_audits_within_budget(validated):
     audit = validated.report["kv_audit"]
     assert audit["verdict"] == "ok" and audit["ratio"] <= 1.01, audit
+
+
+def test_sweep_depth_prove_admits_the_full_sweep_and_reports_the_cut_down_beside_it(tmp_path):
+    """--sweep-depth prove on a real engine: the decoder (2 layers) is cut to 1 for the cut-down
+    pass, stock step included; the full sweep is the one admitted; the report carries both."""
+    run = run_wcprof(["--sweep-depth", "prove"], tmp_path)
+    assert run.rc == 0, run.text[-3000:]
+    wc = run.report["worstcase"]
+    proof = wc["cut_down_proof"]
+    assert proof["depth"] == "1 of 2 layers"
+    assert wc["sweep_mode"].startswith("full; cut-down ")
+    assert wc["peak_activation_bytes"] == proof["full_admitted_bytes"]
+    assert proof["full_peak_bytes"] > 0 and proof["confirmed_peak_bytes"] > 0
+    assert proof["verdict"] == "proven" or "B" in proof["verdict"], proof
+    assert set(proof["deltas"]) <= {"prefill", "decode", "mixed"} and proof["deltas"]
+    assert "cut-down proof (1 of 2 layers)" in run.out

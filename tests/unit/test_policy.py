@@ -182,9 +182,34 @@ def test_sweep_depth_full_unless_asked_or_proven(monkeypatch):
     assert depth == "cut-down" and "run N" in why
 
 
+def test_prove_runs_both_sweeps_on_any_family_that_can_be_cut():
+    depth, why = policy.sweep_depth("prove", "NewForCausalLM", eager=lambda: True)
+    assert depth == "prove" and "full, then cut-down" in why
+
+
+def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
+    from worstcase_profiler.core.types import RowsCoverage, Shape, StepResult, SweepResult
+
+    def sweep(*steps, peak):
+        stock = StepResult(Shape("stock", 64, 0, 1), MiB, 0.0)
+        worst = max(steps, key=lambda r: r.peak_bytes)
+        return SweepResult(stock=stock, steps=steps, worst=worst, worst_op=None, peak_bytes=peak,
+                           coverage=RowsCoverage((), 64, 0, 0, 0, (), "", ""), context_curve=(), rows_max=64,
+                           post_profile_bytes=0, seconds=1.0)
+
+    a, b = Shape("prefill", 64, 100, 512), Shape("prefill", 64, 100, 256)
+    full = sweep(StepResult(a, 100 * MiB, 0.0), StepResult(b, 100 * MiB - 9000, 0.0),
+                 peak=102 * MiB)
+    cut = sweep(StepResult(b, 100 * MiB - 9000, 0.0), peak=102 * MiB)
+    assert policy.judge_cut_down(full, cut, depth="1 of 2", resolution=MiB).proven
+    far = sweep(StepResult(b, 90 * MiB, 0.0), peak=92 * MiB)
+    proof = policy.judge_cut_down(full, far, depth="1 of 2", resolution=MiB)
+    assert not proof.proven and "confirmed peak" in proof.verdict and "admits" in proof.verdict
+
+
 def test_a_compiled_forward_is_never_cut_down(monkeypatch):
     monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
-    for setting in ("auto", "cut-down"):
+    for setting in ("auto", "cut-down", "prove"):
         depth, why = policy.sweep_depth(setting, "LlamaForCausalLM", eager=lambda: False)
         assert depth == "full" and "eager" in why
 

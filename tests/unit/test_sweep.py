@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 from worstcase_profiler.core.shapes import Limits, stock_shape
 from worstcase_profiler.core.sweep import run_sweep
@@ -167,11 +168,11 @@ def test_a_reused_sweep_that_drifted_up_keeps_its_slack_over_the_replay():
 
 
 class CutDriver(FakeDriver):
-    """A decoder cut to one layer: every step needs `gap(shape)` less there than on the full
-    model (the stock step always runs on the full model)."""
+    """A decoder cut to one layer: every step (the stock step too, as on a real engine) needs
+    `gap(shape)` less there than on the full model."""
 
-    def __init__(self, limits, transient, gap):
-        super().__init__(limits, transient=transient)
+    def __init__(self, limits, transient, gap, stock_transient=MiB):
+        super().__init__(limits, transient=transient, stock_transient=stock_transient)
         self.cut, self.gap, self.full_shapes = False, gap, []
 
     @contextlib.contextmanager
@@ -179,6 +180,10 @@ class CutDriver(FakeDriver):
         self.cut = True
         yield "1 layer"
         self.cut = False
+
+    def measure_stock(self):
+        r = super().measure_stock()
+        return dataclasses.replace(r, peak_bytes=r.peak_bytes - self.gap(r.shape)) if self.cut else r
 
     def measure(self, shape, attribute=False):
         r = super().measure(shape, attribute)
@@ -191,9 +196,10 @@ class CutDriver(FakeDriver):
 def test_a_cut_down_sweep_admits_the_full_models_worst_not_a_confirmed_shape_raised_by_another():
     """H200 run 13 (the 8B layout): the confirmed worst step was raised by another confirmed
     shape's larger full-minus-cut difference, 64 MiB above what the full model needs (0.972 from
-    real requests). Confirmed shapes now count at their full-model figure; a shape whose bound
-    (cut figure + largest difference) still beats them is confirmed too."""
-    from worstcase_profiler.core.sweep import run_cut_down
+    real requests). Confirmed shapes count at their full-model figure; a shape whose bound
+    (cut figure + largest difference) still beats them is confirmed too. The decode batch, far
+    below the worst, is not confirmed on the full model although depth adds more to it there."""
+    from worstcase_profiler.core.sweep import CONFIRM, CONFIRM_MORE, run_cut_down
 
     f = lambda s: (300 * MiB + s.rows * 4 * MiB + s.context_len * 256 * 1024  # noqa: E731
                    - s.num_reqs * 20 * MiB)
@@ -201,16 +207,49 @@ def test_a_cut_down_sweep_admits_the_full_models_worst_not_a_confirmed_shape_rai
     full = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False)
     drv = CutDriver(LIMITS, f, gap)
     cut, mode = run_cut_down(drv, tolerance=0, attribute_ops=False)
-    assert any(s.kind == "decode" for s in drv.full_shapes)  # the large difference was seen
+    assert not any(s.kind == "decode" for s in drv.full_shapes)
     assert cut.peak_bytes == full.peak_bytes
-    assert cut.worst.shape == full.worst.shape and "+67108864 B" in mode
-    assert len(drv.full_shapes) <= core_sweep_limits()
+    assert cut.worst.shape == full.worst.shape and "+3145728 B" in mode
+    assert cut.depth_delta == 3 * MiB
+    assert len(drv.full_shapes) <= CONFIRM + CONFIRM_MORE
 
 
-def core_sweep_limits() -> int:
-    from worstcase_profiler.core.sweep import CONFIRM, CONFIRM_MORE
+def test_the_stock_steps_difference_bounds_shapes_never_confirmed():
+    """The stock step runs both ways (vLLM's own profile shape, cheap): its full-minus-cut
+    difference raises every unconfirmed shape, so a shape that close to the worst is confirmed
+    rather than admitted at its cut-down figure plus a smaller difference."""
+    from worstcase_profiler.core.sweep import run_cut_down
 
-    return CONFIRM + 3 + CONFIRM_MORE  # the worst few, the worst of each kind, the extra ones
+    f = lambda s: s.rows * MiB + (5 * MiB if s.num_reqs == 2 else 0)  # noqa: E731
+    gap = lambda s: 32 * MiB if s.kind == "stock" else 0  # noqa: E731
+    drv = CutDriver(LIMITS, f, gap, stock_transient=40 * MiB)
+    cut, mode = run_cut_down(drv, tolerance=0, attribute_ops=False)
+    worst = max(drv.full_shapes, key=f)
+    near = [s for s in drv.full_shapes if s != worst]
+    assert near, "a shape within the stock step's difference of the worst was confirmed"
+    assert cut.depth_delta == 32 * MiB and "+33554432 B" in mode
+    assert cut.stock.peak_bytes == 40 * MiB  # the admitted stock step is the full model's
+
+
+def test_a_cut_down_proof_passes_on_a_faithful_cut_and_names_a_hidden_worst():
+    from worstcase_profiler.core.sweep import prove_cut_down
+
+    f = lambda s: 300 * MiB + s.rows * 4 * MiB - s.num_reqs * MiB  # noqa: E731
+    full, proof = prove_cut_down(CutDriver(LIMITS, f, lambda s: MiB), resolution=2 * MiB,
+                                 tolerance=0, attribute_ops=False)
+    assert proof.proven and proof.cut_worst == proof.full_worst == full.worst.shape
+    assert dict(proof.deltas)["prefill"] == MiB and proof.depth == "1 layer"
+    assert full.peak_bytes == run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0,
+                                        attribute_ops=False).peak_bytes
+
+    # depth adds 400 MiB to decode steps only: on the full model a decode step is the worst,
+    # on the cut one it is far below the prefill chunk, so the cut-down sweep never looks at it
+    g = lambda s: f(s) + (400 * MiB if s.kind == "decode" else 0)  # noqa: E731
+    gap = lambda s: 400 * MiB if s.kind == "decode" else 0  # noqa: E731
+    full, proof = prove_cut_down(CutDriver(LIMITS, g, gap), resolution=2 * MiB, tolerance=0,
+                                 attribute_ops=False)
+    assert full.worst.shape.kind == "decode" and not proof.proven
+    assert "the cut-down sweep's worst is" in proof.verdict and "admits" in proof.verdict
 
 
 def test_a_cut_down_bound_above_every_confirmed_figure_is_confirmed_or_admitted():

@@ -118,18 +118,20 @@ class DriverBase:
 
     def measure_stock(self) -> StepResult:
         """vLLM's own profile step. Same semantics as every synthetic step: the transient above
-        what the step leaves live (lazy one-time initialisations land in the held memory)."""
-        return self._measured(stock_shape(self.limits), self.run_stock, attribute=False)
+        what the step leaves live (lazy one-time initialisations land in the held memory). On
+        the cut decoder while cut_down() is active, like every step."""
+        return self._measured(stock_shape(self.limits), lambda: self._at_depth(self.run_stock),
+                              attribute=False)
 
     def measure(self, shape: Shape, attribute: bool = False) -> StepResult:
-        return self._measured(shape, lambda: self._run_at_depth(shape), attribute)
+        return self._measured(shape, lambda: self._at_depth(lambda: self.run(shape)), attribute)
 
     _cut = None
 
     @contextlib.contextmanager
     def cut_down(self):
-        """Synthetic steps run on the decoder cut to one layer of each kind (the stock step is
-        never cut); ValueError names why a model cannot be cut."""
+        """Steps (the stock step too) run on the decoder cut to one layer of each kind for the
+        duration; ValueError names why a model cannot be cut."""
         decoder, keep, total = decoder_cut(self.model)
         self._cut = (decoder, keep)
         try:
@@ -137,16 +139,16 @@ class DriverBase:
         finally:
             self._cut = None
 
-    def _run_at_depth(self, shape: Shape) -> None:
+    def _at_depth(self, run) -> None:
         if self._cut is None:
-            self.run(shape)
+            run()
             return
         # vllm-touch: decoder-depth
         decoder, keep = self._cut
         saved = decoder.end_layer
         decoder.end_layer = decoder.start_layer + keep
         try:
-            self.run(shape)
+            run()
         finally:
             decoder.end_layer = saved
 

@@ -31,10 +31,11 @@ from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, pool_capa
 from ..core.session import StartupSession
 from ..core import shapes
 from ..core.shapes import Limits, plan_fingerprint
-from ..core.sweep import dominance_checks, replay, reused, run_cut_down, run_sweep
+from ..core.sweep import (dominance_checks, prove_cut_down, replay, reused, run_cut_down,
+                          run_sweep)
 from ..core.timing import PhaseTimer
-from ..core.types import (CacheUse, EngineFacts, HeldMemory, ProfileResult, StepResult,
-                          SweepResult, WarmupEstimate, WarmupResult, Workspace)
+from ..core.types import (CacheUse, CutDownProof, EngineFacts, HeldMemory, ProfileResult,
+                          StepResult, SweepResult, WarmupEstimate, WarmupResult, Workspace)
 from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
@@ -129,8 +130,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         held = lambda phase: device_bytes_held(worker, meter, clock=clock, phase=phase)  # noqa: E731
         with clock("measure_baseline"):
             baseline = held("measure_baseline")
-        sweep, use, entry, sweep_mode = sweep_or_reuse(driver, limits, settings, tolerance, clock,
-                                                       handle, entry)
+        sweep, use, entry, sweep_mode, proof = sweep_or_reuse(driver, limits, settings, tolerance,
+                                                              clock, handle, entry)
         measured = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
@@ -181,7 +182,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     session.record_profile(ProfileResult(
         sweep=sweep, cache=use, workspace=workspace, warmup=estimate, held=held_memory,
         admission=admission, budget=decision, plan_fingerprints=tuple(fingerprints),
-        sweep_mode=sweep_mode, advice=advised))
+        sweep_mode=sweep_mode, advice=advised, cut_down_proof=proof))
     write_report(session)
     error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
                                   steps=len(sweep.steps)) or decision.error
@@ -279,11 +280,12 @@ def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettin
 
 def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
                    clock: PhaseTimer, handle: "CacheHandle | None", entry: CacheEntry | None):
-    """(sweep, CacheUse, the entry reused or None): the full sweep, or a cached one whose worst
-    shape, replayed now, still needs what it needed (every rank must agree, or all sweep)."""
+    """(sweep, CacheUse, the entry reused or None, the sweep's mode line, the cut-down proof or
+    None): the full sweep, or a cached one whose worst shape, replayed now, still needs what it
+    needed (every rank must agree, or all sweep)."""
     if handle is None:
-        sweep, mode = _full_sweep(driver, limits, settings, tolerance, clock)
-        return sweep, CacheUse(status="off"), None, mode
+        sweep, mode, proof = _full_sweep(driver, limits, settings, tolerance, clock)
+        return sweep, CacheUse(status="off"), None, mode, proof
     use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
     if driver.agree_max(int(entry is None)) == 0:
         # With a secret, the cache loads only entries whose signature it verified.
@@ -315,19 +317,20 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
                      if recheck else "signed under $WCPROF_CACHE_SECRET: no dominance re-check")
-            return sweep, use, entry, entry.sweep_mode
+            return sweep, use, entry, entry.sweep_mode, None
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
                     fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
         use = dataclasses.replace(use, status="stale")
-    sweep, mode = _full_sweep(driver, limits, settings, tolerance, clock)
-    return sweep, use, None, mode
+    sweep, mode, proof = _full_sweep(driver, limits, settings, tolerance, clock)
+    return sweep, use, None, mode, proof
 
 
 def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
-                clock: PhaseTimer) -> tuple[SweepResult, str]:
-    """(the sweep, its mode line): cut down when policy.sweep_depth says so and the model can be
-    cut, else on the full model."""
+                clock: PhaseTimer) -> tuple[SweepResult, str, CutDownProof | None]:
+    """(the sweep, its mode line, the cut-down proof or None): cut down when policy.sweep_depth
+    says so and the model can be cut, both when it says prove (the full one admitted), else on
+    the full model."""
     model = getattr(driver, "model", None)
     mode, why = policy.sweep_depth(settings.sweep_depth,
                                    f"{type(model).__qualname__}" if model is not None else "",
@@ -338,12 +341,19 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     kw = dict(tolerance=tolerance, exhaustive=settings.exhaustive,
               context_ladder=settings.context_ladder, attribute_ops=settings.attribute_ops,
               on_step=progress, allocator_slack=getattr(driver.meter, "allocator_slack_bytes", 0))
+    proof = None
     try:
         with clock("sweep"), gc_frozen():
             sweep = None
-            if mode == "cut-down":
+            if mode in ("cut-down", "prove"):
                 try:
-                    sweep, why = run_cut_down(driver, **kw)
+                    if mode == "prove":
+                        sweep, proof = prove_cut_down(
+                            driver, resolution=max(tolerance, kw["allocator_slack"]), **kw)
+                        why = f"full; cut-down {proof.verdict} beside it ({proof.depth})"
+                        log.info("[wcprof] cut-down proof: %s", _proof_line(proof))
+                    else:
+                        sweep, why = run_cut_down(driver, **kw)
                 except ValueError as e:  # the model cannot be cut: say so, sweep it whole
                     why = f"full: the model cannot be cut down ({e})"
                     log.info("[wcprof] %s", why)
@@ -353,7 +363,14 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
         progress.close()
     log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
              sweep.seconds, sweep.stock.seconds)
-    return sweep, why
+    return sweep, why, proof
+
+
+def _proof_line(p: CutDownProof) -> str:
+    return (f"{p.verdict}: worst {p.full_worst.label()} (full) / {p.cut_worst.label()} "
+            f"(cut-down), peak {fmt_bytes(p.full_peak_bytes)} / {fmt_bytes(p.confirmed_peak_bytes)} "
+            f"confirmed, admitted {fmt_bytes(p.full_admitted_bytes)} / "
+            f"{fmt_bytes(p.cut_admitted_bytes)}, {p.full_seconds:.1f}s / {p.cut_seconds:.1f}s")
 
 
 def _runs_eagerly(driver) -> bool:

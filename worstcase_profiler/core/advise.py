@@ -186,8 +186,10 @@ def _by_shape(steps: Iterable[StepResult]) -> dict[Shape, list[StepResult]]:
 
 
 def confirmation_delta(sweep: SweepResult) -> int:
-    """The largest later-minus-first peak over shapes the sweep measured more than once: after a
-    cut-down sweep, how much more the full model needed than the cut-down one."""
+    """After a cut-down sweep, how much more the full model needed than the cut-down one: the
+    sweep's own figure (the stock step included) or the largest later-minus-first peak over
+    shapes it measured more than once, whichever is larger (a cached sweep may predate the
+    former)."""
     first: dict[Shape, int] = {}
     delta = 0
     for r in sweep.steps:
@@ -195,7 +197,7 @@ def confirmation_delta(sweep: SweepResult) -> int:
             delta = max(delta, r.peak_bytes - first[r.shape])
         else:
             first[r.shape] = r.peak_bytes
-    return delta
+    return max(delta, sweep.depth_delta)
 
 
 def _raiser(sweep: SweepResult, delta: int):

@@ -10,6 +10,7 @@ error values. The adapter measures and applies; nothing here reads vLLM or the d
   plan_agreement      whether every tensor-parallel rank ran the same steps
   validation_exceeded whether a validation measured more than predicted
   sweep_depth         whether the sweep runs cut down or on the full model
+  judge_cut_down      whether a cut-down sweep admitted what the full sweep did (the proof)
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Callable, Iterable
 
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..sizes import fmt_bytes
-from .types import (Admission, BudgetDecision, KVAuditGroup, KVAuditResult, WarmupAuditResult,
-                    WarmupEstimate)
+from .types import (Admission, BudgetDecision, CutDownProof, KVAuditGroup, KVAuditResult,
+                    SweepResult, WarmupAuditResult, WarmupEstimate)
 
 
 def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label: str,
@@ -222,16 +223,47 @@ the full sweep with the confirmed peak equal within the meter's resolution: clas
 
 def sweep_depth(setting: str, model_class: str, *,
                 eager: Callable[[], bool]) -> tuple[str, str]:
-    """("full" | "cut-down", why). auto cuts down only proven families, and only an eager forward
-    can be cut (a compiled one bakes its layer loop in). `eager` is asked only when the answer
-    could be cut-down (finding out walks the model)."""
+    """("full" | "cut-down" | "prove", why). auto cuts down only proven families; prove runs
+    both (the full one admitted); only an eager forward can be cut (a compiled one bakes its
+    layer loop in). `eager` is asked only when the answer could involve a cut."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
-    if setting != "cut-down" and model_class not in CUT_DOWN_PROVEN:
+    if setting == "auto" and model_class not in CUT_DOWN_PROVEN:
         return "full", (f"full: the cut-down sweep is not yet proven for {model_class} "
-                        "(sweep_depth=cut-down asks for it)")
+                        "(sweep_depth=prove compares both on this model)")
     if not eager():
         return "full", "full: the model runs compiled, and a cut-down sweep needs an eager forward"
+    if setting == "prove":
+        return "prove", "full, then cut-down to compare (sweep_depth=prove)"
     if setting == "cut-down":
         return "cut-down", "cut-down: asked for (sweep_depth=cut-down)"
     return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
+
+
+def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolution: int,
+                   deltas: tuple[tuple[str, int], ...] = ()) -> CutDownProof:
+    """Whether the cut-down sweep `cut` would have admitted what the full sweep `full` did, on
+    one engine (issue 20's proof): the same worst shape (or one that needs the same on the full
+    model, within the meter's `resolution`: two splits of one chunk can tie), its confirmed
+    full-model peak equal to the full sweep's within `resolution`, and an admitted transient no
+    smaller than the full sweep's beyond it (a larger one only reserves more)."""
+    full_on = {r.shape: r.need_bytes for r in (*full.steps, full.stock)}
+    tie = abs(full_on.get(cut.worst.shape, -resolution - 1) - full.worst.need_bytes) <= resolution
+    why = []
+    if cut.worst.shape != full.worst.shape and not tie:
+        why.append(f"the cut-down sweep's worst is {cut.worst.shape.label()}, the full sweep's "
+                   f"{full.worst.shape.label()}")
+    gap = cut.worst.peak_bytes - full.worst.peak_bytes
+    if abs(gap) > resolution:
+        why.append(f"the confirmed peak is {gap:+d} B from the full sweep's (resolution "
+                   f"{resolution} B)")
+    short = full.peak_bytes - cut.peak_bytes
+    if short > resolution:
+        why.append(f"the cut-down sweep admits {short} B less than the full sweep")
+    return CutDownProof(
+        full_worst=full.worst.shape, cut_worst=cut.worst.shape,
+        full_peak_bytes=full.worst.peak_bytes, confirmed_peak_bytes=cut.worst.peak_bytes,
+        full_admitted_bytes=full.peak_bytes, cut_admitted_bytes=cut.peak_bytes,
+        resolution_bytes=resolution, full_seconds=round(full.seconds, 3),
+        cut_seconds=round(cut.seconds, 3), depth=depth, deltas=deltas,
+        verdict="proven" if not why else "; ".join(why))

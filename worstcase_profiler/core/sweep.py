@@ -36,9 +36,9 @@ from typing import Callable, Iterable, Protocol
 
 from . import shapes as plan
 from .coverage import cover_rows
-from .policy import reuse_transient
+from .policy import judge_cut_down, reuse_transient
 from .shapes import Limits
-from .types import ProvisionalKV, Shape, StepResult, SweepResult
+from .types import CutDownProof, ProvisionalKV, Shape, StepResult, SweepResult
 
 
 class StepDriver(Protocol):
@@ -152,8 +152,9 @@ def largest_peaks(steps: Iterable[StepResult]) -> dict[Shape, int]:
     return out
 
 
-CONFIRM = 3
-"""Shapes re-measured on the full model after a cut-down sweep: the worst few by need."""
+CONFIRM = 1
+"""Shapes re-measured on the full model after a cut-down sweep before the bounds decide: the
+worst by need (it names the op that set the peak)."""
 
 CONFIRM_MORE = 8
 """At most this many more full-model confirmations, each of the shape whose cut-down figure
@@ -164,31 +165,43 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
                  context_ladder: bool = True, attribute_ops: bool = True,
                  on_step: StepCallback | None = None,
                  allocator_slack: int = 0) -> tuple[SweepResult, str]:
-    """The sweep on the cut-down decoder, then its CONFIRM worst shapes (and the worst of each
-    kind) on the full model. Returns the sweep as admitted and a description of what ran.
+    """The sweep on the cut-down decoder (the stock step too), then the stock step and the
+    CONFIRM worst shapes on the full model. Returns the sweep as admitted and a description of
+    what ran.
 
     The admitted transient: every confirmed shape at its full-model figure; every other shape at
-    its cut-down figure plus the largest full-minus-cut difference among the confirmed ones (the
-    cut-down mode's assumption, proven per family: policy.CUT_DOWN_PROVEN). While such a bound
-    is above every confirmed figure, that shape is confirmed too (up to CONFIRM_MORE), so the
-    admitted figure is a measured full-model step wherever the bounds allow it, not a confirmed
-    shape raised by another shape's larger difference (H200 run 13, the 8B layout: +64 MiB)."""
+    its cut-down figure plus the largest full-minus-cut difference measured (the stock step's
+    included: vLLM's own profile shape, run both ways for a fraction of a second). That is the
+    cut-down mode's assumption, proven per family (policy.CUT_DOWN_PROVEN, sweep_depth=prove).
+    While such a bound is above every confirmed figure, that shape is confirmed too (up to
+    CONFIRM_MORE), so the admitted figure is a measured full-model step wherever the bounds
+    allow it, not a confirmed shape raised by another shape's larger difference (H200 run 13,
+    the 8B layout: +64 MiB). Shapes far below the worst are not confirmed one by one: the decode
+    and mixed steps at full context cost seconds each on a deep model (run 25: 6.3 of 11.8 s)."""
+    result, depth, n = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
+                                 context_ladder=context_ladder, attribute_ops=attribute_ops,
+                                 on_step=on_step, allocator_slack=allocator_slack)
+    return result, (f"cut-down: every shape on {depth}, the stock step and {n} worst confirmed "
+                    f"on the full model (full minus cut-down peak: +{result.depth_delta} B at "
+                    "most)")
+
+
+def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
+              attribute_ops: bool, on_step: StepCallback | None, allocator_slack: int
+              ) -> tuple[SweepResult, str, int]:
+    """run_cut_down's sweep, what the cut kept, and how many shapes were confirmed."""
     t_start = time.perf_counter()
     with driver.cut_down() as depth:
         cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
                         context_ladder=context_ladder, attribute_ops=False, on_step=on_step)
+    stock = driver.measure_stock()  # the full model's, outside the cut
     ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
     chosen: list[StepResult] = []
-    for r in ranked:  # the worst few, then the worst of each kind not yet among them
+    for r in ranked:
         if len(chosen) < CONFIRM and r.shape not in {c.shape for c in chosen}:
             chosen.append(r)
-    for kind in ("prefill", "decode", "mixed"):
-        of_kind = [r for r in ranked if r.shape.kind == kind]
-        if of_kind and of_kind[0].shape not in {c.shape for c in chosen}:
-            chosen.append(of_kind[0])
-    stock = cut.stock  # the stock step ran outside the cut: it is the full model's
-    cut_peak = largest_peaks(cut.steps)  # a shape's cut-down figure: the largest it measured
-    confirmed: list[StepResult] = []
+    cut_peak = largest_peaks((*cut.steps, cut.stock))  # a shape's cut-down figure
+    confirmed: list[StepResult] = [stock]
 
     def delta() -> int:
         return max(0, max(f.peak_bytes - cut_peak[f.shape] for f in confirmed))
@@ -196,6 +209,9 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     def bounds() -> dict:
         exact, d = {f.shape for f in confirmed}, delta()
         return {shape: p + d for shape, p in cut_peak.items() if shape not in exact}
+
+    def top() -> int:
+        return max(f.peak_bytes for f in confirmed)
 
     more = 0
     with driver.provisional_kv():
@@ -205,8 +221,7 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
             if on_step:
                 on_step(full)
         while more < CONFIRM_MORE:
-            top = max([f.peak_bytes for f in confirmed] + [stock.peak_bytes])
-            above = {shape: b for shape, b in bounds().items() if b > top}
+            above = {shape: b for shape, b in bounds().items() if b > top()}
             if not above:
                 break
             shape = max(above, key=lambda sh: (above[sh], cut_peak[sh]))
@@ -217,18 +232,42 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
                 on_step(full)
     peak_delta = delta()
     chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
-    peak = max([f.peak_bytes for f in confirmed] + [stock.peak_bytes]
-               + list(bounds().values())) + chord_slack + max(0, allocator_slack)
-    worst = max([*confirmed, stock], key=lambda r: (r.need_bytes, r.peak_bytes))
+    peak = max([top(), *bounds().values()]) + chord_slack + max(0, allocator_slack)
+    worst = max(confirmed, key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.
     curve = tuple(dataclasses.replace(r, peak_bytes=r.peak_bytes + peak_delta)
                   for r in cut.context_curve)
     result = dataclasses.replace(
-        cut, steps=tuple([*cut.steps, *confirmed]), worst=worst, worst_op=worst_op,
-        peak_bytes=peak, context_curve=curve, seconds=time.perf_counter() - t_start)
-    return result, (f"cut-down: every shape on {depth}, the {len(confirmed)} worst confirmed on "
-                    f"the full model (full minus cut-down peak: +{peak_delta} B at most)")
+        cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
+        worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
+        seconds=time.perf_counter() - t_start)
+    return result, depth, len(confirmed) - 1
+
+
+def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
+                   ) -> tuple[SweepResult, CutDownProof]:
+    """The cut-down sweep, then the full sweep on the same engine (kw: run_sweep's). Returns the
+    full sweep, which is the one admitted, and the comparison (policy.judge_cut_down decides
+    whether the cut-down one would have admitted the same; `resolution`: how far two
+    measurements of one step may read apart, the meter's resolution or allocator slack)."""
+    # The cut-down one first: a model that cannot be cut raises (ValueError) before the full
+    # sweep has run, and the caller sweeps it whole once.
+    cut, depth, _ = _cut_down(driver, **{"exhaustive": False, "context_ladder": True,
+                                         "on_step": None, "allocator_slack": 0, **kw,
+                                         "attribute_ops": False})
+    full = run_sweep(driver, **kw)
+    first: dict[Shape, StepResult] = {}
+    for r in cut.steps:  # a shape's first measurement is its cut-down figure
+        first.setdefault(r.shape, r)
+    on_full = largest_peaks((*full.steps, full.stock))
+    deltas: dict[str, int] = {}
+    for shape, r in first.items():
+        if shape in on_full:
+            d = on_full[shape] - r.peak_bytes
+            deltas[shape.kind] = max(deltas.get(shape.kind, d), d)
+    return full, judge_cut_down(full, cut, depth=depth, resolution=resolution,
+                                deltas=tuple(sorted(deltas.items())))
 
 
 @dataclasses.dataclass(frozen=True)

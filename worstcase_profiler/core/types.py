@@ -129,6 +129,40 @@ class SweepResult:
     seconds: float
     skipped: tuple[tuple[Shape, str], ...] = ()
     """Shapes the driver cannot build on this runner, and why (never silently)."""
+    depth_delta: int = 0
+    """A cut-down sweep's (core/sweep.run_cut_down): the largest full-model minus cut-down peak
+    of any shape measured both ways, the stock step included; 0 after a full sweep."""
+
+
+@dataclass(frozen=True)
+class CutDownProof:
+    """One start's comparison of the cut-down sweep with the full sweep on the same engine
+    (sweep_depth=prove; core/sweep.prove_cut_down, judged by policy.judge_cut_down). The full
+    sweep is the one admitted; this says whether the cut-down one would have admitted the same.
+
+    `deltas`: per step kind, the largest full-model minus cut-down peak over the shapes both
+    passes measured (how much depth adds where the cut-down pass alone would have counted)."""
+
+    full_worst: Shape
+    cut_worst: Shape
+    full_peak_bytes: int
+    """The full sweep's worst step, measured on the full model."""
+    confirmed_peak_bytes: int
+    """The cut-down sweep's worst step, confirmed on the full model."""
+    full_admitted_bytes: int
+    cut_admitted_bytes: int
+    resolution_bytes: int
+    full_seconds: float
+    cut_seconds: float
+    depth: str
+    """What the cut kept, e.g. "1 of 32 layers"."""
+    deltas: tuple[tuple[str, int], ...] = ()
+    verdict: str = ""
+    """"proven", or why not."""
+
+    @property
+    def proven(self) -> bool:
+        return self.verdict == "proven"
 
 
 @dataclass(frozen=True)
@@ -329,6 +363,7 @@ class ProfileResult:
     plan_fingerprints: tuple[str, ...] = ()
     sweep_mode: str = "full"
     advice: "Advice | None" = None
+    cut_down_proof: CutDownProof | None = None
 
 
 @dataclass(frozen=True)

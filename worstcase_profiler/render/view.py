@@ -165,6 +165,13 @@ def details(report: Report) -> list[Detail]:
         out.append(Detail("skipped", f"not run: {skipped}", WARN))
     if wc.sweep_mode not in ("full", ""):
         out.append(Detail("sweep-mode", f"sweep mode: {wc.sweep_mode}"))
+    proof = wc.cut_down_proof
+    if proof is not None:
+        out.append(Detail("cut-down-proof", (
+            f"cut-down proof ({proof.depth}): {proof.verdict}; worst {proof.full_worst.label()} "
+            f"{fmt_bytes(proof.full_peak_bytes)} full, {proof.cut_worst.label()} "
+            f"{fmt_bytes(proof.confirmed_peak_bytes)} confirmed; sweep {proof.full_seconds:.1f}s "
+            f"full, {proof.cut_seconds:.1f}s cut down"), INFO if proof.verdict == "proven" else WARN))
     if wc.cache is not None and wc.cache.status != "off":
         out.append(Detail("cache", cache_text(wc.cache),
                           WARN if wc.cache.status == "stale" else INFO))
