@@ -89,8 +89,14 @@ class Run:
 
     @cached_property
     def startup(self) -> dict[str, dict | list]:
-        return {model: res for f in sorted(self.folder.glob("startup-*.json"))
-                for model, res in json.loads(f.read_text())["models"].items()}
+        """Model -> its startup_bench.py result; a run with CUDA graphs (--graphs in its
+        command) is "MODEL (graphs)", beside the same model's eager run."""
+        out = {}
+        for f in sorted(self.folder.glob("startup-*.json")):
+            data = json.loads(f.read_text())
+            graphs = " (graphs)" if "--graphs" in str(data.get("command", "")).split() else ""
+            out.update({f"{model}{graphs}": res for model, res in data["models"].items()})
+        return out
 
     def found(self, kind: str) -> list[str]:
         """The cases of a kind that the folder's files hold."""

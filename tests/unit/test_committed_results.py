@@ -121,6 +121,29 @@ def test_gpu_tests_pass_on_the_committed_results(config):
     assert all(any(why in ln for why in allowed) for ln in skips), "\n".join(skips)
 
 
+def test_every_family_cut_down_by_default_cites_committed_proofs_that_hold():
+    """policy.CUT_DOWN_PROVEN: each entry names current --sweep-depth prove cases of a committed
+    run, each proven there, on a model of that class."""
+    from worstcase_profiler.core.policy import CUT_DOWN_PROVEN
+
+    assert CUT_DOWN_PROVEN
+    for model_class, evidence in CUT_DOWN_PROVEN.items():
+        run, cases = evidence.split(": ", 1)
+        summary = load_summary(RESULTS / run)
+        for name in cases.split(", "):
+            c = summary["by_case"][name]
+            proof = c["report"]["worstcase"]["cut_down_proof"]
+            assert proof["verdict"] == "proven", (model_class, name, proof["verdict"])
+            assert _arch_of(c) == model_class, name
+
+
+def _arch_of(case: dict) -> str:
+    """The architecture of a suite case's model (its config.json in tests/gpu/models)."""
+    model = case["cli_argv"][case["cli_argv"].index("--model") + 1]
+    config = ROOT / "tests" / "gpu" / "models" / model.split("tests/gpu/models/")[1] / "config.json"
+    return json.loads(config.read_text())["architectures"][0]
+
+
 def test_cpu_bench_page_and_summaries_are_rendered_from_its_json():
     result = json.loads((RESULTS / "cpu-bench.json").read_text())
     summaries = [cpu_bench._summarise(w, result["runs"][w]) for w in result["workloads"]]

@@ -173,13 +173,22 @@ def test_kv_audit_with_nothing_allowed_is_over_budget_not_a_crash():
 # sweep depth ------------------------------------------------------------------------------------
 
 def test_sweep_depth_full_unless_asked_or_proven(monkeypatch):
-    assert policy.sweep_depth("full", "LlamaForCausalLM", eager=lambda: True)[0] == "full"
-    assert policy.sweep_depth("cut-down", "LlamaForCausalLM", eager=lambda: True)[0] == "cut-down"
-    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=lambda: True)
-    assert depth == "full" and "not yet proven" in why
-    monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
-    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=lambda: True)
+    assert policy.sweep_depth("full", "NewForCausalLM", eager=lambda: True)[0] == "full"
+    assert policy.sweep_depth("cut-down", "NewForCausalLM", eager=lambda: True)[0] == "cut-down"
+    depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
+    assert depth == "full" and "not yet proven" in why and "sweep_depth=prove" in why
+    monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
+    depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
     assert depth == "cut-down" and "run N" in why
+
+
+def test_a_family_proven_on_cuda_is_swept_whole_elsewhere(monkeypatch):
+    monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
+    depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: True,
+                                    device_kind="cpu")
+    assert depth == "full" and "on CUDA devices, not on cpu" in why
+    assert policy.sweep_depth("cut-down", "NewForCausalLM", eager=lambda: True,
+                              device_kind="cpu")[0] == "cut-down"
 
 
 def test_prove_runs_both_sweeps_on_any_family_that_can_be_cut():
@@ -244,7 +253,7 @@ def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():
         raise AssertionError("asked whether the model runs eagerly")
 
     assert policy.sweep_depth("full", "LlamaForCausalLM", eager=never)[0] == "full"
-    assert policy.sweep_depth("auto", "LlamaForCausalLM", eager=never)[0] == "full"
+    assert policy.sweep_depth("auto", "NewForCausalLM", eager=never)[0] == "full"
 
 
 def test_warm_up_creating_the_counted_residue_is_within_what_was_set_aside():

@@ -334,7 +334,8 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     model = getattr(driver, "model", None)
     mode, why = policy.sweep_depth(settings.sweep_depth,
                                    f"{type(model).__qualname__}" if model is not None else "",
-                                   eager=lambda: _runs_eagerly(driver))
+                                   eager=lambda: _runs_eagerly(driver),
+                                   device_kind=getattr(driver.meter, "device_kind", "cuda"))
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind, why)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)

@@ -216,21 +216,30 @@ def validation_exceeded(v) -> bool:
     return v.measured_peak_bytes > v.predicted_peak_bytes + (v.resolution_bytes or 0)
 
 
-CUT_DOWN_PROVEN: dict[str, str] = {}
+CUT_DOWN_PROVEN: dict[str, str] = {
+    "LlamaForCausalLM": "h200-run26: llama_v2_prove, llama8b_prove",
+    "Qwen3_5ForCausalLM": "h200-run26: qwen35_prove, qwen35_mtp_prove",
+}
 """Model classes on which a cut-down sweep was shown, on a GPU, to pick the same worst shape as
-the full sweep with the confirmed peak equal within the meter's resolution: class -> evidence."""
+the full sweep with the confirmed peak equal within the meter's resolution (`--sweep-depth
+prove`, bench/gpu_suite.py's *_prove cases): class -> "RUN: CASE, CASE", the committed results
+(docs/results/RUN) that show it, checked by tests/unit/test_committed_results.py."""
 
 
-def sweep_depth(setting: str, model_class: str, *,
-                eager: Callable[[], bool]) -> tuple[str, str]:
-    """("full" | "cut-down" | "prove", why). auto cuts down only proven families; prove runs
-    both (the full one admitted); only an eager forward can be cut (a compiled one bakes its
-    layer loop in). `eager` is asked only when the answer could involve a cut."""
+def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
+                device_kind: str = "cuda") -> tuple[str, str]:
+    """("full" | "cut-down" | "prove", why). auto cuts down only proven families, on the kind of
+    device they were proven on (CUDA: their kernels set the peaks); prove runs both (the full
+    one admitted); only an eager forward can be cut (a compiled one bakes its layer loop in).
+    `eager` is asked only when the answer could involve a cut."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
     if setting == "auto" and model_class not in CUT_DOWN_PROVEN:
         return "full", (f"full: the cut-down sweep is not yet proven for {model_class} "
                         "(sweep_depth=prove compares both on this model)")
+    if setting == "auto" and device_kind != "cuda":
+        return "full", (f"full: the cut-down sweep is proven for {model_class} on CUDA devices, "
+                        f"not on {device_kind} (sweep_depth=prove compares both here)")
     if not eager():
         return "full", "full: the model runs compiled, and a cut-down sweep needs an eager forward"
     if setting == "prove":
