@@ -50,6 +50,7 @@ MODELS = ROOT / "tests" / "gpu" / "models"
 LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
 LLAMA8B = MODELS / "llama-3.1-8b-layout"
 QWEN35, DSV4 = MODELS / "qwen35-8l-mtp", MODELS / "dsv4-4l-mtp"
+DSV4_FP8 = MODELS / "dsv4-4l-mtp-fp8"  # the real checkpoint's FP8 block: 0.26's O projection is FP8-only
 GDN_TRITON = ["--additional-config", '{"gdn_prefill_backend": "triton"}']
 CUT = ["--sweep-depth", "cut-down"]
 PROVE = ["--sweep-depth", "prove"]  # both sweeps on one engine: issue 20's proof, no validation
@@ -94,6 +95,11 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
                                   '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),
     "dsv4_mtp": (DSV4, [*LONG, "--enforce-eager", "--speculative-config",
                         '{"method": "mtp", "num_speculative_tokens": 1}'], {}, None),
+    # vLLM 0.26: FP8 weights (MXFP4 experts) and the fp8_ds_mla cache, which 0.26 does not pick
+    # itself; staged with .stage-dsv4 (tilelang, CuTe-DSL, _moe_C: staging/dsv4_026/README.md)
+    "dsv4_mtp_fp8": (DSV4_FP8, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8",
+                                "--speculative-config",
+                                '{"method": "mtp", "num_speculative_tokens": 1}'], {}, None),
     # the cut-down proof (policy.CUT_DOWN_PROVEN): every eager suite configuration of a family
     "llama_v2_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
     "llama_v1_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE],
@@ -112,7 +118,7 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
 }
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
-              "qwen35_mtp_eager", "dsv4_mtp",
+              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8",
               "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")))
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]

@@ -1,0 +1,59 @@
+# Source on the GPU host, after staging .stage-dsv4/part02-04 into $SITE (the 0.26 SITE, /tmp/site):
+# what vLLM 0.26's DeepSeek-V4 path (TileLang mHC, CuTe-DSL compressor, MoE) needs beyond
+# .stage/env.sh. Either after .stage/env.sh, or before `bash staging/device_run.sh CASE`, whose
+# prepare() sources .stage/env.sh and keeps every variable set here (it only prepends to PYTHONPATH).
+export SITE=${SITE:-/tmp/site}
+case ":${PYTHONPATH:-}:" in *":$SITE:"*) ;; *) export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH} ;; esac
+
+# CuTe-DSL (`import cutlass`): its nvidia_cutlass_dsl_packages.pth is not read from a PYTHONPATH
+# directory, so put what it would add on the path here, and only once both large libraries are in
+# place (part03, part04): vLLM's has_cutedsl() then sees a complete install or none.
+_wcp_dsl=$SITE/nvidia_cutlass_dsl
+if [ -d "$_wcp_dsl/dsl_packages/cutlass" ]; then
+  if ls "$_wcp_dsl"/dsl_packages/cutlass/_mlir/_mlir_libs/_cutlass_ir.cu13.*.so >/dev/null 2>&1 \
+     && [ -f "$_wcp_dsl/cu13/lib/libcute_dsl_runtime.so" ]; then
+    case ":$PYTHONPATH:" in
+      *":$_wcp_dsl/dsl_packages:"*) ;;
+      *) export PYTHONPATH=$PYTHONPATH:$_wcp_dsl/dsl_packages ;;
+    esac
+  else
+    echo "dsv4 env.sh: CuTe-DSL incomplete in $SITE (part03 and part04 staged?): cutlass left off PYTHONPATH" >&2
+  fi
+else
+  echo "dsv4 env.sh: no CuTe-DSL in $SITE (part02 staged?)" >&2
+fi
+unset _wcp_dsl
+[ -f "$SITE/tilelang/lib/libtvm.so" ] || echo "dsv4 env.sh: no tilelang in $SITE (part02 staged?)" >&2
+[ -f "$SITE/z3/lib/libz3.so" ] || echo "dsv4 env.sh: no libz3 in $SITE (part03 staged?): tilelang cannot load" >&2
+[ -f "$SITE/vllm/_moe_C_stable_libtorch.abi3.so" ] || echo "dsv4 env.sh: no _moe_C in $SITE (part04 staged?)" >&2
+
+# nvcc: TileLang compiles its kernels with it at first use (DeepGEMM too); TileLang looks at
+# CUDA_HOME, CUDA_PATH, `nvcc` on PATH, then /usr/local/cuda. A candidate counts only with
+# bin/nvcc and include/cuda.h (an `nvcc` on PATH may be a wrapper script outside the toolkit).
+_wcp_ok() { [ -n "$1" ] && [ -x "$1/bin/nvcc" ] && [ -f "$1/include/cuda.h" ]; }
+if ! _wcp_ok "${CUDA_HOME:-}"; then
+  _wcp_nvcc=$(command -v nvcc 2>/dev/null || true)
+  _wcp_nvcc=${_wcp_nvcc:+$(readlink -f "$_wcp_nvcc")}
+  unset CUDA_HOME
+  for _wcp_c in "${CUDA_PATH:-}" ${_wcp_nvcc:+"$(dirname "$(dirname "$_wcp_nvcc")")"} /usr/local/cuda \
+                /usr/local/cuda-13.0 /usr/local/cuda-13* /usr/local/cuda-1[0-9]* /opt/cuda; do
+    if _wcp_ok "$_wcp_c"; then export CUDA_HOME=$_wcp_c; break; fi
+  done
+  unset _wcp_nvcc _wcp_c
+fi
+if _wcp_ok "${CUDA_HOME:-}"; then
+  export CUDA_PATH=$CUDA_HOME
+  case ":$PATH:" in *":$CUDA_HOME/bin:"*) ;; *) export PATH=$PATH:$CUDA_HOME/bin ;; esac
+else
+  echo "dsv4 env.sh: no CUDA toolkit (bin/nvcc + include/cuda.h) found; set CUDA_HOME: TileLang cannot compile the mHC kernels" >&2
+fi
+unset -f _wcp_ok
+
+# JIT caches under /tmp (their defaults are under $HOME or need a user name).
+export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
+export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/tvm_ffi_cache}
+export CUTE_DSL_CACHE_DIR=${CUTE_DSL_CACHE_DIR:-/tmp/cute_dsl_cache}
+export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-/tmp/quack_cache}
+export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-/tmp/fa_cute_dsl_cache}
+# flashinfer is not staged (0.26's .stage/env.sh sets this too).
+export VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
