@@ -22,13 +22,14 @@
 # loads the cu13 flavour alone), nvidia-cuda-nvdisasm (only for CUTE_DSL SASS dumps), cuda-python
 # (a metapackage: nothing imports it).
 #
-#   bash .stage-dsv4/build.sh                   # ~4 min here (xz -9e), from the repository root
-#   VLLM_WHEEL=/path/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl bash .stage-dsv4/build.sh
+#   bash staging/dsv4_026/build.sh              # ~4 min here (xz -9e), from the repository root
+#   VLLM_WHEEL=/path/vllm-0.26.0-cp38-abi3-manylinux_2_28_x86_64.whl bash staging/dsv4_026/build.sh
+# writes .stage-dsv4/ (git-ignored): the parts, SHA256SUMS, stage.sh, env.sh, check.py
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/.." && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
 WORK=${WORK:-/tmp/dsv4-build}
-STAGE=${STAGE:-$HERE}
+STAGE=${STAGE:-$REPO/.stage-dsv4}
 PIP=${PIP:-"$REPO/.venv/bin/python -m pip"}
 MAX_PART=$((60 * 1024 * 1024))
 CALL_MAX=$((64 * 1024 * 1024))   # one device call: working tree + carried files
