@@ -97,9 +97,11 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
                         '{"method": "mtp", "num_speculative_tokens": 1}'], {}, None),
     # vLLM 0.26: FP8 weights (MXFP4 experts) and the fp8_ds_mla cache, which 0.26 does not pick
     # itself; staged with .stage-dsv4 (tilelang, CuTe-DSL, _moe_C: staging/dsv4_026/README.md)
+    # 0.26's dummy loader skips DSv4's mHC finalisation (wcp_fixtures/loaders.py)
     "dsv4_mtp_fp8": (DSV4_FP8, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8",
-                                "--speculative-config",
-                                '{"method": "mtp", "num_speculative_tokens": 1}'], {}, None),
+                                "--load-format", "dummy-finalized", "--speculative-config",
+                                '{"method": "mtp", "num_speculative_tokens": 1}'],
+                     {"WCP_FIXTURES_LOADERS": "1"}, None),
     # the cut-down proof (policy.CUT_DOWN_PROVEN): every eager suite configuration of a family
     "llama_v2_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
     "llama_v1_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE],

@@ -96,4 +96,10 @@ def register() -> None:
     for arch, target in ARCHITECTURES.items():
         if arch not in supported:
             ModelRegistry.register_model(arch, target)
+    import os
+
+    if os.environ.get("WCP_FIXTURES_LOADERS") == "1":  # load format dummy-finalized (loaders.py)
+        from . import loaders
+
+        loaders.register()
     _registered = True
