@@ -83,7 +83,8 @@ def case(request, suite) -> dict:
         pytest.fail(f"{name} is not in the suite's results (was it requested?)")
     if c["status"] == "skipped":
         pytest.fail(f"{name} was skipped by the suite: {c.get('detail')}")
-    if name in (request.config.getoption("--known-failure") or []) and c["status"] == "fail":
+    if name in (request.config.getoption("--known-failure") or []) and \
+            c["status"] in ("fail", "timeout"):
         request.node.add_marker(pytest.mark.xfail(
             reason=f"{name}: a failure its manifest records (failed)", strict=False))
     return c
