@@ -45,6 +45,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+CHECK_RECORD=$HERE/check_record.py
 WORK=${WORK:-/tmp/wcprof-vllm032-build}
 STAGE=${STAGE:-$REPO/.stage32}
 MAX_PART=$((60 * 1024 * 1024))
@@ -136,21 +137,8 @@ wheel_of() {  # PIN -> the downloaded wheel's path
   echo "$w"
 }
 
-check_record() {  # WHEEL REL FILE: FILE has the sha256 and size that WHEEL's RECORD gives REL
-  python3 - "$@" <<'PY'
-import base64, hashlib, sys, zipfile
-whl, rel, path = sys.argv[1:]
-with zipfile.ZipFile(whl) as z:
-    rec = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
-    row = next(r.rsplit(",", 2) for r in z.read(rec).decode().splitlines() if r.startswith(rel + ","))
-h = hashlib.sha256()
-with open(path, "rb") as f:
-    for b in iter(lambda: f.read(1 << 22), b""):
-        h.update(b)
-got = "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-if got != row[1]:
-    sys.exit(f"ERROR: {path}: {got}, RECORD of {whl} says {row[1]}")
-PY
+check_record() {  # WHEEL REL FILE: FILE has the sha256 that WHEEL's RECORD gives REL
+  python3 "$CHECK_RECORD" "$@"
 }
 
 build_cutedsl_parts() {  # part04, part05, part06 (.. part05+CUTEDSL_PIECES)

@@ -28,6 +28,7 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
+CHECK_RECORD=$REPO/staging/check_record.py
 WORK=${WORK:-/tmp/dsv4-build}
 STAGE=${STAGE:-$REPO/.stage-dsv4}
 PIP=${PIP:-"$REPO/.venv/bin/python -m pip"}
@@ -64,20 +65,7 @@ wheel_of() {  # PIN -> the downloaded wheel
 }
 
 check_record() {  # WHEEL REL FILE: FILE has the sha256 that WHEEL's RECORD gives REL
-  python3 - "$@" <<'PY'
-import base64, hashlib, sys, zipfile
-whl, rel, path = sys.argv[1:]
-with zipfile.ZipFile(whl) as z:
-    rec = next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))
-    row = next(r.rsplit(",", 2) for r in z.read(rec).decode().splitlines() if r.startswith(rel + ","))
-h = hashlib.sha256()
-with open(path, "rb") as f:
-    for b in iter(lambda: f.read(1 << 22), b""):
-        h.update(b)
-got = "sha256=" + base64.urlsafe_b64encode(h.digest()).rstrip(b"=").decode()
-if got != row[1]:
-    sys.exit(f"ERROR: {path}: {got}, RECORD of {whl} says {row[1]}")
-PY
+  python3 "$CHECK_RECORD" "$@"
 }
 
 SITE_T="$WORK/tree/site" MOE_T="$WORK/tree/moe"
