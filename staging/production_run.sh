@@ -12,7 +12,10 @@
 #            (a signed entry replays its worst step only)
 #   first    the 8B layout's first start (issue 20): eager stock, cold cut-down, cold full and
 #            signed cached restart, twice interleaved, the signed entries exported to
-#            $P/cache-export-signed for another host; then with CUDA graphs, stock vs cold
+#            $P/cache-export-signed for another host; then with CUDA graphs, stock vs cold (primed)
+#            A fresh host starts from such an export with
+#            IMPORT_FROM=docs/results/h200-run27/production/cache-export-signed IMPORT_SECRET=wcprof-bench
+#            IMPORT_MODES=stock,worstcase-imported,stock,worstcase-imported ... production_run.sh import
 # Run through staging/device_run.sh, which stages and sets the environment:
 #   bash staging/device_run.sh exec bash staging/production_run.sh advise soak startup
 # Each step gets what is left of $DEADLINE. Everything lands in $OUT/production.tar.gz (the
@@ -80,8 +83,10 @@ for what in "$@"; do
         --out "$P/first-eager.json" --model "$LLAMA8B" \
         --modes stock,worstcase-cut,worstcase-cold,worstcase-warm --repeat 2 \
         --export-to "$P/cache-export-signed"
+      # --prime: one uncounted stock start first, so neither counted start compiles alone
+      # (h200-run27 ran without it: the cold start could reuse what stock had compiled)
       step first-graphs python3 bench/startup_bench.py --out "$P/first-graphs.json" \
-        --model "$LLAMA8B" --graphs --modes stock,worstcase-cold --timeout-s 400 ;;
+        --model "$LLAMA8B" --graphs --prime --modes stock,worstcase-cold --timeout-s 400 ;;
     *) echo "[production] unknown step $what (advise, soak, startup, import, signed, first)"; rc=2 ;;
   esac
 done

@@ -114,7 +114,7 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
                         "confirmed on the full model (cost independent of depth); full: every "
                         "shape on the whole model; prove: both, the full one admitted, and the "
                         "report says whether the cut-down one agreed; auto: cut-down where "
-                        "proven for the model family, else full (default: auto)")
+                        "proven for the model family (on CUDA), else full (default: auto)")
     g.add_argument("--margin", metavar="SIZE", default=None,
                    help="safety margin subtracted from the KV budget, bytes or a unit such as "
                         "256MiB (default: 64MiB)")
