@@ -99,8 +99,10 @@ class CutDownProof(BaseModel):
     full_seconds: float
     cut_seconds: float
     deltas: dict[str, int] = Field(
-        default_factory=dict, description="per step kind, the largest full-model minus "
-        "cut-down peak over the shapes both sweeps measured")
+        default_factory=dict, description="per step kind (stock included), the largest "
+        "full-model minus cut-down peak over the shapes both sweeps measured")
+    depth_delta: int = Field(0, description="the difference the cut-down sweep measured and "
+                                            "raised unconfirmed shapes by")
 
 
 class WorstCase(BaseModel):
@@ -354,7 +356,7 @@ def proof_model(p) -> CutDownProof | None:
         full_peak_bytes=p.full_peak_bytes, confirmed_peak_bytes=p.confirmed_peak_bytes,
         full_admitted_bytes=p.full_admitted_bytes, cut_admitted_bytes=p.cut_admitted_bytes,
         resolution_bytes=p.resolution_bytes, full_seconds=p.full_seconds,
-        cut_seconds=p.cut_seconds, deltas=dict(p.deltas))
+        cut_seconds=p.cut_seconds, deltas=dict(p.deltas), depth_delta=p.depth_delta)
 
 
 def _step(r) -> StepResult:

@@ -7,6 +7,7 @@ full model equals the full sweep's within that resolution, and it admits no less
 
 from __future__ import annotations
 
+import pytest
 from gpu_results import gib, report_of
 
 
@@ -14,9 +15,14 @@ def test_every_cut_down_proof_holds(suite, request):
     """Every proof case holds, except the ones a manifest records as failed, whose reports must
     say so (a family whose proof failed keeps the full sweep)."""
     proving = {n: c for n, c in suite["by_case"].items() if "prove" in (c.get("cli_argv") or [])}
+    if not proving:
+        pytest.skip("no --sweep-depth prove case in these results")
     known = set(request.config.getoption("--known-failure") or [])
     for name in sorted(known & set(proving)):
-        proof = report_of(proving.pop(name))["worstcase"]["cut_down_proof"]
+        c = proving.pop(name)
+        if c.get("report") is None:  # it did not finish: nothing was proven
+            continue
+        proof = c["report"]["worstcase"]["cut_down_proof"]
         assert proof is not None and proof["verdict"] != "proven", name
     for name, c in sorted(proving.items()):
         assert c["rc"] == 0, (name, c.get("log_tail", [])[-20:])

@@ -262,3 +262,55 @@ def test_a_cut_down_bound_above_every_confirmed_figure_is_confirmed_or_admitted(
     full = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False)
     cut, _ = core_sweep.run_cut_down(CutDriver(LIMITS, f, gap), tolerance=0, attribute_ops=False)
     assert cut.peak_bytes >= full.peak_bytes
+
+
+def test_a_cached_cut_down_sweep_restarts_at_the_figure_it_first_admitted():
+    """A restart re-checks shapes the cut-down sweep ran only on the cut decoder: their full
+    figure is not drift (they were admitted at cut figure + depth_delta), so the restart admits
+    what the first start did, and what a full sweep does."""
+    from worstcase_profiler.core.sweep import dominance_checks, replay, reused, run_cut_down
+
+    f = lambda s: 300 * MiB + s.rows * 4 * MiB - s.num_reqs * MiB  # noqa: E731
+    drv = CutDriver(LIMITS, f, lambda s: 10 * MiB, stock_transient=20 * MiB)
+    cut, _ = run_cut_down(drv, tolerance=0, attribute_ops=False)
+    check = replay(drv, cut.worst.shape, dominance_checks(LIMITS, cut.worst.shape))
+    assert check.others, "the dominance shapes were replayed on the full model"
+    full = run_sweep(FakeDriver(LIMITS, transient=f), tolerance=0, attribute_ops=False)
+    assert reused(cut, check, resolution=MiB).peak_bytes == cut.peak_bytes == full.peak_bytes
+
+
+def test_a_rows_value_certified_on_the_cut_decoder_is_bounded_on_the_full_model():
+    """A rows value the chord certified never ran on either model: its full-model need is
+    bounded by its segment's cut-down bound plus the difference, even when the confirmed worst
+    beside it gained nothing from depth."""
+    from worstcase_profiler.core.shapes import prefill_chunk
+    from worstcase_profiler.core.sweep import run_cut_down
+
+    def on_cut(s):
+        if s.kind == "prefill" and s.num_reqs == 1:
+            return int((90 + 10 * (s.rows - 32) / 32) * MiB) if s.rows > 32 else 90 * MiB
+        return 50 * MiB
+
+    def gap(s):
+        return 0 if (s.kind, s.num_reqs, s.rows) == ("prefill", 1, 64) else 10 * MiB
+
+    full_f = lambda s: on_cut(s) + gap(s)  # noqa: E731
+    cut, _ = run_cut_down(CutDriver(LIMITS, full_f, gap, stock_transient=20 * MiB), tolerance=0,
+                          attribute_ops=False)
+    assert set(range(1, 65)) - set(cut.coverage.executed_rows)  # some rows were certified
+    truth = max(full_f(prefill_chunk(LIMITS, r)) for r in range(1, 65))
+    assert cut.peak_bytes >= truth > cut.worst.peak_bytes
+
+
+def test_a_proof_fails_when_a_shape_gained_more_from_depth_than_was_allowed():
+    """policy.judge_cut_down checks the assumption, not only the outcome: a shape far below the
+    worst whose full-minus-cut difference exceeds the one the cut-down sweep measured."""
+    from worstcase_profiler.core.sweep import prove_cut_down
+
+    f = lambda s: 300 * MiB + s.rows * 4 * MiB - s.num_reqs * MiB  # noqa: E731
+    gap = lambda s: 30 * MiB if s.kind == "decode" else 0  # noqa: E731 - never confirmed
+    _, proof = prove_cut_down(CutDriver(LIMITS, f, gap), resolution=2 * MiB, tolerance=0,
+                              attribute_ops=False)
+    assert proof.cut_worst == proof.full_worst and proof.depth_delta == 0
+    assert not proof.proven and "gained 31457280 B from depth" in proof.verdict
+    assert dict(proof.deltas)["stock"] == 0

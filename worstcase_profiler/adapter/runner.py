@@ -81,7 +81,10 @@ def decoder_cut(model) -> tuple[object, int, int]:
             break
     if decoder is None:
         raise ValueError("no decoder with a start_layer/end_layer layer loop")
-    if getattr(decoder, "do_not_compile", True) is False:
+    # vLLM's own compilation (do_not_compile False), or the runner's model.compile() of the
+    # STOCK_TORCH_COMPILE mode (nn.Module._compiled_call_impl set on the model or the decoder)
+    if getattr(decoder, "do_not_compile", True) is False or any(
+            getattr(m, "_compiled_call_impl", None) is not None for m in (model, decoder)):
         raise ValueError("the model runs compiled (torch.compile bakes the layer loop into its "
                          "graph); the cut-down sweep needs an eager forward")
     total = len(decoder.layers)

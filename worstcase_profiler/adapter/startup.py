@@ -266,8 +266,9 @@ class CacheHandle(NamedTuple):
 
 
 def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettings):
-    """(handle, entry): this configuration's cache slot and its entry (None: a miss), or
-    (None, None) with the cache off. The key leaves the KV pool size out; the entry records it."""
+    """(handle, entry): this configuration's cache slot and its entry (None: a miss, or
+    sweep_depth=prove), or (None, None) with the cache off. The key leaves the KV pool size out;
+    the entry records it."""
     directory = cache_dir(settings.cache_dir)
     if directory is None:
         return None, None
@@ -275,7 +276,9 @@ def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettin
     facts = sweep_facts(worker, engine, dataclasses.replace(limits, kv_capacity_tokens=None),
                         settings)
     key = cache_key(facts)
-    return CacheHandle(cache, key, facts), cache.load(key)
+    # A proof compares two sweeps measured now: a cached one proves nothing (it is still stored).
+    return CacheHandle(cache, key, facts), (None if settings.sweep_depth == "prove"
+                                            else cache.load(key))
 
 
 def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
@@ -335,29 +338,32 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     mode, why = policy.sweep_depth(settings.sweep_depth,
                                    f"{type(model).__qualname__}" if model is not None else "",
                                    eager=lambda: _runs_eagerly(driver),
-                                   device_kind=getattr(driver.meter, "device_kind", "cuda"))
+                                   device_kind=_device_kind(driver.meter))
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind, why)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)
+    slack = getattr(driver.meter, "allocator_slack_bytes", 0)
     kw = dict(tolerance=tolerance, exhaustive=settings.exhaustive,
               context_ladder=settings.context_ladder, attribute_ops=settings.attribute_ops,
-              on_step=progress, allocator_slack=getattr(driver.meter, "allocator_slack_bytes", 0))
+              on_step=progress, allocator_slack=slack)
     proof = None
     try:
         with clock("sweep"), gc_frozen():
             sweep = None
             if mode in ("cut-down", "prove"):
                 try:
-                    if mode == "prove":
-                        sweep, proof = prove_cut_down(
-                            driver, resolution=max(tolerance, kw["allocator_slack"]), **kw)
-                        why = f"full; cut-down {proof.verdict} beside it ({proof.depth})"
-                        log.info("[wcprof] cut-down proof: %s", _proof_line(proof))
-                    else:
-                        sweep, why = run_cut_down(driver, **kw)
+                    _can_cut(driver)
                 except ValueError as e:  # the model cannot be cut: say so, sweep it whole
                     why = f"full: the model cannot be cut down ({e})"
                     log.info("[wcprof] %s", why)
+                else:
+                    if mode == "prove":  # the meter's own spread, never the chord tolerance
+                        sweep, proof = prove_cut_down(
+                            driver, resolution=max(driver.meter.resolution_bytes, slack), **kw)
+                        why = f"full; cut-down beside it ({proof.depth}): {proof.verdict}"
+                        log.info("[wcprof] cut-down proof: %s", _proof_line(proof))
+                    else:
+                        sweep, why = run_cut_down(driver, **kw)
             if sweep is None:
                 sweep = run_sweep(driver, **kw)
     finally:
@@ -376,13 +382,29 @@ def _proof_line(p: CutDownProof) -> str:
 
 def _runs_eagerly(driver) -> bool:
     """Whether the decoder's forward runs as Python (no torch.compile graph)."""
-    from .runner import decoder_cut
-
     try:
-        decoder_cut(driver.model)
+        _can_cut(driver)
     except ValueError as e:
         return "compiled" not in str(e)
     return True
+
+
+def _can_cut(driver) -> None:
+    """Raises ValueError naming why the model cannot be cut down (runner.decoder_cut)."""
+    from .runner import decoder_cut
+
+    decoder_cut(driver.model)
+
+
+def _device_kind(meter) -> str:
+    """The meter's device kind; ROCm builds of torch report their devices as cuda."""
+    kind = meter.device_kind
+    if kind == "cuda":
+        import torch
+
+        if getattr(torch.version, "hip", None):
+            return "rocm"
+    return kind
 
 
 def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,

@@ -257,7 +257,9 @@ def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolutio
     model, within the meter's `resolution`: two splits of one chunk can tie), its confirmed
     full-model peak equal to the full sweep's within `resolution`, and an admitted transient no
     smaller than the full sweep's beyond it (a larger one only reserves more)."""
-    full_on = {r.shape: r.need_bytes for r in (*full.steps, full.stock)}
+    full_on: dict = {}
+    for r in (*full.steps, full.stock):
+        full_on[r.shape] = max(full_on.get(r.shape, 0), r.need_bytes)
     tie = abs(full_on.get(cut.worst.shape, -resolution - 1) - full.worst.need_bytes) <= resolution
     why = []
     if cut.worst.shape != full.worst.shape and not tie:
@@ -270,10 +272,16 @@ def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolutio
     short = full.peak_bytes - cut.peak_bytes
     if short > resolution:
         why.append(f"the cut-down sweep admits {short} B less than the full sweep")
+    # The assumption itself: no shape gained more from depth than the difference the cut-down
+    # sweep measured and raised every unconfirmed shape by.
+    largest = max((d for _, d in deltas), default=0)
+    if largest > cut.depth_delta + resolution:
+        why.append(f"a shape gained {largest} B from depth, more than the {cut.depth_delta} B the "
+                   "cut-down sweep measured and allowed")
     return CutDownProof(
         full_worst=full.worst.shape, cut_worst=cut.worst.shape,
         full_peak_bytes=full.worst.peak_bytes, confirmed_peak_bytes=cut.worst.peak_bytes,
         full_admitted_bytes=full.peak_bytes, cut_admitted_bytes=cut.peak_bytes,
         resolution_bytes=resolution, full_seconds=round(full.seconds, 3),
         cut_seconds=round(cut.seconds, 3), depth=depth, deltas=deltas,
-        verdict="proven" if not why else "; ".join(why))
+        depth_delta=cut.depth_delta, verdict="proven" if not why else "; ".join(why))

@@ -178,9 +178,9 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     allow it, not a confirmed shape raised by another shape's larger difference (H200 run 13,
     the 8B layout: +64 MiB). Shapes far below the worst are not confirmed one by one: the decode
     and mixed steps at full context cost seconds each on a deep model (run 25: 6.3 of 11.8 s)."""
-    result, depth, n = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
-                                 context_ladder=context_ladder, attribute_ops=attribute_ops,
-                                 on_step=on_step, allocator_slack=allocator_slack)
+    result, depth, n, _ = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
+                                    context_ladder=context_ladder, attribute_ops=attribute_ops,
+                                    on_step=on_step, allocator_slack=allocator_slack)
     return result, (f"cut-down: every shape on {depth}, the stock step and {n} worst confirmed "
                     f"on the full model (full minus cut-down peak: +{result.depth_delta} B at "
                     "most)")
@@ -188,8 +188,9 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
               attribute_ops: bool, on_step: StepCallback | None, allocator_slack: int
-              ) -> tuple[SweepResult, str, int]:
-    """run_cut_down's sweep, what the cut kept, and how many shapes were confirmed."""
+              ) -> tuple[SweepResult, str, int, StepResult]:
+    """run_cut_down's sweep, what the cut kept, how many shapes were confirmed, and the stock
+    step as measured on the cut decoder."""
     t_start = time.perf_counter()
     with driver.cut_down() as depth:
         cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
@@ -232,7 +233,11 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                 on_step(full)
     peak_delta = delta()
     chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
-    peak = max([top(), *bounds().values()]) + chord_slack + max(0, allocator_slack)
+    # A rows value the chord certified never ran, on either model: on the full model it is
+    # bounded by its segment's cut-down bound plus the difference (need units: conservative by
+    # any workspace), not by a confirmed neighbour's own full-model figure.
+    peak = max([top() + chord_slack, *(b + chord_slack for b in bounds().values()),
+                _certified_bound(cut) + peak_delta]) + max(0, allocator_slack)
     worst = max(confirmed, key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.
@@ -242,7 +247,15 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
         seconds=time.perf_counter() - t_start)
-    return result, depth, len(confirmed) - 1
+    return result, depth, len(confirmed) - 1, cut.stock
+
+
+def _certified_bound(sweep: SweepResult) -> int:
+    """The largest bound the chord certificate gives a rows value it did not run (0: none)."""
+    cov = sweep.coverage
+    needs = cov.peaks
+    return max((max(needs[seg.lo], needs[seg.hi]) + cov.tolerance for seg in cov.segments
+                if seg.how == "chord" and seg.hi - seg.lo > 1), default=0)
 
 
 def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
@@ -253,12 +266,12 @@ def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
     measurements of one step may read apart, the meter's resolution or allocator slack)."""
     # The cut-down one first: a model that cannot be cut raises (ValueError) before the full
     # sweep has run, and the caller sweeps it whole once.
-    cut, depth, _ = _cut_down(driver, **{"exhaustive": False, "context_ladder": True,
-                                         "on_step": None, "allocator_slack": 0, **kw,
-                                         "attribute_ops": False})
+    cut, depth, _, cut_stock = _cut_down(driver, **{"exhaustive": False, "context_ladder": True,
+                                                    "on_step": None, "allocator_slack": 0, **kw,
+                                                    "attribute_ops": False})
     full = run_sweep(driver, **kw)
     first: dict[Shape, StepResult] = {}
-    for r in cut.steps:  # a shape's first measurement is its cut-down figure
+    for r in (cut_stock, *cut.steps):  # a shape's first measurement is its cut-down figure
         first.setdefault(r.shape, r)
     on_full = largest_peaks((*full.steps, full.stock))
     deltas: dict[str, int] = {}
@@ -309,11 +322,16 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     """A cached sweep, admitted after its replay: the transient is the cached one while the
     replay is within the meter's resolution of it, else the cached one plus the largest drift
     any replayed step shows against the same shape's cached figure (the cached worst, the shapes
-    re-checked for dominance, the stock step); a re-checked shape the cached sweep never ran
+    re-checked for dominance, the stock step; after a cut-down sweep, a shape that ran only on
+    the cut decoder counts at its cut figure plus the sweep's depth_delta, its admitted bound); a re-checked shape the cached sweep never ran
     (the full chunk's widest split, say, where the worst rows were smaller) counts at what it
     measured now plus the meter's `allocator_slack` (policy.reuse_transient); the stock step and
     provisional KV are this start's."""
     before = largest_peaks((*cached.steps, cached.stock))
+    if cached.depth_delta:  # a cut-down sweep: a shape measured once ran on the cut decoder only
+        seen = [r.shape for r in cached.steps]
+        before.update({sh: p + cached.depth_delta for sh, p in before.items()
+                       if seen.count(sh) == 1})
 
     def bound(r: StepResult) -> int:
         if r.shape in before:

@@ -157,6 +157,8 @@ class CutDownProof:
     depth: str
     """What the cut kept, e.g. "1 of 32 layers"."""
     deltas: tuple[tuple[str, int], ...] = ()
+    depth_delta: int = 0
+    """The full-minus-cut difference the cut-down sweep measured and raised shapes by."""
     verdict: str = ""
     """"proven", or why not."""
 
