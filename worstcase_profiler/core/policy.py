@@ -224,6 +224,8 @@ CUT_DOWN_PROVEN: dict[str, str] = {
 the full sweep with the confirmed peak equal within the meter's resolution (`--sweep-depth
 prove`, bench/gpu_suite.py's *_prove cases): class -> "RUN: CASE, CASE; RUN: CASE", the
 committed results (docs/results/RUN) that show it, checked by tests/unit/test_committed_results.py.
+Scope: the class as those cases ran it (bf16 weights, default KV dtype, TP=1, eager, FA3 on sm_90);
+every architecture vLLM maps onto the class is cut down alike (docs/sweep.md).
 DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (h200-run28)."""
 
 
