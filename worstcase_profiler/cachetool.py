@@ -65,6 +65,11 @@ def main(argv: list[str]) -> int:
     if not src.is_dir():
         raise ConfigError(f"{src} is not a directory", hint="name the directory holding the entries")
     good, bad = _entries(src, secret)
+    if bad and not good:  # nothing moved, and not for lack of entries: say why, fail
+        raise ConfigError(
+            f"no entry {ns.verb}ed from {src}: {len(bad)} file(s) skipped, e.g. {bad[0]}",
+            hint="with $WCPROF_CACHE_SECRET set only entries signed with that secret are read; "
+                 "`wcprof cache list` shows what this host's cache holds")
     dst.mkdir(parents=True, exist_ok=True)
     from .render.json_report import write_atomically
 

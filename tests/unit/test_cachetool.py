@@ -3,10 +3,12 @@ entries, or (with a secret) not signed by it, are named and skipped."""
 
 from __future__ import annotations
 
+import pytest
 from test_cache import FACTS, _entry, _sweep
 
 from worstcase_profiler.cachetool import main
 from worstcase_profiler.core.cache import SweepCache, cache_key
+from worstcase_profiler.errors import ConfigError
 
 
 def test_export_then_import_on_another_host(tmp_path, monkeypatch, capsys):
@@ -28,5 +30,14 @@ def test_with_a_secret_unsigned_entries_are_not_imported(tmp_path, monkeypatch, 
     SweepCache(shared).store(_entry(_sweep(), cache_key(FACTS)))  # written without the secret
     monkeypatch.setenv("WCPROF_CACHE_DIR", str(there))
     monkeypatch.setenv("WCPROF_CACHE_SECRET", "fleet")
-    assert main(["import", str(shared)]) == 0
+    with pytest.raises(ConfigError, match="no entry imported .* not signed with"):
+        main(["import", str(shared)])
+    assert not there.exists() or not list(there.glob("*.json"))
+
+
+def test_an_empty_directory_imports_nothing_and_that_is_not_an_error(tmp_path, monkeypatch,
+                                                                       capsys):
+    (tmp_path / "shared").mkdir()
+    monkeypatch.setenv("WCPROF_CACHE_DIR", str(tmp_path / "there"))
+    assert main(["import", str(tmp_path / "shared")]) == 0
     assert "imported 0 entries" in capsys.readouterr().out
