@@ -77,6 +77,13 @@ def _cell(m: dict, name: str, case: dict) -> dict:
     if case.get("first_start") is not None:
         figures.append("first start refused, restart " +
                        ("admitted" if case.get("rc") == 0 else f"refused too (exit {case.get('rc')})"))
+    proof = wc.get("cut_down_proof")
+    if proof:
+        figures.append(f"cut-down proof ({proof['depth']}): "
+                       + ("proven" if proof["verdict"] == "proven" else "not proven"))
+    failed = next((f["why"] for f in m.get("failed", []) if f.get("case") == name), None)
+    if failed:  # the manifest's own account, up to its first colon or sentence
+        figures.append("recorded failure: " + failed.split(": ", 1)[0].split(". ", 1)[0])
     return {"vllm": m.get("vllm", "?"), "device": m.get("gpu", "?"),
             "runner": (rep.get("runner") or {}).get("runner", "?"),
             "graphs": "off" if cfg.get("enforce_eager", True) else "on",
