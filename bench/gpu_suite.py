@@ -102,6 +102,12 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
                                 "--load-format", "dummy-finalized", "--speculative-config",
                                 '{"method": "mtp", "num_speculative_tokens": 1}'],
                      {"WCP_FIXTURES_LOADERS": "1"}, None),
+    # the same at 8k context and 2k chunks: fewer token counts, so fewer TileLang compiles on a
+    # cold host (h200-run29 timed out compiling them at 131k / 8k)
+    "dsv4_mtp_fp8_short": (DSV4_FP8, [*SHORT, "--enforce-eager", "--kv-cache-dtype", "fp8",
+                                      "--load-format", "dummy-finalized", "--speculative-config",
+                                      '{"method": "mtp", "num_speculative_tokens": 1}'],
+                           {"WCP_FIXTURES_LOADERS": "1"}, None),
     # the cut-down proof (policy.CUT_DOWN_PROVEN): every eager suite configuration of a family
     "llama_v2_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
     "llama_v1_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE],
@@ -120,7 +126,7 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
 }
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
-              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8",
+              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
               "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")))
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]
