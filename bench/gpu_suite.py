@@ -118,6 +118,10 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "dsv32_bf16_prove": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *PROVE],
                          {}, None),
     "qwen35_prove": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *PROVE], {}, None),
+    # graphs on: the cut steps bypass the compiled graph (eager), the confirmations run compiled
+    "llama_graphs_prove": (LLAMA, [*LONG, *PROVE], {}, "v2"),
+    "llama8b_graphs_prove": (LLAMA8B, [*LONG, *PROVE], {}, "v2"),
+    "qwen35_graphs_prove": (QWEN35, [*LONG, *GDN_TRITON, *PROVE], {}, None),
     "qwen35_mtp_prove": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *PROVE,
                                   "--speculative-config",
                                   '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),

@@ -192,3 +192,18 @@ def test_sweep_depth_prove_admits_the_full_sweep_and_reports_the_cut_down_beside
     assert proof["depth_delta"] >= proof["deltas"]["stock"]
     assert wc["sweep_mode"].startswith("full; cut-down beside it (1 of 2 layers): ")
     assert "cut-down proof (1 of 2 layers)" in run.out
+
+
+def test_a_compiled_decoder_runs_its_cut_steps_eagerly(tmp_path):
+    """torch.compile on (no --enforce-eager): vLLM's compiled graph has the layer loop baked in,
+    so the cut-down steps bypass it (support_torch_compile's do_not_compile) and the full sweep
+    and the confirmations run compiled."""
+    run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
+                      "--max-model-len", "4096", "--max-num-batched-tokens", "512",
+                      "--max-num-seqs", "8", "--gpu-memory-utilization", "0.25",
+                      "--sweep-depth", "prove"], tmp_path)
+    assert run.rc == 0, run.text[-3000:]
+    assert run.report["config"]["enforce_eager"] is False
+    proof = run.report["worstcase"]["cut_down_proof"]
+    assert proof["depth"] == "1 of 2 layers, run eagerly"
+    assert proof["full_peak_bytes"] > 0 and proof["confirmed_peak_bytes"] > 0

@@ -42,15 +42,31 @@ def test_the_cut_keeps_the_shortest_prefix_holding_every_kind_of_layer():
     assert (keep, total) == (4, 8) and decoder.end_layer == 8
 
 
-def test_a_compiled_forward_is_never_cut():
-    m = Model([Attn] * 4)
-    m.model.do_not_compile = False  # vLLM's own compilation
-    with pytest.raises(ValueError, match="compiled"):
-        decoder_cut(m)
+def test_the_runners_model_compile_cannot_be_cut():
     m = Model([Attn] * 4)
     m.compile()  # the runner's model.compile() (vLLM's STOCK_TORCH_COMPILE mode)
     with pytest.raises(ValueError, match="compiled"):
         decoder_cut(m)
+
+
+def test_a_decoder_vllm_compiles_runs_its_cut_steps_eagerly_and_is_restored():
+    """support_torch_compile's do_not_compile is set for a cut step only (the compiled graph
+    would run every layer), and restored with end_layer after it, also when the step fails."""
+    from worstcase_profiler.adapter.runner import DriverBase, runs_compiled
+
+    m = Model([Attn] * 4)
+    m.model.do_not_compile = False  # vLLM's own compilation
+    assert runs_compiled(decoder_cut(m)[0])
+    drv = DriverBase()
+    drv.model = m
+    seen = []
+    with drv.cut_down() as depth:
+        assert depth == "1 of 4 layers, run eagerly"
+        drv._at_depth(lambda: seen.append((m.model.end_layer, m.model.do_not_compile)))
+        with pytest.raises(RuntimeError):
+            drv._at_depth(lambda: (_ for _ in ()).throw(RuntimeError("step failed")))
+    assert seen == [(1, True)]
+    assert (m.model.end_layer, m.model.do_not_compile) == (4, False)
 
 
 def test_no_cut_where_layers_are_all_different_or_split_by_pipeline_parallelism():

@@ -216,11 +216,12 @@ def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
     assert not proof.proven and "confirmed peak" in proof.verdict and "admits" in proof.verdict
 
 
-def test_a_compiled_forward_is_never_cut_down(monkeypatch):
+def test_a_compiled_forward_is_cut_down_only_when_asked(monkeypatch):
     monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
-    for setting in ("auto", "cut-down", "prove"):
-        depth, why = policy.sweep_depth(setting, "LlamaForCausalLM", eager=lambda: False)
-        assert depth == "full" and "eager" in why
+    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=lambda: False)
+    assert depth == "full" and "eager forwards only" in why
+    for setting in ("cut-down", "prove"):
+        assert policy.sweep_depth(setting, "LlamaForCausalLM", eager=lambda: False)[0] == setting
 
 
 def test_admission_decision_is_a_pure_function_of_its_inputs():

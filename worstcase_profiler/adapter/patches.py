@@ -211,12 +211,14 @@ REGISTRY: tuple[Touch, ...] = (
           "refuses to start when it needs more than predicted",
           run="0.32 (CPU)", retire="a server start-up hook for plugins"),
     Touch("decoder-depth", "config-pin",
-          "the decoder's end_layer (vLLM's pipeline-parallel layer range), for one synthetic "
-          "step of a cut-down sweep",
+          "the decoder's end_layer (vLLM's pipeline-parallel layer range) and, where vLLM "
+          "compiles the decoder, its do_not_compile (support_torch_compile's own bypass), for "
+          "one synthetic step of a cut-down sweep",
           "the cut-down sweep runs every shape on one layer of each kind (a step's peak is set "
           "inside one layer), so its cost does not grow with depth; the worst shapes are then "
-          "confirmed on the full model",
-          run="0.32 (CPU)", retire="a profiling entry point that runs a subset of layers"),
+          "confirmed on the full model (compiled, where it is)",
+          run="0.26 and 0.32 (H200, eager: runs 25-28); 0.32 (CPU); the compiled bypass not run",
+          retire="a profiling entry point that runs a subset of layers"),
     Touch("v1-graph-estimate", "instance-swap",
           "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "
           "(during vLLM's own profile_cudagraph_memory)",

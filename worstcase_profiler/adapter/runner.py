@@ -69,8 +69,9 @@ def _layer_kind(layer) -> tuple:
 def decoder_cut(model) -> tuple[object, int, int]:
     """(decoder module, layers kept, layers in all): the shortest prefix of the decoder's layers
     holding one layer of every kind. ValueError when the model has no such decoder (vLLM's
-    start_layer/end_layer loop), runs compiled (the layer loop is baked into the graph), is split
-    by pipeline parallelism, or has no two layers alike."""
+    start_layer/end_layer loop), runs under the runner's model.compile(), is split by pipeline
+    parallelism, or has no two layers alike. A decoder vLLM compiles itself can be cut: its
+    compiled call is bypassed for the cut steps (runs_compiled)."""
     # vllm-touch: decoder-depth
     decoder = None
     for _name, mod in model.named_modules():
@@ -81,12 +82,12 @@ def decoder_cut(model) -> tuple[object, int, int]:
             break
     if decoder is None:
         raise ValueError("no decoder with a start_layer/end_layer layer loop")
-    # vLLM's own compilation (do_not_compile False), or the runner's model.compile() of the
-    # STOCK_TORCH_COMPILE mode (nn.Module._compiled_call_impl set on the model or the decoder)
-    if getattr(decoder, "do_not_compile", True) is False or any(
-            getattr(m, "_compiled_call_impl", None) is not None for m in (model, decoder)):
-        raise ValueError("the model runs compiled (torch.compile bakes the layer loop into its "
-                         "graph); the cut-down sweep needs an eager forward")
+    # the runner's model.compile() of vLLM's STOCK_TORCH_COMPILE mode (nn.Module's
+    # _compiled_call_impl on the model or the decoder): nothing of vLLM's to bypass it with
+    if any(getattr(m, "_compiled_call_impl", None) is not None for m in (model, decoder)):
+        raise ValueError("the model runs compiled by the runner's model.compile() (torch.compile "
+                         "bakes the layer loop into its graph); the cut-down sweep needs a "
+                         "forward it can run eagerly")
     total = len(decoder.layers)
     if decoder.start_layer != 0 or decoder.end_layer != total:
         raise ValueError("the decoder is split by pipeline parallelism")
@@ -95,6 +96,13 @@ def decoder_cut(model) -> tuple[object, int, int]:
     if keep >= total:
         raise ValueError(f"no two of its {total} layers are alike")
     return decoder, keep, total
+
+
+def runs_compiled(decoder) -> bool:
+    """Whether vLLM runs this decoder through its torch.compile graph (support_torch_compile's
+    do_not_compile False); such a graph has the layer loop baked in, so a cut step sets
+    do_not_compile for its duration and runs the decoder's Python forward instead."""
+    return getattr(decoder, "do_not_compile", True) is False
 
 
 def is_v2_runner(runner) -> bool:
@@ -136,9 +144,10 @@ class DriverBase:
         """Steps (the stock step too) run on the decoder cut to one layer of each kind for the
         duration; ValueError names why a model cannot be cut."""
         decoder, keep, total = decoder_cut(self.model)
-        self._cut = (decoder, keep)
+        compiled = runs_compiled(decoder)
+        self._cut = (decoder, keep, compiled)
         try:
-            yield f"{keep} of {total} layers"
+            yield f"{keep} of {total} layers" + (", run eagerly" if compiled else "")
         finally:
             self._cut = None
 
@@ -147,13 +156,17 @@ class DriverBase:
             run()
             return
         # vllm-touch: decoder-depth
-        decoder, keep = self._cut
-        saved = decoder.end_layer
+        decoder, keep, compiled = self._cut
+        saved = decoder.end_layer, decoder.do_not_compile if compiled else None
         decoder.end_layer = decoder.start_layer + keep
+        if compiled:  # the compiled graph runs every layer: its Python forward honours the cut
+            decoder.do_not_compile = True
         try:
             run()
         finally:
-            decoder.end_layer = saved
+            decoder.end_layer = saved[0]
+            if compiled:
+                decoder.do_not_compile = saved[1]
 
     def _measured(self, shape: Shape, body, attribute: bool) -> StepResult:
         meter = self.meter

@@ -382,11 +382,13 @@ def _proof_line(p: CutDownProof) -> str:
 
 def _runs_eagerly(driver) -> bool:
     """Whether the decoder's forward runs as Python (no torch.compile graph)."""
+    from .runner import decoder_cut, runs_compiled
+
     try:
-        _can_cut(driver)
+        decoder, _, _ = decoder_cut(driver.model)
     except ValueError as e:
         return "compiled" not in str(e)
-    return True
+    return not runs_compiled(decoder)
 
 
 def _can_cut(driver) -> None:

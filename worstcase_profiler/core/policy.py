@@ -232,9 +232,10 @@ DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (h200-run28)."""
 def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
                 device_kind: str = "cuda") -> tuple[str, str]:
     """("full" | "cut-down" | "prove", why). auto cuts down only proven families, on the kind of
-    device they were proven on (CUDA: their kernels set the peaks); prove runs both (the full
-    one admitted); only an eager forward can be cut (a compiled one bakes its layer loop in).
-    `eager` is asked only when the answer could involve a cut."""
+    device they were proven on (CUDA: their kernels set the peaks), and only eager forwards (a
+    compiled one's cut steps run its Python forward, which no proof has covered yet); cut-down
+    and prove are taken as asked (prove runs both, the full one admitted). `eager` is asked
+    only when the answer could be an automatic cut."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
     if setting == "auto" and model_class not in CUT_DOWN_PROVEN:
@@ -243,12 +244,13 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     if setting == "auto" and device_kind != "cuda":
         return "full", (f"full: the cut-down sweep is proven for {model_class} on CUDA devices, "
                         f"not on {device_kind} (sweep_depth=prove compares both here)")
-    if not eager():
-        return "full", "full: the model runs compiled, and a cut-down sweep needs an eager forward"
     if setting == "prove":
         return "prove", "full, then cut-down to compare (sweep_depth=prove)"
     if setting == "cut-down":
         return "cut-down", "cut-down: asked for (sweep_depth=cut-down)"
+    if not eager():  # the proofs ran eager forwards: a compiled one's cut steps run eagerly
+        return "full", (f"full: the model runs compiled, and the cut-down sweep is proven for "
+                        f"{model_class} on eager forwards only (sweep_depth=prove compares both)")
     return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
 
 
