@@ -56,7 +56,7 @@ def test_a_decoder_vllm_compiles_runs_its_cut_steps_eagerly_and_is_restored():
 
     m = Model([Attn] * 4)
     m.model.do_not_compile = False  # vLLM's own compilation
-    assert runs_compiled(decoder_cut(m)[0])
+    assert runs_compiled(m)
     drv = DriverBase()
     drv.model = m
     seen = []
@@ -76,3 +76,27 @@ def test_no_cut_where_layers_are_all_different_or_split_by_pipeline_parallelism(
     m.model.end_layer = 2
     with pytest.raises(ValueError, match="pipeline"):
         decoder_cut(m)
+
+
+def test_a_compiling_parent_is_bypassed_with_the_decoder():
+    """A parent module compiled with the decoder inside its graph (vLLM's Ernie 4.5 over its
+    LlamaModel) would run every layer whatever the decoder's own flag says."""
+    from worstcase_profiler.adapter.runner import DriverBase
+
+    m = Model([Attn] * 4)
+    m.do_not_compile = m.model.do_not_compile = False
+    drv = DriverBase()
+    drv.model = m
+    seen = []
+    with drv.cut_down():
+        drv._at_depth(lambda: seen.append((m.do_not_compile, m.model.do_not_compile)))
+    assert seen == [(True, True)] and (m.do_not_compile, m.model.do_not_compile) == (False, False)
+
+
+def test_a_drafter_reading_middle_layers_keeps_the_full_sweep():
+    m = Model([Attn] * 8)
+    m.model.aux_hidden_state_layers = (2, 4, 5)  # EAGLE3's defaults for 8 layers
+    with pytest.raises(ValueError, match="hidden states of layers"):
+        decoder_cut(m)
+    m.model.aux_hidden_state_layers = (1,)  # within what the cut keeps
+    assert decoder_cut(m)[1] == 1

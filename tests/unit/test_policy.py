@@ -222,6 +222,8 @@ def test_a_compiled_forward_is_cut_down_only_when_asked(monkeypatch):
     assert depth == "full" and "eager forwards only" in why
     for setting in ("cut-down", "prove"):
         assert policy.sweep_depth(setting, "LlamaForCausalLM", eager=lambda: False)[0] == setting
+    assert "no proof has covered" in policy.sweep_depth("cut-down", "LlamaForCausalLM",
+                                                        eager=lambda: False)[1]
 
 
 def test_admission_decision_is_a_pure_function_of_its_inputs():

@@ -314,3 +314,34 @@ def test_a_proof_fails_when_a_shape_gained_more_from_depth_than_was_allowed():
     assert proof.cut_worst == proof.full_worst and proof.depth_delta == 0
     assert not proof.proven and "gained 31457280 B from depth" in proof.verdict
     assert dict(proof.deltas)["stock"] == 0
+
+
+def test_a_cut_down_sweep_does_not_count_the_workspace_a_step_leaves_as_transient():
+    """Chord-certified rows on the cut decoder are bounded in peak units: the workspace a step
+    leaves is held memory, already in what the process holds."""
+    from worstcase_profiler.core.sweep import run_cut_down
+
+    f = lambda s: 300 * MiB + s.rows * 4 * MiB  # noqa: E731 - affine: chords certify
+    ws = lambda s: 64 * MiB  # noqa: E731
+    full = run_sweep(FakeDriver(LIMITS, transient=f, workspace=ws), tolerance=0,
+                     attribute_ops=False)
+    drv = CutDriver(LIMITS, f, lambda s: 0)
+    drv._workspace = ws
+    cut, _ = run_cut_down(drv, tolerance=0, attribute_ops=False)
+    assert cut.coverage.certified_rows > 0
+    assert cut.peak_bytes == full.peak_bytes
+
+
+def test_a_restart_tells_confirmed_figures_from_cut_ones_where_a_shape_ran_twice():
+    """With chunks longer than max_model_len the widest split of the worst rows is the chunk
+    itself, so the cut decoder runs one shape twice; the restart still raises it by the depth
+    difference (it was never confirmed), so it admits what the first start did."""
+    from worstcase_profiler.core.sweep import dominance_checks, replay, reused, run_cut_down
+
+    limits = Limits(max_model_len=48, max_num_batched_tokens=64, max_num_seqs=4, block_size=16,
+                    kv_capacity_tokens=1024)
+    f = lambda s: 300 * MiB + s.rows * 4 * MiB + s.num_reqs * 9 * MiB  # noqa: E731
+    drv = CutDriver(limits, f, lambda s: 10 * MiB, stock_transient=20 * MiB)
+    cut, _ = run_cut_down(drv, tolerance=0, attribute_ops=False)
+    check = replay(drv, cut.worst.shape, dominance_checks(limits, cut.worst.shape))
+    assert reused(cut, check, resolution=MiB).peak_bytes == cut.peak_bytes

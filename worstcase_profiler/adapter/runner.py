@@ -95,14 +95,25 @@ def decoder_cut(model) -> tuple[object, int, int]:
     keep = max(kinds.index(k) for k in set(kinds)) + 1
     if keep >= total:
         raise ValueError(f"no two of its {total} layers are alike")
+    # A drafter fed by hidden states of middle layers (EAGLE3, DFlash, DSpark, hidden-state
+    # extraction): the cut forward would collect none of those and return another type.
+    aux = [int(i) for m in (model, decoder) for i in getattr(m, "aux_hidden_state_layers", ()) or ()]
+    if aux and max(aux) > decoder.start_layer + keep:
+        raise ValueError(f"a drafter reads the hidden states of layers {sorted(set(aux))}, beyond "
+                         f"the {keep} layer(s) a cut keeps")
     return decoder, keep, total
 
 
-def runs_compiled(decoder) -> bool:
-    """Whether vLLM runs this decoder through its torch.compile graph (support_torch_compile's
-    do_not_compile False); such a graph has the layer loop baked in, so a cut step sets
-    do_not_compile for its duration and runs the decoder's Python forward instead."""
-    return getattr(decoder, "do_not_compile", True) is False
+def compiled_modules(model) -> list:
+    """The modules vLLM runs through a torch.compile graph of their own (support_torch_compile's
+    do_not_compile False): the decoder, and any parent that compiles it inside its own graph.
+    Such a graph has the layer loop baked in, so a cut step sets do_not_compile on all of them
+    for its duration and runs the Python forwards instead."""
+    return [m for m in model.modules() if getattr(m, "do_not_compile", True) is False]
+
+
+def runs_compiled(model) -> bool:
+    return bool(compiled_modules(model))
 
 
 def is_v2_runner(runner) -> bool:
@@ -144,7 +155,7 @@ class DriverBase:
         """Steps (the stock step too) run on the decoder cut to one layer of each kind for the
         duration; ValueError names why a model cannot be cut."""
         decoder, keep, total = decoder_cut(self.model)
-        compiled = runs_compiled(decoder)
+        compiled = compiled_modules(self.model)
         self._cut = (decoder, keep, compiled)
         try:
             yield f"{keep} of {total} layers" + (", run eagerly" if compiled else "")
@@ -157,16 +168,16 @@ class DriverBase:
             return
         # vllm-touch: decoder-depth
         decoder, keep, compiled = self._cut
-        saved = decoder.end_layer, decoder.do_not_compile if compiled else None
+        saved = decoder.end_layer
         decoder.end_layer = decoder.start_layer + keep
-        if compiled:  # the compiled graph runs every layer: its Python forward honours the cut
-            decoder.do_not_compile = True
+        for m in compiled:  # a compiled graph runs every layer: the Python forward honours the cut
+            m.do_not_compile = True
         try:
             run()
         finally:
-            decoder.end_layer = saved[0]
-            if compiled:
-                decoder.do_not_compile = saved[1]
+            decoder.end_layer = saved
+            for m in compiled:
+                m.do_not_compile = False
 
     def _measured(self, shape: Shape, body, attribute: bool) -> StepResult:
         meter = self.meter

@@ -385,10 +385,10 @@ def _runs_eagerly(driver) -> bool:
     from .runner import decoder_cut, runs_compiled
 
     try:
-        decoder, _, _ = decoder_cut(driver.model)
+        decoder_cut(driver.model)
     except ValueError as e:
         return "compiled" not in str(e)
-    return not runs_compiled(decoder)
+    return not runs_compiled(driver.model)
 
 
 def _can_cut(driver) -> None:

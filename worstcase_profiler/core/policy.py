@@ -234,8 +234,9 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     """("full" | "cut-down" | "prove", why). auto cuts down only proven families, on the kind of
     device they were proven on (CUDA: their kernels set the peaks), and only eager forwards (a
     compiled one's cut steps run its Python forward, which no proof has covered yet); cut-down
-    and prove are taken as asked (prove runs both, the full one admitted). `eager` is asked
-    only when the answer could be an automatic cut."""
+    and prove are taken as asked (prove runs both, the full one admitted; cut-down on a
+    compiled forward says it is unproven). `eager` is asked only when the answer involves a cut
+    (it walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
     if setting == "auto" and model_class not in CUT_DOWN_PROVEN:
@@ -247,7 +248,9 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     if setting == "prove":
         return "prove", "full, then cut-down to compare (sweep_depth=prove)"
     if setting == "cut-down":
-        return "cut-down", "cut-down: asked for (sweep_depth=cut-down)"
+        return "cut-down", "cut-down: asked for (sweep_depth=cut-down)" + (
+            "" if eager() else "; the model runs compiled, so its cut steps run eagerly, which "
+                               "no proof has covered (sweep_depth=prove compares both)")
     if not eager():  # the proofs ran eager forwards: a compiled one's cut steps run eagerly
         return "full", (f"full: the model runs compiled, and the cut-down sweep is proven for "
                         f"{model_class} on eager forwards only (sweep_depth=prove compares both)")

@@ -234,10 +234,10 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     peak_delta = delta()
     chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
     # A rows value the chord certified never ran, on either model: on the full model it is
-    # bounded by its segment's cut-down bound plus the difference (need units: conservative by
-    # any workspace), not by a confirmed neighbour's own full-model figure.
+    # bounded by its segment's cut-down bound plus the difference, not by a confirmed
+    # neighbour's own full-model figure.
     peak = max([top() + chord_slack, *(b + chord_slack for b in bounds().values()),
-                _certified_bound(cut) + peak_delta]) + max(0, allocator_slack)
+                _certified_bound(cut, driver.limits) + peak_delta]) + max(0, allocator_slack)
     worst = max(confirmed, key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.
@@ -246,15 +246,20 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     result = dataclasses.replace(
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
-        seconds=time.perf_counter() - t_start)
+        confirmed=len(confirmed) - 1, seconds=time.perf_counter() - t_start)
     return result, depth, len(confirmed) - 1, cut.stock
 
 
-def _certified_bound(sweep: SweepResult) -> int:
-    """The largest bound the chord certificate gives a rows value it did not run (0: none)."""
-    cov = sweep.coverage
-    needs = cov.peaks
-    return max((max(needs[seg.lo], needs[seg.hi]) + cov.tolerance for seg in cov.segments
+def _certified_bound(sweep: SweepResult, limits: Limits) -> int:
+    """The largest transient the chord certificate allows a rows value it did not run: its
+    segment's larger end plus the tolerance, in peak units (the workspace a step leaves is held
+    memory, not transient); 0 where nothing was certified."""
+    cov, peaks = sweep.coverage, largest_peaks(sweep.steps)
+
+    def end(rows: int) -> int:
+        return peaks.get(plan.prefill_chunk(limits, rows), 0)
+
+    return max((max(end(seg.lo), end(seg.hi)) + cov.tolerance for seg in cov.segments
                 if seg.how == "chord" and seg.hi - seg.lo > 1), default=0)
 
 
@@ -322,16 +327,17 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     """A cached sweep, admitted after its replay: the transient is the cached one while the
     replay is within the meter's resolution of it, else the cached one plus the largest drift
     any replayed step shows against the same shape's cached figure (the cached worst, the shapes
-    re-checked for dominance, the stock step; after a cut-down sweep, a shape that ran only on
-    the cut decoder counts at its cut figure plus the sweep's depth_delta, its admitted bound); a re-checked shape the cached sweep never ran
+    re-checked for dominance, the stock step; after a cut-down sweep, a shape confirmed on the
+    full model counts at that figure, any other at its cut figure plus depth_delta); a re-checked shape the cached sweep never ran
     (the full chunk's widest split, say, where the worst rows were smaller) counts at what it
     measured now plus the meter's `allocator_slack` (policy.reuse_transient); the stock step and
     provisional KV are this start's."""
     before = largest_peaks((*cached.steps, cached.stock))
-    if cached.depth_delta:  # a cut-down sweep: a shape measured once ran on the cut decoder only
-        seen = [r.shape for r in cached.steps]
-        before.update({sh: p + cached.depth_delta for sh, p in before.items()
-                       if seen.count(sh) == 1})
+    if cached.depth_delta or cached.confirmed:  # a cut-down sweep (its last steps: on the full model)
+        split = len(cached.steps) - cached.confirmed
+        before = {sh: p + cached.depth_delta
+                  for sh, p in largest_peaks(cached.steps[:split]).items()}
+        before.update(largest_peaks((*cached.steps[split:], cached.stock)))
 
     def bound(r: StepResult) -> int:
         if r.shape in before:

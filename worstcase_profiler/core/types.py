@@ -132,6 +132,9 @@ class SweepResult:
     depth_delta: int = 0
     """A cut-down sweep's (core/sweep.run_cut_down): the largest full-model minus cut-down peak
     of any shape measured both ways, the stock step included; 0 after a full sweep."""
+    confirmed: int = 0
+    """A cut-down sweep's: how many of the last `steps` ran on the full model (its
+    confirmations; the ones before ran on the cut decoder). 0 after a full sweep."""
 
 
 @dataclass(frozen=True)
