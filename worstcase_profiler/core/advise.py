@@ -201,15 +201,9 @@ def confirmation_delta(sweep: SweepResult) -> int:
 
 
 def _raiser(sweep: SweepResult, delta: int):
-    """Raise a cut-down figure by `delta`: the first measurement of each shape in the sweep's
-    steps (later ones of the same shape are its full-model confirmations; the stock step ran on
-    the full model)."""
-    seen: set[Shape] = set()
-    cut: set[int] = set()
-    for r in sweep.steps:
-        if r.shape not in seen:
-            seen.add(r.shape)
-            cut.add(id(r))
+    """Raise a cut-down figure by `delta`: every step that ran on the cut decoder
+    (SweepResult.cut_steps; the confirmations and the stock step ran on the full model)."""
+    cut = {id(r) for r in sweep.cut_steps}
 
     def raised(steps: Iterable[StepResult]) -> list[StepResult]:
         return [dataclasses.replace(r, peak_bytes=r.peak_bytes + delta)

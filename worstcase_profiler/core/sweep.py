@@ -178,19 +178,19 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     allow it, not a confirmed shape raised by another shape's larger difference (H200 run 13,
     the 8B layout: +64 MiB). Shapes far below the worst are not confirmed one by one: the decode
     and mixed steps at full context cost seconds each on a deep model (run 25: 6.3 of 11.8 s)."""
-    result, depth, n, _ = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
-                                    context_ladder=context_ladder, attribute_ops=attribute_ops,
-                                    on_step=on_step, allocator_slack=allocator_slack)
-    return result, (f"cut-down: every shape on {depth}, the stock step and {n} worst confirmed "
-                    f"on the full model (full minus cut-down peak: +{result.depth_delta} B at "
-                    "most)")
+    result, depth, _ = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
+                                 context_ladder=context_ladder, attribute_ops=attribute_ops,
+                                 on_step=on_step, allocator_slack=allocator_slack)
+    return result, (f"cut-down: every shape on {depth}, the stock step and {result.confirmed} "
+                    f"worst confirmed on the full model (full minus cut-down peak: "
+                    f"+{result.depth_delta} B at most)")
 
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
               attribute_ops: bool, on_step: StepCallback | None, allocator_slack: int
-              ) -> tuple[SweepResult, str, int, StepResult]:
-    """run_cut_down's sweep, what the cut kept, how many shapes were confirmed, and the stock
-    step as measured on the cut decoder."""
+              ) -> tuple[SweepResult, str, StepResult]:
+    """run_cut_down's sweep, what the cut kept, and the stock step as measured on the cut
+    decoder."""
     t_start = time.perf_counter()
     with driver.cut_down() as depth:
         cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
@@ -247,7 +247,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
         confirmed=len(confirmed) - 1, seconds=time.perf_counter() - t_start)
-    return result, depth, len(confirmed) - 1, cut.stock
+    return result, depth, cut.stock
 
 
 def _certified_bound(sweep: SweepResult, limits: Limits) -> int:
@@ -271,12 +271,12 @@ def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
     measurements of one step may read apart, the meter's resolution or allocator slack)."""
     # The cut-down one first: a model that cannot be cut raises (ValueError) before the full
     # sweep has run, and the caller sweeps it whole once.
-    cut, depth, _, cut_stock = _cut_down(driver, **{"exhaustive": False, "context_ladder": True,
-                                                    "on_step": None, "allocator_slack": 0, **kw,
-                                                    "attribute_ops": False})
+    cut, depth, cut_stock = _cut_down(driver, **{"exhaustive": False, "context_ladder": True,
+                                                 "on_step": None, "allocator_slack": 0, **kw,
+                                                 "attribute_ops": False})
     full = run_sweep(driver, **kw)
     first: dict[Shape, StepResult] = {}
-    for r in (cut_stock, *cut.steps):  # a shape's first measurement is its cut-down figure
+    for r in (cut_stock, *cut.cut_steps):  # a shape's first cut-down figure
         first.setdefault(r.shape, r)
     on_full = largest_peaks((*full.steps, full.stock))
     deltas: dict[str, int] = {}
@@ -328,16 +328,16 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     replay is within the meter's resolution of it, else the cached one plus the largest drift
     any replayed step shows against the same shape's cached figure (the cached worst, the shapes
     re-checked for dominance, the stock step; after a cut-down sweep, a shape confirmed on the
-    full model counts at that figure, any other at its cut figure plus depth_delta); a re-checked shape the cached sweep never ran
-    (the full chunk's widest split, say, where the worst rows were smaller) counts at what it
-    measured now plus the meter's `allocator_slack` (policy.reuse_transient); the stock step and
-    provisional KV are this start's."""
-    before = largest_peaks((*cached.steps, cached.stock))
-    if cached.depth_delta or cached.confirmed:  # a cut-down sweep (its last steps: on the full model)
-        split = len(cached.steps) - cached.confirmed
-        before = {sh: p + cached.depth_delta
-                  for sh, p in largest_peaks(cached.steps[:split]).items()}
-        before.update(largest_peaks((*cached.steps[split:], cached.stock)))
+    full model counts at that figure, any other at its cut figure plus depth_delta); a
+    re-checked shape the cached sweep never ran (the full chunk's widest split, say, where the
+    worst rows were smaller) counts at what it measured now plus the meter's `allocator_slack`
+    (policy.reuse_transient); the stock step and provisional KV are this start's."""
+    if cached.depth_delta or cached.confirmed:  # a cut-down sweep
+        cut = cached.cut_steps
+        before = {sh: p + cached.depth_delta for sh, p in largest_peaks(cut).items()}
+        before.update(largest_peaks((*cached.steps[len(cut):], cached.stock)))
+    else:
+        before = largest_peaks((*cached.steps, cached.stock))
 
     def bound(r: StepResult) -> int:
         if r.shape in before:

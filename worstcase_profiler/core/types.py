@@ -136,6 +136,12 @@ class SweepResult:
     """A cut-down sweep's: how many of the last `steps` ran on the full model (its
     confirmations; the ones before ran on the cut decoder). 0 after a full sweep."""
 
+    @property
+    def cut_steps(self) -> tuple[StepResult, ...]:
+        """After a cut-down sweep, the steps that ran on the cut decoder: all but the last
+        `confirmed` (a sweep cached before that count existed: all of them)."""
+        return self.steps[:len(self.steps) - self.confirmed]
+
 
 @dataclass(frozen=True)
 class CutDownProof:
