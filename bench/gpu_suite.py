@@ -51,6 +51,8 @@ LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
 LLAMA8B = MODELS / "llama-3.1-8b-layout"
 QWEN35, DSV4 = MODELS / "qwen35-8l-mtp", MODELS / "dsv4-4l-mtp"
 DSV4_FP8 = MODELS / "dsv4-4l-mtp-fp8"  # the real checkpoint's FP8 block: 0.26's O projection is FP8-only
+DSV4_026 = ["--enforce-eager", "--kv-cache-dtype", "fp8", "--load-format", "dummy-finalized",
+            "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
 GDN_TRITON = ["--additional-config", '{"gdn_prefill_backend": "triton"}']
 CUT = ["--sweep-depth", "cut-down"]
 PROVE = ["--sweep-depth", "prove"]  # both sweeps on one engine: issue 20's proof, no validation
@@ -98,16 +100,10 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     # vLLM 0.26: FP8 weights (MXFP4 experts) and the fp8_ds_mla cache, which 0.26 does not pick
     # itself; staged with .stage-dsv4 (tilelang, CuTe-DSL, _moe_C: staging/dsv4_026/README.md)
     # 0.26's dummy loader skips DSv4's mHC finalisation (wcp_fixtures/loaders.py)
-    "dsv4_mtp_fp8": (DSV4_FP8, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8",
-                                "--load-format", "dummy-finalized", "--speculative-config",
-                                '{"method": "mtp", "num_speculative_tokens": 1}'],
-                     {"WCP_FIXTURES_LOADERS": "1"}, None),
+    "dsv4_mtp_fp8": (DSV4_FP8, [*LONG, *DSV4_026], {"WCP_FIXTURES_LOADERS": "1"}, None),
     # the same at 8k context and 2k chunks: fewer token counts, so fewer TileLang compiles on a
     # cold host (h200-run29 timed out compiling them at 131k / 8k)
-    "dsv4_mtp_fp8_short": (DSV4_FP8, [*SHORT, "--enforce-eager", "--kv-cache-dtype", "fp8",
-                                      "--load-format", "dummy-finalized", "--speculative-config",
-                                      '{"method": "mtp", "num_speculative_tokens": 1}'],
-                           {"WCP_FIXTURES_LOADERS": "1"}, None),
+    "dsv4_mtp_fp8_short": (DSV4_FP8, [*SHORT, *DSV4_026], {"WCP_FIXTURES_LOADERS": "1"}, None),
     # the cut-down proof (policy.CUT_DOWN_PROVEN): every eager suite configuration of a family
     "llama_v2_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
     "llama_v1_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE],
