@@ -118,6 +118,38 @@ def test_with_a_secret_only_signed_entries_are_trusted(tmp_path):
     assert SweepCache(tmp_path, secret="other").load(key) is None
 
 
+def test_a_signed_entry_verifies_as_written_when_a_later_version_adds_a_field(tmp_path):
+    """The MAC covers the document the producer wrote: a reader whose entry type gained a field
+    with a default (SweepResult.confirmed did, after h200-run27's signed export) still verifies
+    it, and a change to any written field (the added one included) still breaks it."""
+    cache = SweepCache(tmp_path, secret="s3cret")
+    key = cache_key(FACTS)
+    cache.store(_entry(_sweep(), key))
+    data = json.loads(cache.path(key).read_text())
+    assert "confirmed" in data["sweep"]
+    del data["sweep"]["confirmed"]  # what an older writer left out (its MAC is made without it)
+    from worstcase_profiler.core.cache import _mac
+    data["mac"] = _mac(data, "s3cret")
+    cache.path(key).write_text(json.dumps(data))
+    assert cache.load(key) is not None
+    data["sweep"]["confirmed"] = 0  # added after signing, though the field exists now
+    cache.path(key).write_text(json.dumps(data))
+    assert cache.load(key) is None
+
+
+def test_the_committed_signed_export_still_verifies():
+    """h200-run27's signed export (secret wcprof-bench) imports on the next hosts: a change to
+    the entry type must not invalidate what producers already signed."""
+    from pathlib import Path
+    export = Path(__file__).resolve().parents[2] / "docs/results/h200-run27/production/cache-export-signed"
+    files = sorted(export.glob("*.json"))
+    assert files
+    for f in files:
+        entry, why = SweepCache(export, secret="wcprof-bench").inspect(f)
+        assert why is None and entry is not None
+        assert SweepCache(export, secret="other").inspect(f)[1] == "not signed with $WCPROF_CACHE_SECRET"
+
+
 def test_a_cached_worst_step_must_still_dominate_the_plans_heaviest_shapes():
     from worstcase_profiler.core.policy import still_worst
     from worstcase_profiler.core.shapes import Limits, prefill_chunk

@@ -116,10 +116,9 @@ class CacheEntry:
         return dataclasses.replace(self, mac=entry_mac(self, secret) if secret else None)
 
     def trusted(self, secret: str | None) -> bool:
-        """With a secret, only an entry whose MAC it verifies; without one, any entry."""
-        if not secret:
-            return True
-        return self.mac is not None and hmac.compare_digest(self.mac, entry_mac(self, secret))
+        """With a secret, only an entry whose MAC it verifies; without one, any entry. Checks
+        this object as encoded now; a stored file is checked as written (`document_trusted`)."""
+        return document_trusted(encode(self), secret)
 
     @classmethod
     def from_json(cls, text: str) -> "CacheEntry":
@@ -134,9 +133,23 @@ class CacheEntry:
 
 
 def entry_mac(entry: CacheEntry, secret: str) -> str:
-    body = encode(dataclasses.replace(entry, mac=None))
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return _mac(encode(dataclasses.replace(entry, mac=None)), secret)
+
+
+def _mac(body: dict, secret: str) -> str:
+    canonical = json.dumps(dict(body, mac=None), sort_keys=True, separators=(",", ":"))
     return hmac.new(secret.encode(), canonical.encode(), hashlib.sha256).hexdigest()
+
+
+def document_trusted(data: dict, secret: str | None) -> bool:
+    """With a secret, whether the entry document `data` (as stored: the JSON object) carries the
+    MAC of its own fields under it; without one, True. The MAC covers what the producer wrote, not
+    this version's decoding of it: an entry written before a field with a default was added still
+    verifies (the reader fills that default in), and any change to a written field does not."""
+    if not secret:
+        return True
+    mac = data.get("mac")
+    return isinstance(mac, str) and hmac.compare_digest(mac, _mac(data, secret))
 
 
 @dataclass
@@ -163,12 +176,13 @@ class SweepCache:
         """(the entry, None) when the file at `path` may be used, else (None, why not): not a
         complete entry of this schema, named for another key, or unsigned with a secret set."""
         try:
-            entry = CacheEntry.from_json(path.read_text())
+            text = path.read_text()
+            entry = CacheEntry.from_json(text)
         except (OSError, ValueError, TypeError) as e:
             return None, f"not a cache entry ({e})"
         if path.stem != entry.key:
             return None, "named for another key"
-        if not entry.trusted(self.secret):
+        if not document_trusted(json.loads(text), self.secret):
             return None, "not signed with $WCPROF_CACHE_SECRET"
         return entry, None
 
