@@ -115,11 +115,6 @@ class CacheEntry:
     def signed(self, secret: str | None) -> "CacheEntry":
         return dataclasses.replace(self, mac=entry_mac(self, secret) if secret else None)
 
-    def trusted(self, secret: str | None) -> bool:
-        """With a secret, only an entry whose MAC it verifies; without one, any entry. Checks
-        this object as encoded now; a stored file is checked as written (`document_trusted`)."""
-        return document_trusted(encode(self), secret)
-
     @classmethod
     def from_json(cls, text: str) -> "CacheEntry":
         """ValueError on anything but a complete entry of this SCHEMA."""
