@@ -90,12 +90,15 @@ class Run:
     @cached_property
     def startup(self) -> dict[str, dict | list]:
         """Model -> its startup_bench.py result; a run with CUDA graphs (--graphs in its
-        command) is "MODEL (graphs)", beside the same model's eager run."""
+        command) is "MODEL (graphs)", one from another host's exported entries (--import-from)
+        "MODEL (imported)", beside the same model's eager run."""
         out = {}
         for f in sorted(self.folder.glob("startup-*.json")):
             data = json.loads(f.read_text())
-            graphs = " (graphs)" if "--graphs" in str(data.get("command", "")).split() else ""
-            out.update({f"{model}{graphs}": res for model, res in data["models"].items()})
+            argv = str(data.get("command", "")).split()
+            tag = "".join(t for flag, t in (("--graphs", " (graphs)"), ("--import-from", " (imported)"))
+                          if flag in argv)
+            out.update({f"{model}{tag}": res for model, res in data["models"].items()})
         return out
 
     def found(self, kind: str) -> list[str]:

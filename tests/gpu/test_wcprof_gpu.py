@@ -106,7 +106,10 @@ def test_worst_step_from_real_requests_reaches_the_prediction(case, request, all
 
 
 def test_suite_fits_one_device_call(suite):
-    assert suite["wall_s"] <= 570, f"the GPU suite took {suite['wall_s']:.0f}s"
+    """A suite run inside one device call fits it; one given a budget beyond a call ran detached
+    (staging/device_bg.sh: DeepSeek-V4's first sweep compiles TileLang kernels for minutes)."""
+    wall = suite.get("call_wall_s", suite["wall_s"])
+    assert wall <= 570, f"the GPU suite took {wall:.0f}s"
 
 
 SOAK_CONFIGS = ("llama_v2", "llama_v1", "llama_graphs", "dsv32_fp8", "dsv32_bf16")
