@@ -121,13 +121,16 @@ def test_gpu_tests_pass_on_the_committed_results(config):
     assert all(any(why in ln for why in allowed) for ln in skips), "\n".join(skips)
 
 
-def test_every_family_cut_down_by_default_cites_committed_proofs_that_hold():
-    """policy.CUT_DOWN_PROVEN: each entry names current --sweep-depth prove cases of a committed
-    run, each proven there, on a model of that class."""
-    from worstcase_profiler.core.policy import CUT_DOWN_PROVEN
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_every_family_cut_down_by_default_cites_committed_proofs_that_hold(compiled):
+    """policy.CUT_DOWN_PROVEN (and CUT_DOWN_PROVEN_COMPILED): each entry names current
+    --sweep-depth prove cases of a committed run, each proven there, on a model of that class,
+    eager (or with the model compiled, for the compiled table)."""
+    from worstcase_profiler.core.policy import CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED
 
-    assert CUT_DOWN_PROVEN
-    cited = [(model_class, *c.split(": ", 1)) for model_class, evidence in CUT_DOWN_PROVEN.items()
+    table = CUT_DOWN_PROVEN_COMPILED if compiled else CUT_DOWN_PROVEN
+    assert table and set(CUT_DOWN_PROVEN_COMPILED) <= set(CUT_DOWN_PROVEN)
+    cited = [(model_class, *c.split(": ", 1)) for model_class, evidence in table.items()
              for c in evidence.split("; ")]
     for model_class, run, cases in cited:
         summary = load_summary(RESULTS / run)
@@ -136,6 +139,7 @@ def test_every_family_cut_down_by_default_cites_committed_proofs_that_hold():
             proof = c["report"]["worstcase"]["cut_down_proof"]
             assert proof["verdict"] == "proven", (model_class, name, proof["verdict"])
             assert _arch_of(c) == model_class, name
+            assert c["report"]["config"]["enforce_eager"] is (not compiled), name
 
 
 def _arch_of(case: dict) -> str:

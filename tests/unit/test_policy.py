@@ -216,14 +216,20 @@ def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
     assert not proof.proven and "confirmed peak" in proof.verdict and "admits" in proof.verdict
 
 
-def test_a_compiled_forward_is_cut_down_only_when_asked(monkeypatch):
-    monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "LlamaForCausalLM", "run N")
-    depth, why = policy.sweep_depth("auto", "LlamaForCausalLM", eager=lambda: False)
+def test_a_compiled_forward_is_cut_down_only_where_its_family_was_proven_compiled(monkeypatch):
+    monkeypatch.setitem(policy.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
+    depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
     assert depth == "full" and "eager forwards only" in why
     for setting in ("cut-down", "prove"):
-        assert policy.sweep_depth(setting, "LlamaForCausalLM", eager=lambda: False)[0] == setting
-    assert "no proof has covered" in policy.sweep_depth("cut-down", "LlamaForCausalLM",
+        assert policy.sweep_depth(setting, "NewForCausalLM", eager=lambda: False)[0] == setting
+    assert "no proof has covered" in policy.sweep_depth("cut-down", "NewForCausalLM",
                                                         eager=lambda: False)[1]
+    monkeypatch.setitem(policy.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
+    depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
+    assert depth == "cut-down" and "compiled" in why and "run M" in why
+    assert "no proof" not in policy.sweep_depth("cut-down", "NewForCausalLM", eager=lambda: False)[1]
+    depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
+    assert depth == "cut-down" and "run N" in why
 
 
 def test_admission_decision_is_a_pure_function_of_its_inputs():

@@ -228,14 +228,22 @@ Scope: the class as those cases ran it (bf16 weights, default KV dtype, TP=1, ea
 every architecture vLLM maps onto the class is cut down alike (docs/sweep.md).
 DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (h200-run28)."""
 
+CUT_DOWN_PROVEN_COMPILED: dict[str, str] = {
+    "LlamaForCausalLM": "h200-run31: llama_graphs_prove, llama8b_graphs_prove",
+}
+"""The classes of CUT_DOWN_PROVEN whose proof also held with the model compiled and CUDA graphs
+on (vLLM's default): the cut steps then bypass the compiled forward and run eagerly, while the
+stock step and the confirmations run compiled (the measured stock difference carries both).
+Same form and check as CUT_DOWN_PROVEN. Scope: vLLM 0.32's V2 runner, TP=1, FA3 on sm_90."""
+
 
 def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
                 device_kind: str = "cuda") -> tuple[str, str]:
     """("full" | "cut-down" | "prove", why). auto cuts down only proven families, on the kind of
-    device they were proven on (CUDA: their kernels set the peaks), and only eager forwards (a
-    compiled one's cut steps run its Python forward, which no proof has covered yet); cut-down
-    and prove are taken as asked (prove runs both, the full one admitted; cut-down on a
-    compiled forward says it is unproven). `eager` is asked only when the answer involves a cut
+    device they were proven on (CUDA: their kernels set the peaks), and a compiled forward only
+    where the family's proof also ran compiled (CUT_DOWN_PROVEN_COMPILED: its cut steps run the
+    Python forward eagerly); cut-down and prove are taken as asked (prove runs both, the full
+    one admitted; cut-down on a compiled forward of another family says it is unproven). `eager` is asked only when the answer involves a cut
     (it walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
@@ -247,14 +255,19 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
                         f"not on {device_kind} (sweep_depth=prove compares both here)")
     if setting == "prove":
         return "prove", "full, then cut-down to compare (sweep_depth=prove)"
+    compiled_proof = CUT_DOWN_PROVEN_COMPILED.get(model_class)
     if setting == "cut-down":
         return "cut-down", "cut-down: asked for (sweep_depth=cut-down)" + (
-            "" if eager() else "; the model runs compiled, so its cut steps run eagerly, which "
-                               "no proof has covered (sweep_depth=prove compares both)")
-    if not eager():  # the proofs ran eager forwards: a compiled one's cut steps run eagerly
-        return "full", (f"full: the model runs compiled, and the cut-down sweep is proven for "
-                        f"{model_class} on eager forwards only (sweep_depth=prove compares both)")
-    return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
+            "" if compiled_proof or eager() else
+            "; the model runs compiled, so its cut steps run eagerly, which no proof has covered "
+            "for this family (sweep_depth=prove compares both)")
+    if eager():
+        return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
+    if compiled_proof:  # a compiled forward's cut steps run eagerly: proven for this family
+        return "cut-down", (f"cut-down: proven for {model_class} compiled, its cut steps run "
+                            f"eagerly ({compiled_proof})")
+    return "full", (f"full: the model runs compiled, and the cut-down sweep is proven for "
+                    f"{model_class} on eager forwards only (sweep_depth=prove compares both)")
 
 
 def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolution: int,
