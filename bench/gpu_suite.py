@@ -262,6 +262,13 @@ def _check_report(report: dict, name: str, put) -> None:
         key = "worst_step" if v.get("target") == "worst-step" else "traffic"
         put(f"{key}_within_prediction", v["measured_peak_bytes"] <= v["predicted_peak_bytes"],
             f"ratio {v['ratio']:.4f} ({v.get('note') or 'exact'})")
+        if key == "worst_step" and v.get("formed") and v.get("shape"):  # schema 1.6 on
+            f, t = v["formed"], v["shape"]
+            put("worst_step_formed", f["rows"] >= t["rows"] and f["num_reqs"] >= t["num_reqs"]
+                and f["context_len"] >= t["context_len"],
+                f"the scheduler formed up to {f['rows']} rows over {f['num_reqs']} requests at "
+                f"context {f['context_len']} (target {t['rows']} over {t['num_reqs']} at "
+                f"{t['context_len']})")
     rows = {"min": 1, "max": flag_value(name, "--max-num-batched-tokens")}
     put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))
     if name == "scratch":  # seed 002: the scratch grows with KV extent, which stock never runs

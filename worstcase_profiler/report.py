@@ -24,10 +24,11 @@ from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAuditGroup, Shape
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.5"
+SCHEMA_VERSION = "1.6"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
-# sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof.
+# sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
+# 1.6: validation.formed (the largest step the scheduler formed during the replay).
 
 class StepResult(BaseModel):
     shape: Shape
@@ -217,6 +218,11 @@ class Validation(BaseModel):
     resolution_bytes: int = Field(
         0, description="the meter's resolution on this device: measured may exceed predicted by "
                        "this much before the validation fails (0: exact)")
+    formed: Shape | None = Field(
+        None, description="the largest step (most rows, then most requests) the scheduler formed "
+                          "while the measured requests ran (context_len: the longest context a "
+                          "request of it held); a worst-step replay reached its target only if "
+                          "this covers the target's rows and requests")
 
 
 class ChunkAdvice(BaseModel):

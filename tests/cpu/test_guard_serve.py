@@ -141,6 +141,8 @@ def test_serving_validation_built_the_worst_step_before_traffic(served):
     worst = [v for v in served["report"]["validations"] if v["target"] == "worst-step"]
     assert worst and within_prediction(worst[0]), worst
     assert worst[0]["shape"]["rows"] == served["report"]["worstcase"]["worst_shape"]["rows"]
+    formed = worst[0]["formed"]  # recorded in the worker while the served requests ran
+    assert formed and formed["rows"] >= worst[0]["shape"]["rows"], worst
     traffic = [v for v in served["report"]["validations"] if v["target"] == "traffic"]
     assert traffic and within_prediction(traffic[0]) and traffic[0]["shape"] is None, traffic
     assert "serving validation, rank 0: generic traffic needed" in text

@@ -53,5 +53,8 @@ def test_validate_reaches_that_step_from_real_requests(run):
     assert (v["shape"]["kind"], v["shape"]["num_reqs"], v["shape"]["rows"]) == (
         worst["kind"], worst["num_reqs"], worst["rows"])
     assert v["ratio"] >= 0.9 and within_prediction(v), v
+    # the scheduler formed it: the largest step recorded during the replay covers the target
+    assert v["formed"]["rows"] >= worst["rows"] and v["formed"]["num_reqs"] >= worst["num_reqs"], v
+    assert "NOT REACHED" not in r.out
     # the terminal names the step and the requests that formed it
     assert "validation (worst step)" in r.out and "requests:" in r.out

@@ -99,6 +99,9 @@ def test_worst_step_from_real_requests_reaches_the_prediction(case, request, all
         return
     for v in worst:
         assert within(v, case["case"], allowed_over), v
+        f, t = v.get("formed"), v.get("shape")
+        if f and t:  # recorded from schema 1.6: the scheduler formed the target step
+            assert all(f[k] >= t[k] for k in ("rows", "num_reqs", "context_len")), (f, t)
     gaps = request.config.getoption("--allowed-gap", default=None) or []
     if f"{case['case']}_worst_step" in gaps:
         pytest.skip(f"no {case['case']}_worst_step (a known gap the manifest names, with why)")

@@ -15,6 +15,7 @@ from worstcase_profiler.cli import main
 from worstcase_profiler.core.guard import (ABOVE, OBSERVED, PREDICTED, STEPS, StepLedger,
                                            parse_metrics, verdict)
 from worstcase_profiler.settings import ProfilerSettings
+from worstcase_profiler.core.types import Shape
 
 MiB = 1 << 20
 
@@ -328,3 +329,51 @@ def test_the_serving_validation_sees_a_batchs_worst_step_while_the_guard_runs():
     guard.execute_model(sched(8))
     guard.sample_tokens(None)
     assert guard.ledger.steps == 1  # and is back afterwards
+
+
+def test_a_replay_records_the_largest_step_the_scheduler_formed_and_unwraps():
+    """validation._begin/_end: the worker's execute_model is wrapped only between them; the
+    answer names the largest step formed (most rows, then most requests), and a guard wrapper
+    that was there before is put back."""
+    from worstcase_profiler.adapter import validation as v
+
+    seen = []
+    worker = SimpleNamespace(device="cpu", execute_model=lambda so: seen.append(so) or "out")
+    original = worker.execute_model
+    v._begin(worker)
+    assert worker.execute_model != original
+    for so in (sched(64, contexts=(100, 200)), sched(64, contexts=(1, 2, 3, 4)), sched(8)):
+        assert worker.execute_model(so) == "out"
+    out = v._end(worker)
+    assert len(seen) == 3 and worker.execute_model == original
+    # the frontier over rows, requests and context: (64, 4, ctx 4) covers (8, 1, 0) only
+    assert [(f["rows"], f["reqs"], f["max_context"]) for f in out["formed"]] == [
+        (64, 2, 200), (64, 4, 4)]
+    v._begin(worker)
+    for so in (sched(256, contexts=(0, 0, 0)), sched(4, contexts=(2046,) * 4, new=False)):
+        worker.execute_model(so)
+    second = v._end(worker)
+    assert [(f["rows"], f["reqs"]) for f in second["formed"]] == [(256, 3), (4, 4)]
+    peaks = v.RankPeaks()
+    peaks.add([out, second])
+    from worstcase_profiler.core.policy import formed_for
+    frontier = peaks.formed[0]
+    assert formed_for(Shape("decode", 4, 2046, 4), frontier) == Shape("decode", 4, 2046, 4)
+    assert formed_for(Shape("decode", 4, 2046, 5), frontier).num_reqs == 4  # the closest
+    assert formed_for(None, frontier).rows == 256
+
+
+def test_a_replay_that_did_not_form_its_target_says_so():
+    from worstcase_profiler.core.policy import replay_reached
+    from worstcase_profiler.core.types import Validation
+    from worstcase_profiler.render.view import validation_text
+
+    target = Shape("prefill", 2048, 8190, 1024)
+    v = Validation(measured_peak_bytes=820 * MiB, predicted_peak_bytes=4000 * MiB, ratio=0.2,
+                   requests=("1024 prompts",), seconds=1.0, target="worst-step", shape=target,
+                   formed=Shape("mixed", 2048, 8188, 9))
+    assert replay_reached(v) is False
+    assert "NOT REACHED" in validation_text(v) and "9 request(s)" in validation_text(v)
+    done = Validation(**{**v.__dict__, "formed": Shape("prefill", 2048, 8190, 1024)})
+    assert replay_reached(done) is True and "NOT REACHED" not in validation_text(done)
+    assert replay_reached(Validation(**{**v.__dict__, "formed": None})) is None

@@ -24,8 +24,8 @@ from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve
 from ..sizes import fmt_bytes
-from .validation import (RankPeaks, Workload, kv_tokens_of, pool_from, traffic_workload,
-                         worst_step_workload)
+from .validation import (RankPeaks, Workload, kv_tokens_of, pool_from, replay_sampling,
+                         traffic_workload, worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -86,10 +86,10 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching,
                     distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool)
     vocab = int(client.model_config.get_vocab_size())
-    results = await _measure(client, worst_step_workload(plan, vocab), predicted)
+    results = await _measure(client, worst_step_workload(plan, vocab), predicted, vocab)
     if which == "all":
         work = traffic_workload(limits, vocab, kv_tokens_of(client.vllm_config, limits.block_size))
-        results += await _measure(client, work, predicted)
+        results += await _measure(client, work, predicted, vocab)
     await client.collective_rpc("wcprof_rpc", args=("record", [codec.encode(v) for v in results]))
     for v in results:
         log.info("[wcprof] serving validation, rank %d: %s needed %s of predicted %s (%.4f)%s",
@@ -107,17 +107,15 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     return results
 
 
-async def _measure(client, work: Workload, predicted: dict[int, int]) -> list[Validation]:
+async def _measure(client, work: Workload, predicted: dict[int, int],
+                   vocab: int) -> list[Validation]:
     """The workload's batches in order on the engine client, the marked ones measured on every
     rank through Worker.wcprof_rpc (the serving twin of validation._measure)."""
-    # vllm-touch: worker-config
-    from vllm import SamplingParams
-
     peaks = RankPeaks()
     ids = iter(range(1 << 30))
     t0 = time.perf_counter()
     for prompts, max_tokens, measured in work.batches:
-        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        params = replay_sampling(max_tokens, vocab)
         if measured:
             await client.collective_rpc("wcprof_rpc", args=("begin",))
         await asyncio.gather(*(_drain(client, {"prompt_token_ids": p}, params,

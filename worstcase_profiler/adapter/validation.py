@@ -17,11 +17,53 @@ import time
 from dataclasses import dataclass
 
 from ..core import codec
+from ..core.policy import formed_for
 from ..core.requests_plan import Pool, RequestPlan, plan_for, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
 
 _METER_ATTR = "_wcprof_validation_meter"
+_FORMED_ATTR = "_wcprof_validation_steps"
+
+
+class StepRecorder:
+    """Worker side: wraps the worker's execute_model (an instance swap, undone by `remove`) and
+    keeps the frontier of steps the scheduler formed (core.guard.frontier_add: none has both
+    more rows and more requests than another), so that a replay says which step it reached
+    rather than assuming its plan held."""
+
+    def __init__(self, worker) -> None:
+        self._worker = worker
+        self._had = "execute_model" in vars(worker)  # another wrapper (the guard) already there
+        self._execute = worker.execute_model
+        self.frontier: list = []
+        # vllm-touch: guard-step-hook
+        worker.execute_model = self.execute_model
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        try:
+            from ..core.guard import frontier_add
+
+            rows = int(scheduler_output.total_num_scheduled_tokens)
+            reqs = len(scheduler_output.num_scheduled_tokens)
+            if rows and not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
+                from .guard import step_shape
+
+                self.frontier = frontier_add(self.frontier, step_shape(scheduler_output))
+        except Exception:  # noqa: BLE001 - recording must never break the replay
+            pass
+        return self._execute(scheduler_output, *args, **kwargs)
+
+    def remove(self) -> list[dict]:
+        """Undo the swap (if nothing replaced it since); the frontier as plain data."""
+        # vllm-touch: guard-step-hook
+        if vars(self._worker).get("execute_model") == self.execute_model:
+            if self._had:
+                self._worker.execute_model = self._execute
+            else:
+                del self._worker.execute_model
+        return [dict(rows=s.rows, reqs=s.reqs, max_context=s.max_context, prefills=s.prefills)
+                for s in self.frontier]
 
 
 def _pause_guard(worker, paused: bool) -> None:
@@ -44,6 +86,11 @@ def _begin(wrapper) -> None:
     _pause_guard(worker, True)
     meter = meter_for(getattr(worker, "device", "cpu"))
     setattr(worker, _METER_ATTR, meter)
+    old = getattr(worker, _FORMED_ATTR, None)
+    if old is not None:
+        old.remove()
+    setattr(worker, _FORMED_ATTR,
+            StepRecorder(worker) if hasattr(worker, "execute_model") else None)
     meter.begin()
 
 
@@ -53,6 +100,10 @@ def _end(wrapper) -> dict:
     worker = getattr(wrapper, "worker", wrapper)
     meter = getattr(worker, _METER_ATTR)
     transient = int(meter.end())
+    # vllm-touch: worker-session
+    recorder = getattr(worker, _FORMED_ATTR, None)
+    formed = recorder.remove() if recorder is not None else []
+    setattr(worker, _FORMED_ATTR, None)
     _pause_guard(worker, False)
     from . import workspace as ws
     from .facts import world_rank
@@ -60,7 +111,7 @@ def _end(wrapper) -> dict:
     mgr = ws.manager()
     return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
-            "resolution": int(meter.resolution_bytes)}
+            "resolution": int(meter.resolution_bytes), "formed": formed}
 
 
 def pool_of(wrapper) -> dict | None:
@@ -91,12 +142,23 @@ def _vocab(llm) -> int:
     return int(llm.llm_engine.model_config.get_vocab_size())
 
 
-def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
+def replay_sampling(max_tokens: int, vocab: int):
+    """The sampling settings of every validation request: those vLLM's profile (and so the
+    sweep's steps) runs its sampler with (gpu_model_runner._dummy_sampler_run: temperature 0.5,
+    top-p 0.9, top-k one below the vocabulary), so that the replayed step's sampler sorts every
+    request's logits as the predicted one did. With vLLM's defaults (no top-k/top-p) the sampler
+    needs a fraction of that, and a step of many requests measures far below its prediction
+    (h200-run30: DeepSeek-V4's worst step is 1,024 requests, about 30 B per vocabulary entry)."""
     # vllm-touch: worker-config
     from vllm import SamplingParams
 
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.5, top_p=0.9,
+                          top_k=max(1, vocab - 1))
+
+
+def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
     llm.generate([{"prompt_token_ids": p} for p in prompts],
-                 SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+                 replay_sampling(max_tokens, _vocab(llm)), use_tqdm=False)
 
 
 class RankPeaks:
@@ -108,13 +170,18 @@ class RankPeaks:
         self.transient: dict[int, int] = {}
         self.workspace: dict[int, int] = {}
         self.resolution: dict[int, int] = {}
+        self.formed: dict[int, list] = {}
 
     def add(self, answers) -> None:
+        from ..core.guard import StepShape, frontier_add
+
         for out in answers:
             rank = out["rank"]
             self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
             self.workspace[rank] = out["workspace"]
             self.resolution[rank] = out["resolution"]
+            for f in out.get("formed") or ():
+                self.formed[rank] = frontier_add(self.formed.get(rank, []), StepShape(**f))
 
     def results(self, predicted: dict[int, int], requests, seconds: float, *, target: str,
                 shape: Shape | None = None, note: str | None = None) -> list[Validation]:
@@ -129,7 +196,8 @@ class RankPeaks:
                                   ratio=got / want if want else float("inf"),
                                   requests=tuple(requests), seconds=seconds, rank=rank,
                                   target=target, shape=shape, note=note,
-                                  resolution_bytes=self.resolution.get(rank, 0)))
+                                  resolution_bytes=self.resolution.get(rank, 0),
+                                  formed=formed_for(shape, self.formed.get(rank))))
         return out
 
 

@@ -67,6 +67,18 @@ class StepShape:
                 f"{self.max_context}")
 
 
+def frontier_add(frontier: list[StepShape], step: StepShape) -> list[StepShape]:
+    """The steps no other matches or exceeds in rows, requests and context at once (the Pareto
+    frontier over the three), with `step` added. What a replay formed, kept small: a step that
+    covers a target's rows, requests and context is on it, or dominated by one that is."""
+    def covers(a: StepShape, b: StepShape) -> bool:
+        return a.rows >= b.rows and a.reqs >= b.reqs and a.max_context >= b.max_context
+
+    if any(covers(s, step) for s in frontier):
+        return frontier
+    return [s for s in frontier if not covers(step, s)] + [step]
+
+
 @dataclass
 class StepLedger:
     """One rank's running figures. `available` is what the engine may use minus everything it

@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..sizes import fmt_bytes
-from .types import (Admission, BudgetDecision, CutDownProof, KVAuditGroup, KVAuditResult,
+from .types import (Admission, BudgetDecision, CutDownProof, KVAuditGroup, KVAuditResult, Shape,
                     SweepResult, WarmupAuditResult, WarmupEstimate)
 
 
@@ -214,6 +214,39 @@ def validation_exceeded(v) -> bool:
     resolve (`resolution_bytes`: RSS on the CPU moves with heap reuse below the mmap threshold;
     0 where the meter is exact). Works on the core Validation and the report's alike."""
     return v.measured_peak_bytes > v.predicted_peak_bytes + (v.resolution_bytes or 0)
+
+
+def formed_for(target: Shape | None, frontier) -> Shape | None:
+    """The step to report for a replay, from the frontier of steps it formed (core.guard
+    .frontier_add; StepShape items): with a target, the smallest step covering its rows,
+    requests and context, else the one that came closest (by the smallest of its rows, requests
+    and context over the target's); without one, the step of most rows."""
+    if not frontier:
+        return None
+    if target is None:
+        best = max(frontier, key=lambda s: (s.rows, s.reqs, s.max_context))
+    else:
+        def share(s) -> float:
+            return min(s.rows / max(1, target.rows), s.reqs / max(1, target.num_reqs),
+                       s.max_context / max(1, target.context_len))
+
+        covering = [s for s in frontier if share(s) >= 1]
+        best = (min(covering, key=lambda s: (s.rows, s.reqs, s.max_context)) if covering
+                else max(frontier, key=lambda s: (share(s), s.rows, s.reqs)))
+    kind = "decode" if not best.prefills else "prefill" if best.prefills == best.reqs else "mixed"
+    return Shape(kind=kind, rows=best.rows, context_len=best.max_context, num_reqs=best.reqs)
+
+
+def replay_reached(v) -> bool | None:
+    """Whether a worst-step validation's requests made the scheduler form its target step: a
+    step with at least the target's rows over at least its requests, at no shorter a context
+    (`formed`: the step formed_for chose). None when either is unknown (a traffic validation,
+    or no step recorded). A replay that did not reach its target measured some other step: its
+    ratio says nothing about the worst one. Works on the core Validation and the report's."""
+    if v.shape is None or v.formed is None:
+        return None
+    return (v.formed.rows >= v.shape.rows and v.formed.num_reqs >= v.shape.num_reqs
+            and v.formed.context_len >= v.shape.context_len)
 
 
 CUT_DOWN_PROVEN: dict[str, str] = {

@@ -323,6 +323,11 @@ class Validation:
     shape: Shape | None = None
     note: str | None = None
     resolution_bytes: int = 0
+    formed: Shape | None = None
+    """The largest step (most rows, then most requests) the scheduler formed while the measured
+    requests ran, as it formed it (context_len: the longest context a request of it held); None
+    where it was not recorded. A worst-step replay reached its target only if this covers the
+    target's rows and requests (policy.replay_reached)."""
 
 
 @dataclass(frozen=True)

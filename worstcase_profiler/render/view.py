@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.coverage import certified_count
-from ..core.policy import validation_exceeded
+from ..core.policy import replay_reached, validation_exceeded
 from ..core.timing import profiler_phases
 from ..report import Report, Shape, StepResult, Verdict
 from ..sizes import fmt_bytes, fmt_tokens
@@ -185,7 +185,8 @@ def details(report: Report) -> list[Detail]:
         out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}", ERROR))
     for v in (report.validations or ([report.validation] if report.validation else [])):
         out.append(Detail("validation", validation_text(v),
-                          ERROR if validation_exceeded(v) else INFO))
+                          ERROR if validation_exceeded(v)
+                          else WARN if replay_reached(v) is False else INFO))
     if report.advice is not None:
         out.append(Detail("advice", advice_headline(report.advice)))
     if report.ranks:
@@ -255,6 +256,9 @@ def validation_text(v) -> str:
         text += f", rank {v.rank}"
     if v.note:
         text += f" ({v.note})"
+    if replay_reached(v) is False:
+        text += (f"; NOT REACHED: the scheduler formed at most {fmt_tokens(v.formed.rows)} rows over "
+                 f"{v.formed.num_reqs} request(s), so this measured another step, not the worst one")
     if v.predicted_peak_bytes < v.measured_peak_bytes and not validation_exceeded(v):
         text += (f" (over the prediction by {fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)}"
                  f", within the meter's {fmt_bytes(v.resolution_bytes)} resolution)")
