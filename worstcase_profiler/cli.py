@@ -578,11 +578,17 @@ def validate(llm, report, which: str = "all") -> list:
 
     limits = limits_of(llm.llm_engine.vllm_config)
     predicted = {r.rank: r.worstcase.peak_activation_bytes for r in (report.ranks or [report])}
+    from .core.requests_plan import validation_target
+
     w = report.worstcase.worst_shape
+    as_core = lambda s: Shape(s.kind, s.rows, s.context_len, s.num_reqs)  # noqa: E731
+    steps = [(as_core(r.shape), r.peak_bytes) for r in report.worstcase.steps]
+    target = validation_target(as_core(w), max((p for s, p in steps if s == as_core(w)),
+                                               default=report.worstcase.peak_activation_bytes),
+                               steps, limits)
     found = []
     if which in ("all", "worst"):
-        found += validate_worst_step(llm, predicted, limits,
-                                     Shape(w.kind, w.rows, w.context_len, w.num_reqs),
+        found += validate_worst_step(llm, predicted, limits, target,
                                      prefix_caching=limits.prefix_caching)
     if which in ("all", "traffic"):
         found += validate_traffic(llm, predicted, limits)

@@ -377,3 +377,13 @@ def test_a_replay_that_did_not_form_its_target_says_so():
     done = Validation(**{**v.__dict__, "formed": Shape("prefill", 2048, 8190, 1024)})
     assert replay_reached(done) is True and "NOT REACHED" not in validation_text(done)
     assert replay_reached(Validation(**{**v.__dict__, "formed": None})) is None
+
+
+def test_replay_requests_sample_as_the_profile_does_except_on_the_cpu():
+    pytest.importorskip("vllm")
+    from worstcase_profiler.adapter.validation import replay_sampling
+
+    gpu = replay_sampling(3, 1000)
+    assert (gpu.temperature, gpu.top_p, gpu.top_k, gpu.max_tokens) == (0.5, 0.9, 999, 3)
+    cpu = replay_sampling(3, 1000, "cpu")
+    assert cpu.top_k in (0, -1) and cpu.top_p == 1.0 and cpu.ignore_eos

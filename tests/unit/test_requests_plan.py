@@ -413,3 +413,21 @@ def test_without_prefix_caching_a_decode_batch_decodes_together_at_its_context()
     assert plan.target.context_len <= 912 and not plan.exact
     for b in plan.batches:
         assert all(p.length + b.max_tokens <= lim.max_model_len for p in b.prompts)
+
+
+def test_a_prefill_worst_step_of_one_plus_k_rows_per_request_is_validated_as_its_decode_twin():
+    """h200-run30: DeepSeek-V4 + MTP's worst step was 2,048 rows over 1,024 requests (2 each) as
+    a prefill; no prefix-cache hit there leaves fewer than 65 tokens to compute, so requests
+    cannot form it, while the decode batch the sweep measured at the same peak forms from any
+    long prompts."""
+    from worstcase_profiler.core.requests_plan import validation_target
+
+    lim = Limits(max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=1024,
+                 num_speculative_tokens=1, block_size=256, prefix_caching=True)
+    worst = Shape("prefill", 2048, 8190, 1024)
+    twin = Shape("decode", 2048, 8190, 1024)
+    assert validation_target(worst, 100, [(worst, 100), (twin, 100)], lim) == twin
+    assert validation_target(worst, 100, [(worst, 100), (twin, 99)], lim) == worst  # lower peak
+    assert validation_target(worst, 100, [(Shape("decode", 2048, 4096, 1024), 100)], lim) == worst
+    wide = Shape("prefill", 2048, 8000, 512)  # 4 rows per request: no decode twin
+    assert validation_target(wide, 100, [(Shape("decode", 2048, 8000, 512), 100)], lim) == wide

