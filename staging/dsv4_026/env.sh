@@ -51,6 +51,18 @@ unset -f _wcp_ok
 
 # JIT caches under /tmp (their defaults are under $HOME or need a user name).
 export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
+# A TileLang cache brought back from an earlier host (h200-run30: `tar -czf $OUT/dsv4-jit-cache.tgz
+# -C /tmp tilelang_cache`, kept as .stage-dsv4/jit-cache-*.tgz) skips the mHC kernels' compiles
+# (5-16 s each, at every new token count): carry it and it is unpacked once per host.
+for _wcp_jit in "$(dirname "${BASH_SOURCE[0]:-$0}")"/jit-cache-*.tgz; do
+  [ -f "$_wcp_jit" ] || continue
+  _wcp_mark="$TILELANG_CACHE_DIR/.from-$(basename "$_wcp_jit")"
+  if [ ! -f "$_wcp_mark" ]; then
+    mkdir -p "$TILELANG_CACHE_DIR" && tar -xzf "$_wcp_jit" -C "$TILELANG_CACHE_DIR" --strip-components=1 \
+      && touch "$_wcp_mark" && echo "dsv4 env.sh: TileLang cache from $(basename "$_wcp_jit")" >&2
+  fi
+done
+unset _wcp_jit _wcp_mark
 export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/tvm_ffi_cache}
 export CUTE_DSL_CACHE_DIR=${CUTE_DSL_CACHE_DIR:-/tmp/cute_dsl_cache}
 export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-/tmp/quack_cache}
