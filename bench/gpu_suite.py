@@ -262,8 +262,9 @@ def _check_report(report: dict, name: str, put) -> None:
         key = "worst_step" if v.get("target") == "worst-step" else "traffic"
         put(f"{key}_within_prediction", v["measured_peak_bytes"] <= v["predicted_peak_bytes"],
             f"ratio {v['ratio']:.4f} ({v.get('note') or 'exact'})")
-        if key == "worst_step" and v.get("formed") and v.get("shape"):  # schema 1.6 on
-            f, t = v["formed"], v["shape"]
+        if key == "worst_step" and v.get("shape") and \
+                tuple(map(int, str(report.get("schema_version", "0")).split("."))) >= (1, 6):
+            f, t = v.get("formed") or {"rows": 0, "num_reqs": 0, "context_len": 0}, v["shape"]
             put("worst_step_formed", f["rows"] >= t["rows"] and f["num_reqs"] >= t["num_reqs"]
                 and f["context_len"] >= t["context_len"],
                 f"the scheduler formed up to {f['rows']} rows over {f['num_reqs']} requests at "

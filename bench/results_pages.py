@@ -95,7 +95,7 @@ class Run:
         out = {}
         for f in sorted(self.folder.glob("startup-*.json")):
             data = json.loads(f.read_text())
-            argv = str(data.get("command", "")).split()
+            argv = [a.split("=", 1)[0] for a in str(data.get("command", "")).split()]
             tag = "".join(t for flag, t in (("--graphs", " (graphs)"), ("--import-from", " (imported)"))
                           if flag in argv)
             out.update({f"{model}{tag}": res for model, res in data["models"].items()})

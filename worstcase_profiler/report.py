@@ -219,10 +219,11 @@ class Validation(BaseModel):
         0, description="the meter's resolution on this device: measured may exceed predicted by "
                        "this much before the validation fails (0: exact)")
     formed: Shape | None = Field(
-        None, description="the largest step (most rows, then most requests) the scheduler formed "
-                          "while the measured requests ran (context_len: the longest context a "
-                          "request of it held); a worst-step replay reached its target only if "
-                          "this covers the target's rows and requests")
+        None, description="a step the scheduler formed while the measured requests ran "
+                          "(context_len: the longest context a request of it held): the smallest "
+                          "covering the target's rows, requests and context, else the closest; "
+                          "without a target, the one of most rows. A worst-step replay reached "
+                          "its target only if this covers it")
 
 
 class ChunkAdvice(BaseModel):

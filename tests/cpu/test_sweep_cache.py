@@ -86,7 +86,9 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(tmp_path, demo):
     for old, new in ((a, b), (b, a)):
         p = subprocess.run([str(BIN / "wcprof"), "diff", str(old), str(new), "--max-increase", "0%"],
                            capture_output=True, text=True, env=env)
-        assert p.returncode == 0, p.stdout + p.stderr
+        figures = {k: (cold.report["admission"][k], warm.report["admission"][k])
+                   for k in ("consumed_bytes", "transient_bytes", "margin_bytes", "budget_bytes")}
+        assert p.returncode == 0, p.stdout + p.stderr + f"\ncold/warm admission: {figures}"
 
 
 def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path):

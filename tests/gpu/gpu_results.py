@@ -66,7 +66,7 @@ def load_summary(path: Path) -> dict:
 def load_results(paths: list[Path]) -> dict:
     """Several result folders, later ones replacing the cases and soak runs they re-ran (a fix
     re-measured on one configuration replaces that configuration's earlier result)."""
-    merged: dict = {"by_case": {}, "soak": {}, "sources": [], "wall_s": 0.0, "call_wall_s": 0.0}
+    merged: dict = {"by_case": {}, "soak": {}, "sources": [], "wall_s": 0.0}
     for path in paths:
         s = load_summary(path)
         if s.get("error"):

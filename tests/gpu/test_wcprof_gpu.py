@@ -100,8 +100,9 @@ def test_worst_step_from_real_requests_reaches_the_prediction(case, request, all
     for v in worst:
         assert within(v, case["case"], allowed_over), v
         f, t = v.get("formed"), v.get("shape")
-        if f and t:  # recorded from schema 1.6: the scheduler formed the target step
-            assert all(f[k] >= t[k] for k in ("rows", "num_reqs", "context_len")), (f, t)
+        if t and tuple(map(int, r["schema_version"].split("."))) >= (1, 6):
+            # recorded from schema 1.6: the scheduler formed the target step
+            assert f and all(f[k] >= t[k] for k in ("rows", "num_reqs", "context_len")), (f, t)
     gaps = request.config.getoption("--allowed-gap", default=None) or []
     if f"{case['case']}_worst_step" in gaps:
         pytest.skip(f"no {case['case']}_worst_step (a known gap the manifest names, with why)")
@@ -111,6 +112,8 @@ def test_worst_step_from_real_requests_reaches_the_prediction(case, request, all
 def test_suite_fits_one_device_call(suite):
     """A suite run inside one device call fits it; one given a budget beyond a call ran detached
     (staging/device_bg.sh: DeepSeek-V4's first sweep compiles TileLang kernels for minutes)."""
+    if "call_wall_s" not in suite and suite.get("sources"):
+        pytest.skip("every suite here ran detached (budget beyond one call)")
     wall = suite.get("call_wall_s", suite["wall_s"])
     assert wall <= 570, f"the GPU suite took {wall:.0f}s"
 

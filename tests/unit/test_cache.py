@@ -137,6 +137,25 @@ def test_a_signed_entry_verifies_as_written_when_a_later_version_adds_a_field(tm
     assert cache.load(key) is None
 
 
+def test_a_cut_down_entry_written_before_confirmed_existed_is_not_used(tmp_path):
+    """Without SweepResult.confirmed, a cut-down sweep's confirmations would count as cut steps
+    (raised by depth_delta), which undercounts a replay's drift: such an entry is swept again."""
+    import dataclasses
+
+    cache = SweepCache(tmp_path, secret="s3cret")
+    key = cache_key(FACTS)
+    cut = dataclasses.replace(_sweep(), depth_delta=64, confirmed=1)
+    cache.store(_entry(cut, key))
+    assert cache.load(key) is not None
+    data = json.loads(cache.path(key).read_text())
+    del data["sweep"]["confirmed"]
+    from worstcase_profiler.core.cache import _mac
+    data["mac"] = _mac(data, "s3cret")
+    cache.path(key).write_text(json.dumps(data))
+    entry, why = cache.inspect(cache.path(key))
+    assert entry is None and "before it recorded its confirmed steps" in why
+
+
 def test_the_committed_signed_export_still_verifies():
     """h200-run27's signed export (secret wcprof-bench) imports on the next hosts: a change to
     the entry type must not invalidate what producers already signed."""

@@ -12,7 +12,7 @@ import pytest
 
 from worstcase_profiler.adapter import guard as g
 from worstcase_profiler.cli import main
-from worstcase_profiler.core.guard import (ABOVE, OBSERVED, PREDICTED, STEPS, StepLedger,
+from worstcase_profiler.core.guard import (ABOVE, OBSERVED, PREDICTED, STEPS, StepLedger, StepShape,
                                            parse_metrics, verdict)
 from worstcase_profiler.settings import ProfilerSettings
 from worstcase_profiler.core.types import Shape
@@ -361,6 +361,9 @@ def test_a_replay_records_the_largest_step_the_scheduler_formed_and_unwraps():
     assert formed_for(Shape("decode", 4, 2046, 4), frontier) == Shape("decode", 4, 2046, 4)
     assert formed_for(Shape("decode", 4, 2046, 5), frontier).num_reqs == 4  # the closest
     assert formed_for(None, frontier).rows == 256
+    # a target on no context (a stock-like prefill) is covered by any step of its rows and requests
+    flat = [StepShape(4096, 2, 0, 2), StepShape(8192, 1, 0, 1)]
+    assert formed_for(Shape("prefill", 4096, 0, 2), flat) == Shape("prefill", 4096, 0, 2)
 
 
 def test_a_replay_that_did_not_form_its_target_says_so():
@@ -373,7 +376,7 @@ def test_a_replay_that_did_not_form_its_target_says_so():
                    requests=("1024 prompts",), seconds=1.0, target="worst-step", shape=target,
                    formed=Shape("mixed", 2048, 8188, 9))
     assert replay_reached(v) is False
-    assert "NOT REACHED" in validation_text(v) and "9 request(s)" in validation_text(v)
+    assert "NOT REACHED" in validation_text(v) and "9 request(s) at context 8,188" in validation_text(v)
     done = Validation(**{**v.__dict__, "formed": Shape("prefill", 2048, 8190, 1024)})
     assert replay_reached(done) is True and "NOT REACHED" not in validation_text(done)
     assert replay_reached(Validation(**{**v.__dict__, "formed": None})) is None

@@ -230,6 +230,11 @@ def test_a_compiled_forward_is_cut_down_only_where_its_family_was_proven_compile
     assert "no proof" not in policy.sweep_depth("cut-down", "NewForCausalLM", eager=lambda: False)[1]
     depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
     assert depth == "cut-down" and "run N" in why
+    # the compiled proofs ran on the V2 runner at TP=1: elsewhere a compiled forward is swept whole
+    for kw in ({"runner": "v1"}, {"tensor_parallel_size": 2}):
+        depth, why = policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: False, **kw)
+        assert depth == "full" and "V2 runner at TP=1" in why, kw
+        assert policy.sweep_depth("auto", "NewForCausalLM", eager=lambda: True, **kw)[0] == "cut-down"
 
 
 def test_admission_decision_is_a_pure_function_of_its_inputs():

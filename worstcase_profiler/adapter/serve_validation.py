@@ -19,7 +19,7 @@ import time
 from ..core import codec
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
-from ..core.policy import validation_exceeded
+from ..core.policy import replay_reached, validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve
@@ -95,6 +95,10 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         log.info("[wcprof] serving validation, rank %d: %s needed %s of predicted %s (%.4f)%s",
                  v.rank, _what(v), fmt_bytes(v.measured_peak_bytes),
                  fmt_bytes(v.predicted_peak_bytes), v.ratio, f"; {v.note}" if v.note else "")
+        if replay_reached(v) is False:
+            log.warning("[wcprof] serving validation, rank %d: the requests did not form the "
+                        "worst step (the closest step formed: %s); its ratio is about "
+                        "another step", v.rank, v.formed.label())
     over = [v for v in results if validation_exceeded(v)]
     if over:
         v = over[0]
@@ -144,6 +148,7 @@ async def _together(client, drains: list) -> None:
         paused = True
     except Exception as e:  # noqa: BLE001 - an older vLLM or another engine client
         log.debug("[wcprof] serving validation: no scheduler pause (%s)", e)
+        paused = await _paused_anyway(client)  # a pause that failed half-way: resume it below
     try:
         counter = getattr(getattr(client, "output_processor", None),
                           "get_num_unfinished_requests", None)
@@ -156,10 +161,22 @@ async def _together(client, drains: list) -> None:
                     not any(t.done() for t in tasks):
                 await asyncio.sleep(0.005)
             await asyncio.sleep(0.05)  # each request's send follows its count by one await
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
     finally:
         if paused:
             await client.resume_generation()
     await asyncio.gather(*tasks)
+
+
+async def _paused_anyway(client) -> bool:
+    try:
+        return bool(await client.is_paused())
+    except Exception:  # noqa: BLE001 - no way to tell: nothing to resume
+        return False
 
 
 async def _drain(client, prompt: dict, params, request_id: str) -> None:

@@ -329,6 +329,13 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
     return sweep, use, None, mode, proof
 
 
+def _tp_size(driver) -> int:
+    """The engine's tensor-parallel size, from the runner's config (1 when unknown)."""
+    # vllm-touch: worker-config
+    cfg = getattr(getattr(driver, "runner", None), "vllm_config", None)
+    return int(getattr(getattr(cfg, "parallel_config", None), "tensor_parallel_size", 1) or 1)
+
+
 def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
                 clock: PhaseTimer) -> tuple[SweepResult, str, CutDownProof | None]:
     """(the sweep, its mode line, the cut-down proof or None): cut down when policy.sweep_depth
@@ -338,7 +345,9 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     mode, why = policy.sweep_depth(settings.sweep_depth,
                                    f"{type(model).__qualname__}" if model is not None else "",
                                    eager=lambda: _runs_eagerly(driver),
-                                   device_kind=_device_kind(driver.meter))
+                                   device_kind=_device_kind(driver.meter),
+                                   runner=driver.runner_kind,
+                                   tensor_parallel_size=_tp_size(driver))
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind, why)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)

@@ -37,6 +37,7 @@ class StepRecorder:
         self._had = "execute_model" in vars(worker)  # another wrapper (the guard) already there
         self._execute = worker.execute_model
         self.frontier: list = []
+        self.failed = False
         # vllm-touch: guard-step-hook
         worker.execute_model = self.execute_model
 
@@ -50,8 +51,14 @@ class StepRecorder:
                 from .guard import step_shape
 
                 self.frontier = frontier_add(self.frontier, step_shape(scheduler_output))
-        except Exception:  # noqa: BLE001 - recording must never break the replay
-            pass
+        except Exception as e:  # noqa: BLE001 - recording must never break the replay
+            if not self.failed:
+                self.failed = True
+                import logging
+
+                logging.getLogger("vllm.wcprof").warning(
+                    "[wcprof] validation: cannot read the steps the scheduler forms (%s): the "
+                    "report will not say whether the replay reached its target", e)
         return self._execute(scheduler_output, *args, **kwargs)
 
     def remove(self) -> list[dict]:

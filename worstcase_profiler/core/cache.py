@@ -177,8 +177,12 @@ class SweepCache:
             return None, f"not a cache entry ({e})"
         if path.stem != entry.key:
             return None, "named for another key"
-        if not document_trusted(json.loads(text), self.secret):
+        data = json.loads(text)
+        if not document_trusted(data, self.secret):
             return None, "not signed with $WCPROF_CACHE_SECRET"
+        if "confirmed" not in data["sweep"] and entry.sweep.depth_delta > 0:
+            # SweepResult.confirmed's default (0) would take its full-model steps for cut ones
+            return None, "a cut-down sweep written before it recorded its confirmed steps"
         return entry, None
 
     def store(self, entry: CacheEntry) -> Path:

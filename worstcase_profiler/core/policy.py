@@ -226,9 +226,9 @@ def formed_for(target: Shape | None, frontier) -> Shape | None:
     if target is None:
         best = max(frontier, key=lambda s: (s.rows, s.reqs, s.max_context))
     else:
-        def share(s) -> float:
+        def share(s) -> float:  # a dimension the target does not use (context 0) is met
             return min(s.rows / max(1, target.rows), s.reqs / max(1, target.num_reqs),
-                       s.max_context / max(1, target.context_len))
+                       s.max_context / target.context_len if target.context_len else 1.0)
 
         covering = [s for s in frontier if share(s) >= 1]
         best = (min(covering, key=lambda s: (s.rows, s.reqs, s.max_context)) if covering
@@ -271,7 +271,8 @@ Same form and check as CUT_DOWN_PROVEN. Scope: vLLM 0.32's V2 runner, TP=1, FA3 
 
 
 def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
-                device_kind: str = "cuda") -> tuple[str, str]:
+                device_kind: str = "cuda", runner: str = "v2",
+                tensor_parallel_size: int = 1) -> tuple[str, str]:
     """("full" | "cut-down" | "prove", why). auto cuts down only proven families, on the kind of
     device they were proven on (CUDA: their kernels set the peaks), and a compiled forward only
     where the family's proof also ran compiled (CUT_DOWN_PROVEN_COMPILED: its cut steps run the
@@ -289,6 +290,8 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     if setting == "prove":
         return "prove", "full, then cut-down to compare (sweep_depth=prove)"
     compiled_proof = CUT_DOWN_PROVEN_COMPILED.get(model_class)
+    if compiled_proof and (runner != "v2" or tensor_parallel_size != 1):
+        compiled_proof = None  # proven on the V2 runner at TP=1 only
     if setting == "cut-down":
         return "cut-down", "cut-down: asked for (sweep_depth=cut-down)" + (
             "" if compiled_proof or eager() else
@@ -299,8 +302,10 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     if compiled_proof:  # a compiled forward's cut steps run eagerly: proven for this family
         return "cut-down", (f"cut-down: proven for {model_class} compiled, its cut steps run "
                             f"eagerly ({compiled_proof})")
+    scope = "eager forwards only" if model_class not in CUT_DOWN_PROVEN_COMPILED else \
+        "compiled forwards only on the V2 runner at TP=1"
     return "full", (f"full: the model runs compiled, and the cut-down sweep is proven for "
-                    f"{model_class} on eager forwards only (sweep_depth=prove compares both)")
+                    f"{model_class} on {scope} (sweep_depth=prove compares both)")
 
 
 def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolution: int,

@@ -324,10 +324,11 @@ class Validation:
     note: str | None = None
     resolution_bytes: int = 0
     formed: Shape | None = None
-    """The largest step (most rows, then most requests) the scheduler formed while the measured
-    requests ran, as it formed it (context_len: the longest context a request of it held); None
-    where it was not recorded. A worst-step replay reached its target only if this covers the
-    target's rows and requests (policy.replay_reached)."""
+    """A step the scheduler formed while the measured requests ran (context_len: the longest
+    context a request of it held): the smallest one covering the target's rows, requests and
+    context, else the one closest to it; without a target, the one of most rows
+    (policy.formed_for). None where no step was recorded. A worst-step replay reached its
+    target only if this covers it (policy.replay_reached)."""
 
 
 @dataclass(frozen=True)

@@ -257,8 +257,9 @@ def validation_text(v) -> str:
     if v.note:
         text += f" ({v.note})"
     if replay_reached(v) is False:
-        text += (f"; NOT REACHED: the scheduler formed at most {fmt_tokens(v.formed.rows)} rows over "
-                 f"{v.formed.num_reqs} request(s), so this measured another step, not the worst one")
+        text += (f"; NOT REACHED: the closest step the scheduler formed was "
+                 f"{fmt_tokens(v.formed.rows)} rows over {v.formed.num_reqs} request(s) at context "
+                 f"{fmt_tokens(v.formed.context_len)}, so this measured another step, not the worst one")
     if v.predicted_peak_bytes < v.measured_peak_bytes and not validation_exceeded(v):
         text += (f" (over the prediction by {fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)}"
                  f", within the meter's {fmt_bytes(v.resolution_bytes)} resolution)")
