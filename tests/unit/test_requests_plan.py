@@ -362,14 +362,17 @@ def test_a_roomy_pool_leaves_a_plan_with_unbranched_prompts_as_it_was():
                     pool=Pool(blocks=10**5, groups=4, prefix_groups=1)) == plain
 
 
-def _widest_decode(plan, limits) -> tuple[int, int]:
+def _widest_decode(plan, limits, computed=None, per_step: int = 1) -> tuple[int, int]:
     """A model of vLLM's V1 scheduler without prefix caching (running requests first, each a
     decode of 1 + k rows or the rest of its prompt within the budget, then waiting ones in order;
     unlimited KV): the most requests in one step that were all decoding, and the largest
-    context any of them had then."""
+    context any of them had in such a step."""
     (batch,) = [b for b in plan.batches if b.measured]
     per_req = limits.rows_per_decode
-    reqs = [{"prompt": p.length, "done": 0, "out": 0} for p in batch.prompts]
+    # computed: the tokens a prompt leaves to compute after its prefix-cache hit (None: all of
+    # it); per_step: output tokens a decode step adds (1 + k when every draft is accepted)
+    reqs = [{"prompt": computed(p) if computed else p.length, "done": 0, "out": 0}
+            for p in batch.prompts]
     waiting, running, widest, ctx = list(reqs), [], 0, 0
     while waiting or running:
         budget = limits.max_num_batched_tokens
@@ -387,11 +390,12 @@ def _widest_decode(plan, limits) -> tuple[int, int]:
             r["step"] = min(r["prompt"], budget)
             budget -= r["step"]
             running.append(r)
-        if len(decoding) == len(running) and len(decoding) > widest:
-            widest, ctx = len(decoding), max(r["done"] + r["out"] for r in decoding)
+        if decoding and len(decoding) == len(running) and len(decoding) >= widest:
+            now = max(r["done"] + r["out"] for r in decoding)
+            widest, ctx = len(decoding), now if len(decoding) > widest else max(ctx, now)
         for r in running:
             if r["done"] >= r["prompt"]:
-                r["out"] += 1
+                r["out"] += per_step
             else:
                 r["done"] += r.pop("step")
                 if r["done"] >= r["prompt"]:
@@ -431,3 +435,28 @@ def test_a_prefill_worst_step_of_one_plus_k_rows_per_request_is_validated_as_its
     assert validation_target(worst, 100, [(Shape("decode", 2048, 4096, 1024), 100)], lim) == worst
     wide = Shape("prefill", 2048, 8000, 512)  # 4 rows per request: no decode twin
     assert validation_target(wide, 100, [(Shape("decode", 2048, 8000, 512), 100)], lim) == wide
+
+
+@pytest.mark.parametrize("per_step", [1, 2])
+def test_a_decode_batch_that_fills_the_budget_still_decodes_together(per_step):
+    """h200-run30's worst step as a decode batch: 1,024 requests of 1 + 1 tokens fill the whole
+    2,048-token budget, so the requests that finish their prefill first take rows from the rest
+    while they decode. The plan gives every request output enough to last until the last one
+    has prefilled, even when each hit leaves a block more to compute than the plan's own (a
+    cache of several KV groups: DeepSeek-V4 + MTP) and every draft is accepted."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    lim = Limits(max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=1024,
+                 num_speculative_tokens=1, block_size=256, prefix_caching=True)
+    shape = Shape("decode", 2048, 8190, 1024)
+    plan = plan_for(shape, lim, prefix_caching=True, pool=Pool(blocks=10**5, groups=8,
+                                                                prefix_groups=8))
+    # the prompt beyond its cached prefix, and one block more (a hit aligned one block short)
+    (batch,) = [b for b in plan.batches if b.measured]
+    widest, ctx = _widest_decode(plan, lim, computed=lambda p: p.suffix_len + 256,
+                                 per_step=per_step)
+    hit = batch.prompts[0].length - (batch.prompts[0].suffix_len + 256)  # the model counts from it
+    assert widest == 1024 and hit + ctx >= plan.target.context_len
+    assert not plan.exact and "joins the decoding ones" in plan.note
+    for b in plan.batches:
+        assert all(p.length + b.max_tokens <= lim.max_model_len for p in b.prompts)

@@ -120,7 +120,7 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     if shape.kind == "prefill":
         return _prefill(shape, limits, prefix_caching, distinct_hits, pool)
     if shape.kind == "decode":
-        return _decode(shape, limits, prefix_caching, distinct_hits)
+        return _decode(shape, limits, prefix_caching, distinct_hits, pool)
     return _mixed(shape, limits, prefix_caching, distinct_hits)
 
 
@@ -302,32 +302,72 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
 DECODE_STEPS = 4
 
 
+def steps_until_all_decode(n: int, work: int, per_req: int, budget: int) -> int | None:
+    """Steps vLLM's V1 scheduler takes until all `n` requests, each with `work` prompt tokens
+    left to compute and admitted in order, are decoding: every step the decoding ones take
+    1 + k rows each first, the prefills share what is left, in order, in chunks. None when the
+    decoding ones would leave nothing for the last prefills."""
+    left, done, decoding, steps = work, 0, 0, 0
+    while done < n:
+        steps += 1
+        room = budget - decoding * per_req
+        if room <= 0:
+            return None
+        joined = 0
+        while room > 0 and done + joined < n:
+            take = min(room, left)
+            left -= take
+            room -= take
+            if left:
+                break
+            joined += 1
+            left = work
+        done += joined
+        decoding += joined
+    return steps
+
+
 def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
-            distinct_hits: bool = False) -> RequestPlan:
+            distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
     n, mml = shape.num_reqs, limits.max_model_len
     n = min(n, limits.max_num_seqs)
     per_req = limits.rows_per_decode
     steps = DECODE_STEPS + limits.num_speculative_tokens
     if prefix_caching:
-        # Each prompt tops the block-aligned shared prefix up with its own tail (at most a block),
-        # so the batch decodes at max_model_len - 1. The tails may need several prefill steps;
-        # the output is long enough that every request still decodes in the same last steps.
-        # (plus the block a drafter's hit drops: hit_drop).
+        # Each prompt tops the block-aligned shared prefix up with its own tail (at most a block,
+        # plus the block a drafter's hit drops: hit_drop; with several KV groups a hit may be
+        # aligned coarser or need more cached beyond it, DeepSeek-V4 + MTP: one more block),
+        # so the batch decodes near max_model_len - 1. The tails need several prefill steps, and
+        # those that finish first decode meanwhile, taking 1 + k rows of every step's budget
+        # from the rest (steps_until_all_decode); every request's output is long enough to last
+        # until the last has prefilled, even if every draft is accepted (1 + k tokens a step).
         tail = limits.block_size + limits.hit_drop
-        steps += -(-n * tail // limits.max_num_batched_tokens)
-        prompt = mml - 1 - steps
+        if pool is not None and pool.groups > 1:
+            tail += limits.block_size
+        wait = steps_until_all_decode(n, tail, per_req, limits.max_num_batched_tokens)
+        wait = wait if wait is not None else -(-n * tail // limits.max_num_batched_tokens)
+        steps = (steps + wait) * per_req if per_req > 1 else steps + wait
+        prompt = max(2, mml - 1 - steps)
         ctx = _down(prompt - 1, limits.block_size)
         prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))
         prompts, warms = _warmed(prompts, 1, ctx, limits, distinct_hits=distinct_hits)
         own = " (each on its own cached last block)" if len(warms) > 1 else ""
+        # the first request decodes all along, at least one token a step (1 + k if every draft
+        # is accepted): in the last step it holds at least this context
+        target_ctx = prompt + steps // per_req - 1 - per_req
+        notes = [] if n == shape.num_reqs else [f"{n} requests: max_num_seqs"]
+        if shape.context_len - target_ctx > limits.block_size:
+            notes.append(f"context {target_ctx}: the last of the {n} requests to prefill joins "
+                         f"the decoding ones after about {wait} steps, which the first ones "
+                         f"spend decoding")
         return RequestPlan(
-            target=Shape("decode", n * per_req, prompt + steps - 1 - per_req, n),
+            target=Shape("decode", n * per_req, target_ctx, n),
             batches=(*warms,
                      Batch(f"{n} prompts of {prompt} tokens sharing a cached {ctx}-token "
                            f"prefix{own}, decoding {steps} tokens together", prompts, steps,
                            True)),
-            exact=n == shape.num_reqs,
-            note=None if n == shape.num_reqs else f"{n} requests: max_num_seqs")
+            exact=not notes,
+            note="; ".join(notes) or None)
     # Without prefix caching the prompts prefill one after another, a chunk budget at a time
     # (what the decoding ones leave of it); the earlier ones decode meanwhile, long enough that
     # all n still decode together in the last steps. The first one then ends at the shape's
