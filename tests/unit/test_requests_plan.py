@@ -391,7 +391,7 @@ def _widest_decode(plan, limits, computed=None, per_step: int = 1) -> tuple[int,
             budget -= r["step"]
             running.append(r)
         if decoding and len(decoding) == len(running) and len(decoding) >= widest:
-            now = max(r["done"] + r["out"] for r in decoding)
+            now = max(r["done"] + r["out"] - 1 for r in decoding)  # vLLM: computed tokens
             widest, ctx = len(decoding), now if len(decoding) > widest else max(ctx, now)
         for r in running:
             if r["done"] >= r["prompt"]:
@@ -460,3 +460,24 @@ def test_a_decode_batch_that_fills_the_budget_still_decodes_together(per_step):
     assert not plan.exact and "joins the decoding ones" in plan.note
     for b in plan.batches:
         assert all(p.length + b.max_tokens <= lim.max_model_len for p in b.prompts)
+
+
+def test_a_budget_filling_decode_batch_says_when_it_cannot_form():
+    """A Mamba hybrid in "align" mode schedules a tail under a block whole or not at all: with
+    the budget filled by the decoding ones, the last request never joins (and the plan says
+    so), and a short max_model_len caps the output within it (and says so)."""
+    from worstcase_profiler.core.requests_plan import steps_until_all_decode
+
+    assert steps_until_all_decode(128, 6, 1, 128) is not None
+    assert steps_until_all_decode(128, 6, 1, 128, whole_tails=True) is None
+    assert steps_until_all_decode(64, 6, 1, 128, whole_tails=True) is not None
+    lim = Limits(max_model_len=4096, max_num_batched_tokens=128, max_num_seqs=128,
+                 block_size=64, prefix_caching=True)
+    plan = plan_for(Shape("decode", 128, 4095, 128), lim, prefix_caching=True, distinct_hits=True)
+    assert not plan.exact and "never decode in one step" in plan.note
+    short = Limits(max_model_len=2000, max_num_batched_tokens=2048, max_num_seqs=1024,
+                   num_speculative_tokens=1, block_size=256, prefix_caching=True)
+    plan = plan_for(Shape("decode", 2048, 1999, 1024), short, prefix_caching=True)
+    assert not plan.exact and "leaves" in plan.note
+    for b in plan.batches:
+        assert all(p.length + b.max_tokens <= short.max_model_len - 1 for p in b.prompts)

@@ -302,26 +302,32 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
 DECODE_STEPS = 4
 
 
-def steps_until_all_decode(n: int, work: int, per_req: int, budget: int) -> int | None:
-    """Steps vLLM's V1 scheduler takes until all `n` requests, each with `work` prompt tokens
-    left to compute and admitted in order, are decoding: every step the decoding ones take
-    1 + k rows each first, the prefills share what is left, in order, in chunks. None when the
-    decoding ones would leave nothing for the last prefills."""
+def steps_until_all_decode(n: int, work: int, per_req: int, budget: int, *,
+                           whole_tails: bool = False) -> int | None:
+    """The step in which the last of `n` requests, each with `work` prompt tokens left to
+    compute and admitted in order, finishes its prefill under vLLM's V1 scheduler (all n decode
+    from the next step): every step the decoding ones take 1 + k rows each first, the prefills
+    share what is left, in order, in chunks. whole_tails: a chunk cannot be cut short (a Mamba
+    hybrid in "align" mode cuts chunks only at block boundaries, and a tail is under a block).
+    None when the decoding ones leave the last prefills no room they can use."""
     left, done, decoding, steps = work, 0, 0, 0
     while done < n:
         steps += 1
         room = budget - decoding * per_req
-        if room <= 0:
-            return None
-        joined = 0
+        joined, moved = 0, False
         while room > 0 and done + joined < n:
             take = min(room, left)
+            if whole_tails and take < left:
+                break
             left -= take
             room -= take
+            moved = True
             if left:
                 break
             joined += 1
             left = work
+        if not moved:
+            return None
         done += joined
         decoding += joined
     return steps
@@ -344,18 +350,28 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
         tail = limits.block_size + limits.hit_drop
         if pool is not None and pool.groups > 1:
             tail += limits.block_size
-        wait = steps_until_all_decode(n, tail, per_req, limits.max_num_batched_tokens)
-        wait = wait if wait is not None else -(-n * tail // limits.max_num_batched_tokens)
-        steps = (steps + wait) * per_req if per_req > 1 else steps + wait
-        prompt = max(2, mml - 1 - steps)
+        mnbt = limits.max_num_batched_tokens
+        wait = steps_until_all_decode(n, min(tail, mnbt), per_req, mnbt,
+                                      whole_tails=distinct_hits)
+        notes = [] if n == shape.num_reqs else [f"{n} requests: max_num_seqs"]
+        if wait is None:
+            wait = -(-n * tail // mnbt)
+            notes.append(f"the {n} decoding requests leave the last prefills no room they can "
+                         f"use, so all {n} may never decode in one step")
+        steps = (steps + wait) * per_req
+        floor = min(mml - 2, limits.block_size + tail + 1)  # a cached prefix and its tail
+        prompt = max(floor, mml - 1 - steps)
+        if prompt + steps > mml - 1:
+            steps = mml - 1 - prompt
+            notes.append(f"max_model_len {mml} leaves {steps} tokens of output: the first "
+                         f"requests may finish before the last has prefilled")
         ctx = _down(prompt - 1, limits.block_size)
         prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))
         prompts, warms = _warmed(prompts, 1, ctx, limits, distinct_hits=distinct_hits)
         own = " (each on its own cached last block)" if len(warms) > 1 else ""
         # the first request decodes all along, at least one token a step (1 + k if every draft
         # is accepted): in the last step it holds at least this context
-        target_ctx = prompt + steps // per_req - 1 - per_req
-        notes = [] if n == shape.num_reqs else [f"{n} requests: max_num_seqs"]
+        target_ctx = max(prompt, prompt + steps // per_req - 1 - per_req)
         if shape.context_len - target_ctx > limits.block_size:
             notes.append(f"context {target_ctx}: the last of the {n} requests to prefill joins "
                          f"the decoding ones after about {wait} steps, which the first ones "
