@@ -116,9 +116,9 @@ class CacheEntry:
         return dataclasses.replace(self, mac=entry_mac(self, secret) if secret else None)
 
     @classmethod
-    def from_json(cls, text: str) -> "CacheEntry":
-        """ValueError on anything but a complete entry of this SCHEMA."""
-        data = json.loads(text)
+    def from_document(cls, data) -> "CacheEntry":
+        """The entry a parsed JSON document holds; ValueError on anything but a complete entry
+        of this SCHEMA."""
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ValueError("not a cache entry of schema %d" % SCHEMA)
         return decode(cls, data)
@@ -171,13 +171,12 @@ class SweepCache:
         """(the entry, None) when the file at `path` may be used, else (None, why not): not a
         complete entry of this schema, named for another key, or unsigned with a secret set."""
         try:
-            text = path.read_text()
-            entry = CacheEntry.from_json(text)
+            data = json.loads(path.read_text())
+            entry = CacheEntry.from_document(data)
         except (OSError, ValueError, TypeError) as e:
             return None, f"not a cache entry ({e})"
         if path.stem != entry.key:
             return None, "named for another key"
-        data = json.loads(text)
         if not document_trusted(data, self.secret):
             return None, "not signed with $WCPROF_CACHE_SECRET"
         if "confirmed" not in data["sweep"] and entry.sweep.depth_delta > 0:

@@ -277,8 +277,8 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     device they were proven on (CUDA: their kernels set the peaks), and a compiled forward only
     where the family's proof also ran compiled (CUT_DOWN_PROVEN_COMPILED: its cut steps run the
     Python forward eagerly); cut-down and prove are taken as asked (prove runs both, the full
-    one admitted; cut-down on a compiled forward of another family says it is unproven). `eager` is asked only when the answer involves a cut
-    (it walks the model)."""
+    one admitted; cut-down on a compiled forward of another family says it is unproven).
+    `eager` is asked only when the answer involves a cut (it walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
     if setting == "auto" and model_class not in CUT_DOWN_PROVEN:
