@@ -390,3 +390,75 @@ def test_replay_requests_sample_as_the_profile_does_except_on_the_cpu():
     assert (gpu.temperature, gpu.top_p, gpu.top_k, gpu.max_tokens) == (0.5, 0.9, 999, 3)
     cpu = replay_sampling(3, 1000, "cpu")
     assert cpu.top_k in (0, -1) and cpu.top_p == 1.0 and cpu.ignore_eos
+
+
+class _FakeEngine:
+    """An engine whose scheduler prefills `n` requests one step each, then decodes them all
+    together (one row each) at a growing context, until `max_tokens` or an abort."""
+
+    def __init__(self, worker, n, prompt):
+        self.worker, self.n, self.prompt = worker, n, prompt
+        self.vllm_config = SimpleNamespace(device_config=SimpleNamespace(device_type="cpu"))
+        self.model_config = SimpleNamespace(get_vocab_size=lambda: 1000)
+        self.reqs, self.steps, self.aborted = {}, 0, []
+
+    def add_request(self, rid, prompt, params):
+        self.reqs[rid + "-x"] = {"made": 0, "max": params.max_tokens, "done": False}
+        return rid + "-x"
+
+    def has_unfinished_requests(self):
+        return any(not r["done"] for r in self.reqs.values())
+
+    def abort_request(self, ids, internal=False):
+        self.aborted.append((list(ids), internal))
+        for i in ids:
+            self.reqs[i]["done"] = True
+
+    def step(self):
+        self.steps += 1
+        live = [k for k, r in self.reqs.items() if not r["done"]]
+        pending = [k for k in live if self.reqs[k]["made"] == 0]
+        if pending:  # one prompt a step, the earlier ones decode alongside
+            decoding = [k for k in live if self.reqs[k]["made"]]
+            so = sched(self.prompt + len(decoding), contexts=(0,) + (self.prompt,) * len(decoding))
+            step = [pending[0], *decoding]
+        else:
+            ctx = max(self.prompt + self.reqs[k]["made"] for k in live)
+            so = sched(len(live), contexts=(ctx,) * len(live), new=False)
+            step = live
+        self.worker.execute_model(so)
+        out = []
+        for k in step:
+            r = self.reqs[k]
+            r["made"] += 1
+            r["done"] = r["made"] >= r["max"]
+            out.append(SimpleNamespace(request_id=k, finished=r["done"],
+                                       outputs=[SimpleNamespace(token_ids=[7])]))
+        return out
+
+
+def test_a_replay_stops_once_its_target_step_formed():
+    """validation._generate_to: a decode plan's requests carry output for the slowest case; the
+    replay stops them a couple of outputs after the scheduler formed the target (asked of the
+    workers' recorders), aborting what is left, and says how many it stopped. A target that
+    never forms runs the requests to the end, as llm.generate would."""
+    pytest.importorskip("vllm")
+    from worstcase_profiler.adapter import validation as v
+
+    def run(target):
+        worker = SimpleNamespace(device="cpu", execute_model=lambda so: None)
+        engine = _FakeEngine(worker, 4, 64)
+        llm = SimpleNamespace(llm_engine=engine, collective_rpc=lambda fn: [fn(worker)])
+        v._begin(worker)
+        stopped = v._generate_to(llm, [[1] * 64] * 4, 500, target)
+        return engine, stopped, v._end(worker)
+
+    engine, stopped, out = run(Shape("decode", 4, 70, 4))
+    # 4 prefill steps, then decode steps until the context reaches 70, then 2 more
+    assert stopped == 4 and engine.steps < 20, (stopped, engine.steps)
+    assert engine.aborted and engine.aborted[0][1] is True
+    assert {i for ids, _ in engine.aborted for i in ids} == set(engine.reqs)
+    assert any(f["rows"] == 4 and f["reqs"] == 4 and f["max_context"] >= 70 for f in out["formed"])
+
+    engine, stopped, _ = run(Shape("decode", 8, 70, 8))  # more requests than the batch has
+    assert stopped == 0 and not engine.aborted and engine.steps >= 500

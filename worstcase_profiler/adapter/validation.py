@@ -14,7 +14,7 @@ processes (TP>1), where the engine's process holds no model and no workspace.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..core import codec
 from ..core.policy import formed_for
@@ -69,6 +69,10 @@ class StepRecorder:
                 self._worker.execute_model = self._execute
             else:
                 del self._worker.execute_model
+        return self.snapshot()
+
+    def snapshot(self) -> list[dict]:
+        """The frontier so far, as plain data (core.guard.StepShape's fields)."""
         return [dict(rows=s.rows, reqs=s.reqs, max_context=s.max_context, prefills=s.prefills)
                 for s in self.frontier]
 
@@ -119,6 +123,14 @@ def _end(wrapper) -> dict:
     return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes), "formed": formed}
+
+
+def _formed(wrapper) -> list[dict]:
+    """Worker side: the steps recorded since _begin (the frontier), left recording."""
+    worker = getattr(wrapper, "worker", wrapper)
+    # vllm-touch: worker-session
+    recorder = getattr(worker, _FORMED_ATTR, None)
+    return recorder.snapshot() if recorder is not None else []
 
 
 def pool_of(wrapper) -> dict | None:
@@ -177,6 +189,62 @@ def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
     llm.generate([{"prompt_token_ids": p} for p in prompts],
                  replay_sampling(max_tokens, _vocab(llm),
                                  device_type_of(llm.llm_engine.vllm_config)), use_tqdm=False)
+
+
+AFTER_TARGET_STEPS = 2
+"""Engine outputs a replay still runs once its target step formed, before it stops."""
+
+
+def _reached(llm, target: Shape) -> bool:
+    from ..core.guard import StepShape
+    from ..core.policy import target_formed
+
+    answers = llm.collective_rpc(_formed)
+    return bool(answers) and all(target_formed(target, [StepShape(**f) for f in a])
+                                 for a in answers)
+
+
+def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape) -> int:
+    """Run a measured batch like _generate, but stop it once every rank's scheduler formed
+    `target` (policy.target_formed on the recorders' frontiers) and AFTER_TARGET_STEPS more
+    engine outputs came: its requests are aborted then. A decode plan's requests carry output
+    enough to outlast the slowest prefill if every draft were accepted, so with drafts
+    rejected they would run twice the steps past the one the replay is for (DeepSeek-V4 at
+    8k: about 1,900 steps). Returns how many requests were stopped (0: all finished). The
+    frontier is asked for after every output once each request has produced a token (all
+    decode from then on), and every 16 outputs before."""
+    from vllm.sampling_params import RequestOutputKind
+
+    # vllm-touch: worker-config
+    engine = llm.llm_engine
+    params = replay_sampling(max_tokens, _vocab(llm), device_type_of(engine.vllm_config))
+    params.output_kind = RequestOutputKind.DELTA  # an output every step a request moves
+    tag = f"wcprof-{time.monotonic_ns()}"
+    ids = [engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
+           for i, p in enumerate(prompts)]
+    started: set[str] = set()
+    finished: set[str] = set()
+    outputs, left, stopped = 0, None, None
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if any(o.token_ids for o in out.outputs):
+                    started.add(out.request_id)
+                if out.finished:
+                    finished.add(out.request_id)
+            outputs += 1
+            if left is None:
+                if len(started) >= len(ids) or outputs % 16 == 0:
+                    left = AFTER_TARGET_STEPS if _reached(llm, target) else None
+            elif stopped is None:
+                left -= 1
+                if left <= 0:
+                    stopped = max(0, len(ids) - len(finished))
+                    engine.abort_request(ids, internal=True)
+    except BaseException:
+        engine.abort_request(ids, internal=True)
+        raise
+    return stopped or 0
 
 
 class RankPeaks:
@@ -272,12 +340,19 @@ def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]
     """Run the workload's batches in order on an LLM, measuring the marked ones on every rank."""
     peaks = RankPeaks()
     t0 = time.perf_counter()
+    stopped = 0
     for prompts, max_tokens, measured in work.batches:
         if measured:
             llm.collective_rpc(_begin)
-        _generate(llm, prompts, max_tokens)
+        if measured and work.shape is not None:
+            stopped += _generate_to(llm, prompts, max_tokens, work.shape)
+        else:
+            _generate(llm, prompts, max_tokens)
         if measured:
             peaks.add(llm.collective_rpc(_end))
+    if stopped:  # said, so that a reader knows the output lengths were not all served
+        work = replace(work, note="; ".join(filter(None, [
+            work.note, f"stopped {stopped} request(s) once the target step had formed"])))
     return work.results(peaks, predicted, time.perf_counter() - t0)
 
 

@@ -245,8 +245,22 @@ def replay_reached(v) -> bool | None:
     ratio says nothing about the worst one. Works on the core Validation and the report's."""
     if v.shape is None or v.formed is None:
         return None
-    return (v.formed.rows >= v.shape.rows and v.formed.num_reqs >= v.shape.num_reqs
-            and v.formed.context_len >= v.shape.context_len)
+    return covers(v.formed, v.shape)
+
+
+def covers(formed: Shape, target: Shape) -> bool:
+    """A formed step reaches a target: at least its rows over at least its requests, at no
+    shorter a context."""
+    return (formed.rows >= target.rows and formed.num_reqs >= target.num_reqs
+            and formed.context_len >= target.context_len)
+
+
+def target_formed(target: Shape, frontier) -> bool:
+    """Whether a replay's frontier so far (StepShape items) already holds its target step: the
+    replay may stop there (adapter/validation.py), the rest of its requests measure nothing
+    the target step has not."""
+    best = formed_for(target, frontier)
+    return best is not None and covers(best, target)
 
 
 CUT_DOWN_PROVEN: dict[str, str] = {
