@@ -104,6 +104,9 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     # the same at 8k context and 2k chunks: fewer token counts, so fewer TileLang compiles on a
     # cold host (h200-run29 timed out compiling them at 131k / 8k)
     "dsv4_mtp_fp8_short": (DSV4_FP8, [*SHORT, *DSV4_026], {"WCP_FIXTURES_LOADERS": "1"}, None),
+    # the same engine, validated with --validate quick (its sweep-cache entry is the same)
+    "dsv4_mtp_fp8_short_quick": (DSV4_FP8, [*SHORT, *DSV4_026], {"WCP_FIXTURES_LOADERS": "1"},
+                                 None),
     # the cut-down proof (policy.CUT_DOWN_PROVEN): every eager suite configuration of a family
     "llama_v2_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
     "llama_v1_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE],
@@ -126,7 +129,7 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
 }
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
-              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
+              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short", "dsv4_mtp_fp8_short_quick",
               "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")))
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]
@@ -140,7 +143,8 @@ def _cli_argv(name: str, out: Path) -> list[str]:
     if proves(name):  # the proof compares two sweeps; the admitted one is validated elsewhere
         common.remove("--validate")
     elif name in NAMED_ONLY:  # the report's own worst step, built from real requests
-        common[common.index("--validate") + 1:common.index("--validate") + 1] = ["worst"]
+        which = "quick" if name.endswith("_quick") else "worst"  # or its rows and requests
+        common[common.index("--validate") + 1:common.index("--validate") + 1] = [which]
     return ["--model", str(model), *common, *extra, "--json", str(out / f"{name}.json")]
 
 
@@ -259,15 +263,15 @@ def _check_report(report: dict, name: str, put) -> None:
         put("validation_within_prediction", val["measured_peak_bytes"] <= val["predicted_peak_bytes"],
             f"measured {val['measured_peak_bytes']} vs predicted {val['predicted_peak_bytes']}")
     for v in report.get("validations") or []:
-        key = "worst_step" if v.get("target") == "worst-step" else "traffic"
+        key = {"worst-step": "worst_step", "quick": "quick"}.get(v.get("target"), "traffic")
         put(f"{key}_within_prediction", v["measured_peak_bytes"] <= v["predicted_peak_bytes"],
             f"ratio {v['ratio']:.4f} ({v.get('note') or 'exact'})")
-        if key == "worst_step" and v.get("shape") and \
+        if key in ("worst_step", "quick") and v.get("shape") and \
                 tuple(map(int, str(report.get("schema_version", "0")).split("."))) >= (1, 6):
             from worstcase_profiler.core.policy import replay_reached
             from worstcase_profiler.report import Validation
 
-            put("worst_step_formed", replay_reached(Validation.model_validate(v)) is True,
+            put(f"{key}_formed", replay_reached(Validation.model_validate(v)) is True,
                 f"the closest step the scheduler formed: {v.get('formed')} (target {v['shape']})")
     rows = {"min": 1, "max": flag_value(name, "--max-num-batched-tokens")}
     put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))

@@ -13,7 +13,8 @@
 # `exec CMD ...` runs CMD in the suite's environment instead of the suite (e.g.
 # staging/production_run.sh), with $DEADLINE the epoch second it should finish by.
 # Another wheelhouse (e.g. vLLM 0.32 in .stage32/): STAGE=.stage32 SITE=/tmp/site32 on every call,
-# carrying .stage32/... instead. Other settings: OUT (what comes back), WORK, LIMIT_S, WCPROF_CACHE_DIR.
+# carrying .stage32/... instead. Other settings: OUT (what comes back), WORK, LIMIT_S, WCPROF_CACHE_DIR,
+# IMPORT (a directory `wcprof cache export` wrote, imported into the fresh cache before the cases).
 #
 # .whl (git-ignored) holds rich and its three dependencies, pure-Python wheels the wcprof CLI needs
 # and the vLLM wheelhouse lacks; installed only when the host's python3 has no rich. Once, here:
@@ -74,6 +75,9 @@ prepare() {  # stage what is missing, set the engine environment, register the e
   export WCPROF_CACHE_DIR=${WCPROF_CACHE_DIR:-/tmp/wcprof-cache}
   rm -rf "$WCPROF_CACHE_DIR"
   install_wheels || return 1
+  if [ -n "${IMPORT:-}" ]; then  # an exported entry (`wcprof cache export`): the case replays it
+    python3 -m worstcase_profiler.cli cache import "$IMPORT" || return 1
+  fi
   python3 staging/install_entrypoint.py --target "$SITE" --fixtures || return 1
   nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version --format=csv,noheader || true
   python3 -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)'

@@ -99,11 +99,13 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
                    help="write the picture as one self-contained HTML file (needs matplotlib)")
     g.add_argument("--png", metavar="PATH", help="write the picture as PNG (needs matplotlib)")
     g.add_argument("--validate", nargs="?", const="all", default=None,
-                   choices=("all", "worst", "traffic"),
+                   choices=("all", "worst", "quick", "traffic"),
                    help="serve real requests and report the measured peak against the "
                         "prediction (exit 1 when it exceeds it by more than the meter resolves: "
                         "512 KiB on the CPU, 1 MiB on CUDA): `worst` builds the report's own "
-                        "worst step from requests, `traffic` a generic workload, `all` both "
+                        "worst step from requests, `quick` its rows and requests at the "
+                        "shortest context within a few steps (where `worst` would wait "
+                        "hundreds), `traffic` a generic workload, `all` worst and traffic "
                         "(the default when given alone)")
     g.add_argument("--exhaustive", action="store_true",
                    help="execute every rows value 1..max_num_batched_tokens instead of "
@@ -587,9 +589,9 @@ def validate(llm, report, which: str = "all") -> list:
                                                default=report.worstcase.peak_activation_bytes),
                                steps, limits)
     found = []
-    if which in ("all", "worst"):
+    if which in ("all", "worst", "quick"):
         found += validate_worst_step(llm, predicted, limits, target,
-                                     prefix_caching=limits.prefix_caching)
+                                     prefix_caching=limits.prefix_caching, quick=which == "quick")
     if which in ("all", "traffic"):
         found += validate_traffic(llm, predicted, limits)
     return found

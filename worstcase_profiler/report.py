@@ -24,11 +24,12 @@ from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAuditGroup, Shape
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.6"
+SCHEMA_VERSION = "1.7"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
-# 1.6: validation.formed (the largest step the scheduler formed during the replay).
+# 1.6: validation.formed (the largest step the scheduler formed during the replay); 1.7: the
+# "quick" validation target (`--validate quick`).
 
 class StepResult(BaseModel):
     shape: Shape
@@ -210,9 +211,11 @@ class Validation(BaseModel):
     requests: list[str]
     seconds: float
     rank: int = Field(0, description="the rank measured (with TP, the rank of highest ratio)")
-    target: Literal["worst-step", "traffic"] = Field(
+    target: Literal["worst-step", "quick", "traffic"] = Field(
         "traffic", description="worst-step: the report's own worst shape built from real requests "
-                               "(its rows, request count and context); traffic: generic requests")
+                               "(its rows, request count and context); quick: its rows over its "
+                               "requests at the shortest context, formed within a few steps "
+                               "(`--validate quick`); traffic: generic requests")
     shape: Shape | None = Field(None, description="the step the requests were built to reach")
     note: str | None = Field(None, description="why a shape could not be built exactly, if so")
     resolution_bytes: int = Field(
@@ -443,7 +446,8 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
 
 def gating_validation(validations: list[Validation]) -> Validation | None:
     """The validation that gates: the worst-step one of highest ratio when any ran, else the
-    traffic one of highest ratio."""
+    quick one, else the traffic one of highest ratio."""
     worst = [v for v in validations if v.target == "worst-step"]
-    pool = worst or validations
+    quick = [v for v in validations if v.target == "quick"]
+    pool = worst or quick or validations
     return max(pool, key=lambda v: v.ratio) if pool else None

@@ -58,3 +58,22 @@ def test_validate_reaches_that_step_from_real_requests(run):
     assert "NOT REACHED" not in r.out
     # the terminal names the step and the requests that formed it
     assert "validation (worst step)" in r.out and "requests:" in r.out
+
+
+def test_validate_quick_forms_the_worst_steps_rows_and_requests_within_a_few_steps(tmp_path):
+    """`--validate quick`: the decode fixture's worst step (4 requests at max_model_len) as 4
+    short prompts prefilled together, then decoding together: the scheduler forms that many
+    rows over that many requests at once, the replay stops there, and it is said to be quick
+    (its context is not the worst step's)."""
+    args = [a for a in ARGS if a != "--validate"] + ["--validate", "quick"]
+    r = run_wcprof(["--model", str(wcp_fixtures.model_dir("decode")), *args], tmp_path)
+    assert r.rc == 0, r.text[-3000:]
+    (v,) = r.report["validations"]
+    worst = r.report["worstcase"]["worst_shape"]
+    assert v["target"] == "quick" and within_prediction(v), v
+    assert (v["shape"]["kind"], v["shape"]["rows"], v["shape"]["num_reqs"]) == (
+        "decode", worst["rows"], worst["num_reqs"])
+    assert v["shape"]["context_len"] < worst["context_len"] and "quick" in v["note"], v
+    assert v["formed"]["rows"] >= worst["rows"] and v["formed"]["num_reqs"] >= worst["num_reqs"]
+    assert v["seconds"] < 30, v
+    assert "validation (quick" in r.out and "NOT REACHED" not in r.out

@@ -481,3 +481,46 @@ def test_a_budget_filling_decode_batch_says_when_it_cannot_form():
     assert not plan.exact and "leaves" in plan.note
     for b in plan.batches:
         assert all(p.length + b.max_tokens <= short.max_model_len - 1 for p in b.prompts)
+
+
+def test_a_plan_hits_at_the_kv_groups_common_block_not_the_smallest():
+    """After its KV cache exists vLLM sets cache_config.block_size to the smallest KV group's
+    block (4 for DeepSeek-V4's groups of 256, 64, 8 and 4), while its scheduler aligns every
+    prefix hit to their least common multiple (256). A plan made from the engine's limits then
+    planned 4-token hits: 1,024 prompts of 8,127 tokens decoding 64, whose first requests
+    finished long before the last had prefilled (h200-run32). With the pool's hit unit it plans
+    256-token hits, and output that outlasts the prefills."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    after_kv = Limits(max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=1024,
+                      num_speculative_tokens=1, block_size=4, prefix_caching=True)
+    twin = Shape("decode", 2048, 8190, 1024)
+    wrong = plan_for(twin, after_kv, prefix_caching=True, pool=Pool(10**6, 8, 8))
+    assert _measured(wrong)[0].max_tokens == 64  # what run 32 sent
+    right = plan_for(twin, after_kv, prefix_caching=True, pool=Pool(10**6, 8, 8, hit_unit=256))
+    measured = _measured(right)[0]
+    assert {(p.prefix_len, p.length) for p in measured.prompts} == {(4096, 4343)}
+    assert measured.max_tokens == 3848
+    assert right == plan_for(twin, dataclasses.replace(after_kv, block_size=256),
+                             prefix_caching=True, pool=Pool(10**6, 8, 8))
+
+
+def test_the_pool_reports_its_hit_unit_from_the_kv_groups():
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from worstcase_profiler.adapter.validation import pool_of
+
+    def worker(*sizes, mamba=False):
+        class MambaSpec:  # adapter/kv.is_spec reads the class name
+            block_size = sizes[-1]
+
+        specs = [SimpleNamespace(block_size=b) for b in sizes[:-1]] + [
+            MambaSpec() if mamba else SimpleNamespace(block_size=sizes[-1])]
+        cfg = SimpleNamespace(num_blocks=100,
+                              kv_cache_groups=[SimpleNamespace(kv_cache_spec=s) for s in specs])
+        return SimpleNamespace(model_runner=SimpleNamespace(kv_cache_config=cfg))
+
+    assert pool_of(worker(256, 64, 8, 4))["hit_unit"] == 256  # DeepSeek-V4
+    assert pool_of(worker(16, 16))["hit_unit"] == 0  # one block size: the limits' stands
+    assert pool_of(worker(16, 528, mamba=True))["hit_unit"] == 0  # a Mamba hybrid: unchanged

@@ -13,12 +13,13 @@ processes (TP>1), where the engine's process holds no model and no workspace.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
 from ..core import codec
 from ..core.policy import formed_for
-from ..core.requests_plan import Pool, RequestPlan, plan_for, token_ids
+from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
 
@@ -146,8 +147,10 @@ def pool_of(wrapper) -> dict | None:
 
     groups = cfg.kv_cache_groups
     mamba = sum(1 for g in groups if is_spec(g.kv_cache_spec, "MambaSpec"))
+    sizes = {int(getattr(g.kv_cache_spec, "block_size", 0) or 0) for g in groups}
+    hit_unit = math.lcm(*sizes) if len(sizes) > 1 and 0 not in sizes and not mamba else 0
     return {"blocks": int(cfg.num_blocks), "groups": len(groups),
-            "prefix_groups": max(1, len(groups) - mamba)}
+            "prefix_groups": max(1, len(groups) - mamba), "hit_unit": hit_unit}
 
 
 def pool_from(answers) -> Pool | None:
@@ -304,13 +307,14 @@ class Workload:
                              shape=self.shape, note=self.note)
 
 
-def worst_step_workload(plan: RequestPlan, vocab: int) -> Workload:
-    """The requests of a plan (core/requests_plan.py) that reach the report's worst step."""
+def worst_step_workload(plan: RequestPlan, vocab: int, target: str = "worst-step") -> Workload:
+    """The requests of a plan (core/requests_plan.py) that reach the report's worst step (or,
+    target "quick", its rows and requests: requests_plan.quick_plan)."""
     salt = iter(range(1, 1 << 30))
     batches = tuple(([token_ids(p, vocab, next(salt)) for p in b.prompts], b.max_tokens,
                      b.measured) for b in plan.batches)
     note = plan.note if plan.exact else (plan.note or "approximate")
-    return Workload("worst-step", batches, tuple(b.label for b in plan.batches if b.measured),
+    return Workload(target, batches, tuple(b.label for b in plan.batches if b.measured),
                     shape=plan.target, note=note)
 
 
@@ -365,10 +369,14 @@ def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Val
 
 
 def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: Shape, *,
-                        prefix_caching: bool) -> list[Validation]:
-    """The report's worst step built from real requests (core/requests_plan.py), per rank."""
+                        prefix_caching: bool, quick: bool = False) -> list[Validation]:
+    """The report's worst step built from real requests (core/requests_plan.py), per rank; with
+    `quick`, its rows and requests at the shortest context (requests_plan.quick_plan)."""
     from .facts import sibling_hits_serialize
 
+    if quick:
+        return _measure(llm, worst_step_workload(quick_plan(worst, limits), _vocab(llm), "quick"),
+                        predicted)
     # vllm-touch: worker-config
     plan = plan_for(worst, limits, prefix_caching=prefix_caching,
                     distinct_hits=sibling_hits_serialize(llm.llm_engine.vllm_config),

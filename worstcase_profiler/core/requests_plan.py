@@ -31,7 +31,7 @@ max_model_len tokens), so the longest reachable KV extent is max_model_len - 1.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .shapes import Limits, split_rows
 from .types import Shape
@@ -76,6 +76,12 @@ class Pool:
     blocks: int
     groups: int
     prefix_groups: int
+    hit_unit: int = 0
+    """The tokens every prefix hit is a multiple of, when the KV groups' block sizes differ
+    (vLLM's scheduler block size, their least common multiple: 256 for DeepSeek-V4's 256, 64,
+    8 and 4); 0 when they do not, or a Mamba group decides (the limits' block size stands).
+    After its KV cache exists vLLM sets cache_config.block_size to the smallest group's, so
+    the engine's limits then say 4 for DeepSeek-V4 (h200-run32: a plan of 4-token hits)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,8 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     prefill step's requests beyond what it holds on their own last blocks become fresh prompts
     (`_fit`); None: assume it holds them all. A decode shape's context is already what the
     sweep's pool lets its requests hold."""
+    if pool is not None and pool.hit_unit > limits.block_size:
+        limits = replace(limits, block_size=pool.hit_unit)
     if shape.kind == "stock":
         return _stock(shape, limits)
     if shape.kind == "prefill":
@@ -122,6 +130,32 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     if shape.kind == "decode":
         return _decode(shape, limits, prefix_caching, distinct_hits, pool)
     return _mixed(shape, limits, prefix_caching, distinct_hits)
+
+
+def quick_plan(shape: Shape, limits: Limits) -> RequestPlan:
+    """Requests that form `shape`'s rows over its requests at the shortest context, within a few
+    steps (`--validate quick`): a decode shape from prompts short enough to prefill together in
+    one step (then all decode at once), any other as fresh prompts sharing its rows (vLLM's own
+    profile step). What a worst step's context adds is left out, which is what the exact plan
+    pays for: its requests must reach that context on a cached prefix, and where each needs
+    many tokens computed the last wait hundreds of steps behind the decoding ones (DeepSeek-V4
+    with MTP at 1,024 requests: about 1,900 steps, minutes per replay on an H200). The note
+    says which context the replay stands in for."""
+    n = max(1, min(shape.num_reqs, limits.max_num_seqs))
+    instead = f"context {shape.context_len} of the worst step not built: quick"
+    if shape.kind != "decode":
+        plan = _stock(Shape("stock", shape.rows, 0, n), limits)
+        return replace(plan, exact=False, note=instead)
+    per_req = limits.rows_per_decode
+    steps = DECODE_STEPS + limits.num_speculative_tokens
+    length = max(1, min(limits.max_num_batched_tokens // n,
+                        limits.max_model_len - 1 - steps * per_req))
+    prompts = tuple(Prompt(200 + i, 0, length) for i in range(n))
+    return RequestPlan(
+        target=Shape("decode", n * per_req, length, n),
+        batches=(Batch(f"{n} prompts of {length} tokens prefilled in one step, then decoding "
+                       f"together", prompts, steps * per_req, True),),
+        exact=False, note=instead)
 
 
 def _down(n: int, to: int) -> int:

@@ -245,7 +245,8 @@ def stock_detail(report: Report) -> Detail:
 
 
 def validation_text(v) -> str:
-    what = " (worst step)" if v.target == "worst-step" else ""
+    what = {"worst-step": " (worst step)",
+            "quick": " (quick: the worst step's rows and requests, short context)"}.get(v.target, "")
     text = (f"validation{what}: measured {fmt_bytes(v.measured_peak_bytes)} vs predicted "
             f"{fmt_bytes(v.predicted_peak_bytes)}, ratio {v.ratio:.3f}")
     if v.shape is not None:
