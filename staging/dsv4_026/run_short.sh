@@ -8,7 +8,8 @@
 #   bash staging/device_bg.sh start dsv4 LIMIT_S=1750 -- bash staging/dsv4_026/run_short.sh
 # Exit status: the suite's.
 set -uo pipefail
-bash staging/device_run.sh --case-timeout-s "${CASE_TIMEOUT_S:-1700}" "${CASE:-dsv4_mtp_fp8_short}"
+# shellcheck disable=SC2086 # CASE: one or more case names
+bash staging/device_run.sh --case-timeout-s "${CASE_TIMEOUT_S:-1700}" ${CASE:-dsv4_mtp_fp8_short}
 rc=$?
 # shellcheck disable=SC1091
 source .stage/env.sh
