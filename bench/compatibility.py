@@ -70,7 +70,18 @@ def _cell(m: dict, name: str, case: dict) -> dict:
     if wc:
         figures.append(f"worst {wc.get('peak_activation_bytes', 0) / 2**30:.3f} GiB")
     if val:
-        target = "worst step" if val.get("target") == "worst-step" else "traffic"
+        target = {"worst-step": "worst step", "quick": "quick: its rows and requests, context "
+                  f"{(val.get('shape') or {}).get('context_len')}"}.get(val.get("target"), "traffic")
+        formed = val.get("formed")
+        if val.get("shape") and formed and val.get("target") != "traffic":
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from types import SimpleNamespace
+
+            from worstcase_profiler.core.policy import replay_reached  # vLLM- and pydantic-free
+
+            if not replay_reached(SimpleNamespace(shape=SimpleNamespace(**val["shape"]),
+                                                  formed=SimpleNamespace(**formed))):
+                target += ", NOT REACHED"
         figures.append(f"validated {val.get('ratio', 0):.3f} ({target})")
     if kv:
         figures.append(f"KV audit {kv.get('ratio', 0):.3f}")
