@@ -45,9 +45,18 @@ def _entries(directory: Path, secret: str | None) -> tuple[list[tuple[Path, Cach
 def main(argv: list[str]) -> int:
     parser = ArgParser(prog="wcprof cache", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
-    sub.add_parser("list", help="the entries of this host's cache")
-    for verb in ("export", "import"):
-        sub.add_parser(verb, help=f"{verb} entries").add_argument("directory", type=Path)
+    sub.add_parser("list", help="the entries of this host's cache ($WCPROF_CACHE_DIR)")
+    helps = {"export": ("copy this host's entries into DIRECTORY as written (with "
+                        "$WCPROF_CACHE_SECRET set, only those signed with it)",
+                        "where to write them"),
+             "import": ("copy DIRECTORY's entries into this host's cache (with "
+                        "$WCPROF_CACHE_SECRET set, only those signed with it): the next start "
+                        "of that configuration replays the entry's worst step instead of "
+                        "sweeping, and re-checks its heaviest shapes unless it is signed",
+                        "a directory `wcprof cache export` wrote")}
+    for verb, (text, arg) in helps.items():
+        sub.add_parser(verb, help=text, description=text).add_argument("directory", type=Path,
+                                                                       help=arg)
     ns = parser.parse_args(argv)
     local = _local()
     secret = local.secret
