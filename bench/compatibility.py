@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the pure core, for replay_reached
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "compatibility.md"
@@ -70,11 +72,11 @@ def _cell(m: dict, name: str, case: dict) -> dict:
     if wc:
         figures.append(f"worst {wc.get('peak_activation_bytes', 0) / 2**30:.3f} GiB")
     if val:
-        target = {"worst-step": "worst step", "quick": "quick: its rows and requests, context "
-                  f"{(val.get('shape') or {}).get('context_len')}"}.get(val.get("target"), "traffic")
+        ctx = (val.get("shape") or {}).get("context_len")
+        quick = f"quick: its rows and requests, context {ctx}"
+        target = {"worst-step": "worst step", "quick": quick}.get(val.get("target"), "traffic")
         formed = val.get("formed")
         if val.get("shape") and formed and val.get("target") != "traffic":
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
             from types import SimpleNamespace
 
             from worstcase_profiler.core.policy import replay_reached  # vLLM- and pydantic-free

@@ -129,7 +129,8 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
 }
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
-              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short", "dsv4_mtp_fp8_short_quick",
+              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
+              "dsv4_mtp_fp8_short_quick",
               "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")))
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]

@@ -306,9 +306,10 @@ class Report(BaseModel):
     warmup_audit: WarmupAudit | None = None
     validation: Validation | None = Field(
         None, description="the check that gates: the worst-step validation when one ran, else "
-                          "generic traffic (with TP, the rank of highest ratio)")
+                          "the quick one, else generic traffic (with TP, the rank of highest "
+                          "ratio)")
     validations: list[Validation] = Field(
-        default_factory=list, description="every validation run: worst-step and traffic")
+        default_factory=list, description="every validation run: worst-step, quick and traffic")
     startup_seconds: dict[str, float] = Field(
         default_factory=dict,
         description="wall seconds of each start-up phase in this worker; 'vllm_*' phases are "

@@ -437,28 +437,47 @@ class _FakeEngine:
         return out
 
 
-def test_a_replay_stops_once_its_target_step_formed():
+def test_a_replay_stops_once_its_target_step_formed_and_a_request_finished():
     """validation._generate_to: a decode plan's requests carry output for the slowest case; the
-    replay stops them a couple of outputs after the scheduler formed the target (asked of the
-    workers' recorders), aborting what is left, and says how many it stopped. A target that
-    never forms runs the requests to the end, as llm.generate would."""
+    replay stops the rest once the scheduler formed the target (asked of the workers'
+    recorders) and the first request finished (the longest context any reaches; every later
+    step has fewer requests), and says how many it stopped. A target that never forms runs
+    the requests to the end, as llm.generate would. A request the engine refuses takes the
+    ones already added with it."""
     pytest.importorskip("vllm")
     from worstcase_profiler.adapter import validation as v
 
-    def run(target):
+    made = []
+
+    def run(target, refuse_at=None):
         worker = SimpleNamespace(device="cpu", execute_model=lambda so: None)
         engine = _FakeEngine(worker, 4, 64)
+        made.append(engine)
+        if refuse_at is not None:
+            add = engine.add_request
+
+            def add_request(rid, prompt, params):
+                if rid.endswith(f"-{refuse_at}"):
+                    raise ValueError("prompt refused")
+                return add(rid, prompt, params)
+
+            engine.add_request = add_request
         llm = SimpleNamespace(llm_engine=engine, collective_rpc=lambda fn: [fn(worker)])
         v._begin(worker)
-        stopped = v._generate_to(llm, [[1] * 64] * 4, 500, target)
+        stopped = v._generate_to(llm, [[1] * 64] * 4, 50, target)
         return engine, stopped, v._end(worker)
 
     engine, stopped, out = run(Shape("decode", 4, 70, 4))
-    # 4 prefill steps, then decode steps until the context reaches 70, then 2 more
-    assert stopped == 4 and engine.steps < 20, (stopped, engine.steps)
-    assert engine.aborted and engine.aborted[0][1] is True
+    # 4 prefill steps (one prompt each), then all decode; the first request (prefilled first)
+    # finishes after 50 tokens while the other 3 have 1-3 left: those are stopped
+    assert stopped == 3 and engine.steps == 50, (stopped, engine.steps)
+    assert engine.aborted and all(internal for _, internal in engine.aborted)
     assert {i for ids, _ in engine.aborted for i in ids} == set(engine.reqs)
     assert any(f["rows"] == 4 and f["reqs"] == 4 and f["max_context"] >= 70 for f in out["formed"])
 
     engine, stopped, _ = run(Shape("decode", 8, 70, 8))  # more requests than the batch has
-    assert stopped == 0 and not engine.aborted and engine.steps >= 500
+    assert stopped == 0 and not engine.aborted and engine.steps == 53
+
+    with pytest.raises(ValueError, match="refused"):
+        run(Shape("decode", 4, 70, 4), refuse_at=2)
+    assert made[-1].aborted == [(list(made[-1].reqs), True)] and len(made[-1].reqs) == 2

@@ -524,3 +524,22 @@ def test_the_pool_reports_its_hit_unit_from_the_kv_groups():
     assert pool_of(worker(256, 64, 8, 4))["hit_unit"] == 256  # DeepSeek-V4
     assert pool_of(worker(16, 16))["hit_unit"] == 0  # one block size: the limits' stands
     assert pool_of(worker(16, 528, mamba=True))["hit_unit"] == 0  # a Mamba hybrid: unchanged
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_a_quick_plan_prefills_its_requests_in_one_step_no_wider_than_the_decode(k):
+    """--validate quick: n prompts of 1 + k tokens (never longer than the shape's context),
+    so the one prefill step holds at most the decode step's rows, and all n decode together
+    from the next step."""
+    from worstcase_profiler.core.requests_plan import quick_plan
+
+    lim = dataclasses.replace(LIMITS, num_speculative_tokens=k)
+    n = lim.max_num_seqs
+    plan = quick_plan(Shape("decode", n * (1 + k), 4000, n), lim)
+    (batch,) = plan.batches
+    assert {p.length for p in batch.prompts} == {1 + k} and len(batch.prompts) == n
+    assert sum(p.length for p in batch.prompts) <= min(n * (1 + k), lim.max_num_batched_tokens)
+    assert plan.target == Shape("decode", n * (1 + k), 1 + k, n) and "quick" in plan.note
+    assert quick_plan(Shape("decode", 2 * (1 + k), 1, 2), lim).target.context_len == 1
+    stock = quick_plan(Shape("prefill", 512, 3000, 8), lim)
+    assert stock.target == Shape("stock", 512, 0, 8) and not stock.exact

@@ -194,10 +194,6 @@ def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
                                  device_type_of(llm.llm_engine.vllm_config)), use_tqdm=False)
 
 
-AFTER_TARGET_STEPS = 2
-"""Engine outputs a replay still runs once its target step formed, before it stops."""
-
-
 def _reached(llm, target: Shape) -> bool:
     from ..core.guard import StepShape
     from ..core.policy import target_formed
@@ -209,13 +205,15 @@ def _reached(llm, target: Shape) -> bool:
 
 def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape) -> int:
     """Run a measured batch like _generate, but stop it once every rank's scheduler formed
-    `target` (policy.target_formed on the recorders' frontiers) and AFTER_TARGET_STEPS more
-    engine outputs came: its requests are aborted then. A decode plan's requests carry output
-    enough to outlast the slowest prefill if every draft were accepted, so with drafts
-    rejected they would run twice the steps past the one the replay is for (DeepSeek-V4 at
-    8k: about 1,900 steps). Returns how many requests were stopped (0: all finished). The
-    frontier is asked for after every output once each request has produced a token (all
-    decode from then on), and every 16 outputs before."""
+    `target` (policy.target_formed on the recorders' frontiers) and a request has finished:
+    the first to finish held the longest context any of them reaches, and every later step has
+    fewer requests than the target, so the rest is aborted. A decode plan's requests carry
+    output enough to outlast the slowest prefill if every draft were accepted; with drafts
+    rejected the last of them would decode that long again after the first finished
+    (DeepSeek-V4 at 8k: about 1,900 steps). Returns how many requests were stopped (0: all
+    finished). The frontier is asked for after every output once each request has produced a
+    token (all decode from then on), and every 16 outputs before. A request the engine refuses
+    takes the ones already added with it."""
     from vllm.sampling_params import RequestOutputKind
 
     # vllm-touch: worker-config
@@ -223,12 +221,13 @@ def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape) 
     params = replay_sampling(max_tokens, _vocab(llm), device_type_of(engine.vllm_config))
     params.output_kind = RequestOutputKind.DELTA  # an output every step a request moves
     tag = f"wcprof-{time.monotonic_ns()}"
-    ids = [engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params)
-           for i, p in enumerate(prompts)]
+    ids: list[str] = []
     started: set[str] = set()
     finished: set[str] = set()
-    outputs, left, stopped = 0, None, None
+    outputs, formed, stopped = 0, False, 0
     try:
+        for i, p in enumerate(prompts):
+            ids.append(engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params))
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if any(o.token_ids for o in out.outputs):
@@ -236,18 +235,16 @@ def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape) 
                 if out.finished:
                     finished.add(out.request_id)
             outputs += 1
-            if left is None:
-                if len(started) >= len(ids) or outputs % 16 == 0:
-                    left = AFTER_TARGET_STEPS if _reached(llm, target) else None
-            elif stopped is None:
-                left -= 1
-                if left <= 0:
-                    stopped = max(0, len(ids) - len(finished))
-                    engine.abort_request(ids, internal=True)
+            if not formed and (len(started) >= len(ids) or outputs % 16 == 0):
+                formed = _reached(llm, target)
+            if formed and finished and not stopped and len(finished) < len(ids):
+                stopped = len(ids) - len(finished)
+                engine.abort_request(ids, internal=True)  # finished ones are skipped
     except BaseException:
-        engine.abort_request(ids, internal=True)
+        if ids:
+            engine.abort_request(ids, internal=True)
         raise
-    return stopped or 0
+    return stopped
 
 
 class RankPeaks:
@@ -356,7 +353,7 @@ def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]
             peaks.add(llm.collective_rpc(_end))
     if stopped:  # said, so that a reader knows the output lengths were not all served
         work = replace(work, note="; ".join(filter(None, [
-            work.note, f"stopped {stopped} request(s) once the target step had formed"])))
+            work.note, f"stopped {stopped} request(s) once the target step had formed and one had finished"])))
     return work.results(peaks, predicted, time.perf_counter() - t0)
 
 

@@ -134,13 +134,14 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
 
 def quick_plan(shape: Shape, limits: Limits) -> RequestPlan:
     """Requests that form `shape`'s rows over its requests at the shortest context, within a few
-    steps (`--validate quick`): a decode shape from prompts short enough to prefill together in
-    one step (then all decode at once), any other as fresh prompts sharing its rows (vLLM's own
-    profile step). What a worst step's context adds is left out, which is what the exact plan
-    pays for: its requests must reach that context on a cached prefix, and where each needs
-    many tokens computed the last wait hundreds of steps behind the decoding ones (DeepSeek-V4
-    with MTP at 1,024 requests: about 1,900 steps, minutes per replay on an H200). The note
-    says which context the replay stands in for."""
+    steps (`--validate quick`): a decode shape from prompts of 1 + k tokens (k speculative),
+    prefilled together in one step of no more rows than the decode steps after it, in which all
+    decode at once; any other as fresh prompts sharing its rows (vLLM's own profile step).
+    What a worst step's context adds is left out, which is what the exact plan pays for: its
+    requests must reach that context on a cached prefix, and where each needs many tokens
+    computed the last wait hundreds of steps behind the decoding ones (DeepSeek-V4 with MTP
+    at 1,024 requests: about 1,900 steps, minutes per replay on an H200). The note says which
+    context the replay stands in for."""
     n = max(1, min(shape.num_reqs, limits.max_num_seqs))
     instead = f"context {shape.context_len} of the worst step not built: quick"
     if shape.kind != "decode":
@@ -148,7 +149,8 @@ def quick_plan(shape: Shape, limits: Limits) -> RequestPlan:
         return replace(plan, exact=False, note=instead)
     per_req = limits.rows_per_decode
     steps = DECODE_STEPS + limits.num_speculative_tokens
-    length = max(1, min(limits.max_num_batched_tokens // n,
+    # 1 + k tokens each: the prefill step holds no more rows than the decode step after it
+    length = max(1, min(per_req, shape.context_len, limits.max_num_batched_tokens // n,
                         limits.max_model_len - 1 - steps * per_req))
     prompts = tuple(Prompt(200 + i, 0, length) for i in range(n))
     return RequestPlan(

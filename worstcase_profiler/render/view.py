@@ -246,7 +246,8 @@ def stock_detail(report: Report) -> Detail:
 
 def validation_text(v) -> str:
     what = {"worst-step": " (worst step)",
-            "quick": " (quick: the worst step's rows and requests, short context)"}.get(v.target, "")
+            "quick": " (quick: the worst step's rows and requests, short context)",
+            }.get(v.target, "")
     text = (f"validation{what}: measured {fmt_bytes(v.measured_peak_bytes)} vs predicted "
             f"{fmt_bytes(v.predicted_peak_bytes)}, ratio {v.ratio:.3f}")
     if v.shape is not None:
@@ -275,7 +276,8 @@ def ranks_text(report: Report) -> str:
         text = (f"rank {r.rank}: worst peak {fmt_bytes(r.worstcase.peak_activation_bytes)}, KV "
                 f"{fmt_bytes(r.admission.budget_bytes)}")
         if r.validation is not None:
-            text += f", validation {r.validation.ratio:.3f}"
+            quick = " (quick)" if r.validation.target == "quick" else ""
+            text += f", validation {r.validation.ratio:.3f}{quick}"
         return text
 
     return ("TP ranks: " + "; ".join(one(r) for r in report.ranks)
