@@ -576,17 +576,14 @@ def validate(llm, report, which: str = "all") -> list:
     """--validate: the report's worst step from real requests, then generic traffic, per rank."""
     from .adapter.facts import limits_of
     from .adapter.validation import validate_traffic, validate_worst_step
-    from .core.types import Shape
+    from .core.requests_plan import validation_target
 
     limits = limits_of(llm.llm_engine.vllm_config)
     predicted = {r.rank: r.worstcase.peak_activation_bytes for r in (report.ranks or [report])}
-    from .core.requests_plan import validation_target
-
-    w = report.worstcase.worst_shape
-    as_core = lambda s: Shape(s.kind, s.rows, s.context_len, s.num_reqs)  # noqa: E731
-    steps = [(as_core(r.shape), r.peak_bytes) for r in report.worstcase.steps]
-    target = validation_target(as_core(w), max((p for s, p in steps if s == as_core(w)),
-                                               default=report.worstcase.peak_activation_bytes),
+    w = report.worstcase.worst_shape  # the report's Shape is the core's
+    steps = [(r.shape, r.peak_bytes) for r in report.worstcase.steps]
+    target = validation_target(w, max((p for s, p in steps if s == w),
+                                      default=report.worstcase.peak_activation_bytes),
                                steps, limits)
     found = []
     if which in ("all", "worst", "quick"):

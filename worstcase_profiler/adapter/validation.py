@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, replace
 
 from ..core import codec
-from ..core.policy import formed_for
+from ..core.guard import StepShape, frontier_add
+from ..core.policy import formed_for, target_formed
 from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
@@ -44,8 +45,6 @@ class StepRecorder:
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         try:
-            from ..core.guard import frontier_add
-
             rows = int(scheduler_output.total_num_scheduled_tokens)
             reqs = len(scheduler_output.num_scheduled_tokens)
             if rows and not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
@@ -188,16 +187,17 @@ def device_type_of(vllm_config) -> str:
     return str(getattr(vllm_config.device_config, "device_type", "cuda") or "cuda")
 
 
+def _sampling(llm, max_tokens: int):
+    """replay_sampling for this LLM's vocabulary and device."""
+    return replay_sampling(max_tokens, _vocab(llm), device_type_of(llm.llm_engine.vllm_config))
+
+
 def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
-    llm.generate([{"prompt_token_ids": p} for p in prompts],
-                 replay_sampling(max_tokens, _vocab(llm),
-                                 device_type_of(llm.llm_engine.vllm_config)), use_tqdm=False)
+    llm.generate([{"prompt_token_ids": p} for p in prompts], _sampling(llm, max_tokens),
+                 use_tqdm=False)
 
 
 def _reached(llm, target: Shape) -> bool:
-    from ..core.guard import StepShape
-    from ..core.policy import target_formed
-
     answers = llm.collective_rpc(_formed)
     return bool(answers) and all(target_formed(target, [StepShape(**f) for f in a])
                                  for a in answers)
@@ -218,7 +218,7 @@ def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape) 
 
     # vllm-touch: worker-config
     engine = llm.llm_engine
-    params = replay_sampling(max_tokens, _vocab(llm), device_type_of(engine.vllm_config))
+    params = _sampling(llm, max_tokens)
     params.output_kind = RequestOutputKind.DELTA  # an output every step a request moves
     tag = f"wcprof-{time.monotonic_ns()}"
     ids: list[str] = []
@@ -259,8 +259,6 @@ class RankPeaks:
         self.formed: dict[int, list] = {}
 
     def add(self, answers) -> None:
-        from ..core.guard import StepShape, frontier_add
-
         for out in answers:
             rank = out["rank"]
             self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
@@ -352,8 +350,8 @@ def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]
         if measured:
             peaks.add(llm.collective_rpc(_end))
     if stopped:  # said, so that a reader knows the output lengths were not all served
-        work = replace(work, note="; ".join(filter(None, [
-            work.note, f"stopped {stopped} request(s) once the target step had formed and one had finished"])))
+        said = f"stopped {stopped} request(s) once the target step had formed and one had finished"
+        work = replace(work, note="; ".join(filter(None, [work.note, said])))
     return work.results(peaks, predicted, time.perf_counter() - t0)
 
 
