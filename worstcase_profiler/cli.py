@@ -691,6 +691,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("wcprof: interrupted\n")
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - one line, never a traceback unless --debug
+        if _interrupted(e):
+            sys.stderr.write("wcprof: interrupted\n")
+            return EXIT_INTERRUPTED
         if _debug:
             traceback.print_exc()
         _print_error(WcprofError(
@@ -698,6 +701,20 @@ def main(argv: list[str] | None = None) -> int:
             hint="this does not look like a problem with your input: rerun with --debug for the "
                  "traceback, and please report it"))
         return EXIT_INTERNAL
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Whether a Ctrl-C is what raised `e`: Python wraps a KeyboardInterrupt that lands inside a
+    class body's __set_name__ (an import under way) in RuntimeError("Error calling __set_name__
+    ..."), and engines re-raise with the interrupt as cause (a fresh clone's Ctrl-C test read
+    exit 70 for one such landing)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _render(argv: list[str]) -> int:

@@ -371,6 +371,26 @@ def _raised_from(inner: BaseException, outer: BaseException) -> BaseException:
         return wrapped
 
 
+def test_a_ctrl_c_wrapped_in_another_error_still_exits_as_interrupted(monkeypatch, capsys):
+    """A Ctrl-C landing in a class body's __set_name__ during an import reaches main as
+    RuntimeError("Error calling __set_name__ ...") caused by the KeyboardInterrupt (a fresh
+    clone's run of the test above read exit 70): still exit 130, one line, no traceback. An
+    error with no interrupt in its chain stays an internal error."""
+    from worstcase_profiler import cli
+
+    def raising(error):
+        def dispatch(argv):
+            raise error
+        return dispatch
+
+    monkeypatch.setattr(cli, "_dispatch", raising(_raised_from(
+        KeyboardInterrupt(), RuntimeError("Error calling __set_name__ on 'cached_property'"))))
+    assert cli.main([]) == 130
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "wcprof: interrupted"
+    monkeypatch.setattr(cli, "_dispatch", raising(RuntimeError("shared memory exhausted")))
+    assert cli.main([]) == 70
+
+
 def test_engine_failures_are_classified():
     """What LLM(...) raises: our own errors unwrapped, vLLM's config checks and the hub's refusals
     are bad input (exit 2), a torch.compile trace failure says to run eager (exit 4), anything
