@@ -34,6 +34,7 @@ import traceback
 from pathlib import Path
 
 from .errors import ArgParser, ConfigError, UnsupportedModel, WcprofError
+from .settings import replay_stop
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
 TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_seqs": 8,
@@ -442,6 +443,8 @@ def build_engine_args(argv: list[str]):
                 setattr(ns, k, v)
     if getattr(ns, "profiler", None) == "default":
         _profiler_flag("default")
+    if getattr(ns, "validate", None):
+        replay_stop()  # a WCPROF_REPLAY_STOP typo fails here, not after the sweep
     engine_args = EngineArgs.from_cli_args(ns)
     return ns, engine_args
 

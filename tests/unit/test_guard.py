@@ -481,3 +481,30 @@ def test_a_replay_stops_once_its_target_step_formed_and_a_request_finished():
     with pytest.raises(ValueError, match="refused"):
         run(Shape("decode", 4, 70, 4), refuse_at=2)
     assert made[-1].aborted == [(list(made[-1].reqs), True)] and len(made[-1].reqs) == 2
+
+
+def test_a_replay_told_to_stop_once_formed_does_not_wait_for_a_request_to_finish():
+    """WCPROF_REPLAY_STOP=formed (an engine that fails as its requests near max_model_len,
+    h200-run33): the replay stops every request as soon as the target formed, long before the
+    first would finish; a value it does not know is refused with the ones it knows."""
+    pytest.importorskip("vllm")
+    from worstcase_profiler.adapter import validation as v
+
+    from worstcase_profiler.errors import ConfigError
+    from worstcase_profiler.settings import replay_stop
+
+    assert replay_stop({}) == "finished"
+    assert replay_stop({"WCPROF_REPLAY_STOP": "Formed"}) == "formed"
+    with pytest.raises(ConfigError, match="not a replay stop") as e:
+        replay_stop({"WCPROF_REPLAY_STOP": "soon"})
+    assert "finished or formed" in e.value.hint
+
+    worker = SimpleNamespace(device="cpu", execute_model=lambda so: None)
+    engine = _FakeEngine(worker, 4, 64)
+    llm = SimpleNamespace(llm_engine=engine, collective_rpc=lambda fn: [fn(worker)])
+    v._begin(worker)
+    stopped = v._generate_to(llm, [[1] * 64] * 4, 50, Shape("decode", 4, 70, 4), "formed")
+    out = v._end(worker)
+    # 4 prefill steps, then all 4 decode; context 70 forms a few steps later, nothing finished
+    assert stopped == 4 and engine.steps < 15, (stopped, engine.steps)
+    assert any(f["rows"] == 4 and f["reqs"] == 4 and f["max_context"] >= 70 for f in out["formed"])

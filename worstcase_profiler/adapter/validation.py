@@ -23,6 +23,7 @@ from ..core.policy import formed_for, target_formed
 from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
+from ..settings import REPLAY_STOP_ENV, replay_stop
 
 _METER_ATTR = "_wcprof_validation_meter"
 _FORMED_ATTR = "_wcprof_validation_steps"
@@ -203,9 +204,11 @@ def _reached(llm, target: Shape) -> bool:
                                  for a in answers)
 
 
-def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape) -> int:
+def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape,
+                 stop: str = "finished") -> int:
     """Run a measured batch like _generate, but stop it once every rank's scheduler formed
-    `target` (policy.target_formed on the recorders' frontiers) and a request has finished:
+    `target` (policy.target_formed on the recorders' frontiers) and a request has finished
+    (stop="finished"; stop="formed": as soon as it formed):
     the first to finish held the longest context any of them reaches, and every later step has
     fewer requests than the target, so the rest is aborted. A decode plan's requests carry
     output enough to outlast the slowest prefill if every draft were accepted; with drafts
@@ -237,7 +240,8 @@ def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape) 
             outputs += 1
             if not formed and (len(started) >= len(ids) or outputs % 16 == 0):
                 formed = _reached(llm, target)
-            if formed and finished and not stopped and len(finished) < len(ids):
+            if (formed and (finished or stop == "formed") and not stopped
+                    and len(finished) < len(ids)):
                 stopped = len(ids) - len(finished)
                 engine.abort_request(ids, internal=True)  # finished ones are skipped
     except BaseException:
@@ -339,18 +343,19 @@ def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]
     """Run the workload's batches in order on an LLM, measuring the marked ones on every rank."""
     peaks = RankPeaks()
     t0 = time.perf_counter()
-    stopped = 0
+    stopped, stop = 0, replay_stop()
     for prompts, max_tokens, measured in work.batches:
         if measured:
             llm.collective_rpc(_begin)
         if measured and work.shape is not None:
-            stopped += _generate_to(llm, prompts, max_tokens, work.shape)
+            stopped += _generate_to(llm, prompts, max_tokens, work.shape, stop)
         else:
             _generate(llm, prompts, max_tokens)
         if measured:
             peaks.add(llm.collective_rpc(_end))
     if stopped:  # said, so that a reader knows the output lengths were not all served
-        said = f"stopped {stopped} request(s) once the target step had formed and one had finished"
+        said = (f"stopped {stopped} request(s) once the target step had formed"
+                + (" and one had finished" if stop == "finished" else f" ({REPLAY_STOP_ENV}=formed)"))
         work = replace(work, note="; ".join(filter(None, [work.note, said])))
     return work.results(peaks, predicted, time.perf_counter() - t0)
 
