@@ -34,7 +34,6 @@ import traceback
 from pathlib import Path
 
 from .errors import ArgParser, ConfigError, UnsupportedModel, WcprofError
-from .settings import replay_stop
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
 TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_seqs": 8,
@@ -107,7 +106,9 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
                         "worst step from requests, `quick` its rows and requests at the "
                         "shortest context within a few steps (where `worst` would wait "
                         "hundreds), `traffic` a generic workload, `all` worst and traffic "
-                        "(the default when given alone)")
+                        "(the default when given alone). A `worst` replay stops once its step "
+                        "formed and a request finished; WCPROF_REPLAY_STOP=formed stops it as "
+                        "soon as the step formed")
     g.add_argument("--exhaustive", action="store_true",
                    help="execute every rows value 1..max_num_batched_tokens instead of "
                         "certifying segments by chord (slower)")
@@ -443,8 +444,6 @@ def build_engine_args(argv: list[str]):
                 setattr(ns, k, v)
     if getattr(ns, "profiler", None) == "default":
         _profiler_flag("default")
-    if getattr(ns, "validate", None):
-        replay_stop()  # a WCPROF_REPLAY_STOP typo fails here, not after the sweep
     engine_args = EngineArgs.from_cli_args(ns)
     return ns, engine_args
 

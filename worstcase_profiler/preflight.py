@@ -10,7 +10,8 @@ says what to do; `wcprof` prints it as one line and exits 2.
   check_outputs({flag: path})        the same for several, and no two the same file
   check_picture_support({flag: path}) --html/--png need matplotlib
   check_size / check_engine_bytes    our --margin/--kv-cap, vLLM's --kv-cache-memory-bytes
-  check_env(environ)                 WCPROF_PROFILER, WCPROF_CONFIG (settings.from_env)
+  check_env(environ)                 WCPROF_PROFILER, WCPROF_CONFIG (settings.from_env),
+                                     WCPROF_REPLAY_STOP (settings.replay_stop)
   check_profile(...)                 everything `wcprof` (profile) needs, in that order
   check_serve(settings)              `vllm serve --profiler worstcase`: the report path
   check_serve_args(profiler, report, additional_config)
@@ -32,7 +33,7 @@ from typing import Any, Mapping, NoReturn
 from urllib.parse import urlparse
 
 from .errors import ConfigError, WcprofError
-from .settings import (PROFILER_CHOICES, ProfilerSettings, from_env, from_mapping,
+from .settings import (PROFILER_CHOICES, ProfilerSettings, from_env, from_mapping, replay_stop,
                        with_engine_config)
 from .sizes import parse_size
 
@@ -322,9 +323,11 @@ def kv_bytes_as_vllm_reads(value: Any, flag: str = "--kv-cache-memory-bytes") ->
 # --------------------------------------------------------------------------------------------
 
 def check_env(environ: Mapping[str, str] | None = None) -> ProfilerSettings:
-    """WCPROF_CONFIG then WCPROF_PROFILER (settings.from_env, whose errors name the variable).
-    Returns the settings."""
-    return from_env(environ)
+    """WCPROF_CONFIG then WCPROF_PROFILER (settings.from_env, whose errors name the variable),
+    and WCPROF_REPLAY_STOP (settings.replay_stop). Returns the settings."""
+    settings = from_env(environ)
+    replay_stop(environ)
+    return settings
 
 
 def check_serve(settings: ProfilerSettings, source: str = "--profiler-report") -> None:

@@ -248,6 +248,13 @@ def test_env_switch_garbage():
     assert "WCPROF_PROFILER='garbage'" in e.message and "worstcase" in e.hint
 
 
+def test_env_replay_stop_garbage():
+    """A WCPROF_REPLAY_STOP typo fails in preflight, before an engine start and its sweep."""
+    e = _fails(preflight.check_env, {"WCPROF_REPLAY_STOP": "soon"})
+    assert "WCPROF_REPLAY_STOP='soon'" in e.message and "finished or formed" in e.hint
+    assert not preflight.check_env({"WCPROF_REPLAY_STOP": "formed"}).enabled
+
+
 def test_env_config_not_json():
     e = _fails(preflight.check_env, {"WCPROF_CONFIG": "notjson"})
     assert "WCPROF_CONFIG is not valid JSON" in e.message and "unset" in e.hint
