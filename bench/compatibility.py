@@ -77,7 +77,7 @@ def _cell(m: dict, name: str, case: dict) -> dict:
         target = {"worst-step": "worst step", "quick": quick}.get(val.get("target"), "traffic")
         worst_ctx = (wc.get("worst_shape") or {}).get("context_len")
         if val.get("target") == "worst-step" and ctx is not None and worst_ctx \
-                and ctx * 10 < worst_ctx * 9:  # a replay stopped short (WCPROF_REPLAY_STOP)
+                and ctx * 10 < worst_ctx * 9:  # its plan's target is short of the worst context
             target = f"worst step's rows and requests, context {ctx} of {worst_ctx}"
         formed = val.get("formed")
         if val.get("shape") and formed and val.get("target") != "traffic":

@@ -106,9 +106,11 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
                         "worst step from requests, `quick` its rows and requests at the "
                         "shortest context within a few steps (where `worst` would wait "
                         "hundreds), `traffic` a generic workload, `all` worst and traffic "
-                        "(the default when given alone). A `worst` replay stops once its step "
-                        "formed and a request finished; WCPROF_REPLAY_STOP=formed stops it as "
-                        "soon as the step formed")
+                        "(the default when given alone). A worst/quick replay runs until the "
+                        "scheduler has built its step and one request has finished; with "
+                        "WCPROF_REPLAY_STOP=formed it stops as soon as the step is built "
+                        "(faster, and its requests never reach their full context: for an "
+                        "engine that fails near max_model_len)")
     g.add_argument("--exhaustive", action="store_true",
                    help="execute every rows value 1..max_num_batched_tokens instead of "
                         "certifying segments by chord (slower)")

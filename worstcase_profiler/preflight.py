@@ -10,9 +10,9 @@ says what to do; `wcprof` prints it as one line and exits 2.
   check_outputs({flag: path})        the same for several, and no two the same file
   check_picture_support({flag: path}) --html/--png need matplotlib
   check_size / check_engine_bytes    our --margin/--kv-cap, vLLM's --kv-cache-memory-bytes
-  check_env(environ)                 WCPROF_PROFILER, WCPROF_CONFIG (settings.from_env),
-                                     WCPROF_REPLAY_STOP (settings.replay_stop)
-  check_profile(...)                 everything `wcprof` (profile) needs, in that order
+  check_env(environ)                 WCPROF_PROFILER, WCPROF_CONFIG (settings.from_env)
+  check_profile(...)                 everything `wcprof` (profile) needs, in that order, and
+                                     WCPROF_REPLAY_STOP (settings.replay_stop: --validate's)
   check_serve(settings)              `vllm serve --profiler worstcase`: the report path
   check_serve_args(profiler, report, additional_config)
                                      the serve flags + environment, resolved, then check_serve
@@ -323,11 +323,9 @@ def kv_bytes_as_vllm_reads(value: Any, flag: str = "--kv-cache-memory-bytes") ->
 # --------------------------------------------------------------------------------------------
 
 def check_env(environ: Mapping[str, str] | None = None) -> ProfilerSettings:
-    """WCPROF_CONFIG then WCPROF_PROFILER (settings.from_env, whose errors name the variable),
-    and WCPROF_REPLAY_STOP (settings.replay_stop). Returns the settings."""
-    settings = from_env(environ)
-    replay_stop(environ)
-    return settings
+    """WCPROF_CONFIG then WCPROF_PROFILER (settings.from_env, whose errors name the variable).
+    Returns the settings."""
+    return from_env(environ)
 
 
 def check_serve(settings: ProfilerSettings, source: str = "--profiler-report") -> None:
@@ -379,12 +377,14 @@ def check_serve_args(profiler: str | None, profiler_report: str | None,
 def check_profile(*, model: str | None, outputs: Mapping[str, Any], margin: Any = None,
                   kv_cap: Any = None, kv_cache_memory_bytes: Any = None,
                   environ: Mapping[str, str] | None = None) -> dict[str, int | None]:
-    """Sizes first (instant), then the environment, outputs, and the model (may touch the
-    network). Returns the parsed sizes: margin_bytes, kv_cap_bytes, kv_cache_memory_bytes."""
+    """Sizes first (instant), then the environment (WCPROF_REPLAY_STOP too), outputs, and the
+    model (may touch the network). Returns the parsed sizes: margin_bytes, kv_cap_bytes,
+    kv_cache_memory_bytes."""
     sizes = {"margin_bytes": check_size(margin, "--margin"),
              "kv_cap_bytes": check_size(kv_cap, "--kv-cap", allow_zero=False),
              "kv_cache_memory_bytes": check_engine_bytes(kv_cache_memory_bytes)}
     check_env(environ)
+    replay_stop(environ)  # read by --validate's replays; `vllm serve` never reads it
     check_outputs(outputs)
     check_model(model, environ)
     return sizes

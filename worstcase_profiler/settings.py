@@ -222,12 +222,14 @@ def replay_stop(environ: Mapping[str, str] | None = None) -> str:
     """When a measured replay (--validate) stops, from WCPROF_REPLAY_STOP: "finished" (the
     default), once its target step formed and a request finished, the first to finish holding
     the longest context any reaches; "formed", as soon as its target formed, for an engine that
-    fails as its requests near max_model_len (vLLM 0.26's DeepSeek-V4 + MTP, h200-run33): the
-    measured contexts then end at the plan's target, short of the worst step's."""
+    fails late in a long replay (DeepSeek-V4 + MTP on vLLM 0.26, h200-run33, where requests
+    reached 8,190 of 8,192 tokens): the measured contexts then end at the plan's target, short
+    of the worst step's. Read by wcprof's --validate only."""
     env = os.environ if environ is None else environ
-    stop = (env.get(REPLAY_STOP_ENV) or "finished").strip().lower() or "finished"
+    raw = env.get(REPLAY_STOP_ENV) or ""
+    stop = raw.strip().lower() or "finished"
     if stop not in REPLAY_STOPS:
-        raise ConfigError(f"{REPLAY_STOP_ENV}={stop!r} is not a replay stop",
+        raise ConfigError(f"{REPLAY_STOP_ENV}={raw!r} is not a replay stop",
                           hint=f"set {REPLAY_STOP_ENV}={' or '.join(REPLAY_STOPS)}, or unset it")
     return stop
 

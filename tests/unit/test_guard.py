@@ -504,3 +504,31 @@ def test_a_replay_told_to_stop_once_formed_does_not_wait_for_a_request_to_finish
     # 4 prefill steps, then all 4 decode; context 70 forms a few steps later, nothing finished
     assert stopped == 4 and engine.steps < 15, (stopped, engine.steps)
     assert any(f["rows"] == 4 and f["reqs"] == 4 and f["max_context"] >= 70 for f in out["formed"])
+
+
+def test_measure_reads_the_replay_stop_and_names_it(monkeypatch):
+    """validation._measure passes WCPROF_REPLAY_STOP to every measured replay and says in the
+    validation's note how the replay stopped; with "formed", a target that never forms still
+    runs the requests to the end (nothing to stop at), as llm.generate would."""
+    pytest.importorskip("vllm")
+    from worstcase_profiler.adapter import validation as v
+
+    def measure(target):
+        worker = SimpleNamespace(device="cpu", execute_model=lambda so: None)
+        engine = _FakeEngine(worker, 4, 64)
+        llm = SimpleNamespace(llm_engine=engine, collective_rpc=lambda fn: [fn(worker)])
+        work = v.Workload("worst-step", (([[1] * 64] * 4, 50, True),), ("4 prompts",),
+                          shape=target)
+        return engine, v._measure(llm, work, {0: 1 << 20})
+
+    monkeypatch.setenv("WCPROF_REPLAY_STOP", "formed")
+    engine, (found,) = measure(Shape("decode", 4, 70, 4))
+    assert engine.steps < 15 and found.note.endswith(
+        "stopped 4 request(s) once the target step had formed (WCPROF_REPLAY_STOP=formed)")
+    engine, (found,) = measure(Shape("decode", 8, 70, 8))  # never formed
+    assert engine.steps == 53 and not engine.aborted and found.note is None
+
+    monkeypatch.delenv("WCPROF_REPLAY_STOP")
+    engine, (found,) = measure(Shape("decode", 4, 70, 4))
+    assert engine.steps == 50 and found.note.endswith(
+        "stopped 3 request(s) once the target step had formed and one had finished")

@@ -249,10 +249,13 @@ def test_env_switch_garbage():
 
 
 def test_env_replay_stop_garbage():
-    """A WCPROF_REPLAY_STOP typo fails in preflight, before an engine start and its sweep."""
-    e = _fails(preflight.check_env, {"WCPROF_REPLAY_STOP": "soon"})
-    assert "WCPROF_REPLAY_STOP='soon'" in e.message and "finished or formed" in e.hint
-    assert not preflight.check_env({"WCPROF_REPLAY_STOP": "formed"}).enabled
+    """A WCPROF_REPLAY_STOP typo fails in wcprof's preflight, before an engine start and its
+    sweep, as typed; `vllm serve` (check_env) does not read it."""
+    e = _fails(preflight.check_profile, model=None, outputs={},
+               environ={"WCPROF_REPLAY_STOP": " Soon"})
+    assert "WCPROF_REPLAY_STOP=' Soon'" in e.message and "finished or formed" in e.hint
+    assert not preflight.check_env({"WCPROF_REPLAY_STOP": "soon"}).enabled
+    preflight.check_profile(model=None, outputs={}, environ={"WCPROF_REPLAY_STOP": "Formed"})
 
 
 def test_env_config_not_json():

@@ -354,8 +354,8 @@ def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]
         if measured:
             peaks.add(llm.collective_rpc(_end))
     if stopped:  # said, so that a reader knows the output lengths were not all served
-        said = (f"stopped {stopped} request(s) once the target step had formed"
-                + (" and one had finished" if stop == "finished" else f" ({REPLAY_STOP_ENV}=formed)"))
+        said = f"stopped {stopped} request(s) once the target step had formed" + (
+            " and one had finished" if stop == "finished" else f" ({REPLAY_STOP_ENV}=formed)")
         work = replace(work, note="; ".join(filter(None, [work.note, said])))
     return work.results(peaks, predicted, time.perf_counter() - t0)
 
