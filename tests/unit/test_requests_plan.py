@@ -543,3 +543,36 @@ def test_a_quick_plan_prefills_its_requests_in_one_step_no_wider_than_the_decode
     assert quick_plan(Shape("decode", 2 * (1 + k), 1, 2), lim).target.context_len == 1
     stock = quick_plan(Shape("prefill", 512, 3000, 8), lim)
     assert stock.target == Shape("stock", 512, 0, 8) and not stock.exact
+
+
+def test_traffic_counts_the_pool_in_tokens_per_kv_group(monkeypatch):
+    """validation.kv_tokens_of: the pool's own capacity (vLLM's get_kv_cache_capacity, asked
+    by pool_of on the worker) where the workers gave one; blocks x cache_config.block_size
+    only where not. After KV init vLLM 0.26 sets block_size to the smallest group's (4 for
+    DeepSeek-V4, whose full-attention blocks hold 256): blocks x 4 undercounts 64x, and the
+    traffic workload then sizes its decode batch to one request at 131k context."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    import vllm.v1.core.kv_cache_utils as kcu
+    from worstcase_profiler.adapter.validation import kv_tokens_of, pool_of, traffic_workload
+    from worstcase_profiler.core.requests_plan import Pool
+
+    asked = []
+    monkeypatch.setattr(kcu, "get_kv_cache_capacity",
+                        lambda config, cfg: asked.append((config, cfg)) or (6_593_600, 804.88))
+    cfg = SimpleNamespace(num_blocks=25_756, kv_cache_groups=[
+        SimpleNamespace(kv_cache_spec=SimpleNamespace(block_size=b)) for b in (256, 64, 8, 4)])
+    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=25_756))
+    worker = SimpleNamespace(vllm_config=vllm_config,
+                             model_runner=SimpleNamespace(kv_cache_config=cfg))
+    pool = Pool(**pool_of(worker))
+    assert pool.capacity_tokens == 6_593_600 and asked == [(vllm_config, cfg)]
+    assert kv_tokens_of(vllm_config, 4, pool) == 6_593_600
+    assert kv_tokens_of(vllm_config, 4) == kv_tokens_of(vllm_config, 4, Pool(25_756, 4, 4)) \
+        == 103_024  # no capacity given: blocks x block_size
+    limits = Limits(max_model_len=131072, max_num_batched_tokens=2048, max_num_seqs=64,
+                    block_size=4)
+    wide = traffic_workload(limits, 1000, kv_tokens_of(vllm_config, 4, pool))
+    narrow = traffic_workload(limits, 1000, kv_tokens_of(vllm_config, 4))
+    assert len(wide.batches[1][0]) == 4 and len(narrow.batches[1][0]) == 1

@@ -141,9 +141,11 @@ REGISTRY: tuple[Touch, ...] = (
           "page_size_bytes / block_size / max_memory_usage_bytes; runner.kv_cache_config."
           "num_blocks and its groups' spec types; spec classes named SlidingWindowSpec / "
           "ChunkedLocalAttentionSpec (by name, through the MRO) and their sliding_window, "
-          "UniformTypeKVCacheSpecs.kv_cache_specs, a group's host_resident",
+          "UniformTypeKVCacheSpecs.kv_cache_specs, a group's host_resident; "
+          "v1.core.kv_cache_utils.get_kv_cache_capacity (where it exists)",
           "what KV initialisation actually allocated, per group, recurrent state included; the "
-          "serving pool a --validate plan has to fit (validation.pool_of); what one "
+          "serving pool a --validate plan has to fit and its capacity in tokens "
+          "(validation.pool_of); what one "
           "max_model_len request holds of the pool per group (kv.full_request_tokens)"),
     # -- workspace --------------------------------------------------------------------------------
     Touch("workspace-slots", "private-write",

@@ -88,7 +88,8 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan, vocab), predicted, vocab)
     if which == "all":
-        work = traffic_workload(limits, vocab, kv_tokens_of(client.vllm_config, limits.block_size))
+        work = traffic_workload(limits, vocab,
+                                kv_tokens_of(client.vllm_config, limits.block_size, pool))
         results += await _measure(client, work, predicted, vocab)
     await client.collective_rpc("wcprof_rpc", args=("record", [codec.encode(v) for v in results]))
     for v in results:

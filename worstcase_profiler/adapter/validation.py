@@ -150,7 +150,22 @@ def pool_of(wrapper) -> dict | None:
     sizes = {int(getattr(g.kv_cache_spec, "block_size", 0) or 0) for g in groups}
     hit_unit = math.lcm(*sizes) if len(sizes) > 1 and 0 not in sizes and not mamba else 0
     return {"blocks": int(cfg.num_blocks), "groups": len(groups),
-            "prefix_groups": max(1, len(groups) - mamba), "hit_unit": hit_unit}
+            "prefix_groups": max(1, len(groups) - mamba), "hit_unit": hit_unit,
+            "capacity_tokens": _capacity_tokens(worker, cfg)}
+
+
+def _capacity_tokens(worker, cfg) -> int:
+    """vLLM's group-aware capacity of the pool in tokens (the "KV cache size" it logs); 0 where
+    this vLLM has no get_kv_cache_capacity or the worker no config."""
+    # vllm-touch: kv-holders
+    vllm_config = getattr(worker, "vllm_config", None)
+    if vllm_config is None:
+        return 0
+    try:
+        from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
+    except ImportError:
+        return 0
+    return int(get_kv_cache_capacity(vllm_config, cfg)[0])
 
 
 def pool_from(answers) -> Pool | None:
@@ -333,8 +348,12 @@ def traffic_workload(limits: Limits, vocab: int, kv_tokens: int) -> Workload:
                     tuple(label for label, _, _ in labelled))
 
 
-def kv_tokens_of(vllm_config, block_size: int) -> int:
-    """Tokens the engine's KV pool holds (0 before it is sized)."""
+def kv_tokens_of(vllm_config, block_size: int, pool: Pool | None = None) -> int:
+    """Tokens the engine's KV pool holds (0 before it is sized): the pool's own count where its
+    workers gave one (per KV group: with groups of different block sizes cache_config's
+    block_size is the smallest after KV init, 4 for DeepSeek-V4), else blocks x block_size."""
+    if pool is not None and pool.capacity_tokens:
+        return pool.capacity_tokens
     # vllm-touch: worker-config
     return int(vllm_config.cache_config.num_gpu_blocks or 0) * block_size
 
@@ -364,7 +383,8 @@ def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Val
     """Generic traffic, one Validation per rank: the transient each rank measured plus its
     workspace, against its predicted transient (`predicted[rank]`) plus the same workspace."""
     work = traffic_workload(limits, _vocab(llm),
-                            kv_tokens_of(llm.llm_engine.vllm_config, limits.block_size))
+                            kv_tokens_of(llm.llm_engine.vllm_config, limits.block_size,
+                                         pool_from(llm.collective_rpc(pool_of))))
     return _measure(llm, work, predicted)
 
 

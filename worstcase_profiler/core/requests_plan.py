@@ -82,6 +82,9 @@ class Pool:
     8 and 4); 0 when they do not, or a Mamba group decides (the limits' block size stands).
     After its KV cache exists vLLM sets cache_config.block_size to the smallest group's, so
     the engine's limits then say 4 for DeepSeek-V4 (h200-run32: a plan of 4-token hits)."""
+    capacity_tokens: int = 0
+    """The tokens of context the pool holds at once, counted per KV group (vLLM's own
+    get_kv_cache_capacity: max concurrency x max_model_len); 0 where that vLLM lacks it."""
 
 
 @dataclass(frozen=True)
