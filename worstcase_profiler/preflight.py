@@ -367,6 +367,8 @@ def check_serve_args(profiler: str | None, profiler_report: str | None,
         settings = from_mapping(section, settings)
     source = "--profiler-report" if profiler_report else "the report path (json_path)"
     check_serve(settings, source)
+    if settings.enabled and settings.validate_on_start != "off":
+        replay_stop(env)  # the serving validation's replays read it
     return settings
 
 
@@ -384,7 +386,7 @@ def check_profile(*, model: str | None, outputs: Mapping[str, Any], margin: Any 
              "kv_cap_bytes": check_size(kv_cap, "--kv-cap", allow_zero=False),
              "kv_cache_memory_bytes": check_engine_bytes(kv_cache_memory_bytes)}
     check_env(environ)
-    replay_stop(environ)  # read by --validate's replays; `vllm serve` never reads it
+    replay_stop(environ)  # read by --validate's replays
     check_outputs(outputs)
     check_model(model, environ)
     return sizes

@@ -66,7 +66,7 @@ class ProfilerSettings:
     validate_on_start: Literal["off", "worst", "all"] = "off"
     """Under `vllm serve`: before the server accepts traffic, build the report's worst step from
     real requests (worst; all: and generic traffic) and refuse to start when it needs more than
-    predicted (adapter/serve_validation.py)."""
+    predicted (adapter/serve_validation.py). Its replays stop as --validate's do (replay_stop)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -224,7 +224,8 @@ def replay_stop(environ: Mapping[str, str] | None = None) -> str:
     the longest context any reaches; "formed", as soon as its target formed, for an engine that
     fails late in a long replay (DeepSeek-V4 + MTP on vLLM 0.26, h200-run33, where requests
     reached 8,190 of 8,192 tokens): the measured contexts then end at the plan's target, short
-    of the worst step's. Read by wcprof's --validate only."""
+    of the worst step's. Read by wcprof's --validate and the serving validation
+    (validate_on_start)."""
     env = os.environ if environ is None else environ
     raw = env.get(REPLAY_STOP_ENV) or ""
     stop = raw.strip().lower() or "finished"

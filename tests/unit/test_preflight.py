@@ -293,6 +293,17 @@ def test_serve_unwritable_report(tmp_path, read_only_dir):
     assert e.message.startswith("--profiler-report")
 
 
+def test_serve_args_check_the_replay_stop_only_for_a_serving_validation():
+    """vllm serve reads WCPROF_REPLAY_STOP only when validate_on_start replays requests: a typo
+    then fails before the engine starts; otherwise it is not read."""
+    bad = {"WCPROF_REPLAY_STOP": "soon"}
+    on = {"worstcase_profiler": {"validate_on_start": "worst"}}
+    e = _fails(preflight.check_serve_args, "worstcase", None, on, bad)
+    assert "WCPROF_REPLAY_STOP='soon'" in e.message
+    assert preflight.check_serve_args("worstcase", None, None, bad).enabled
+    assert not preflight.check_serve_args(None, None, None, bad).enabled
+
+
 def test_serve_args_report_without_profiler(tmp_path):
     e = _fails(preflight.check_serve_args, None, str(tmp_path / "r.json"), None, {})
     assert "needs --profiler worstcase" in e.message

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import time
 
@@ -22,10 +24,11 @@ from ..core.shapes import Limits
 from ..core.policy import replay_reached, validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
-from ..settings import resolve
+from ..settings import replay_stop, resolve
 from ..sizes import fmt_bytes
-from .validation import (RankPeaks, Workload, device_type_of, kv_tokens_of, pool_from,
-                         replay_sampling, traffic_workload, worst_step_workload)
+from .validation import (RankPeaks, Workload, device_type_of, formed_on_every_rank, kv_tokens_of,
+                         pool_from, replay_sampling, stopped_note, traffic_workload,
+                         worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -115,19 +118,56 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
 async def _measure(client, work: Workload, predicted: dict[int, int],
                    vocab: int) -> list[Validation]:
     """The workload's batches in order on the engine client, the marked ones measured on every
-    rank through Worker.wcprof_rpc (the serving twin of validation._measure)."""
+    rank through Worker.wcprof_rpc (the serving twin of validation._measure). A measured batch
+    with a target step stops like validation._generate_to (_stop_once_formed)."""
     peaks = RankPeaks()
     ids = iter(range(1 << 30))
     t0 = time.perf_counter()
+    stopped, stop = 0, replay_stop()
     for prompts, max_tokens, measured in work.batches:
         params = replay_sampling(max_tokens, vocab, device_type_of(client.vllm_config))
         if measured:
             await client.collective_rpc("wcprof_rpc", args=("begin",))
-        await _together(client, [_drain(client, {"prompt_token_ids": p}, params,
-                                        f"wcprof-{work.target}-{next(ids)}") for p in prompts])
+        rids = [f"wcprof-{work.target}-{next(ids)}" for _ in prompts]
+        watch = functools.partial(_stop_once_formed, client, rids=rids, target=work.shape,
+                                  stop=stop) if measured and work.shape is not None else None
+        stopped += await _together(client, [_drain(client, {"prompt_token_ids": p}, params, r)
+                                             for p, r in zip(prompts, rids)], watch)
         if measured:
             peaks.add(await client.collective_rpc("wcprof_rpc", args=("end",)))
+    if stopped:
+        work = dataclasses.replace(work, note="; ".join(filter(None, [
+            work.note, stopped_note(stopped, stop)])))
     return work.results(peaks, predicted, time.perf_counter() - t0)
+
+
+async def _stop_once_formed(client, tasks: list, rids: list[str], target: Shape, stop: str,
+                            every_s: float = 0.1, grace_s: float = 30.0) -> int:
+    """While a measured batch runs, ask every rank's recorder every `every_s` whether the
+    scheduler formed `target`; once it has and a request has finished (stop="formed": once it
+    has), abort the requests still running, as validation._generate_to does in-process.
+    Returns how many it aborted (0: they all finished, or the target never formed). An aborted
+    request's stream ends with vLLM's final abort output; one still open `grace_s` later is
+    cancelled (which aborts it too), so that the server's start cannot hang on it."""
+    formed = False
+    while not all(t.done() for t in tasks):
+        await asyncio.sleep(every_s)
+        if not formed:
+            formed = formed_on_every_rank(
+                target, await client.collective_rpc("wcprof_rpc", args=("formed",)))
+        done = sum(t.done() for t in tasks)
+        if formed and (done or stop == "formed") and done < len(tasks):
+            left = [r for r, t in zip(rids, tasks) if not t.done()]
+            await client.abort(left)  # each drain then ends with its aborted output
+            _, pending = await asyncio.wait(tasks, timeout=grace_s)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+                log.warning("[wcprof] serving validation: %d aborted request(s) still open after "
+                            "%.0f s were cancelled", len(pending), grace_s)
+            return len(left)
+    return 0
 
 
 def _what(v: Validation) -> str:
@@ -136,12 +176,13 @@ def _what(v: Validation) -> str:
     return f"the worst step ({v.shape.label()}) built from real requests"
 
 
-async def _together(client, drains: list) -> None:
+async def _together(client, drains: list, watch=None) -> int:
     """Run a batch's requests so that the scheduler sees all of them before it forms a step, as
     LLM.generate does: the scheduler is paused (requests kept, cache kept) while they are added,
     then resumed. Sent as they come, the engine's loop formed its first step with 7 of 8
     (tests/cpu/test_guard_serve.py), and the replay measured another step. Where this vLLM has
-    no pause, or it fails, they are sent as they come."""
+    no pause, or it fails, they are sent as they come. `watch(tasks)`, when given, runs while
+    they do (_stop_once_formed); returns what it returns, else 0."""
     # vllm-touch: worker-config
     paused, tasks = False, []
     try:
@@ -170,7 +211,19 @@ async def _together(client, drains: list) -> None:
     finally:
         if paused:
             await client.resume_generation()
-    await asyncio.gather(*tasks)
+    stopped = 0
+    try:
+        if watch is not None:
+            stopped = await watch(tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    for r in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+            raise r  # a request that failed; one the watch cancelled is stopped, not failed
+    return stopped
 
 
 async def _paused_anyway(client) -> bool:

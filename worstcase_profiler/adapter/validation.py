@@ -213,10 +213,20 @@ def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
                  use_tqdm=False)
 
 
-def _reached(llm, target: Shape) -> bool:
-    answers = llm.collective_rpc(_formed)
+def formed_on_every_rank(target: Shape, answers) -> bool:
+    """Every rank's recorder frontier (_formed's answers) holds `target`."""
     return bool(answers) and all(target_formed(target, [StepShape(**f) for f in a])
                                  for a in answers)
+
+
+def stopped_note(stopped: int, stop: str) -> str:
+    """What a validation's note says of the requests a replay stopped (replay_stop's mode)."""
+    return f"stopped {stopped} request(s) once the target step had formed" + (
+        " and one had finished" if stop == "finished" else f" ({REPLAY_STOP_ENV}=formed)")
+
+
+def _reached(llm, target: Shape) -> bool:
+    return formed_on_every_rank(target, llm.collective_rpc(_formed))
 
 
 def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape,
@@ -373,9 +383,8 @@ def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]
         if measured:
             peaks.add(llm.collective_rpc(_end))
     if stopped:  # said, so that a reader knows the output lengths were not all served
-        said = f"stopped {stopped} request(s) once the target step had formed" + (
-            " and one had finished" if stop == "finished" else f" ({REPLAY_STOP_ENV}=formed)")
-        work = replace(work, note="; ".join(filter(None, [work.note, said])))
+        work = replace(work, note="; ".join(filter(None, [work.note, stopped_note(stopped,
+                                                                                  stop)])))
     return work.results(peaks, predicted, time.perf_counter() - t0)
 
 
@@ -409,6 +418,7 @@ def worker_rpc(worker, op: str, payload=None):
       begin     reset this rank's meter
       end       {"rank", "transient", "workspace", "resolution"} since begin
       pool      this rank's KV pool (pool_of), or None
+      formed    the steps recorded since begin (_formed: the recorder's frontier)
       summary   {"rank", "worst": the profile's worst Shape, "peak"} (codec-encoded)
       record    payload: codec-encoded Validations; this rank's are recorded in its report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
@@ -423,6 +433,8 @@ def worker_rpc(worker, op: str, payload=None):
         return _end(worker)
     if op == "pool":
         return pool_of(worker)
+    if op == "formed":
+        return _formed(worker)
     session = session_of(worker)
     if op == "summary":
         if session is None or session.profile is None:
