@@ -80,8 +80,9 @@ def test_a_serving_replay_whose_target_never_forms_runs_to_the_end():
     pytest.importorskip("vllm")
     client = _Client(forms_after=None)
     assert _run(client, {"a": 0.02, "b": 0.05}, "formed") == 0 and client.aborted == []
-    client = _Client(forms_after=0)  # formed, but every request finished first: nothing to stop
-    assert _run(client, {"a": 0.0, "b": 0.0}, "finished") == 0 and client.aborted == []
+    client = _Client(forms_after=0)  # formed at the first ask, after every request finished
+    assert _run(client, {"a": 0.002, "b": 0.002}, "finished") == 0 and client.aborted == []
+    assert client.asked == 1
 
 
 def test_an_aborted_request_that_stays_open_is_cancelled_not_waited_for():
@@ -103,3 +104,98 @@ def test_an_aborted_request_that_stays_open_is_cancelled_not_waited_for():
         return n, client.aborted, [t.cancelled() for t in tasks]
 
     assert asyncio.run(main()) == (2, [["a", "b"]], [True, True])
+
+
+def test_the_target_must_have_formed_on_every_rank():
+    pytest.importorskip("vllm")
+    from worstcase_profiler.adapter.validation import formed_on_every_rank
+
+    assert formed_on_every_rank(TARGET, [FORMED, FORMED])
+    assert not formed_on_every_rank(TARGET, [FORMED, []])  # TP: one rank has not formed it
+    assert not formed_on_every_rank(TARGET, [])
+
+
+class _Engine:
+    """An AsyncLLM stand-in for serve_validation._measure: each request yields a token every
+    10 ms for up to 1,000 tokens; the request ending in -0 finishes after 5, one ending in -1
+    fails after 2 when `fail` is set. Its ranks report the target formed from the
+    `forms_at`th ask."""
+
+    def __init__(self, fail=False, forms_at=3):
+        from types import SimpleNamespace
+
+        self.fail, self.forms_at, self.asked, self.aborted, self.live = fail, forms_at, 0, [], set()
+        self.vllm_config = SimpleNamespace(device_config=SimpleNamespace(device_type="cpu"))
+        self.output_processor = SimpleNamespace(get_num_unfinished_requests=lambda: len(self.live))
+
+    async def pause_generation(self, mode, clear_cache):
+        pass
+
+    async def resume_generation(self):
+        pass
+
+    async def collective_rpc(self, method, args=()):
+        op = args[0]
+        if op == "formed":
+            self.asked += 1
+            return [FORMED if self.asked >= self.forms_at else []]
+        if op == "end":
+            return [{"rank": 0, "transient": 100, "workspace": 0, "resolution": 1,
+                     "formed": FORMED}]
+        return [None]
+
+    async def abort(self, rids):
+        self.aborted.append(list(rids))
+        self.live -= set(rids)
+
+    async def generate(self, prompt, params, rid):
+        from types import SimpleNamespace
+
+        self.live.add(rid)
+        for i in range(1000):
+            await asyncio.sleep(0.01)
+            if rid not in self.live:  # aborted: vLLM's final output
+                yield SimpleNamespace(finished=True)
+                return
+            if self.fail and rid.endswith("-1") and i == 2:
+                raise RuntimeError("engine failed")
+            yield SimpleNamespace(finished=False)
+            if rid.endswith("-0") and i == 4:
+                break
+        self.live.discard(rid)
+
+
+def _serve_measure(engine):
+    from vllm import SamplingParams  # noqa: F401  (imported before the clock starts)
+
+    from worstcase_profiler.adapter import serve_validation as sv
+    from worstcase_profiler.adapter.validation import Workload
+
+    work = Workload("worst-step", (([[1] * 8] * 3, 1000, True),), ("3 prompts",), shape=TARGET)
+    return asyncio.run(asyncio.wait_for(sv._measure(engine, work, {0: 1000}, 1000), 5))
+
+
+def test_the_serving_measure_stops_its_replay_and_says_so(monkeypatch):
+    """serve_validation._measure watches a measured batch with a target: once formed (3rd ask)
+    and one request finished, the other two are aborted, and the note says so."""
+    pytest.importorskip("vllm")
+    monkeypatch.delenv("WCPROF_REPLAY_STOP", raising=False)
+    engine = _Engine()
+    (found,) = _serve_measure(engine)
+    assert engine.aborted == [["wcprof-worst-step-1", "wcprof-worst-step-2"]]
+    assert found.note == "stopped 2 request(s) once the target step had formed and one had finished"
+    assert found.seconds < 2
+
+
+def test_a_failed_serving_request_fails_the_validation_at_once():
+    """A request that fails raises from _measure without waiting for the others to decode
+    their 1,000 tokens (10 s here) when nothing else stops them (the target never forms)."""
+    pytest.importorskip("vllm")
+    import time
+
+    engine = _Engine(fail=True, forms_at=10**9)
+    _serve_measure(_Engine())  # imports done
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="engine failed"):
+        _serve_measure(engine)
+    assert time.monotonic() - t0 < 2

@@ -146,12 +146,15 @@ async def _stop_once_formed(client, tasks: list, rids: list[str], target: Shape,
     """While a measured batch runs, ask every rank's recorder every `every_s` whether the
     scheduler formed `target`; once it has and a request has finished (stop="formed": once it
     has), abort the requests still running, as validation._generate_to does in-process.
-    Returns how many it aborted (0: they all finished, or the target never formed). An aborted
+    Returns how many it aborted (0: they all finished, the target never formed, or a request
+    failed, which _together then raises without waiting for the rest). An aborted
     request's stream ends with vLLM's final abort output; one still open `grace_s` later is
     cancelled (which aborts it too), so that the server's start cannot hang on it."""
     formed = False
     while not all(t.done() for t in tasks):
         await asyncio.sleep(every_s)
+        if any(t.done() and not t.cancelled() and t.exception() is not None for t in tasks):
+            return 0  # a request failed: _together raises it now, not after the rest
         if not formed:
             formed = formed_on_every_rank(
                 target, await client.collective_rpc("wcprof_rpc", args=("formed",)))
@@ -215,14 +218,13 @@ async def _together(client, drains: list, watch=None) -> int:
     try:
         if watch is not None:
             stopped = await watch(tasks)
+        # the first request to fail raises at once; one the watch cancelled was stopped
+        await asyncio.gather(*(t for t in tasks if not t.cancelled()))
     except BaseException:
         for t in tasks:
-            t.cancel()
+            t.cancel()  # cancelling a request's stream aborts it in vLLM
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
-    for r in await asyncio.gather(*tasks, return_exceptions=True):
-        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
-            raise r  # a request that failed; one the watch cancelled is stopped, not failed
     return stopped
 
 

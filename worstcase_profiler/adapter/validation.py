@@ -13,6 +13,7 @@ processes (TP>1), where the engine's process holds no model and no workspace.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, replace
@@ -24,6 +25,8 @@ from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
 from ..settings import REPLAY_STOP_ENV, replay_stop
+
+log = logging.getLogger("vllm.wcprof")
 
 _METER_ATTR = "_wcprof_validation_meter"
 _FORMED_ATTR = "_wcprof_validation_steps"
@@ -55,9 +58,7 @@ class StepRecorder:
         except Exception as e:  # noqa: BLE001 - recording must never break the replay
             if not self.failed:
                 self.failed = True
-                import logging
-
-                logging.getLogger("vllm.wcprof").warning(
+                log.warning(
                     "[wcprof] validation: cannot read the steps the scheduler forms (%s): the "
                     "report will not say whether the replay reached its target", e)
         return self._execute(scheduler_output, *args, **kwargs)
@@ -163,9 +164,11 @@ def _capacity_tokens(worker, cfg) -> int:
         return 0
     try:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity
-    except ImportError:
+
+        return int(get_kv_cache_capacity(vllm_config, cfg)[0])
+    except Exception as e:  # noqa: BLE001 - an older vLLM, or a spec it cannot count: the
+        log.debug("[wcprof] no KV capacity from vLLM (%s): blocks x block_size", e)  # fallback
         return 0
-    return int(get_kv_cache_capacity(vllm_config, cfg)[0])
 
 
 def pool_from(answers) -> Pool | None:
