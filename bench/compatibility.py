@@ -19,9 +19,8 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the pure core, for replay_reached
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the pure core, for replay_reached
 RESULTS = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "compatibility.md"
 

@@ -278,3 +278,11 @@ def test_warm_up_creating_the_counted_residue_is_within_what_was_set_aside():
     audit, error = policy.warmup_verdict(**kw, residue=112 * MiB)
     assert error is None and audit.outside_bytes == 0 and audit.accounted_bytes == 112 * MiB
 
+
+
+def test_a_replay_stops_once_formed_and_one_finished_or_once_formed_when_told():
+    from worstcase_profiler.core.policy import replay_stops
+
+    assert replay_stops(True, 1, 4, "finished") and not replay_stops(True, 0, 4, "finished")
+    assert replay_stops(True, 0, 4, "formed") and not replay_stops(False, 3, 4, "formed")
+    assert not replay_stops(True, 4, 4, "formed")  # nothing left running to stop

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import functools
 import logging
 import time
@@ -21,14 +20,13 @@ import time
 from ..core import codec
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
-from ..core.policy import replay_reached, validation_exceeded
+from ..core.policy import replay_reached, replay_stops, validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import replay_stop, resolve
 from ..sizes import fmt_bytes
 from .validation import (RankPeaks, Workload, device_type_of, formed_on_every_rank, kv_tokens_of,
-                         pool_from, replay_sampling, stopped_note, traffic_workload,
-                         worst_step_workload)
+                         pool_from, replay_sampling, traffic_workload, worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -135,10 +133,7 @@ async def _measure(client, work: Workload, predicted: dict[int, int],
                                              for p, r in zip(prompts, rids)], watch)
         if measured:
             peaks.add(await client.collective_rpc("wcprof_rpc", args=("end",)))
-    if stopped:
-        work = dataclasses.replace(work, note="; ".join(filter(None, [
-            work.note, stopped_note(stopped, stop)])))
-    return work.results(peaks, predicted, time.perf_counter() - t0)
+    return work.stopped(stopped, stop).results(peaks, predicted, time.perf_counter() - t0)
 
 
 async def _stop_once_formed(client, tasks: list, rids: list[str], target: Shape, stop: str,
@@ -158,8 +153,7 @@ async def _stop_once_formed(client, tasks: list, rids: list[str], target: Shape,
         if not formed:
             formed = formed_on_every_rank(
                 target, await client.collective_rpc("wcprof_rpc", args=("formed",)))
-        done = sum(t.done() for t in tasks)
-        if formed and (done or stop == "formed") and done < len(tasks):
+        if replay_stops(formed, sum(t.done() for t in tasks), len(tasks), stop):
             left = [r for r, t in zip(rids, tasks) if not t.done()]
             await client.abort(left)  # each drain then ends with its aborted output
             _, pending = await asyncio.wait(tasks, timeout=grace_s)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..core import codec
 from ..core.guard import StepShape, frontier_add
-from ..core.policy import formed_for, target_formed
+from ..core.policy import formed_for, replay_stops, target_formed
 from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
@@ -222,12 +222,6 @@ def formed_on_every_rank(target: Shape, answers) -> bool:
                                  for a in answers)
 
 
-def stopped_note(stopped: int, stop: str) -> str:
-    """What a validation's note says of the requests a replay stopped (replay_stop's mode)."""
-    return f"stopped {stopped} request(s) once the target step had formed" + (
-        " and one had finished" if stop == "finished" else f" ({REPLAY_STOP_ENV}=formed)")
-
-
 def _reached(llm, target: Shape) -> bool:
     return formed_on_every_rank(target, llm.collective_rpc(_formed))
 
@@ -268,8 +262,7 @@ def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape,
             outputs += 1
             if not formed and (len(started) >= len(ids) or outputs % 16 == 0):
                 formed = _reached(llm, target)
-            if (formed and (finished or stop == "formed") and not stopped
-                    and len(finished) < len(ids)):
+            if not stopped and replay_stops(formed, len(finished), len(ids), stop):
                 stopped = len(ids) - len(finished)
                 engine.abort_request(ids, internal=True)  # finished ones are skipped
     except BaseException:
@@ -328,6 +321,16 @@ class Workload:
     shape: Shape | None = None
     note: str | None = None
 
+    def stopped(self, n: int, stop: str) -> Workload:
+        """This workload, its note saying that its replay stopped `n` requests (0: as it is),
+        and when (settings.replay_stop's `stop`), so a reader knows not every output was
+        served."""
+        if not n:
+            return self
+        said = f"stopped {n} request(s) once the target step had formed" + (
+            " and one had finished" if stop == "finished" else f" ({REPLAY_STOP_ENV}=formed)")
+        return replace(self, note="; ".join(filter(None, [self.note, said])))
+
     def results(self, peaks: RankPeaks, predicted: dict[int, int],
                 seconds: float) -> list[Validation]:
         return peaks.results(predicted, self.requests, seconds, target=self.target,
@@ -385,10 +388,7 @@ def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]
             _generate(llm, prompts, max_tokens)
         if measured:
             peaks.add(llm.collective_rpc(_end))
-    if stopped:  # said, so that a reader knows the output lengths were not all served
-        work = replace(work, note="; ".join(filter(None, [work.note, stopped_note(stopped,
-                                                                                  stop)])))
-    return work.results(peaks, predicted, time.perf_counter() - t0)
+    return work.stopped(stopped, stop).results(peaks, predicted, time.perf_counter() - t0)
 
 
 def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Validation]:

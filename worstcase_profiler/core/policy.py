@@ -263,6 +263,14 @@ def target_formed(target: Shape, frontier) -> bool:
     return best is not None and covers(best, target)
 
 
+def replay_stops(formed: bool, finished: int, total: int, stop: str) -> bool:
+    """Whether a running replay of `total` requests, `finished` of them done, stops the rest now
+    (settings.replay_stop's `stop`): once its target formed and one request finished (the first
+    to finish held the longest context any reaches), or with "formed" as soon as it formed;
+    never when none is left running."""
+    return formed and (finished > 0 or stop == "formed") and finished < total
+
+
 CUT_DOWN_PROVEN: dict[str, str] = {
     "LlamaForCausalLM": "h200-run26: llama_v2_prove, llama8b_prove; h200-run28: llama_v1_prove",
     "Qwen3_5ForCausalLM": "h200-run26: qwen35_prove, qwen35_mtp_prove",
