@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -33,6 +34,7 @@ import time
 import traceback
 from pathlib import Path
 
+from . import interrupts
 from .errors import ArgParser, ConfigError, UnsupportedModel, WcprofError
 
 BUNDLED = Path(__file__).parent / "data" / "tiny-llama"
@@ -42,6 +44,7 @@ CPU_KV_CAP = 512 << 20
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): wcprof or vLLM failed, not the input
 EXIT_INTERRUPTED = 130
+INTERRUPTED_LINE = "wcprof: interrupted"
 HELP_ENGINE = "--help-engine"
 DEBUG_ENV = "WCPROF_DEBUG"
 LOG_TAIL_LINES = 40
@@ -280,7 +283,8 @@ def _add_our_flags_without_profiler(p) -> None:
 def engine_help(token: str) -> int:
     """`wcprof --help-engine[=WORD]`: vLLM's own help for its engine flags."""
     keyword = token.split("=", 1)[1] if "=" in token else "all"
-    parser = _engine_parser()
+    with interrupts.exit_at_once(INTERRUPTED_LINE, EXIT_INTERRUPTED):  # vLLM's import
+        parser = _engine_parser()
     try:
         parser.parse_args([f"--help={keyword or 'all'}"])
     except SystemExit as e:
@@ -360,18 +364,23 @@ def _engine_output(log_path: Path | None):
     sys.stderr.flush()
     saved = (os.dup(1), os.dup(2))
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def restore() -> None:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+
     try:
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        yield
+        with interrupts.on_exit(restore):  # the interrupted line goes to the terminal
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            yield
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
+        restore()
         for f in (*saved, fd):
             os.close(f)
 
@@ -515,7 +524,14 @@ def profile(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if ours.quiet:
         _quiet_env()
-    with tempfile.TemporaryDirectory(prefix="wcprof-", ignore_cleanup_errors=True) as tmp:
+    # From here torch and vLLM import and the engine runs: Ctrl-C exits at once (interrupts.py
+    # says why), taking the temporary directory with it.
+    with interrupts.exit_at_once(INTERRUPTED_LINE, EXIT_INTERRUPTED), \
+            contextlib.ExitStack() as stack:
+        with interrupts.uninterrupted():
+            tmp = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="wcprof-", ignore_cleanup_errors=True))
+            stack.enter_context(interrupts.on_exit(lambda: shutil.rmtree(tmp, ignore_errors=True)))
         return _profile(argv, ours, sizes, advice, Path(tmp))
 
 
@@ -692,11 +708,11 @@ def main(argv: list[str] | None = None) -> int:
         _print_error(e)
         return e.exit_code
     except KeyboardInterrupt:
-        sys.stderr.write("wcprof: interrupted\n")
+        sys.stderr.write(INTERRUPTED_LINE + "\n")
         return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - one line, never a traceback unless --debug
         if _interrupted(e):
-            sys.stderr.write("wcprof: interrupted\n")
+            sys.stderr.write(INTERRUPTED_LINE + "\n")
             return EXIT_INTERRUPTED
         if _debug:
             traceback.print_exc()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..interrupts import uninterrupted
 from .codec import decode, encode
 from .types import SweepResult, WarmupEstimate
 
@@ -188,12 +189,14 @@ class SweepCache:
         entry = entry.signed(self.secret)
         self.directory.mkdir(parents=True, exist_ok=True)
         target = self.path(entry.key)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{entry.key}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(entry.to_json())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with uninterrupted():  # wcprof's Ctrl-C waits for the rename (interrupts.py)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{entry.key}.",
+                                       suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(entry.to_json())
+                os.replace(tmp, target)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         return target

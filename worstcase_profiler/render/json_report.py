@@ -34,8 +34,16 @@ def emit_text(text: str, dest: Any) -> None:
 
 def write_atomically(path: Path, data: str | bytes) -> None:
     """Temp file in the same directory, fsync, os.replace: the destination is either the old
-    file or the complete new one, never a prefix."""
+    file or the complete new one, never a prefix, and a Ctrl-C leaves no temp file behind."""
+    from ..interrupts import uninterrupted
+
     path.parent.mkdir(parents=True, exist_ok=True)
+    with uninterrupted():
+        _write_and_replace(path, data)
+    _fsync_dir(path.parent)
+
+
+def _write_and_replace(path: Path, data: str | bytes) -> None:
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     binary = isinstance(data, bytes)
     try:
@@ -52,7 +60,6 @@ def write_atomically(path: Path, data: str | bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_dir(path.parent)
 
 
 def _fsync_dir(directory: Path) -> None:
