@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import shutil
 import sys
-import tempfile
 import textwrap
 import time
 import traceback
@@ -365,24 +363,30 @@ def _engine_output(log_path: Path | None):
     saved = (os.dup(1), os.dup(2))
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def restore() -> None:
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
+    restored = False
 
-    try:
-        with interrupts.on_exit(restore):  # the interrupted line goes to the terminal
+    def restore() -> None:
+        nonlocal restored
+        if not restored:  # once: the saved descriptors are closed after
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            restored = True
+
+    with interrupts.on_exit(restore):  # an interrupt's line goes to the terminal
+        try:
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             yield
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        restore()
-        for f in (*saved, fd):
-            os.close(f)
+        finally:
+            with interrupts.uninterrupted():
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except (OSError, ValueError):
+                        pass
+                restore()
+                for f in (*saved, fd):
+                    os.close(f)
 
 
 def _show_log_tail(log_path: Path | None) -> None:
@@ -524,15 +528,11 @@ def profile(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if ours.quiet:
         _quiet_env()
-    # From here torch and vLLM import and the engine runs: Ctrl-C exits at once (interrupts.py
-    # says why), taking the temporary directory with it.
+    # From here torch and vLLM import and the engine runs: Ctrl-C stops without raising into
+    # them (interrupts.py says why), taking the engine's processes and the directory with it.
     with interrupts.exit_at_once(INTERRUPTED_LINE, EXIT_INTERRUPTED), \
-            contextlib.ExitStack() as stack:
-        with interrupts.uninterrupted():
-            tmp = stack.enter_context(
-                tempfile.TemporaryDirectory(prefix="wcprof-", ignore_cleanup_errors=True))
-            stack.enter_context(interrupts.on_exit(lambda: shutil.rmtree(tmp, ignore_errors=True)))
-        return _profile(argv, ours, sizes, advice, Path(tmp))
+            interrupts.temporary_directory("wcprof-") as tmp:
+        return _profile(argv, ours, sizes, advice, tmp)
 
 
 def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int:
