@@ -18,7 +18,6 @@ that inherited the handler gets Python's KeyboardInterrupt, not the parent's cle
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
 import shutil
 import signal
@@ -51,6 +50,8 @@ def _kill_descendants() -> None:
     try:
         import psutil
     except ImportError:
+        import multiprocessing  # here, not at the top: every wcprof start, --help too, imports us
+
         for child in multiprocessing.active_children():
             child.kill()
             child.join(5)
