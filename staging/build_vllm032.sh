@@ -72,7 +72,7 @@ build_vllm_parts() {  # part00-03, as before the CuTe-DSL parts existed
     VLLM_WHEEL=$(ls "$WORK"/vllm-0.32.0-*.whl | head -n 1)
   fi
   TORCH_WHEEL=${TORCH_WHEEL:-$(ls "$WORK"/torch-2.11.0-*.whl 2>/dev/null | head -n 1 || true)}
-  if [ -z "$TORCH_WHEEL" ]; then  # headers and libs to build the shim against (530 MB download)
+  if [ -z "$TORCH_WHEEL" ] && [ "${DEEPGEMM:-}" = shim ]; then  # the shim's headers and libs (530 MB)
     $PIP download "${PLAT[@]}" -d "$WORK" "torch==2.11.0"
     TORCH_WHEEL=$(ls "$WORK"/torch-2.11.0-*.whl | head -n 1)
   fi

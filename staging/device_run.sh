@@ -12,6 +12,8 @@
 # `stage PART ...` stages other parts (e.g. part02, the MoE kernels) in calls of their own.
 # `exec CMD ...` runs CMD in the suite's environment instead of the suite (e.g.
 # staging/production_run.sh), with $DEADLINE the epoch second it should finish by.
+# The operator's own stack (staging/build_torch_stack.sh, staged by stage_stack.sh): SITE=/tmp/site213
+# ENV_SH=staging/env32.sh, no parts to stage.
 # Another wheelhouse (e.g. vLLM 0.32 in .stage32/): STAGE=.stage32 SITE=/tmp/site32 on every call,
 # carrying .stage32/... instead. Other settings: OUT (what comes back), WORK, LIMIT_S, WCPROF_CACHE_DIR,
 # IMPORT (a directory `wcprof cache export` wrote, imported into the fresh cache before the cases).
@@ -61,9 +63,14 @@ do_stage() {  # stage [PART ...]: part00 unless parts are named
 }
 
 prepare() {  # stage what is missing, set the engine environment, register the entry point
-  [ -f "$SITE/.staged-part00" ] || stage_part part00 || return 1
-  stage_part part01 || return 1
-  if [ -f "$STAGE/env.sh" ]; then
+  if [ ! -f "$SITE/.staged-stack" ]; then  # a whole stack (stage_stack.sh) has no parts
+    [ -f "$SITE/.staged-part00" ] || stage_part part00 || return 1
+    stage_part part01 || return 1
+  fi
+  if [ -n "${ENV_SH:-}" ]; then  # e.g. ENV_SH=staging/env32.sh for the stack in $SITE
+    # shellcheck disable=SC1090
+    source "$ENV_SH"
+  elif [ -f "$STAGE/env.sh" ]; then
     # shellcheck disable=SC1091
     source "$STAGE/env.sh"
   else  # the same settings as $STAGE/env.sh

@@ -4,8 +4,6 @@ each worker) before the worker class is resolved, so class-level patches reach e
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -15,6 +13,7 @@ def register() -> None:
     WCPROF_CONFIG): under `vllm serve` a bad value is one line and exit 2 before the engine
     starts; in Python (LLM(...)) it raises ConfigError from the engine's construction."""
     from . import preflight
+    from .adapter.guard import vllm_cli_command
     from .adapter.patches import apply_all
     from .errors import ConfigError
 
@@ -22,6 +21,6 @@ def register() -> None:
     try:
         preflight.check_env()
     except ConfigError as e:
-        if os.path.basename(sys.argv[0]) == "vllm":
+        if vllm_cli_command() is not None:
             preflight.die(e)
         raise

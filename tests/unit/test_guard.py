@@ -213,6 +213,12 @@ def test_the_guard_is_on_under_vllm_serve_only_unless_forced():
     assert not g.active(ProfilerSettings(mode="enforce", guard="off"), ["vllm", "serve"])
     assert not g.active(ProfilerSettings(), ["vllm", "serve"])  # profiler off: nothing
     assert g.under_api_server(["python", "-m", "vllm.entrypoints.openai.api_server"])
+    # `python -m vllm.entrypoints.cli.main serve` (no console script: argv[0] is the module's path)
+    main_py = "/site/vllm/entrypoints/cli/main.py"
+    assert g.active(on, [main_py, "serve", "m"])
+    assert not g.active(on, [main_py, "bench", "m"])
+    assert g.vllm_cli_command([main_py, "serve"]) == "serve"
+    assert g.vllm_cli_command(["/x/bin/wcprof", "serve"]) is None
 
 
 def _fake_worker_and_session(predicted=10 * MiB):

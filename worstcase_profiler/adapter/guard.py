@@ -306,14 +306,26 @@ class StepGuard:
             self._channel.close()
 
 
+def vllm_cli_command(argv: list[str] | None = None) -> str | None:
+    """The subcommand when this process is vLLM's command line: the `vllm` console script, or
+    `python -m vllm.entrypoints.cli.main` (argv[0] is then that module's path), where no console
+    script is installed (a PYTHONPATH install such as an air-gapped host's); else None."""
+    argv = sys.argv if argv is None else argv
+    if not argv:
+        return None
+    first = argv[0].replace(os.sep, "/")
+    if os.path.basename(first) == "vllm" or first.endswith("vllm/entrypoints/cli/main.py"):
+        return argv[1] if len(argv) > 1 else ""
+    return None
+
+
 def under_api_server(argv: list[str] | None = None) -> bool:
-    """`vllm serve ...` or vLLM's OpenAI api_server module (child processes keep the parent's
-    argv: multiprocessing restores it when it spawns, and a fork inherits it)."""
+    """`vllm serve ...` (vllm_cli_command) or vLLM's OpenAI api_server module (child processes
+    keep the parent's argv: multiprocessing restores it when it spawns, and a fork inherits it)."""
     argv = sys.argv if argv is None else argv
     if not argv:
         return False
-    prog = os.path.basename(argv[0])
-    if prog == "vllm" and len(argv) > 1 and argv[1] == "serve":
+    if vllm_cli_command(argv) == "serve":
         return True
     return "entrypoints/openai/api_server" in argv[0].replace(os.sep, "/") or \
         "vllm.entrypoints.openai.api_server" in argv

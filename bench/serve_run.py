@@ -1,0 +1,314 @@
+#!/usr/bin/env python3
+"""`vllm serve` as an operator runs it (the engine core in its own process: vLLM's default
+multiprocessing), with real HTTP traffic over 127.0.0.1, stock or `--profiler worstcase`.
+
+One server per --mode, one after another in this process's children:
+
+  worstcase   `--profiler worstcase --profiler-report R`, validate_on_start=worst (the report's
+              own worst step built from real requests before the server takes traffic), guard on
+  guard-off   the same with the guard off, on the sweep cache the first left: a cached restart,
+              and the decode traffic alone, to time the guard against `worstcase`
+  stock       no plugin flag (the plugin is installed but the profiler stays vLLM's)
+
+Traffic per server (token-id prompts, random ids from a fixed seed, so every mode sends the same):
+  long      one prompt of --prefix tokens (max_tokens 1): chunked prefill up to the prefix
+  cached    the prefix plus --chunk new tokens (max_tokens 4): one --chunk-row step on the
+            cached prefix, near max_model_len (the step vLLM's empty-KV profile never ran)
+  decodes   --decodes concurrent requests of --decode-prompt tokens, --decode-tokens each
+  mixed     the prefix plus other new tokens, sent while --decodes more decode
+After the traffic: /metrics, `wcprof guard URL` (plugin modes), then SIGINT and the exit.
+
+With --hold-slack-mib N a ballast process holds the card first so that free memory is exactly
+what --util requests plus N MiB (how production holds a card: whatever a step needs beyond the
+admission must fit in the slack). Writes OUT/serve-<mode>.json, OUT/serve-<mode>.log and, for the
+plugin modes, OUT/report-<mode>.json; OUT/serve.json sums up every mode. Exit 0 when every
+server started and shut down cleanly (a stock OOM is a result, not a failure).
+
+  python3 bench/serve_run.py --out OUT --model tests/gpu/models/llama-3.1-8b-layout \
+      --modes worstcase,stock --hold-slack-mib 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, write_json  # noqa: E402
+
+OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.I)
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--model", default=str(ROOT / "tests/gpu/models/llama-3.1-8b-layout"))
+    p.add_argument("--modes", default="worstcase,stock")
+    p.add_argument("--max-model-len", type=int, default=131072)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--util", type=float, default=0.5)
+    p.add_argument("--eager", action="store_true", help="--enforce-eager (default: CUDA graphs)")
+    p.add_argument("--prefix", type=int, default=122880)
+    p.add_argument("--chunk", type=int, default=8000)
+    p.add_argument("--decodes", type=int, default=64)
+    p.add_argument("--decode-prompt", type=int, default=1024)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--validate", default="worst", help="validate_on_start (worstcase mode)")
+    p.add_argument("--hold-slack-mib", type=int, default=None)
+    p.add_argument("--start-timeout-s", type=float, default=300)
+    p.add_argument("--deadline", type=float, default=None, help="epoch s: skip modes past it")
+    p.add_argument("--extra", default="", help="more `vllm serve` flags, one string")
+    return p.parse_args(argv)
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _vocab(model: str) -> int:
+    return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
+
+
+def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(100, vocab - 100) for _ in range(n)]
+
+
+class Ballast:
+    """A process holding the card: free memory left = util x total + slack (bytes it reports)."""
+
+    CODE = ("import sys, torch\n"
+            "free, total = torch.cuda.mem_get_info()\n"
+            "want = int(float(sys.argv[1]) * total) + int(sys.argv[2])\n"
+            "x = torch.empty(max(free - want, 0), dtype=torch.uint8, device='cuda')\n"
+            "torch.cuda.synchronize()\n"
+            "print('BALLAST', x.numel(), free, total, torch.cuda.mem_get_info()[0], flush=True)\n"
+            "sys.stdin.read()\n")
+
+    def __init__(self, util: float, slack_bytes: int):
+        self.proc = subprocess.Popen([sys.executable, "-c", self.CODE, str(util), str(slack_bytes)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "BALLAST":
+            raise RuntimeError(f"ballast failed: {line}")
+        held, free, total, left = map(int, line[1:])
+        self.figures = {"ballast_bytes": held, "free_before": free, "total_bytes": total,
+                        "free_after_ballast": left, "slack_bytes": slack_bytes,
+                        "requested_bytes": int(util * total)}
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class Server:
+    def __init__(self, a, mode: str, out: Path):
+        self.mode, self.port = mode, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = out / f"serve-{mode}.log"
+        self.report = out / f"report-{mode}.json"
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", a.model,
+               "--load-format", "dummy", "--skip-tokenizer-init",
+               "--max-model-len", str(a.max_model_len),
+               "--max-num-batched-tokens", str(a.max_num_batched_tokens),
+               "--gpu-memory-utilization", str(a.util), "--host", "127.0.0.1",
+               "--port", str(self.port), *(["--enforce-eager"] if a.eager else []), *a.extra.split()]
+        if mode != "stock":
+            cfg = {"validate_on_start": a.validate} if mode == "worstcase" else {"guard": "off"}
+            cmd += ["--profiler", "worstcase", "--profiler-report", str(self.report),
+                    "--additional-config", json.dumps({"worstcase_profiler": cfg})]
+        env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+        self.cmd = cmd
+        self.log = open(self.log_path, "w")
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=ROOT, start_new_session=True)
+
+    def wait_healthy(self, timeout: float) -> float | None:
+        deadline = time.time() + timeout
+        while time.time() < deadline and self.proc.poll() is None:
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=2)
+                return time.time() - self.t0
+            except OSError:
+                time.sleep(0.5)
+        return None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def post(self, model: str, prompt: list[int], max_tokens: int, timeout: float = 600) -> dict:
+        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                           "ignore_eos": True, "temperature": 0.0}).encode()
+        req = urllib.request.Request(self.url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        t0 = time.perf_counter()
+        try:
+            out = json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+            return {"ok": True, "s": time.perf_counter() - t0,
+                    "completion_tokens": out["usage"]["completion_tokens"],
+                    "prompt_tokens": out["usage"]["prompt_tokens"]}
+        except (OSError, urllib.error.HTTPError, ValueError, KeyError) as e:
+            msg = e.read().decode(errors="replace")[:300] if isinstance(e, urllib.error.HTTPError) else ""
+            return {"ok": False, "s": time.perf_counter() - t0, "error": f"{type(e).__name__}: {e} {msg}"[:500]}
+
+    def get(self, path: str) -> str | None:
+        try:
+            return urllib.request.urlopen(self.url + path, timeout=20).read().decode()
+        except OSError:
+            return None
+
+    def stop(self, timeout: float = 90) -> dict:
+        """SIGINT, as a terminal's Ctrl-C; then how the process group ended."""
+        t0 = time.perf_counter()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+            forced = False
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            rc, forced = self.proc.wait(), True
+        time.sleep(2)
+        try:  # anything left of the process group (the engine core)?
+            os.killpg(self.proc.pid, 0)
+            left = True
+        except ProcessLookupError:
+            left = False
+        self.log.close()
+        return {"rc": rc, "stop_s": round(time.perf_counter() - t0, 2), "forced": forced,
+                "processes_left": left}
+
+
+def _concurrent(srv: Server, model: str, prompts: list[list[int]], max_tokens: int,
+                extra=None) -> tuple[list[dict], float]:
+    results: list[dict | None] = [None] * len(prompts)
+
+    def one(i: int) -> None:
+        results[i] = srv.post(model, prompts[i], max_tokens)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    side = extra() if extra else None
+    for t in threads:
+        t.join()
+    return results, time.perf_counter() - t0, side
+
+
+def _metrics(text: str | None) -> dict:
+    if not text:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("wcprof_guard_") and " " in line:
+            name, value = line.rsplit(" ", 1)
+            out[name.split("{")[0]] = float(value)
+    return out
+
+
+def traffic(srv: Server, a, rng_seed: int = 0, decodes_only: bool = False) -> dict:
+    vocab = _vocab(a.model)
+    rng = random.Random(rng_seed)
+    prefix = _tokens(rng, a.prefix, vocab)
+    new = _tokens(rng, a.chunk, vocab)
+    other = _tokens(rng, a.chunk, vocab)
+    dec = [_tokens(rng, a.decode_prompt, vocab) for _ in range(2 * a.decodes)]
+    t: dict = {}
+    if not decodes_only:
+        t["long"] = srv.post(a.model, prefix, 1)
+        t["cached"] = srv.post(a.model, prefix + new, 4) if srv.alive() else {"ok": False, "error": "server down"}
+    if srv.alive():
+        res, wall, _ = _concurrent(srv, a.model, dec[:a.decodes], a.decode_tokens)
+        done = sum(r["completion_tokens"] for r in res if r and r["ok"])
+        t["decodes"] = {"n": a.decodes, "ok": sum(1 for r in res if r and r["ok"]), "wall_s": wall,
+                        "tokens": done, "tokens_per_s": done / wall if wall else None,
+                        "errors": [r["error"] for r in res if r and not r["ok"]][:3]}
+    if not decodes_only and srv.alive():
+        res, wall, side = _concurrent(srv, a.model, dec[a.decodes:], a.decode_tokens,
+                                      extra=lambda: srv.post(a.model, prefix + other, 4))
+        t["mixed"] = {"n": a.decodes, "ok": sum(1 for r in res if r and r["ok"]), "wall_s": wall,
+                      "long": side, "errors": [r["error"] for r in res if r and not r["ok"]][:3]}
+    return t
+
+
+def run_mode(a, mode: str, out: Path) -> dict:
+    r: dict = {"mode": mode, "model": a.model, "max_model_len": a.max_model_len,
+               "max_num_batched_tokens": a.max_num_batched_tokens, "util": a.util,
+               "graphs": not a.eager, "prefix": a.prefix, "chunk": a.chunk}
+    ballast = None
+    if a.hold_slack_mib is not None:
+        ballast = Ballast(a.util, a.hold_slack_mib << 20)
+        r["hold"] = ballast.figures
+    srv = Server(a, mode, out)
+    r["cmd"] = srv.cmd
+    try:
+        r["healthy_s"] = srv.wait_healthy(a.start_timeout_s)
+        if r["healthy_s"] is not None:
+            r["traffic"] = traffic(srv, a, decodes_only=(mode == "guard-off"))
+            r["alive_after_traffic"] = srv.alive()
+            r["guard_metrics"] = _metrics(srv.get("/metrics"))
+            if mode != "stock" and srv.alive():
+                g = subprocess.run([sys.executable, "-m", "worstcase_profiler.cli", "guard", srv.url],
+                                   capture_output=True, text=True, timeout=60, cwd=ROOT)
+                r["wcprof_guard"] = {"rc": g.returncode, "stdout": g.stdout, "stderr": g.stderr[-2000:]}
+    finally:
+        r["shutdown"] = srv.stop()
+        if ballast:
+            ballast.close()
+    text = srv.log_path.read_text(errors="replace")
+    r["oom_lines"] = [ln for ln in text.splitlines() if OOM.search(ln)][:5]
+    r["wcprof_lines"] = [ln for ln in text.splitlines() if "[wcprof]" in ln][:40]
+    if srv.report.exists():
+        rep = json.loads(srv.report.read_text())
+        wc, adm = rep.get("worstcase") or {}, rep.get("admission") or {}
+        r["report"] = {"peak_activation_bytes": wc.get("peak_activation_bytes"),
+                       "worst_shape": wc.get("worst_shape"),
+                       "kv_cache_bytes": adm.get("kv_cache_bytes"),
+                       "validations": rep.get("validations"), "kv_audit": rep.get("kv_audit")}
+    return r
+
+
+def main(argv=None) -> int:
+    a = _parse(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"args": vars(a), "modes": []}
+    ok = True
+    for mode in a.modes.split(","):
+        if a.deadline and time.time() > a.deadline:
+            summary["modes"].append({"mode": mode, "skipped": "past the deadline"})
+            continue
+        print(f"serve_run: {mode} ...", flush=True)
+        r = run_mode(a, mode, out)
+        write_json(out / f"serve-{mode}.json", r)
+        summary["modes"].append(r)
+        write_json(out / "serve.json", summary)
+        sd = r["shutdown"]
+        print(f"serve_run: {mode}: healthy {r.get('healthy_s')}, alive after traffic "
+              f"{r.get('alive_after_traffic')}, shutdown rc {sd['rc']} in {sd['stop_s']} s "
+              f"(forced {sd['forced']}, left {sd['processes_left']}); oom {r['oom_lines'][:1]}; "
+              f"guard {(r.get('wcprof_guard') or {}).get('stdout', '').strip()}", flush=True)
+        ok &= r.get("healthy_s") is not None and not sd["forced"] and not sd["processes_left"]
+    write_json(out / "serve.json", summary)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Build, on a dev machine with PyPI, the operator's own vLLM 0.32.0 stack for the air-gapped H200
+# host: vLLM 0.32.0 on the torch it pins (2.13.0) and the triton that torch declares (3.7.1), with
+# DeepGEMM as vLLM ships it (its extension links torch 2.13's C++ ABI), the MoE kernels, the API
+# server's packages (`vllm serve`) and CuTe-DSL (sparse MLA). Output: $STAGE/piece00 .. pieceNN,
+# byte pieces (each <= 52 MiB: one transfer carries 64 MiB, the working tree ~10 MiB of it) of ONE tar.xz stream, SHA256SUMS
+# (the pieces and the whole stream), and staging/stage_stack.sh to carry with them.
+#
+#   bash staging/build_torch_stack.sh            # -> .stage213/ (git-ignored); ~10-20 min here
+#
+# What the host's own libraries decide (checked here with nm/readelf, no device time):
+#   - libtorch_cuda.so of torch 2.13.0 needs 8 NCCL symbols that the host's NCCL 2.28.9 lacks
+#     (ncclCommMemStats, ncclCommResume, ncclCommSuspend, ncclGetLsaMultimemDevicePointer,
+#     ncclGetPeerDevicePointer, ncclPutSignal, ncclSignal, ncclWaitSignal; all strong undefined,
+#     so the import fails): NCCL 2.29.7, the version torch pins, travels.
+#   - cuDNN: torch pins 9.20.0.48, the host has 9.19; torch refuses a runtime cuDNN older than
+#     the one it was built with only when cuDNN is first used (convolutions); the LLM paths run
+#     here do not use it. It does not travel (its wheel is ~700 MB); docs/gpu.md says so.
+#   - The CUDA 13.0 libraries (cuda-toolkit 13.0.3: cublas, cudart, nvrtc, ...), cusparselt and
+#     nvshmem are the host's (torch 2.11+cu130 has the same layout): stage_stack.sh links each
+#     host nvidia/* package into $SITE/nvidia beside the carried nccl, so torch's RPATH
+#     ($ORIGIN/../../nvidia/<pkg>/lib) finds them as in a pip install.
+# Left out, never loaded at run time: triton's static CUPTI archives (*.a, 77 MB) and its
+# Blackwell ptxas (sm_100+; this host is sm_90); vLLM's FA2 (FA3 serves sm_90), Blackwell FMHA
+# and the vllm-rs binary (as in the 0.32 wheelhouse built by build_vllm032.sh).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+WORK=${WORK:-/tmp/wcprof-torch213-build}
+STAGE=${STAGE:-$REPO/.stage213}
+PIECE=$((52 * 1024 * 1024))   # + the ~10 MiB working tree + this script: < 64 MiB a call
+PIP=${PIP:-"python3 -m pip"}
+PLAT=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp)
+for t in manylinux1 manylinux2010 manylinux2014 manylinux_2_17 manylinux_2_18 manylinux_2_24 \
+         manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 manylinux_2_34 manylinux_2_35; do
+  PLAT+=(--platform "${t}_x86_64")
+done
+PINS=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 vllm==0.32.0
+      nvidia-cutlass-dsl==4.8.0 nvidia-cutlass-dsl-libs-base==4.8.0
+      nvidia-cutlass-dsl-libs-core==4.8.0 nvidia-cutlass-dsl-libs-cu13==4.8.0
+      quack-kernels==0.6.5 cuda-bindings==13.0.3 cuda-pathfinder==1.9.1)
+mkdir -p "$REPO/.git/info" "$WORK/whl" "$STAGE"
+grep -qxF "/.stage213/" "$REPO/.git/info/exclude" 2>/dev/null || echo "/.stage213/" >>"$REPO/.git/info/exclude"
+
+$PIP download "${PLAT[@]}" -d "$WORK/whl" "${PINS[@]}"
+$PIP download "${PLAT[@]}" -d "$WORK/whl" -r "$HERE/requirements-vllm-0.32.txt"
+
+rm -rf "$WORK/site"
+mkdir -p "$WORK/site"
+for w in "$WORK"/whl/*.whl; do
+  case "$(basename "$w")" in
+    vllm-*) unzip -q -o "$w" -d "$WORK/site" -x 'vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so' \
+              'vllm/vllm-rs' 'vllm/third_party/fmha_sm100/*' \
+              'vllm/third_party/deep_gemm/_C.cpython-310-*' 'vllm/third_party/deep_gemm/_C.cpython-311-*' \
+              'vllm/third_party/deep_gemm/_C.cpython-313-*' 'vllm/third_party/deep_gemm/_C.cpython-314-*' ;;
+    triton-*) unzip -q -o "$w" -d "$WORK/site" -x '*.a' 'triton/backends/nvidia/bin/ptxas-blackwell' ;;
+    cuda_bindings-*) unzip -q -o "$w" -d "$WORK/site" -x '*.cpp' '*.pyx' ;;
+    *) unzip -q -o "$w" -d "$WORK/site" ;;
+  esac
+done
+rm -rf "$WORK"/site/*.data
+echo "site tree: $(du -sh "$WORK/site" | cut -f1)"
+
+rm -f "$STAGE"/piece?? "$STAGE/SHA256SUMS" "$STAGE/stack.tar.xz"
+tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=2026-01-01 -C "$WORK/site" -cf - . |
+  xz -6 -T2 >"$STAGE/stack.tar.xz"
+(cd "$STAGE" && split -b "$PIECE" -d -a 2 stack.tar.xz piece && sha256sum stack.tar.xz piece?? >SHA256SUMS)
+rm -f "$STAGE/stack.tar.xz"
+cp "$HERE/stage_stack.sh" "$STAGE/"
+ls -l "$STAGE"
+echo "$(ls "$STAGE"/piece?? | wc -l) pieces; carry 1 a call (staging/stage_stack.sh names the calls)"

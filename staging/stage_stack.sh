@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU host, from the repository root: keep the carried pieces of the stack that
+# staging/build_torch_stack.sh built, and once every piece is there, check the whole stream and
+# extract it into $SITE (default /tmp/site213), then link the host's own nvidia/* packages
+# (CUDA 13.0 libraries, cuDNN, cusparselt, nvshmem) beside the carried nccl in $SITE/nvidia, so
+# torch 2.13's RPATH ($ORIGIN/../../nvidia/<pkg>/lib) resolves as in a pip install.
+#   bash .stage213/stage_stack.sh .stage213/piece03 [.stage213/piece04 ...]
+# One call per piece or two, back to back (the host keeps /tmp only ~30 s after a call). A piece
+# whose sha256 is not the one SHA256SUMS gives is refused; a stream that does not check leaves
+# $SITE without its mark (.staged-stack) and the pieces removed, so the calls can be made again.
+set -eo pipefail
+SITE=${SITE:-/tmp/site213}
+HOLD=${HOLD:-/tmp/stage213-pieces}
+DIR=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$SITE" "$HOLD"
+if [ -f "$SITE/.staged-stack" ]; then echo "stack already staged in $SITE"; exit 0; fi
+for p in "$@"; do
+  n=$(basename "$p")
+  (cd "$(dirname "$p")" && grep " $n\$" "$DIR/SHA256SUMS" | sha256sum -c --quiet -)
+  cp "$p" "$HOLD/$n.tmp" && mv "$HOLD/$n.tmp" "$HOLD/$n"
+  echo "kept $n ($(stat -c %s "$p") bytes)"
+done
+want=$(grep -c ' piece[0-9][0-9]$' "$DIR/SHA256SUMS")
+have=$(ls "$HOLD" | grep -c '^piece[0-9][0-9]$' || true)
+echo "pieces held: $have of $want"
+[ "$have" -eq "$want" ] || exit 0
+t0=$(date +%s%N)
+sum=$(grep ' stack.tar.xz$' "$DIR/SHA256SUMS" | cut -d' ' -f1)
+got=$(cat "$HOLD"/piece?? | tee >(xz -dc -T0 | tar -x -C "$SITE") | sha256sum | cut -d' ' -f1)
+wait
+if [ "$got" != "$sum" ]; then
+  rm -rf "$HOLD"; echo "ERROR: the joined stream's sha256 is $got, expected $sum: stage every piece again" >&2
+  exit 1
+fi
+host_site=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null || true)
+if [ -n "$host_site" ] && [ -d "$host_site/nvidia" ]; then
+  for d in "$host_site"/nvidia/*/; do
+    b=$(basename "$d")
+    [ -e "$SITE/nvidia/$b" ] || ln -s "${d%/}" "$SITE/nvidia/$b"
+  done
+fi
+rm -rf "$HOLD"
+touch "$SITE/.staged-stack"
+echo "stack extracted into $SITE in $(( ($(date +%s%N) - t0) / 1000000 )) ms; nvidia/: $(ls "$SITE/nvidia" | tr '\n' ' ')"
