@@ -19,9 +19,10 @@ Traffic per server (token-id prompts, random ids from a fixed seed, so every mod
 After the traffic: /metrics, `wcprof guard URL` (plugin modes), then SIGINT and the exit.
 
 With --hold-slack-mib N a ballast process holds the card first so that free memory is exactly
-what --util requests plus N MiB (how production holds a card: whatever a step needs beyond the
-admission must fit in the slack). Writes OUT/serve-<mode>.json, OUT/serve-<mode>.log and, for the
-plugin modes, OUT/report-<mode>.json; OUT/serve.json sums up every mode. Exit 0 when every
+what --util requests plus N MiB once the server's CUDA context exists (how production holds a
+card: whatever a step needs beyond the admission must fit in the slack). Writes
+OUT/serve-<mode>.log and, for the plugin modes, OUT/report-<mode>.json; OUT/serve.json holds
+every mode's figures, written after each mode. Exit 0 when every
 server started and shut down cleanly (a stock OOM is a result, not a failure).
 
   python3 bench/serve_run.py --out OUT --model tests/gpu/models/llama-3.1-8b-layout \
@@ -90,14 +91,21 @@ def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
 
 
 class Ballast:
-    """A process holding the card: free memory left = util x total + slack (bytes it reports)."""
+    """A process holding the card so that a server started next, in a process of its own, finds
+    free exactly util x total + slack once its own CUDA context exists: the context's bytes are
+    measured as this process's own (NVML's free before torch's CUDA init, less torch's after)."""
 
     CODE = ("import sys, torch\n"
+            "try:\n    import pynvml\nexcept ImportError:\n    from vllm.third_party import pynvml\n"
+            "pynvml.nvmlInit()\n"
+            "h = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())\n"
+            "before = pynvml.nvmlDeviceGetMemoryInfo(h).free\n"
             "free, total = torch.cuda.mem_get_info()\n"
-            "want = int(float(sys.argv[1]) * total) + int(sys.argv[2])\n"
+            "ctx = max(before - free, 0)\n"
+            "want = int(float(sys.argv[1]) * total) + int(sys.argv[2]) + ctx\n"
             "x = torch.empty(max(free - want, 0), dtype=torch.uint8, device='cuda')\n"
             "torch.cuda.synchronize()\n"
-            "print('BALLAST', x.numel(), free, total, torch.cuda.mem_get_info()[0], flush=True)\n"
+            "print('BALLAST', x.numel(), free, total, torch.cuda.mem_get_info()[0], ctx, flush=True)\n"
             "sys.stdin.read()\n")
 
     def __init__(self, util: float, slack_bytes: int):
@@ -106,10 +114,10 @@ class Ballast:
         line = self.proc.stdout.readline().split()
         if not line or line[0] != "BALLAST":
             raise RuntimeError(f"ballast failed: {line}")
-        held, free, total, left = map(int, line[1:])
+        held, free, total, left, ctx = map(int, line[1:])
         self.figures = {"ballast_bytes": held, "free_before": free, "total_bytes": total,
-                        "free_after_ballast": left, "slack_bytes": slack_bytes,
-                        "requested_bytes": int(util * total)}
+                        "free_after_ballast": left, "context_bytes": ctx,
+                        "slack_bytes": slack_bytes, "requested_bytes": int(util * total)}
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -297,7 +305,6 @@ def main(argv=None) -> int:
             continue
         print(f"serve_run: {mode} ...", flush=True)
         r = run_mode(a, mode, out)
-        write_json(out / f"serve-{mode}.json", r)
         summary["modes"].append(r)
         write_json(out / "serve.json", summary)
         sd = r["shutdown"]

@@ -3,7 +3,7 @@
 # host: vLLM 0.32.0 on the torch it pins (2.13.0) and the triton that torch declares (3.7.1), with
 # DeepGEMM as vLLM ships it (its extension links torch 2.13's C++ ABI), the MoE kernels, the API
 # server's packages (`vllm serve`) and CuTe-DSL (sparse MLA). Output: $STAGE/piece00 .. pieceNN,
-# byte pieces (each <= 52 MiB: one transfer carries 64 MiB, the working tree ~10 MiB of it) of ONE tar.xz stream, SHA256SUMS
+# byte pieces (each <= 52 MiB: one transfer carries 64 MiB, the working tree ~10 MiB of it) of ONE tar.zst stream, SHA256SUMS
 # (the pieces and the whole stream), and staging/stage_stack.sh to carry with them.
 #
 #   bash staging/build_torch_stack.sh            # -> .stage213/ (git-ignored); ~10-20 min here
@@ -61,11 +61,15 @@ done
 rm -rf "$WORK"/site/*.data
 echo "site tree: $(du -sh "$WORK/site" | cut -f1)"
 
-rm -f "$STAGE"/piece?? "$STAGE/SHA256SUMS" "$STAGE/stack.tar.xz"
+rm -f "$STAGE"/piece?? "$STAGE/SHA256SUMS" "$STAGE/stack.tar.zst"
 tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=2026-01-01 -C "$WORK/site" -cf - . |
-  xz -6 -T2 >"$STAGE/stack.tar.xz"
-(cd "$STAGE" && split -b "$PIECE" -d -a 2 stack.tar.xz piece && sha256sum stack.tar.xz piece?? >SHA256SUMS)
-rm -f "$STAGE/stack.tar.xz"
+  zstd -q -3 --long=27 -T2 -o "$STAGE/stack.tar.zst"   # 1.05 GB in ~1 min here (gzip -1: 1.27 GB)
+(cd "$STAGE" && split -b "$PIECE" -d -a 2 stack.tar.zst piece && sha256sum stack.tar.zst piece?? >SHA256SUMS)
+rm -f "$STAGE/stack.tar.zst"
 cp "$HERE/stage_stack.sh" "$STAGE/"
+# The host may have no zstd: python's zstandard travels with the last piece (.whl213/).
+mkdir -p "$REPO/.whl213"
+grep -qxF "/.whl213/" "$REPO/.git/info/exclude" || echo "/.whl213/" >>"$REPO/.git/info/exclude"
+$PIP download "${PLAT[@]}" -d "$REPO/.whl213" zstandard==0.25.0
 ls -l "$STAGE"
 echo "$(ls "$STAGE"/piece?? | wc -l) pieces; carry 1 a call (staging/stage_stack.sh names the calls)"

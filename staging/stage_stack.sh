@@ -25,12 +25,20 @@ have=$(ls "$HOLD" | grep -c '^piece[0-9][0-9]$' || true)
 echo "pieces held: $have of $want"
 [ "$have" -eq "$want" ] || exit 0
 t0=$(date +%s%N)
-sum=$(grep ' stack.tar.xz$' "$DIR/SHA256SUMS" | cut -d' ' -f1)
-got=$(cat "$HOLD"/piece?? | tee >(xz -dc -T0 | tar -x -C "$SITE") | sha256sum | cut -d' ' -f1)
-wait
+sum=$(grep ' stack.tar.zst$' "$DIR/SHA256SUMS" | cut -d' ' -f1)
+got=$(cat "$HOLD"/piece?? | sha256sum | cut -d' ' -f1)
 if [ "$got" != "$sum" ]; then
   rm -rf "$HOLD"; echo "ERROR: the joined stream's sha256 is $got, expected $sum: stage every piece again" >&2
   exit 1
+fi
+if command -v zstd >/dev/null 2>&1; then
+  cat "$HOLD"/piece?? | zstd -dc --long=27 | tar -x -C "$SITE"
+else  # python's zstandard, from a wheel carried in .whl213/ (staging/build_torch_stack.sh)
+  python3 -c 'import zstandard' 2>/dev/null || python3 -m pip install -q --no-index --no-deps \
+    --no-compile --target /tmp/wcp-zstd .whl213/zstandard-*.whl
+  cat "$HOLD"/piece?? | PYTHONPATH=/tmp/wcp-zstd python3 -c 'import sys, tarfile, zstandard
+r = zstandard.ZstdDecompressor(max_window_size=1 << 27).stream_reader(sys.stdin.buffer)
+tarfile.open(fileobj=r, mode="r|").extractall(sys.argv[1], filter="tar")' "$SITE"
 fi
 host_site=$(python3 -c 'import torch, os; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null || true)
 if [ -n "$host_site" ] && [ -d "$host_site/nvidia" ]; then
@@ -41,4 +49,4 @@ if [ -n "$host_site" ] && [ -d "$host_site/nvidia" ]; then
 fi
 rm -rf "$HOLD"
 touch "$SITE/.staged-stack"
-echo "stack extracted into $SITE in $(( ($(date +%s%N) - t0) / 1000000 )) ms; nvidia/: $(ls "$SITE/nvidia" | tr '\n' ' ')"
+echo "stack extracted into $SITE in $(( ($(date +%s%N) - t0) / 1000000 )) ms; nvidia/: $(ls "$SITE/nvidia" 2>/dev/null | tr '\n' ' ')"
