@@ -9,14 +9,16 @@ import dataclasses
 
 import pytest
 
-from worstcase_profiler.adapter.advice import build, measure, measure_candidates
+from worstcase_profiler.adapter.advice import measure, measure_candidates
 from worstcase_profiler.core import advise as core
+from worstcase_profiler.core import budget
 from worstcase_profiler.core import shapes as plan
 from worstcase_profiler.core.admission import compute_admission
 from worstcase_profiler.core.shapes import Limits
 from worstcase_profiler.core.sweep import run_sweep
 from worstcase_profiler.core.types import (ChunkAdvice, CoveredSegment, HeldMemory, ProvisionalKV,
                                            RowsCoverage, Shape, StepResult, SweepResult,
+                                           WarmupEstimate,
                                            Workspace, WorkspaceSlot)
 from worstcase_profiler.settings import ProfilerSettings, from_mapping
 
@@ -247,9 +249,17 @@ def test_the_adapter_runs_nothing_unless_asked_and_times_after_an_untimed_run():
     ran = drv.shapes[n:]
     for shape in timed:  # each timing step runs twice: untimed, then timed
         assert ran.count(shape) >= 2
-    advice = build(got, LIMITS, sweep, HELD, _admission(sweep), Workspace(), settings)
+    # the advice is decided with the admission, from what measure() returned (core/budget.py)
+    facts = budget.Measured(limits=LIMITS, sweep=sweep, held=HELD, workspace=Workspace(),
+                            warmup=WarmupEstimate(), stock_kv_bytes=5 << 30, bytes_per_token=BPT,
+                            one_request_bytes=4096 * BPT, explicit_kv_bytes=None,
+                            tolerance_bytes=0, advice_measurements=got)
+    advice = budget.decide(facts, mode="enforce", margin_bytes=64 * MiB).advice
     assert advice.configured_chunk == 1024 and advice.excluded == got.excluded
-    assert build(None, LIMITS, sweep, HELD, _admission(sweep), Workspace(), settings) is None
+    assert advice == core.advise(LIMITS, sweep, held=HELD, admission=_admission(sweep),
+                                 workspace=Workspace(), measured=got)
+    no_measurements = dataclasses.replace(facts, advice_measurements=None)
+    assert budget.decide(no_measurements, mode="enforce", margin_bytes=64 * MiB).advice is None
 
 
 def test_settings_read_chunks_and_within():

@@ -9,13 +9,9 @@ allocation is not what gets timed. Every step goes through the sweep's own StepD
 step, and every rank runs the same steps in the same order (the list is a function of the
 rank-agreed sweep).
 
-Two calls from the start-up flow (adapter/startup.py):
-
-    measured = advice.measure(driver, limits, sweep, settings, clock)      # after the sweep
-    result = advice.build(measured, limits, sweep, held, admission, workspace, settings,
-                          sweep_mode=sweep_mode)
-
-both no-ops (None) unless the `advise` setting is on. The measurement runs before the held
+From the start-up flow (adapter/startup.py): `advice.measure(driver, limits, sweep, settings,
+clock)` after the sweep (None unless the `advise` setting is on); the advice itself is decided
+with the admission (core/budget.decide, over core/advise.py). The measurement runs before the held
 memory is read, so whatever a candidate's step grows stays inside the configured admission.
 """
 
@@ -28,11 +24,10 @@ from ..core import advise as core
 from ..core.shapes import Limits
 from ..core.sweep import cannot_build
 from ..core.timing import PhaseTimer
-from ..core.types import (Admission, Advice, AdviceMeasurements, HeldMemory, SweepResult,
-                          Workspace)
+from ..core.types import AdviceMeasurements, SweepResult
 from ..errors import WcprofError
 from ..settings import ProfilerSettings
-from ..sizes import fmt_bytes, fmt_tokens
+from ..sizes import fmt_tokens
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -82,27 +77,3 @@ def measure(driver, limits: Limits, sweep: SweepResult, settings: ProfilerSettin
         log.warning("[wcprof] advice: measuring the candidate chunks failed; this start goes on "
                     "without advice", exc_info=True)
         return None
-
-
-def build(measured: AdviceMeasurements | None, limits: Limits, sweep: SweepResult,
-          held: HeldMemory, admission: Admission, workspace: Workspace,
-          settings: ProfilerSettings, sweep_mode: str = "full",
-          allocator_slack: int = 0) -> Advice | None:
-    """The advice from the measurements and this start's admission (None without them).
-    sweep_mode: ProfileResult.sweep_mode (a cut-down sweep's figures are raised to the full
-    model's, as its own admission does). allocator_slack: the meter's (core.advise)."""
-    if measured is None:
-        return None
-    result = core.advise(limits, sweep, held=held, admission=admission, workspace=workspace,
-                         measured=measured, within=settings.advise_within,
-                         context_ladder=settings.context_ladder,
-                         cut_down=str(sweep_mode).startswith("cut-down"),
-                         allocator_slack=allocator_slack)
-    knee = result.candidate(result.knee_chunk) if result.knee_chunk is not None else None
-    configured = result.candidate(result.configured_chunk)
-    if knee is not None and configured is not None:
-        log.info("[wcprof] advice: knee at max_num_batched_tokens=%d: KV %s tokens (%+d vs %d "
-                 "configured), need %s", knee.chunk, fmt_tokens(knee.kv_tokens),
-                 knee.kv_tokens - configured.kv_tokens, configured.chunk,
-                 fmt_bytes(knee.need_bytes))
-    return result

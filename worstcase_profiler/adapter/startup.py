@@ -1,16 +1,18 @@
 """The worker's start-up, hook by hook: measure, let the core decide, record, apply.
 
-  determine_available_memory  vLLM's own profile (the stock figure) -> the worst-case sweep, or a
-                              cached sweep's replay -> every workspace slot reserved -> what the
-                              process holds -> admission and the budget decision (core) -> the
-                              budget vLLM allocates the KV cache from.
+  determine_available_memory  measure_start (vLLM's own profile, the worst-case sweep or a
+                              cached sweep's replay, the warm-up reserve, every workspace slot
+                              reserved, what the process holds) -> core.budget.decide (admission,
+                              advice, budget) -> recorded and reported -> apply_budget: the bytes
+                              vLLM allocates the KV cache from.
   initialize_from_config      what KV initialisation allocated, against that budget.
   after_warm_up               what warm-up kept, against what admission set aside; the workspace
                               locked.
 
 Each hook records one frozen phase result in the worker's StartupSession (core/session.py) and
-writes the report once (report.build_report). Decisions are the core's (core/policy.py,
-core/admission.py); this module only measures and applies them.
+writes the report once (report.build_report). Decisions are the core's (core/budget.py,
+core/policy.py); the sweep cache's flow is adapter/sweep_cache.py's; this module measures and
+applies.
 """
 
 from __future__ import annotations
@@ -22,28 +24,26 @@ import gc
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import NamedTuple
 
-from ..core import policy
-from ..core.admission import compute_admission
-from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, pool_capacity_tokens
-from ..core.session import StartupSession
+from ..core import budget, policy
+from ..core.advise import knee_line
 from ..core import shapes
+from ..core.cache import CacheEntry, pool_capacity_tokens
+from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
-from ..core.sweep import (dominance_checks, prove_cut_down, replay, reused, run_cut_down,
-                          run_sweep)
+from ..core.sweep import prove_cut_down, run_cut_down, run_sweep
 from ..core.timing import PhaseTimer
-from ..core.types import (CacheUse, CutDownProof, EngineFacts, HeldMemory, ProfileResult,
-                          StepResult, SweepResult, WarmupEstimate, WarmupResult, Workspace)
+from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
+                          SweepResult, WarmupEstimate, WarmupResult, Workspace)
 from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
 from . import kv as kvmod
-from . import advice, guard, warmup
+from . import advice, guard, sweep_cache, warmup
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
-                    sibling_hits_serialize, sweep_facts, world_rank)
+                    sibling_hits_serialize, world_rank)
 from .meters import device_bytes_held, gc_frozen, meter_for, non_torch
 from .runner import V1Driver, is_v2_runner
 from .runner_v2 import V2Driver
@@ -70,14 +70,68 @@ def now() -> str:
 
 # --- determine_available_memory ------------------------------------------------------------
 
+class StartMeasurement(NamedTuple):
+    """What measure_start found: the decision's facts, and what the report records beside them."""
+
+    facts: budget.Measured
+    cache: CacheUse
+    proof: CutDownProof | None
+
+
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
+    """vLLM's budget hook: measure this start, let the core decide, record, then apply: the
+    bytes vLLM allocates the KV cache from. Refused (raised) with the decision's error or the
+    ranks' disagreement on the plan, after the report is written."""
     session = session_of(worker, settings)
+    measured = measure_start(worker, original, settings, session)
+    decided = budget.decide(measured.facts, mode=settings.mode,
+                            margin_bytes=settings.margin_bytes, kv_cap_bytes=settings.kv_cap_bytes,
+                            advise_within=settings.advise_within,
+                            context_ladder=settings.context_ladder)
+    if (line := knee_line(decided.advice)) is not None:
+        log.info("[wcprof] %s", line)
+    facts, sweep = measured.facts, measured.facts.sweep
+    with session.clock("plan_check"):
+        fingerprints = gather_plan_fingerprints(sweep.steps)
+    session.record_profile(ProfileResult(
+        sweep=sweep, cache=measured.cache, workspace=facts.workspace, warmup=facts.warmup,
+        held=facts.held, admission=decided.admission, budget=decided.budget,
+        plan_fingerprints=tuple(fingerprints), sweep_mode=facts.sweep_mode,
+        advice=decided.advice, cut_down_proof=measured.proof))
+    write_report(session)
+    error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
+                                  steps=len(sweep.steps)) or decided.budget.error
+    if error is not None:
+        raise error
+    return apply_budget(worker, sweep, decided)
+
+
+def apply_budget(worker, sweep: SweepResult, decided: budget.Decided) -> int:
+    """The decided budget, returned to vLLM; vLLM's own suggestion log and startup plan read
+    the two worker attributes set here, so they say the same."""
+    adm = decided.admission
+    # vllm-touch: worker-budget-attrs
+    worker.peak_activation_memory = sweep.peak_bytes
+    worker.available_kv_cache_memory_bytes = decided.budget.budget_bytes
+    log.info("[wcprof] stock KV %s (peak %s) -> worst-case KV %s (peak %s at %s%s); "
+             "recommended --kv-cache-memory-bytes %d", fmt_bytes(adm.stock_kv_cache_bytes),
+             fmt_bytes(sweep.stock.peak_bytes), fmt_bytes(adm.budget_bytes),
+             fmt_bytes(sweep.peak_bytes), sweep.worst.shape.label(),
+             f", op {sweep.worst_op}" if sweep.worst_op else "",
+             adm.recommended_kv_cache_memory_bytes)
+    return decided.budget.budget_bytes
+
+
+def measure_start(worker, original, settings: ProfilerSettings,
+                  session: StartupSession) -> StartMeasurement:
+    """Everything the decision reads, measured in one pass with the heap frozen: vLLM's own
+    profile (the stock figure), the worst-case sweep or a cached sweep's replay, the advisor's
+    steps, the warm-up reserve, every workspace slot reserved, and what the process then holds."""
     clock = session.clock
     # vllm-touch: worker-config
     vllm_config = worker.vllm_config
     runner = worker.model_runner
     explicit = vllm_config.cache_config.kv_cache_memory_bytes
-    limits = limits_of(vllm_config)
     meter = meter_for(getattr(worker, "device", "cpu"))
     cuda = meter.device_kind == "cuda"
     agree_fn = agree_max_fn()
@@ -86,39 +140,15 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     # A cached sweep decides how much of the start is measured (ranks agree: captures run
     # collectives). Its capacity bucket is checked once vLLM's own figure is known.
     with clock("cache_lookup"):
-        handle, entry = lookup(worker, session.facts, limits, settings)
+        handle, entry = sweep_cache.lookup(worker, session.facts, limits_of(vllm_config), settings)
     first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
         with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
-        # What the scheduler can form is bounded by the KV pool: vLLM's own budget is an upper
-        # bound on it (ours only comes out smaller), so shapes never exceed what could be
-        # resident at once.
         bpt = kvmod.bytes_per_token(runner)
-        if bpt:
-            limits = dataclasses.replace(limits, kv_capacity_tokens=pool_capacity_tokens(
-                explicit_bytes=explicit, stock_kv_bytes=stock_kv,
-                graph_estimate_bytes=cudagraph_applied(worker), bytes_per_token=bpt,
-                max_model_len=limits.max_model_len),
-                # sliding-window / chunked-local groups keep a window of each request, not all
-                full_request_tokens=kvmod.full_request_tokens(runner, bpt, limits.max_model_len,
-                                                              limits.block_size))
-            if limits.full_request_tokens is not None:
-                log.info("[wcprof] windowed KV groups keep only part of each request: one at "
-                         "max_model_len holds %d KV tokens of the pool (not %d), so up to %s of "
-                         "them sit at the full extent at once", limits.tokens_per_full_request,
-                         limits.rounded_model_len, limits.max_resident_requests)
-            if limits.prefix_caching and sibling_hits_serialize(vllm_config):
-                limits = dataclasses.replace(
-                    limits, prefix_request_tokens=kvmod.prefix_request_tokens(runner, bpt))
-                log.info("[wcprof] requests on one cached prefix share a prefill step only on "
-                         "hits of their own here: each owns %d KV tokens, so at most %d of them "
-                         "share one at the full extent", limits.prefix_request_tokens,
-                         limits.max_distinct_hit_requests)
-        if agree_fn is not None:  # one plan on every rank (pipeline-parallel ranks differ)
-            limits = shapes.agreed(limits, agree_fn)
+        limits = pool_limits(worker, explicit, stock_kv, bpt, agree_fn)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
                      "has %s: running the full sweep", handle.cache.path(handle.key),
@@ -130,9 +160,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         held = lambda phase: device_bytes_held(worker, meter, clock=clock, phase=phase)  # noqa: E731
         with clock("measure_baseline"):
             baseline = held("measure_baseline")
-        sweep, use, entry, sweep_mode, proof = sweep_or_reuse(driver, limits, settings, tolerance,
-                                                              clock, handle, entry)
-        measured = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
+        sweep, use, entry, sweep_mode, proof = sweep_cache.sweep_or_reuse(
+            driver, limits, tolerance, clock, handle, entry,
+            full_sweep=lambda: _full_sweep(driver, limits, settings, tolerance, clock))
+        measured_advice = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
             if graphs.bytes is not None:
@@ -153,53 +184,57 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                                          resolution=meter.resolution_bytes)
     elif handle is not None:
         with clock("cache_store"):
-            use = store_entry(handle, use, sweep, workspace, baseline, held_now, estimate,
-                              limits.kv_capacity_tokens, sweep_mode)
-
+            use = sweep_cache.store_entry(handle, use, sweep, workspace, baseline, held_now,
+                                          estimate, limits.kv_capacity_tokens, sweep_mode,
+                                          created_at=now())
     held_memory = HeldMemory(requested_bytes=requested_bytes(worker),
                              consumed_bytes=consumed + sweep.post_profile_bytes,
                              # vllm-touch: worker-config
                              weights_bytes=int(getattr(runner, "model_memory_usage", 0) or 0),
                              non_torch_bytes=non_torch(meter, held_now),
                              residue_bytes=max(0, consumed - held_now))
-    admission = compute_admission(
-        requested=held_memory.requested_bytes, consumed=held_memory.consumed_bytes,
-        weights=held_memory.weights_bytes, non_torch=held_memory.non_torch_bytes,
-        worst_transient=sweep.peak_bytes, stock_need=sweep.stock.need_bytes, stock_kv=stock_kv,
-        cudagraph=estimate.total_bytes, margin=settings.margin_bytes, bytes_per_token=bpt,
-        block_size=limits.block_size, max_model_len=limits.max_model_len,
-        one_request=kvmod.one_request_bytes(runner, vllm_config), explicit_kv=explicit,
-        noise=tolerance,
-        # The stock-OOM question is about everything non-KV a step needs, workspace included.
-        context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
-    advised = advice.build(measured, limits, sweep, held_memory, admission, workspace, settings,
-                           sweep_mode, allocator_slack=getattr(meter, "allocator_slack_bytes", 0))
-    decision = policy.decide_budget(admission, mode=settings.mode, kv_cap=settings.kv_cap_bytes,
-                                    worst_label=sweep.worst.shape.label(),
-                                    max_model_len=limits.max_model_len)
-    with clock("plan_check"):
-        fingerprints = gather_plan_fingerprints(sweep.steps)
-    session.record_profile(ProfileResult(
-        sweep=sweep, cache=use, workspace=workspace, warmup=estimate, held=held_memory,
-        admission=admission, budget=decision, plan_fingerprints=tuple(fingerprints),
-        sweep_mode=sweep_mode, advice=advised, cut_down_proof=proof))
-    write_report(session)
-    error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
-                                  steps=len(sweep.steps)) or decision.error
-    if error is not None:
-        raise error
+    facts = budget.Measured(
+        limits=limits, sweep=sweep, held=held_memory, workspace=workspace, warmup=estimate,
+        stock_kv_bytes=stock_kv, bytes_per_token=bpt,
+        one_request_bytes=kvmod.one_request_bytes(runner, vllm_config), explicit_kv_bytes=explicit,
+        tolerance_bytes=tolerance, sweep_mode=sweep_mode,
+        allocator_slack_bytes=getattr(meter, "allocator_slack_bytes", 0),
+        advice_measurements=measured_advice)
+    return StartMeasurement(facts=facts, cache=use, proof=proof)
 
-    # Keep vLLM's own suggestion log and startup plan consistent with ours.
-    # vllm-touch: worker-budget-attrs
-    worker.peak_activation_memory = sweep.peak_bytes
-    worker.available_kv_cache_memory_bytes = decision.budget_bytes
-    log.info("[wcprof] stock KV %s (peak %s) -> worst-case KV %s (peak %s at %s%s); "
-             "recommended --kv-cache-memory-bytes %d", fmt_bytes(stock_kv),
-             fmt_bytes(sweep.stock.peak_bytes), fmt_bytes(admission.budget_bytes),
-             fmt_bytes(sweep.peak_bytes), sweep.worst.shape.label(),
-             f", op {sweep.worst_op}" if sweep.worst_op else "",
-             admission.recommended_kv_cache_memory_bytes)
-    return decision.budget_bytes
+
+def pool_limits(worker, explicit: int | None, stock_kv: int, bpt: int, agree_fn) -> Limits:
+    """The engine's limits, bounded by the KV pool: what the scheduler can form is bounded by
+    what can be resident at once, and vLLM's own budget is an upper bound on the pool (ours
+    only comes out smaller). Windowed groups keep part of each request, and requests on one
+    cached prefix may share a step only on hits of their own; every rank plans the same."""
+    # vllm-touch: worker-config
+    vllm_config = worker.vllm_config
+    runner = worker.model_runner
+    limits = limits_of(vllm_config)
+    if bpt:
+        limits = dataclasses.replace(limits, kv_capacity_tokens=pool_capacity_tokens(
+            explicit_bytes=explicit, stock_kv_bytes=stock_kv,
+            graph_estimate_bytes=cudagraph_applied(worker), bytes_per_token=bpt,
+            max_model_len=limits.max_model_len),
+            # sliding-window / chunked-local groups keep a window of each request, not all
+            full_request_tokens=kvmod.full_request_tokens(runner, bpt, limits.max_model_len,
+                                                          limits.block_size))
+        if limits.full_request_tokens is not None:
+            log.info("[wcprof] windowed KV groups keep only part of each request: one at "
+                     "max_model_len holds %d KV tokens of the pool (not %d), so up to %s of "
+                     "them sit at the full extent at once", limits.tokens_per_full_request,
+                     limits.rounded_model_len, limits.max_resident_requests)
+        if limits.prefix_caching and sibling_hits_serialize(vllm_config):
+            limits = dataclasses.replace(
+                limits, prefix_request_tokens=kvmod.prefix_request_tokens(runner, bpt))
+            log.info("[wcprof] requests on one cached prefix share a prefill step only on "
+                     "hits of their own here: each owns %d KV tokens, so at most %d of them "
+                     "share one at the full extent", limits.prefix_request_tokens,
+                     limits.max_distinct_hit_requests)
+    if agree_fn is not None:  # one plan on every rank (pipeline-parallel ranks differ)
+        limits = shapes.agreed(limits, agree_fn)
+    return limits
 
 
 def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs, graphs_on: bool
@@ -257,76 +292,6 @@ def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bo
     else:
         stack.enter_context(gc_frozen())
     return stock_kv
-
-
-class CacheHandle(NamedTuple):
-    cache: SweepCache
-    key: str
-    facts: dict
-
-
-def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettings):
-    """(handle, entry): this configuration's cache slot and its entry (None: a miss, or
-    sweep_depth=prove), or (None, None) with the cache off. The key leaves the KV pool size out;
-    the entry records it."""
-    directory = cache_dir(settings.cache_dir)
-    if directory is None:
-        return None, None
-    cache = SweepCache.with_env_secret(directory)
-    facts = sweep_facts(worker, engine, dataclasses.replace(limits, kv_capacity_tokens=None),
-                        settings)
-    key = cache_key(facts)
-    # A proof compares two sweeps measured now: a cached one proves nothing (it is still stored).
-    return CacheHandle(cache, key, facts), (None if settings.sweep_depth == "prove"
-                                            else cache.load(key))
-
-
-def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
-                   clock: PhaseTimer, handle: "CacheHandle | None", entry: CacheEntry | None):
-    """(sweep, CacheUse, the entry reused or None, the sweep's mode line, the cut-down proof or
-    None): the full sweep, or a cached one whose worst shape, replayed now, still needs what it
-    needed (every rank must agree, or all sweep)."""
-    if handle is None:
-        sweep, mode, proof = _full_sweep(driver, limits, settings, tolerance, clock)
-        return sweep, CacheUse(status="off"), None, mode, proof
-    use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
-    if driver.agree_max(int(entry is None)) == 0:
-        # With a secret, the cache loads only entries whose signature it verified.
-        recheck = policy.recheck_dominance(signed=handle.cache.secret is not None)
-        with clock("replay"):
-            check = replay(driver, entry.sweep.worst.shape,
-                           dominance_checks(limits, entry.sweep.worst.shape) if recheck else ())
-        clock.add("replay.stock_step", check.stock.seconds)
-        clock.add("replay.worst_step", check.step.seconds)
-        expected = entry.worst_need
-        ok, allowed = policy.cache_verdict(expected, check.step.need_bytes, tolerance)
-        if not policy.still_worst(expected, [o.need_bytes for o in check.others], allowed):
-            ok = False
-            beaten = max(check.others, key=lambda o: o.need_bytes)
-            log.warning("[wcprof] cached sweep %s names %s as the worst step, but %s needs %s now "
-                        "(more than its %s): the entry is not trusted", handle.cache.path(handle.key),
-                        entry.sweep.worst.shape.label(), beaten.shape.label(),
-                        fmt_bytes(beaten.need_bytes), fmt_bytes(expected))
-        use = dataclasses.replace(use, status="hit", cached_at=entry.created_at,
-                                  cached_need_bytes=expected,
-                                  replayed_need_bytes=check.step.need_bytes,
-                                  allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3),
-                                  trust="re-checked" if recheck else "signed")
-        if driver.agree_max(int(not ok)) == 0:
-            sweep = reused(entry.sweep, check, tolerance,
-                           getattr(driver.meter, "allocator_slack_bytes", 0))
-            log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
-                     "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
-                     fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
-                     check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
-                     if recheck else "signed under $WCPROF_CACHE_SECRET: no dominance re-check")
-            return sweep, use, entry, entry.sweep_mode, None
-        log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
-                    "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
-                    fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
-        use = dataclasses.replace(use, status="stale")
-    sweep, mode, proof = _full_sweep(driver, limits, settings, tolerance, clock)
-    return sweep, use, None, mode, proof
 
 
 def _tp_size(driver) -> int:
@@ -416,22 +381,6 @@ def _device_kind(meter) -> str:
         if getattr(torch.version, "hip", None):
             return "rocm"
     return kind
-
-
-def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,
-                baseline: int, consumed: int, estimate: WarmupEstimate,
-                capacity_tokens: int | None, sweep_mode: str = "full") -> CacheUse:
-    entry = CacheEntry(key=handle.key, facts=handle.facts, created_at=now(), sweep=sweep,
-                       workspace_slot_bytes=max((s.bytes_after for s in workspace.slots), default=0),
-                       baseline_bytes=baseline, consumed_bytes=consumed, warmup=estimate,
-                       capacity_tokens=capacity_tokens, sweep_mode=sweep_mode)
-    try:
-        path = handle.cache.store(entry)
-        log.info("[wcprof] sweep cached at %s", path)
-        return use
-    except OSError as e:  # a read-only home must not stop the engine
-        log.warning("[wcprof] could not write the sweep cache in %s: %s", handle.cache.directory, e)
-        return dataclasses.replace(use, status="off", path=None)
 
 
 def reserve_workspace(at_least: int) -> Workspace:
@@ -609,7 +558,7 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
                 resident=resident, graphs=graphs, reserve=prof.admission.cudagraph_bytes,
                 residue=residue, ok=audit.verdict == "ok", exact=meter.device_kind == "cuda")
             if cached and remember is not None:
-                remember_warmup(prof.cache, remember)
+                sweep_cache.remember_warmup(prof.cache, remember)
         if audit.verdict != "ok" and error is None:
             session.warn(audit.message)
         (log.info if audit.verdict == "ok" else log.warning)("[wcprof] %s", audit.message)
@@ -633,21 +582,6 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
                                        workspace_grown_bytes=grown))
     write_report(session)
     guard.install(worker, session, settings)  # the serving guard (under vllm serve)
-
-
-def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
-    """Store what warm-up kept in this configuration's cache entry: the next start subtracts it
-    up front."""
-    if use.path is None or use.key is None:
-        return
-    cache = SweepCache.with_env_secret(Path(use.path).parent)
-    entry = cache.load(use.key)
-    if entry is None or entry.warmup == warmup:
-        return
-    try:
-        cache.store(entry.replace(warmup=warmup))
-    except OSError as e:
-        log.warning("[wcprof] could not update the sweep cache: %s", e)
 
 
 # --- the report ----------------------------------------------------------------------------

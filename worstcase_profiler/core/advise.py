@@ -38,6 +38,7 @@ from .coverage import segment_bound
 from .shapes import Limits
 from .types import (Admission, Advice, AdviceMeasurements, ChunkAdvice, HeldMemory, Shape,
                     StepResult, SweepResult, Workspace)
+from ..sizes import fmt_bytes, fmt_tokens
 
 DEFAULT_WITHIN = 0.05
 SMALLEST_CANDIDATE = 256
@@ -309,3 +310,17 @@ def knee(rows: Iterable[ChunkAdvice], within: float = DEFAULT_WITHIN) -> int | N
     best = max(r.prefill_tokens_per_s for r in timed)
     eligible = [r for r in timed if r.prefill_tokens_per_s >= (1 - within) * best]
     return max(eligible, key=lambda r: (r.kv_tokens, -r.chunk)).chunk
+
+
+def knee_line(result: Advice | None) -> str | None:
+    """The advice in one line, the knee against the configured chunk (None without advice or
+    without both candidates)."""
+    if result is None:
+        return None
+    knee = result.candidate(result.knee_chunk) if result.knee_chunk is not None else None
+    configured = result.candidate(result.configured_chunk)
+    if knee is None or configured is None:
+        return None
+    return (f"advice: knee at max_num_batched_tokens={knee.chunk}: KV "
+            f"{fmt_tokens(knee.kv_tokens)} tokens ({knee.kv_tokens - configured.kv_tokens:+d} vs "
+            f"{configured.chunk} configured), need {fmt_bytes(knee.need_bytes)}")

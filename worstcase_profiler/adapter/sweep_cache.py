@@ -1,0 +1,127 @@
+"""The sweep cache's flow inside a start: find this configuration's entry, reuse it when its
+worst step replayed now still needs what it needed (or sweep), store a new sweep, and remember
+what warm-up kept. The entries and their trust are core/cache.py's and core/policy.py's."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from ..core import policy
+from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key
+from ..core.shapes import Limits
+from ..core.sweep import dominance_checks, replay, reused
+from ..core.timing import PhaseTimer
+from ..core.types import (CacheUse, CutDownProof, EngineFacts, SweepResult, WarmupEstimate,
+                          Workspace)
+from ..settings import ProfilerSettings
+from ..sizes import fmt_bytes
+from .facts import sweep_facts
+
+log = logging.getLogger("vllm.wcprof")
+
+
+class CacheHandle(NamedTuple):
+    cache: SweepCache
+    key: str
+    facts: dict
+
+
+def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettings):
+    """(handle, entry): this configuration's cache slot and its entry (None: a miss, or
+    sweep_depth=prove), or (None, None) with the cache off. The key leaves the KV pool size out;
+    the entry records it."""
+    directory = cache_dir(settings.cache_dir)
+    if directory is None:
+        return None, None
+    cache = SweepCache.with_env_secret(directory)
+    facts = sweep_facts(worker, engine, dataclasses.replace(limits, kv_capacity_tokens=None),
+                        settings)
+    key = cache_key(facts)
+    # A proof compares two sweeps measured now: a cached one proves nothing (it is still stored).
+    return CacheHandle(cache, key, facts), (None if settings.sweep_depth == "prove"
+                                            else cache.load(key))
+
+
+def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
+                   handle: CacheHandle | None, entry: CacheEntry | None,
+                   full_sweep: Callable[[], tuple[SweepResult, str, CutDownProof | None]]):
+    """(sweep, CacheUse, the entry reused or None, the sweep's mode line, the cut-down proof or
+    None): `full_sweep()`, or a cached sweep whose worst shape, replayed now, still needs what
+    it needed (every rank must agree, or all sweep)."""
+    if handle is None:
+        sweep, mode, proof = full_sweep()
+        return sweep, CacheUse(status="off"), None, mode, proof
+    use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
+    if driver.agree_max(int(entry is None)) == 0:
+        # With a secret, the cache loads only entries whose signature it verified.
+        recheck = policy.recheck_dominance(signed=handle.cache.secret is not None)
+        with clock("replay"):
+            check = replay(driver, entry.sweep.worst.shape,
+                           dominance_checks(limits, entry.sweep.worst.shape) if recheck else ())
+        clock.add("replay.stock_step", check.stock.seconds)
+        clock.add("replay.worst_step", check.step.seconds)
+        expected = entry.worst_need
+        ok, allowed = policy.cache_verdict(expected, check.step.need_bytes, tolerance)
+        if not policy.still_worst(expected, [o.need_bytes for o in check.others], allowed):
+            ok = False
+            beaten = max(check.others, key=lambda o: o.need_bytes)
+            log.warning("[wcprof] cached sweep %s names %s as the worst step, but %s needs %s now "
+                        "(more than its %s): the entry is not trusted", handle.cache.path(handle.key),
+                        entry.sweep.worst.shape.label(), beaten.shape.label(),
+                        fmt_bytes(beaten.need_bytes), fmt_bytes(expected))
+        use = dataclasses.replace(use, status="hit", cached_at=entry.created_at,
+                                  cached_need_bytes=expected,
+                                  replayed_need_bytes=check.step.need_bytes,
+                                  allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3),
+                                  trust="re-checked" if recheck else "signed")
+        if driver.agree_max(int(not ok)) == 0:
+            sweep = reused(entry.sweep, check, tolerance,
+                           getattr(driver.meter, "allocator_slack_bytes", 0))
+            log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
+                     "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
+                     fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
+                     check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
+                     if recheck else "signed under $WCPROF_CACHE_SECRET: no dominance re-check")
+            return sweep, use, entry, entry.sweep_mode, None
+        log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
+                    "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
+                    fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
+        use = dataclasses.replace(use, status="stale")
+    sweep, mode, proof = full_sweep()
+    return sweep, use, None, mode, proof
+
+
+def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,
+                baseline: int, consumed: int, estimate: WarmupEstimate,
+                capacity_tokens: int | None, sweep_mode: str = "full", *,
+                created_at: str) -> CacheUse:
+    """Store this start's sweep (its CacheUse unchanged), or say why not (status off)."""
+    entry = CacheEntry(key=handle.key, facts=handle.facts, created_at=created_at, sweep=sweep,
+                       workspace_slot_bytes=max((s.bytes_after for s in workspace.slots), default=0),
+                       baseline_bytes=baseline, consumed_bytes=consumed, warmup=estimate,
+                       capacity_tokens=capacity_tokens, sweep_mode=sweep_mode)
+    try:
+        path = handle.cache.store(entry)
+        log.info("[wcprof] sweep cached at %s", path)
+        return use
+    except OSError as e:  # a read-only home must not stop the engine
+        log.warning("[wcprof] could not write the sweep cache in %s: %s", handle.cache.directory, e)
+        return dataclasses.replace(use, status="off", path=None)
+
+
+def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
+    """Store what warm-up kept in this configuration's cache entry: the next start subtracts it
+    up front."""
+    if use.path is None or use.key is None:
+        return
+    cache = SweepCache.with_env_secret(Path(use.path).parent)
+    entry = cache.load(use.key)
+    if entry is None or entry.warmup == warmup:
+        return
+    try:
+        cache.store(entry.replace(warmup=warmup))
+    except OSError as e:
+        log.warning("[wcprof] could not update the sweep cache: %s", e)

@@ -1,0 +1,86 @@
+"""The start's decision, pure: what measuring a start found (`Measured`) and the settings in,
+the admission, the chunk advice and the budget vLLM allocates the KV cache from out.
+
+The budget hook (adapter/startup.determine_available_memory) reads:
+
+    measured = measure_start(...)                 # the adapter: sweep or cached replay, warm-up,
+    decided = budget.decide(measured, ...)        #   workspace, held memory
+    ...record, report, apply decided.budget
+
+so everything between the measurement and the figure vLLM receives is here and tested without
+a worker (tests/unit/test_budget.py). No vLLM, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .admission import compute_admission
+from .advise import DEFAULT_WITHIN, advise
+from .policy import decide_budget
+from .shapes import Limits
+from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, HeldMemory,
+                    SweepResult, WarmupEstimate, Workspace)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Everything one start measured that the decision reads."""
+
+    limits: Limits
+    """The plan's limits, the KV pool's capacity included (adapter/startup._pool_limits)."""
+    sweep: SweepResult
+    """The worst-case sweep, or the cached one whose worst step was replayed now."""
+    held: HeldMemory
+    """What the process holds once the sweep ran and every workspace slot is reserved."""
+    workspace: Workspace
+    warmup: WarmupEstimate
+    """What warm-up will keep once the budget is fixed (graphs and other buffers)."""
+    stock_kv_bytes: int
+    """What vLLM's own profile would give the KV cache."""
+    bytes_per_token: int
+    one_request_bytes: int
+    """KV bytes one request at max_model_len needs, every KV group counted."""
+    explicit_kv_bytes: int | None
+    """--kv-cache-memory-bytes, when given."""
+    tolerance_bytes: int
+    """The meter's resolution (or the tolerance setting): what the stock-OOM question forgives."""
+    sweep_mode: str = "full"
+    allocator_slack_bytes: int = 0
+    advice_measurements: AdviceMeasurements | None = None
+    """The advisor's steps (None unless the advise setting is on)."""
+
+
+@dataclass(frozen=True)
+class Decided:
+    admission: Admission
+    budget: BudgetDecision
+    advice: Advice | None = None
+
+
+def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | None = None,
+           advise_within: float = DEFAULT_WITHIN, context_ladder: bool = True) -> Decided:
+    """Admission from the measured facts, the advice over the advisor's measurements (when
+    there are any), and the budget decision (policy.decide_budget: enforce, report, kv_cap)."""
+    sweep, limits = m.sweep, m.limits
+    admission = compute_admission(
+        requested=m.held.requested_bytes, consumed=m.held.consumed_bytes,
+        weights=m.held.weights_bytes, non_torch=m.held.non_torch_bytes,
+        worst_transient=sweep.peak_bytes, stock_need=sweep.stock.need_bytes,
+        stock_kv=m.stock_kv_bytes, cudagraph=m.warmup.total_bytes, margin=margin_bytes,
+        bytes_per_token=m.bytes_per_token, block_size=limits.block_size,
+        max_model_len=limits.max_model_len, one_request=m.one_request_bytes,
+        explicit_kv=m.explicit_kv_bytes, noise=m.tolerance_bytes,
+        # The stock-OOM question is about everything non-KV a step needs, workspace included.
+        context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
+    advice = None
+    if m.advice_measurements is not None:
+        advice = advise(limits, sweep, held=m.held, admission=admission, workspace=m.workspace,
+                        measured=m.advice_measurements, within=advise_within,
+                        context_ladder=context_ladder,
+                        cut_down=str(m.sweep_mode).startswith("cut-down"),
+                        allocator_slack=m.allocator_slack_bytes)
+    budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
+                           worst_label=sweep.worst.shape.label(),
+                           max_model_len=limits.max_model_len)
+    return Decided(admission=admission, budget=budget, advice=advice)
