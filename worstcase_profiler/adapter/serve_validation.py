@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 
 from ..core import codec
 from ..core.requests_plan import plan_for
@@ -23,9 +22,9 @@ from ..core.shapes import Limits
 from ..core.policy import replay_reached, replay_stops, validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
-from ..settings import replay_stop, resolve
+from ..settings import resolve
 from ..sizes import fmt_bytes
-from .validation import (RankPeaks, Workload, device_type_of, formed_on_every_rank, kv_tokens_of,
+from .validation import (Workload, device_type_of, formed_on_every_rank, kv_tokens_of, measure,
                          pool_from, replay_sampling, traffic_workload, worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
@@ -113,27 +112,31 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     return results
 
 
+class Serving:
+    """ReplayClient over an AsyncLLM (validation.measure's serving side): worker ops through
+    Worker.wcprof_rpc by name, a batch's requests sent together (_together) and, with a target,
+    watched and stopped like validation._generate_to (_stop_once_formed)."""
+
+    def __init__(self, client, vocab: int, tag: str):
+        self.client, self.vocab, self.tag = client, vocab, tag
+        self._ids = iter(range(1 << 30))
+
+    async def ask(self, op: str) -> list:
+        return await self.client.collective_rpc("wcprof_rpc", args=(op,))
+
+    async def run(self, prompts, max_tokens, target, stop) -> int:
+        params = replay_sampling(max_tokens, self.vocab, device_type_of(self.client.vllm_config))
+        rids = [f"wcprof-{self.tag}-{next(self._ids)}" for _ in prompts]
+        watch = functools.partial(_stop_once_formed, self.client, rids=rids, target=target,
+                                  stop=stop) if target is not None else None
+        return await _together(self.client, [_drain(self.client, {"prompt_token_ids": p}, params, r)
+                                             for p, r in zip(prompts, rids)], watch)
+
+
 async def _measure(client, work: Workload, predicted: dict[int, int],
                    vocab: int) -> list[Validation]:
-    """The workload's batches in order on the engine client, the marked ones measured on every
-    rank through Worker.wcprof_rpc (the serving twin of validation._measure). A measured batch
-    with a target step stops like validation._generate_to (_stop_once_formed)."""
-    peaks = RankPeaks()
-    ids = iter(range(1 << 30))
-    t0 = time.perf_counter()
-    stopped, stop = 0, replay_stop()
-    for prompts, max_tokens, measured in work.batches:
-        params = replay_sampling(max_tokens, vocab, device_type_of(client.vllm_config))
-        if measured:
-            await client.collective_rpc("wcprof_rpc", args=("begin",))
-        rids = [f"wcprof-{work.target}-{next(ids)}" for _ in prompts]
-        watch = functools.partial(_stop_once_formed, client, rids=rids, target=work.shape,
-                                  stop=stop) if measured and work.shape is not None else None
-        stopped += await _together(client, [_drain(client, {"prompt_token_ids": p}, params, r)
-                                             for p, r in zip(prompts, rids)], watch)
-        if measured:
-            peaks.add(await client.collective_rpc("wcprof_rpc", args=("end",)))
-    return work.stopped(stopped, stop).results(peaks, predicted, time.perf_counter() - t0)
+    """validation.measure on the engine client."""
+    return await measure(Serving(client, vocab, work.target), work, predicted)
 
 
 async def _stop_once_formed(client, tasks: list, rids: list[str], target: Shape, stop: str,

@@ -9,14 +9,20 @@ Two checks, each per rank:
 The peak is read inside every worker through `collective_rpc` (a callable is cloudpickled and
 called with the worker wrapper), so it works the same in-process (TP=1) and across worker
 processes (TP>1), where the engine's process holds no model and no workspace.
+
+One replay loop (`measure`) serves both this and `vllm serve`'s validate_on_start
+(adapter/serve_validation.py): each side is a ReplayClient (InProcess here, Serving there) that
+asks the workers and runs a batch; the loop, the stop rule and the Validations are shared.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from ..core import codec
 from ..core.guard import StepShape, frontier_add
@@ -374,21 +380,56 @@ def kv_tokens_of(vllm_config, block_size: int, pool: Pool | None = None) -> int:
     return int(vllm_config.cache_config.num_gpu_blocks or 0) * block_size
 
 
-def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]:
-    """Run the workload's batches in order on an LLM, measuring the marked ones on every rank."""
+class ReplayClient(Protocol):
+    """What the replay loop (`measure`) needs of an engine, in-process or serving: every rank's
+    answer to a worker op (worker_rpc's begin, end, formed, pool), and one batch of token-id
+    prompts run together; with a target step, stopped once every rank formed it (policy.
+    replay_stops, `stop` as settings.replay_stop). `run` returns how many requests it stopped."""
+
+    async def ask(self, op: str) -> list: ...
+
+    async def run(self, prompts: list[list[int]], max_tokens: int, target: Shape | None,
+                  stop: str) -> int: ...
+
+
+async def measure(client: ReplayClient, work: Workload,
+                  predicted: dict[int, int]) -> list[Validation]:
+    """The one replay loop: the workload's batches in order, the marked ones measured on every
+    rank (the meter reset before, read after), one Validation per rank."""
     peaks = RankPeaks()
     t0 = time.perf_counter()
     stopped, stop = 0, replay_stop()
     for prompts, max_tokens, measured in work.batches:
         if measured:
-            llm.collective_rpc(_begin)
-        if measured and work.shape is not None:
-            stopped += _generate_to(llm, prompts, max_tokens, work.shape, stop)
-        else:
-            _generate(llm, prompts, max_tokens)
+            await client.ask("begin")
+        stopped += await client.run(prompts, max_tokens, work.shape if measured else None, stop)
         if measured:
-            peaks.add(llm.collective_rpc(_end))
+            peaks.add(await client.ask("end"))
     return work.stopped(stopped, stop).results(peaks, predicted, time.perf_counter() - t0)
+
+
+class InProcess:
+    """ReplayClient over an LLM (its engine stepped here): worker ops go through collective_rpc
+    as callables, a targeted batch through _generate_to, any other through llm.generate."""
+
+    OPS = {"begin": _begin, "end": _end, "formed": _formed, "pool": pool_of}
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    async def ask(self, op: str) -> list:
+        return self.llm.collective_rpc(self.OPS[op])
+
+    async def run(self, prompts, max_tokens, target, stop) -> int:
+        if target is None:
+            _generate(self.llm, prompts, max_tokens)
+            return 0
+        return _generate_to(self.llm, prompts, max_tokens, target, stop)
+
+
+def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]:
+    """`measure` on an LLM, from synchronous code (wcprof --validate)."""
+    return asyncio.run(measure(InProcess(llm), work, predicted))
 
 
 def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Validation]:
