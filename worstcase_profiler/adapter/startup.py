@@ -23,11 +23,12 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from ..core import policy
 from ..core.admission import compute_admission
-from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, pool_capacity_tokens
+from ..core.cache import (ENV_DIR, CacheEntry, SweepCache, cache_dir, cache_key,
+                          pool_capacity_tokens)
 from ..core.session import StartupSession
 from ..core import shapes
 from ..core.shapes import Limits, plan_fingerprint
@@ -154,7 +155,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     elif handle is not None:
         with clock("cache_store"):
             use = store_entry(handle, use, sweep, workspace, baseline, held_now, estimate,
-                              limits.kv_capacity_tokens, sweep_mode)
+                              limits.kv_capacity_tokens, sweep_mode, warn=session.warn)
 
     held_memory = HeldMemory(requested_bytes=requested_bytes(worker),
                              consumed_bytes=consumed + sweep.post_profile_bytes,
@@ -172,6 +173,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         noise=tolerance,
         # The stock-OOM question is about everything non-KV a step needs, workspace included.
         context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
+    note = policy.host_memory_note(device_kind="cuda" if cuda else "cpu", explicit_kv=explicit,
+                                   admission=admission)
+    if note:
+        session.warn(note)
     advised = advice.build(measured, limits, sweep, held_memory, admission, workspace, settings,
                            sweep_mode, allocator_slack=getattr(meter, "allocator_slack_bytes", 0))
     decision = policy.decide_budget(admission, mode=settings.mode, kv_cap=settings.kv_cap_bytes,
@@ -420,7 +425,11 @@ def _device_kind(meter) -> str:
 
 def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,
                 baseline: int, consumed: int, estimate: WarmupEstimate,
-                capacity_tokens: int | None, sweep_mode: str = "full") -> CacheUse:
+                capacity_tokens: int | None, sweep_mode: str = "full",
+                warn: Callable[[str], None] | None = None) -> CacheUse:
+    """Store this start's sweep; a cache directory that cannot be written does not stop the
+    engine, and is said where the operator reads (`warn`: the report's warnings, hence the
+    verdict screen), not only in vLLM's log."""
     entry = CacheEntry(key=handle.key, facts=handle.facts, created_at=now(), sweep=sweep,
                        workspace_slot_bytes=max((s.bytes_after for s in workspace.slots), default=0),
                        baseline_bytes=baseline, consumed_bytes=consumed, warmup=estimate,
@@ -431,7 +440,18 @@ def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspac
         return use
     except OSError as e:  # a read-only home must not stop the engine
         log.warning("[wcprof] could not write the sweep cache in %s: %s", handle.cache.directory, e)
+        if warn is not None:
+            warn(cache_unwritable_text(handle.cache.directory, e))
         return dataclasses.replace(use, status="off", path=None)
+
+
+def cache_unwritable_text(directory, error: OSError) -> str:
+    """The warning for a sweep cache that could not be written: where, why, what it costs, and
+    what to set."""
+    why = error.strerror or str(error)
+    return (f"the sweep cache could not be written in {directory} ({why}): this sweep is not "
+            f"cached, so every start sweeps again; set {ENV_DIR} to a writable directory (or "
+            f"{ENV_DIR}=off to silence this)")
 
 
 def reserve_workspace(at_least: int) -> Workspace:
