@@ -686,3 +686,12 @@ def write_report(session: StartupSession) -> None:
             root, ext = os.path.splitext(path)
             path = f"{root}.rank{report.rank}{ext or '.json'}"
         JsonReporter().write(report, path)
+    # The operator of `vllm serve` reads the log: say where the report is, once per file (later
+    # phases rewrite it in place; the report says which phases it holds).
+    if path not in _REPORTS_LOGGED:
+        _REPORTS_LOGGED.add(path)
+        log.info("[wcprof] report written to %s (rewritten in place as the start goes on; "
+                 "`wcprof render %s` shows it)", os.path.abspath(path), path)
+
+
+_REPORTS_LOGGED: set[str] = set()
