@@ -16,9 +16,8 @@ second. The engine then boots in-process with the plugin enabled; the plugin wri
 into a temporary directory (removed on every exit), the CLI renders it.
 
 Every failure ends in one `wcprof: error:` line (and a `->` hint): no traceback unless --debug
-or WCPROF_DEBUG=1. Exit codes: 0 safe, 1 unsafe / gate failed, 2 bad input, 3 does not fit,
-4 unsupported model, 5 KV over-commit, 70 internal error (not your input: a bug to report),
-130 interrupted.
+or WCPROF_DEBUG=1. Exit codes: EXIT_CODES (docs/faq.md has the table: what each means, what to
+do).
 """
 
 from __future__ import annotations
@@ -42,6 +41,22 @@ TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_
 CPU_KV_CAP = 512 << 20
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): wcprof or vLLM failed, not the input
+EXIT_CODES = {
+    0: "a safe value was found: SAFE, or STOCK UNSAFE (vLLM's own figure would not hold; the "
+       "recommended one does)",
+    1: "the run finished but something measured is unsafe: --validate measured more than "
+       "predicted, or KV over-committed under --kv-audit warn; for check/diff/gate/guard: the "
+       "gate failed",
+    2: "bad input or a host problem you can fix: a flag, a setting, a path, a model without "
+       "weights, vLLM refusing the configuration, a full disk",
+    3: "does not fit: after the worst step not even one request at max_model_len fits, or the "
+       "given --kv-cache-memory-bytes is outside what fits",
+    4: "unsupported model: an architecture this vLLM lacks, or one the sweep cannot drive",
+    5: "KV over-commit: KV initialisation allocated more than the budget (start refused)",
+    70: "internal error: not your input; rerun with --debug and report it",
+    130: "interrupted (Ctrl-C)",
+}
+"""wcprof's exit codes; `wcprof --help`, the README and docs/faq.md's table say the same."""
 EXIT_INTERRUPTED = 130
 INTERRUPTED_LINE = "wcprof: interrupted"
 HELP_ENGINE = "--help-engine"
@@ -225,7 +240,7 @@ def usage() -> str:
                     "max_model_len KV extent)\nand say which --kv-cache-memory-bytes is safe.\n\n"
                     "commands:\n" + "\n".join(commands)
                     + "\n  `wcprof COMMAND --help` shows a command's own options.",
-        epilog=_ENGINE_EPILOG)
+        epilog=_ENGINE_EPILOG.replace("{exit_codes}", _exit_code_lines(width)))
     g = p.add_argument_group("help")
     g.add_argument("-h", "--help", action="store_true", help="this message (imports nothing heavy)")
     g.add_argument(HELP_ENGINE, metavar="=WORD", nargs="?",
@@ -242,14 +257,14 @@ _ENGINE_EPILOG = f"""engine options: every `vllm serve` engine flag is accepted 
   --max-model-len N           the longest request: the sweep runs at this KV extent
   --max-num-batched-tokens N  the largest step: every rows value 1..N is covered
   --max-num-seqs N            the largest decode batch
-  --kv-cache-memory-bytes N   a KV size to hold against the worst case (exit 3 when it leaves
-                              no room for the worst step; `wcprof check` does it from a report)
+  --kv-cache-memory-bytes N   a KV size to hold against the worst case: bytes, 4G or 6GiB
+                              (exit 3 when it leaves no room for the worst step or holds less
+                              than one request; `wcprof check` does it from a report)
   --gpu-memory-utilization F  the share of device memory the engine may use
   --tensor-parallel-size N    every rank sweeps and reports its own budget
 
-exit codes: 0 safe, 1 unsafe / gate failed, 2 bad input, 3 does not fit, 4 unsupported model,
-  5 KV over-commit, 70 internal error (not your input: rerun with --debug and report it),
-  130 interrupted.
+exit codes (docs/faq.md: what to do for each):
+{{exit_codes}}
 
 examples:
   wcprof                                   the bundled tiny model (no download, no GPU needed)
@@ -257,6 +272,30 @@ examples:
   wcprof render r.json --html r.html       the picture from a saved report
   wcprof check r.json --kv-cache-memory-bytes 60GiB
 """
+
+
+def _exit_code_lines(width: int) -> str:
+    lines = []
+    for code, meaning in EXIT_CODES.items():
+        wrapped = textwrap.wrap(meaning, width - 8)
+        lines.append(f"  {code:>3}  {wrapped[0]}")
+        lines.extend(f"{'':7}{line}" for line in wrapped[1:])
+    return "\n".join(lines)
+
+
+def exit_code(report) -> int:
+    """profile's exit code for a finished run's report (EXIT_CODES): 0 for SAFE and STOCK UNSAFE
+    (the recommended value is safe), 3 DOES NOT FIT (a start the plugin let through, in report
+    mode), 1 a KV over-commit started anyway or a validation above its prediction."""
+    from .core.policy import validation_exceeded
+    from .report import Verdict
+
+    verdict = report.verdict
+    if verdict == Verdict.DOES_NOT_FIT:
+        return 3
+    if verdict.severity >= 2 or any(validation_exceeded(v) for v in report.validations):
+        return 1
+    return 0
 
 
 def _summary(name: str) -> str:
@@ -664,12 +703,7 @@ def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int
     _emit(report, ours)
     if not quiet:
         err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
-    code = 0 if report.verdict.severity < 2 else 1  # DOES NOT FIT or KV OVER-COMMIT: 1
-    from .core.policy import validation_exceeded
-
-    if any(validation_exceeded(v) for v in report.validations):
-        code = 1
-    return code
+    return exit_code(report)
 
 
 def validate(llm, report, which: str = "all") -> list:

@@ -100,3 +100,35 @@ def test_a_real_internal_error_still_says_report_it(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_dispatch", lambda argv: (_ for _ in ()).throw(KeyError("x")))
     assert cli.main([]) == cli.EXIT_INTERNAL
     assert "please report it" in capsys.readouterr().err
+
+
+# -- exit codes: the code, `wcprof --help`, the README and docs/faq.md agree -------------------
+
+def test_profiles_exit_code_follows_the_verdict(make_report):
+    """0 whenever the recommended value is safe (SAFE and STOCK UNSAFE alike), 3 DOES NOT FIT,
+    1 a KV over-commit the start let through (--kv-audit warn)."""
+    assert cli.exit_code(make_report()) == 0
+    assert cli.exit_code(make_report(admission__stock_oom_context_len=0)) == 0
+    assert cli.exit_code(make_report(admission__fits=False)) == 3
+    over = {"budget_bytes": 1, "allowed_bytes": 1, "allocated_bytes": 2, "ratio": 2.0,
+            "groups": [], "verdict": "over-budget", "message": "x"}
+    assert cli.exit_code(make_report(kv_audit=over)) == 1
+
+
+def test_every_exit_code_is_documented_the_same_everywhere():
+    """Issue 39: STOCK UNSAFE exits 0 while the README said "1 unsafe". Every code of
+    cli.EXIT_CODES is in `wcprof --help`, a row of docs/faq.md's table, and the README names
+    the table; no document keeps the old "1 unsafe" wording."""
+    from pathlib import Path
+
+    root = Path(cli.__file__).parents[1]
+    helptext = cli.usage()
+    faq = (root / "docs" / "faq.md").read_text()
+    readme = (root / "README.md").read_text()
+    quickstart = (root / "docs" / "quickstart.md").read_text()
+    for code in cli.EXIT_CODES:
+        assert f"\n  {code:>3}  " in helptext, code
+        assert f"\n| {code} |" in faq, code
+    assert "docs/faq.md#exit-codes" in readme and "faq.md#exit-codes" in quickstart
+    for text in (readme, quickstart, helptext):
+        assert "1 unsafe" not in text and "0 safe, 1" not in text
