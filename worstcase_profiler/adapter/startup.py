@@ -33,7 +33,7 @@ from ..core.session import StartupSession
 from ..core import shapes
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import (dominance_checks, prove_cut_down, replay, reused, run_cut_down,
-                          run_sweep)
+                          run_sweep, stock_readings)
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, EngineFacts, HeldMemory, ProfileResult,
                           StepResult, SweepResult, WarmupEstimate, WarmupResult, Workspace)
@@ -300,7 +300,8 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
         recheck = policy.recheck_dominance(signed=handle.cache.secret is not None)
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
-                           dominance_checks(limits, entry.sweep.worst.shape) if recheck else ())
+                           dominance_checks(limits, entry.sweep.worst.shape) if recheck else (),
+                           stock_readings=stock_readings(driver))
         clock.add("replay.stock_step", check.stock.seconds)
         clock.add("replay.worst_step", check.step.seconds)
         expected = entry.worst_need
@@ -379,7 +380,7 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
                     else:
                         sweep, why = run_cut_down(driver, **kw)
             if sweep is None:
-                sweep = run_sweep(driver, **kw)
+                sweep = run_sweep(driver, **kw, stock_readings=stock_readings(driver))
     finally:
         progress.close()
     log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
