@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, Field, ValidationError
 
 from worstcase_profiler import cli
-from worstcase_profiler.errors import ConfigError, OutputError, UnsupportedModel
+from worstcase_profiler.errors import ConfigError, UnsupportedModel
 from worstcase_profiler.render.json_report import write_atomically
 
 ARCHS = ", ".join(f"'Model{i}ForCausalLM'" for i in range(400))
@@ -65,6 +65,8 @@ def test_vllms_refusal_names_the_flag(field, value, flag):
 def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
     """A full disk ended in exit 70 with no path: the writer names it (exit 2)."""
     import os
+
+    from worstcase_profiler.errors import OutputError
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
