@@ -211,7 +211,7 @@ def test_help_is_fast_and_lists_subcommands(no_vllm, tmp_path):
         for name in SUBCOMMANDS:
             assert f"\n  {name} " in out, name
         for words in ("--help-engine", "--kv-audit", "--no-lock-workspace", "default: 64MiB",
-                      "--quiet", "--debug", "exit codes", "70 internal error"):
+                      "--quiet", "--debug", "exit codes", "70  internal error"):
             assert words in out, words
         assert "(default: None)" not in out and "Traceback" not in out
         assert "--enable-prefix-caching" not in out  # vLLM's flags live behind --help-engine
