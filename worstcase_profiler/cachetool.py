@@ -66,7 +66,9 @@ def main(argv: list[str]) -> int:
             cfg = e.facts.get("config", {})
             print(f"{e.key}  {e.facts.get('model_class', '?')}  vLLM {e.facts.get('vllm', '?')}  "
                   f"{e.facts.get('device', {}).get('name', '?')}  max_model_len "
-                  f"{cfg.get('max_model_len', '?')}  {e.created_at}")
+                  f"{cfg.get('max_model_len', '?')}  max_num_batched_tokens "
+                  f"{cfg.get('max_num_batched_tokens', '?')}  max_num_seqs "
+                  f"{cfg.get('max_num_seqs', '?')}  {e.created_at}")
         for line in bad:
             print(f"skipped {line}")
         return 0

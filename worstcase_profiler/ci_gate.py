@@ -75,8 +75,10 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 # start with `-`, so a first token that does not and ends in ':' can only be a name.
 _PREFIX_RE = re.compile(r"\s*([^\s-][^\s:]*(?:\s+[^\s:]+)*):(?=\s|$)")
 _SET_BY_GATE = ("--json", "--html")
-WCPROF_EXIT = {1: "unsafe", 2: "bad input", 3: "does not fit", 4: "unsupported model",
+WCPROF_EXIT = {1: "measured unsafe: a validation above its prediction, or a KV over-commit "
+                  "started anyway", 2: "bad input", 3: "does not fit", 4: "unsupported model",
                5: "KV over-commit", 70: "internal error", 130: "interrupted"}
+"""Short labels of cli.EXIT_CODES (docs/faq.md#exit-codes), for a profile that failed."""
 
 
 @dataclass(frozen=True)

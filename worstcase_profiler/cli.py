@@ -16,9 +16,8 @@ second. The engine then boots in-process with the plugin enabled; the plugin wri
 into a temporary directory (removed on every exit), the CLI renders it.
 
 Every failure ends in one `wcprof: error:` line (and a `->` hint): no traceback unless --debug
-or WCPROF_DEBUG=1. Exit codes: 0 safe, 1 unsafe / gate failed, 2 bad input, 3 does not fit,
-4 unsupported model, 5 KV over-commit, 70 internal error (not your input: a bug to report),
-130 interrupted.
+or WCPROF_DEBUG=1. Exit codes: EXIT_CODES (docs/faq.md has the table: what each means, what to
+do).
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import textwrap
 import time
@@ -41,6 +41,22 @@ TINY_DEFAULTS = {"max_model_len": 4096, "max_num_batched_tokens": 512, "max_num_
 CPU_KV_CAP = 512 << 20
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE (sysexits.h): wcprof or vLLM failed, not the input
+EXIT_CODES = {
+    0: "a safe value was found: SAFE, or STOCK UNSAFE (vLLM's own figure would not hold; the "
+       "recommended one does)",
+    1: "the run finished but something measured is unsafe: --validate measured more than "
+       "predicted, or KV over-committed under --kv-audit warn; for check/diff/gate/guard: the "
+       "gate failed",
+    2: "bad input or a host problem you can fix: a flag, a setting, a path, a model without "
+       "weights, vLLM refusing the configuration, a full disk",
+    3: "does not fit: after the worst step not even one request at max_model_len fits, or the "
+       "given --kv-cache-memory-bytes is outside what fits",
+    4: "unsupported model: an architecture this vLLM lacks, or one the sweep cannot drive",
+    5: "KV over-commit: KV initialisation allocated more than the budget (start refused)",
+    70: "internal error: not your input; rerun with --debug and report it",
+    130: "interrupted (Ctrl-C)",
+}
+"""wcprof's exit codes; `wcprof --help`, the README and docs/faq.md's table say the same."""
 EXIT_INTERRUPTED = 130
 INTERRUPTED_LINE = "wcprof: interrupted"
 HELP_ENGINE = "--help-engine"
@@ -116,7 +132,7 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
                    help="execute every rows value 1..max_num_batched_tokens instead of "
                         "certifying segments by chord (slower)")
     g.add_argument("--sweep-depth", choices=("auto", "full", "cut-down", "prove"),
-                   default="auto",
+                   default=None,
                    help="cut-down: every shape on one decoder layer of each kind, the worst "
                         "confirmed on the full model (cost independent of depth); full: every "
                         "shape on the whole model; prove: both, the full one admitted, and the "
@@ -125,7 +141,7 @@ def _add_our_flags(p, title: str = "wcprof") -> None:
     g.add_argument("--margin", metavar="SIZE", default=None,
                    help="safety margin subtracted from the KV budget, bytes or a unit such as "
                         "256MiB (default: 64MiB)")
-    g.add_argument("--kv-audit", choices=("error", "warn", "off"), default="error",
+    g.add_argument("--kv-audit", choices=("error", "warn", "off"), default=None,
                    help="when KV initialisation allocates more than its budget: error refuses "
                         "(exit 5), warn records it in the report, off skips the audit "
                         "(default: error)")
@@ -165,12 +181,14 @@ def _light_parser() -> _ArgParser:
     p.add_argument("--model", default=None)
     p.add_argument("--kv-cache-memory-bytes", default=None)
     p.add_argument("--max-num-batched-tokens", default=None)
+    p.add_argument("--additional-config", default=None)
+    p.add_argument("--load-format", default=None)
     return p
 
 
 _VALUED = ("--json", "--html", "--png", "--margin", "--kv-cap", "--model",
            "--kv-cache-memory-bytes", "--advise-chunk", "--advise-within",
-           "--max-num-batched-tokens")
+           "--max-num-batched-tokens", "--additional-config", "--load-format")
 
 
 def _dashes(argv: list[str]) -> list[str]:
@@ -186,6 +204,17 @@ def _dashes(argv: list[str]) -> list[str]:
             out[-1] = f"{out[-1]}={a}"
             continue
         out.append(a)
+    return out
+
+
+def with_flag_value(argv: list[str], flag: str, value: str) -> list[str]:
+    """argv with every value of `flag` (`--flag V`, `--flag=V`, `--flag_name V`) replaced."""
+    out = _dashes(argv)
+    for i, a in enumerate(out):
+        if a == flag and i + 1 < len(out):
+            out[i + 1] = value
+        elif a.startswith(flag + "="):
+            out[i] = f"{flag}={value}"
     return out
 
 
@@ -211,7 +240,7 @@ def usage() -> str:
                     "max_model_len KV extent)\nand say which --kv-cache-memory-bytes is safe.\n\n"
                     "commands:\n" + "\n".join(commands)
                     + "\n  `wcprof COMMAND --help` shows a command's own options.",
-        epilog=_ENGINE_EPILOG)
+        epilog=_ENGINE_EPILOG.replace("{exit_codes}", _exit_code_lines(width)))
     g = p.add_argument_group("help")
     g.add_argument("-h", "--help", action="store_true", help="this message (imports nothing heavy)")
     g.add_argument(HELP_ENGINE, metavar="=WORD", nargs="?",
@@ -228,14 +257,14 @@ _ENGINE_EPILOG = f"""engine options: every `vllm serve` engine flag is accepted 
   --max-model-len N           the longest request: the sweep runs at this KV extent
   --max-num-batched-tokens N  the largest step: every rows value 1..N is covered
   --max-num-seqs N            the largest decode batch
-  --kv-cache-memory-bytes N   a KV size to hold against the worst case (exit 3 when it leaves
-                              no room for the worst step; `wcprof check` does it from a report)
+  --kv-cache-memory-bytes N   a KV size to hold against the worst case: bytes, 4G or 6GiB
+                              (exit 3 when it leaves no room for the worst step or holds less
+                              than one request; `wcprof check` does it from a report)
   --gpu-memory-utilization F  the share of device memory the engine may use
   --tensor-parallel-size N    every rank sweeps and reports its own budget
 
-exit codes: 0 safe, 1 unsafe / gate failed, 2 bad input, 3 does not fit, 4 unsupported model,
-  5 KV over-commit, 70 internal error (not your input: rerun with --debug and report it),
-  130 interrupted.
+exit codes (docs/faq.md: what to do for each):
+{{exit_codes}}
 
 examples:
   wcprof                                   the bundled tiny model (no download, no GPU needed)
@@ -243,6 +272,30 @@ examples:
   wcprof render r.json --html r.html       the picture from a saved report
   wcprof check r.json --kv-cache-memory-bytes 60GiB
 """
+
+
+def _exit_code_lines(width: int) -> str:
+    lines = []
+    for code, meaning in EXIT_CODES.items():
+        wrapped = textwrap.wrap(meaning, width - 8)
+        lines.append(f"  {code:>3}  {wrapped[0]}")
+        lines.extend(f"{'':7}{line}" for line in wrapped[1:])
+    return "\n".join(lines)
+
+
+def exit_code(report) -> int:
+    """profile's exit code for a finished run's report (EXIT_CODES): 0 for SAFE and STOCK UNSAFE
+    (the recommended value is safe), 3 DOES NOT FIT (a start the plugin let through, in report
+    mode), 1 a KV over-commit started anyway or a validation above its prediction."""
+    from .core.policy import validation_exceeded
+    from .report import Verdict
+
+    verdict = report.verdict
+    if verdict == Verdict.DOES_NOT_FIT:
+        return 3
+    if verdict.severity >= 2 or any(validation_exceeded(v) for v in report.validations):
+        return 1
+    return 0
 
 
 def _summary(name: str) -> str:
@@ -294,21 +347,35 @@ def engine_help(token: str) -> int:
 # profile
 # --------------------------------------------------------------------------------------------
 
-def _settings(ns, json_path: str, on_cpu: bool, sizes: dict, advice: dict) -> dict:
-    """The profiler settings of this run, from the flags preflight already checked (`sizes`:
-    --margin and --kv-cap in bytes; `advice`: advise_settings)."""
+def _settings(ns, json_path: str, on_cpu: bool, sizes: dict, advice: dict,
+              given: set[str] | frozenset = frozenset()) -> dict:
+    """The profiler section of this run's --additional-config, in settings.py's precedence:
+    the --additional-config section preflight checked (`sizes["section"]`), wcprof's flags on
+    top (only those given: `sizes`: --margin and --kv-cap in bytes; `advice`: advise_settings),
+    and wcprof's own run defaults (the guard off, the CPU's KV cap) only for keys that neither
+    that section nor WCPROF_CONFIG set (`given`). The engine's plugin reads it back through the
+    same loader (settings.load), on top of the environment."""
     from .core import cache
 
-    s = {"mode": "enforce", "json_path": json_path, "exhaustive": ns.exhaustive,
-         "kv_audit": ns.kv_audit, "lock_workspace": not ns.no_lock_workspace,
-         "sweep_depth": ns.sweep_depth,
-         # --validate reads the allocator's peak itself: the serving guard stays off here
-         "guard": "off", **advice}
+    s = dict(sizes.get("section") or {})
+    s["json_path"] = json_path
+    if ns.exhaustive:
+        s["exhaustive"] = True
+    if ns.no_lock_workspace:
+        s["lock_workspace"] = False
+    for key in ("kv_audit", "sweep_depth"):
+        if getattr(ns, key, None) is not None:
+            s[key] = getattr(ns, key)
+    s.update(advice)
+    if "guard" not in given:  # --validate reads the allocator's peak itself
+        s["guard"] = "off"
     if ns.no_cache:
         s["cache_dir"] = cache.OFF
     if sizes.get("margin_bytes") is not None:
         s["margin_bytes"] = sizes["margin_bytes"]
-    cap = sizes.get("kv_cap_bytes") or (CPU_KV_CAP if on_cpu else None)
+    cap = sizes.get("kv_cap_bytes")
+    if cap is None and on_cpu and "kv_cap_bytes" not in given:
+        cap = CPU_KV_CAP
     if cap is not None:
         s["kv_cap_bytes"] = cap
     return s
@@ -401,15 +468,29 @@ def _first_line(exc: BaseException) -> str:
     errors = getattr(exc, "errors", None)
     if callable(errors):  # pydantic ValidationError (vLLM's config classes): the messages
         try:
-            msgs = [str(e.get("msg", "")).removeprefix("Value error, ") for e in errors()[:3]]
+            msgs = [_pydantic_message(e) for e in errors()[:3]]
             if any(msgs):
-                return "; ".join(m for m in msgs if m)
+                return "; ".join(m for m in msgs if m)[:500]
         except Exception:  # noqa: BLE001 - fall back to the text
             pass
     for line in str(exc).splitlines():
         if line.strip():
             return line.strip()[:500]
     return "(no message)"
+
+
+def _pydantic_message(error: dict) -> str:
+    """One pydantic error of vLLM's config classes, naming the flag it came from: a field error
+    ("Input should be greater than or equal to 1" at loc ('max_num_batched_tokens',)) becomes
+    "--max-num-batched-tokens 0: Input should be ..."; a model-level check keeps its text."""
+    msg = str(error.get("msg", "")).removeprefix("Value error, ")
+    loc = [str(part) for part in error.get("loc", ()) if isinstance(part, str)]
+    if not loc or not msg:
+        return msg
+    flag = "--" + loc[0].replace("_", "-")
+    value = error.get("input")
+    shown = "" if isinstance(value, (dict, list)) or value is None else f" {value}"
+    return f"{flag}{shown}: {msg}"
 
 
 def _one_line_tracebacks() -> None:
@@ -500,10 +581,39 @@ def _engine_failure(e: Exception) -> Exception:
                 f"graphs ({type(c).__name__}: {_first_line(c)})",
                 hint="start it with --enforce-eager (no compile, no graphs), or rerun with "
                      "--debug for the traceback")
+    for c in chain:
+        arch = _UNKNOWN_ARCH.search(str(c))
+        if arch:
+            return UnsupportedModel(
+                f"vLLM {_vllm_version()} has no implementation of the model's architecture "
+                f"{arch.group(1)}",
+                hint="check config.json's \"architectures\" (a typo, or a model newer than this "
+                     "vLLM); `python -c 'from vllm import ModelRegistry; "
+                     "print(ModelRegistry.get_supported_archs())'` lists the supported ones")
+        if isinstance(c, (RuntimeError, ValueError, FileNotFoundError)) and \
+                _NO_WEIGHTS.search(str(c)):
+            return ConfigError(f"the model has no weights vLLM can load: {_first_line(c)}",
+                               hint="pass the directory that holds the *.safetensors (or *.bin) "
+                                    "files, or profile without weights with --load-format dummy "
+                                    "(the memory figures are the same)")
     if isinstance(e, (ValueError, TypeError)):
         return ConfigError(f"vLLM refused the configuration: {_first_line(e)}",
                            hint="`wcprof --help-engine` describes vLLM's flags")
     return e
+
+
+_UNKNOWN_ARCH = re.compile(r"Model architectures (\[[^\]]*\]) (?:are|is) not supported")
+_NO_WEIGHTS = re.compile(r"Cannot find any model weights|No model weights found|"
+                         r"no (?:safetensors|weights) files? found", re.IGNORECASE)
+
+
+def _vllm_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("vllm")
+    except Exception:  # noqa: BLE001 - a name for the message only
+        return "(this version)"
 
 
 def profile(argv: list[str]) -> int:
@@ -521,7 +631,12 @@ def profile(argv: list[str]) -> int:
     ours = parse_ours(argv)
     sizes = preflight.check_profile(
         model=ours.model, outputs={"--json": ours.json, "--html": ours.html, "--png": ours.png},
-        margin=ours.margin, kv_cap=ours.kv_cap, kv_cache_memory_bytes=ours.kv_cache_memory_bytes)
+        margin=ours.margin, kv_cap=ours.kv_cap, kv_cache_memory_bytes=ours.kv_cache_memory_bytes,
+        additional_config=ours.additional_config)
+    preflight.check_weights(ours.model, ours.load_format)
+    if sizes["kv_cache_memory_bytes"] is not None:  # 6GiB as `wcprof check` reads it: bytes
+        argv = with_flag_value(argv, "--kv-cache-memory-bytes",
+                               str(sizes["kv_cache_memory_bytes"]))
     preflight.check_picture_support({"--html": ours.html, "--png": ours.png})
     advice = advise_settings(ours, ours.max_num_batched_tokens or (
         None if ours.model else TINY_DEFAULTS["max_num_batched_tokens"]))
@@ -553,9 +668,13 @@ def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int
             _one_line_tracebacks()
             from vllm.platforms import current_platform
 
+            from .settings import CONFIG_KEY, given_keys, load
+
             extra = dict(engine_args.additional_config or {})
-            extra["worstcase_profiler"] = _settings(ns, str(report_path),
-                                                    current_platform.is_cpu(), sizes, advice)
+            given = given_keys(extra)
+            extra[CONFIG_KEY] = _settings(ns, str(report_path), current_platform.is_cpu(),
+                                          sizes, advice, given)
+            load(additional_config=extra)  # what the engine's plugin will read: checked here
             engine_args.additional_config = extra
 
             from vllm import LLM
@@ -584,12 +703,7 @@ def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int
     _emit(report, ours)
     if not quiet:
         err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
-    code = 0 if report.verdict.severity < 2 else 1  # DOES NOT FIT or KV OVER-COMMIT: 1
-    from .core.policy import validation_exceeded
-
-    if any(validation_exceeded(v) for v in report.validations):
-        code = 1
-    return code
+    return exit_code(report)
 
 
 def validate(llm, report, which: str = "all") -> list:
@@ -716,11 +830,39 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
         if _debug:
             traceback.print_exc()
+        environment = _environment_error(e)
+        if environment is not None:
+            _print_error(environment)
+            return environment.exit_code
         _print_error(WcprofError(
             f"{type(e).__name__}: {_first_line(e)}",
             hint="this does not look like a problem with your input: rerun with --debug for the "
                  "traceback, and please report it"))
         return EXIT_INTERNAL
+
+
+_ENVIRONMENT_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EMFILE", "ENFILE")
+
+
+def _environment_error(e: BaseException) -> WcprofError | None:
+    """An OSError of the host, not of wcprof (a full disk, a read-only mount, permissions, too
+    many open files), anywhere in `e`'s chain: the operator's to fix, named with its path where
+    the error has one (exit 2), instead of exit 70's "please report it"."""
+    import errno
+
+    from .errors import OutputError
+
+    wanted = {getattr(errno, n) for n in _ENVIRONMENT_ERRNOS if hasattr(errno, n)}
+    for c in _chain(e, context=True):
+        if isinstance(c, OSError) and c.errno in wanted:
+            if c.filename:
+                return OutputError.writing(c.filename, c)
+            return WcprofError(f"{c.strerror or c} (the path was not reported)",
+                               hint="free space on the filesystems wcprof writes: the --json/"
+                                    "--html/--png destinations, TMPDIR, the sweep cache "
+                                    "(WCPROF_CACHE_DIR) and vLLM's caches (~/.cache); rerun "
+                                    "with --debug for the traceback")
+    return None
 
 
 def _interrupted(e: BaseException) -> bool:

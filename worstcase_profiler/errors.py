@@ -4,6 +4,7 @@ traceback and exits non-zero; the plugin raises them inside the engine so start-
 from __future__ import annotations
 
 import argparse
+import errno as _errno
 
 
 class WcprofError(Exception):
@@ -22,6 +23,29 @@ class WcprofError(Exception):
 
 class ConfigError(WcprofError):
     """Bad or contradictory flags / settings."""
+
+
+class OutputError(WcprofError, OSError):
+    """A file could not be written (a full disk, a read-only mount, permissions): the operator's
+    to fix, so it names the path. Still an OSError, for callers that catch those."""
+
+    def __init__(self, message: str, hint: str | None = None, errno: int | None = None):
+        WcprofError.__init__(self, message, hint)
+        self.errno = errno  # type: ignore[misc]
+
+    @classmethod
+    def writing(cls, path, error: OSError) -> "OutputError":
+        import tempfile
+
+        why = error.strerror or str(error)
+        where = str(path)
+        hint = "free space there, or choose another destination"
+        if error.errno not in (_errno.ENOSPC, _errno.EDQUOT):
+            hint = "choose a writable destination (check its permissions and whether it is a " \
+                   "read-only mount)"
+        if where.startswith(tempfile.gettempdir()):
+            hint += "; wcprof's temporary files follow TMPDIR"
+        return cls(f"cannot write {where}: {why}", hint=hint, errno=error.errno)
 
 
 class DoesNotFit(WcprofError):

@@ -33,8 +33,8 @@ from typing import Any, Mapping, NoReturn
 from urllib.parse import urlparse
 
 from .errors import ConfigError, WcprofError
-from .settings import (PROFILER_CHOICES, ProfilerSettings, from_env, from_mapping, replay_stop,
-                       with_engine_config)
+from .settings import (CONFIG_KEY, PROFILER_CHOICES, ProfilerSettings, from_env, from_mapping,
+                       load, parse_additional_config, replay_stop, section_of)
 from .sizes import parse_size
 
 _TRUE = ("1", "true", "yes", "on")
@@ -81,6 +81,30 @@ def check_model(model: str | os.PathLike | None, environ: Mapping[str, str] | No
                       hint="pass a local model directory (the one holding config.json) or a "
                            "Hugging Face repo id such as Qwen/Qwen3-0.6B; without --model wcprof "
                            "profiles its bundled tiny model")
+
+
+# --load-format values that read weight files from the model directory (the others: dummy,
+# loaders of their own such as runai_streamer, tensorizer, bitsandbytes, are left to vLLM).
+_FILE_FORMATS = (None, "auto", "safetensors", "pt", "fastsafetensors", "npcache")
+_WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
+
+
+def check_weights(model: str | os.PathLike | None, load_format: str | None) -> None:
+    """A local model directory loaded from its files (no --load-format dummy) holds weight files
+    (*.safetensors, *.bin, *.pt): without them vLLM fails after seconds of start-up with an
+    error that reads as internal. None (the bundled model), hub ids and files pass."""
+    if model is None or load_format not in _FILE_FORMATS:
+        return
+    path = Path(str(model).strip()).expanduser()
+    if not path.is_dir():
+        return
+    if any(next(path.glob(g), None) is not None for g in _WEIGHT_GLOBS):
+        return
+    raise ConfigError(f"--model {model}: no weight files (*.safetensors, *.bin, *.pt) in this "
+                      f"directory",
+                      hint="pass the directory that holds the weights, or profile without them "
+                           "with --load-format dummy (random weights: the memory figures are "
+                           "the same)")
 
 
 def looks_like_repo_id(text: str) -> bool:
@@ -318,6 +342,23 @@ def kv_bytes_as_vllm_reads(value: Any, flag: str = "--kv-cache-memory-bytes") ->
     return check_size(text, flag)
 
 
+def profile_kv_bytes(value: Any, flag: str = "--kv-cache-memory-bytes") -> int | None:
+    """wcprof's --kv-cache-memory-bytes: vLLM's notation (4G = 4 GiB, 4g = 4e9, bytes), and our
+    units where vLLM has none (6GiB, 512MiB), as `wcprof check` reads it; wcprof hands vLLM the
+    bytes. Anything else is refused as check_engine_bytes refuses it. None passes."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not (text.isdigit() or _VLLM_INT.fullmatch(text) or text.startswith("-")):
+        try:
+            ours = parse_size(text)
+        except ValueError:
+            ours = 0
+        if ours > 0:
+            return ours
+    return check_engine_bytes(text, flag)
+
+
 # --------------------------------------------------------------------------------------------
 # settings from the environment, and the serve side
 # --------------------------------------------------------------------------------------------
@@ -353,10 +394,9 @@ def check_serve_args(profiler: str | None, profiler_report: str | None,
         raise ConfigError("--profiler-report needs --profiler worstcase"
                           + (" (--profiler default writes no report)" if profiler else ""),
                           hint="add --profiler worstcase, or drop --profiler-report")
+    del from_environment  # load reads it again, in its place in the precedence
     try:
-        settings = with_engine_config(additional_config, from_environment)
-    except ConfigError as e:
-        raise ConfigError(f"--additional-config: {e.message}", hint=e.hint) from e
+        settings = load(additional_config=additional_config, environ=env)
     except ValueError as e:  # a size settings.py could not read
         raise ConfigError(f"--additional-config: {e}",
                           hint="sizes are bytes or a unit such as 512MiB") from e
@@ -376,17 +416,55 @@ def check_serve_args(profiler: str | None, profiler_report: str | None,
 # `wcprof` (profile): everything before the engine
 # --------------------------------------------------------------------------------------------
 
+# What wcprof itself decides in the --additional-config section, and what to use instead.
+WCPROF_OWNS = {"json_path": "wcprof writes the report with --json PATH"}
+
+
+def check_wcprof_section(additional_config: Any,
+                         environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """wcprof's --additional-config: valid JSON whose `worstcase_profiler` section passes the same
+    loader as the plugin's and `vllm serve`'s (settings.load: unknown keys, bad values and the
+    environment alike), and switches nothing wcprof decides itself (the profiler off, the report
+    path). Returns the section as settings keys ({} when there is none)."""
+    parsed = parse_additional_config(additional_config)
+    try:
+        load(additional_config=parsed, environ=environ)
+    except ValueError as e:  # a size settings.py could not read
+        raise ConfigError(f"--additional-config: {e}",
+                          hint="sizes are bytes or a unit such as 512MiB") from e
+    section = section_of(parsed)
+    if section is None:
+        return {}
+    if isinstance(section, str):
+        section = {"profiler": section}
+    off = section.get("profiler") == "default" or section.get("mode") == "off"
+    if off:
+        raise ConfigError(f"--additional-config: {CONFIG_KEY} switches the profiler off, and "
+                          "wcprof always runs it",
+                          hint="drop \"profiler\"/\"mode\" from the section; the report's "
+                               "'stock' column is vLLM's default profile, measured in the same run")
+    for key, instead in WCPROF_OWNS.items():
+        if key in section:
+            raise ConfigError(f"--additional-config: {CONFIG_KEY}.{key} is not read by wcprof",
+                              hint=instead)
+    return {k: v for k, v in section.items() if k != "profiler"}
+
+
 def check_profile(*, model: str | None, outputs: Mapping[str, Any], margin: Any = None,
                   kv_cap: Any = None, kv_cache_memory_bytes: Any = None,
-                  environ: Mapping[str, str] | None = None) -> dict[str, int | None]:
-    """Sizes first (instant), then the environment (WCPROF_REPLAY_STOP too), outputs, and the
-    model (may touch the network). Returns the parsed sizes: margin_bytes, kv_cap_bytes,
-    kv_cache_memory_bytes."""
-    sizes = {"margin_bytes": check_size(margin, "--margin"),
-             "kv_cap_bytes": check_size(kv_cap, "--kv-cap", allow_zero=False),
-             "kv_cache_memory_bytes": check_engine_bytes(kv_cache_memory_bytes)}
+                  additional_config: Any = None,
+                  environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Sizes first (instant), then the environment (WCPROF_REPLAY_STOP too) and
+    --additional-config (check_wcprof_section), outputs, and the model (may touch the network).
+    Returns the parsed sizes: margin_bytes, kv_cap_bytes, kv_cache_memory_bytes, and `section`,
+    the --additional-config section's settings."""
+    sizes: dict[str, Any] = {
+        "margin_bytes": check_size(margin, "--margin"),
+        "kv_cap_bytes": check_size(kv_cap, "--kv-cap", allow_zero=False),
+        "kv_cache_memory_bytes": profile_kv_bytes(kv_cache_memory_bytes)}
     check_env(environ)
     replay_stop(environ)  # read by --validate's replays
+    sizes["section"] = check_wcprof_section(additional_config, environ)
     check_outputs(outputs)
     check_model(model, environ)
     return sizes
@@ -405,7 +483,7 @@ def die(error: WcprofError, prog: str = "worstcase_profiler") -> NoReturn:
     raise SystemExit(error.exit_code)
 
 
-__all__ = ["check_model", "check_output", "check_outputs", "check_picture_support", "check_size",
+__all__ = ["check_model", "check_weights", "check_wcprof_section", "check_output", "check_outputs", "check_picture_support", "check_size",
            "check_engine_bytes",
            "check_env", "check_serve", "check_serve_args", "check_profile", "die",
            "format_error", "looks_like_repo_id"]

@@ -1,11 +1,18 @@
-"""Profiler settings and where they come from.
+"""Profiler settings and where they come from: one loader (`load`) for `wcprof`, `vllm serve`
+and the plugin inside every engine process, so the same inputs give the same settings and the
+same errors everywhere.
 
-Three switches turn the profiler on, in this order of precedence:
-  1. `vllm serve --profiler worstcase` (the plugin adds this exact flag; it lands in 2.)
-  2. `--additional-config '{"worstcase_profiler": {...}}'` or `{"worstcase_profiler": "worstcase"}`
-  3. the environment: WCPROF_PROFILER=worstcase, WCPROF_CONFIG='{"json_path": ...}'
-     (not VLLM_-prefixed: vLLM warns about unknown VLLM_ variables).
-Disabled means the plugin changes nothing.
+Sources, lowest precedence first (a later one overrides an earlier one, key by key):
+  1. the built-in defaults (ProfilerSettings; wcprof's own run defaults: guard off, and on the
+     CPU kv_cap_bytes 512MiB, apply only to keys no source below sets)
+  2. WCPROF_CONFIG='{"margin_bytes": "128MiB", ...}' (a JSON object of settings)
+  3. WCPROF_PROFILER=worstcase|default (the switch alone)
+  4. --additional-config '{"worstcase_profiler": {...}}' (or '{"worstcase_profiler": "worstcase"}')
+  5. command-line flags: `vllm serve --profiler/--profiler-report`; `wcprof --margin, --kv-cap,
+     --kv-audit, --sweep-depth, --exhaustive, --no-lock-workspace, --no-cache, --advise*`
+(not VLLM_-prefixed: vLLM warns about unknown VLLM_ variables). Every source is validated by
+the same code (from_mapping): an unknown key or a bad value is a ConfigError naming the source,
+under `wcprof` and `vllm serve` alike (exit 2). Disabled means the plugin changes nothing.
 """
 
 from __future__ import annotations
@@ -237,10 +244,80 @@ def replay_stop(environ: Mapping[str, str] | None = None) -> str:
 
 def with_engine_config(additional_config: Any, settings: ProfilerSettings) -> ProfilerSettings:
     """The engine's --additional-config section on top of `settings`."""
-    raw = additional_config.get(CONFIG_KEY) if isinstance(additional_config, dict) else None
+    raw = section_of(additional_config)
     return from_mapping(raw, settings) if raw is not None else settings
 
 
+def section_of(additional_config: Any) -> Any:
+    """The `worstcase_profiler` value of an --additional-config object (None: not there)."""
+    return additional_config.get(CONFIG_KEY) if isinstance(additional_config, dict) else None
+
+
+ADDITIONAL_CONFIG = "--additional-config"
+
+
+def parse_additional_config(value: Any) -> dict | None:
+    """--additional-config as vLLM reads it: a JSON object (a dict passes as it is). Invalid JSON
+    or another JSON type is a ConfigError naming the flag, not vLLM's internal error."""
+    if value is None or isinstance(value, dict):
+        return value
+    text = str(value)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ConfigError(f"{ADDITIONAL_CONFIG} is not valid JSON ({e.msg} at column {e.colno}): "
+                          f"{shown!r}",
+                          hint=f"pass a JSON object, e.g. {ADDITIONAL_CONFIG} "
+                               f"'{{\"{CONFIG_KEY}\": {{\"margin_bytes\": \"128MiB\"}}}}' "
+                               "(single quotes around it in a shell)") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{ADDITIONAL_CONFIG} must be a JSON object, got a JSON "
+                          f"{type(data).__name__}",
+                          hint=f"pass a JSON object, e.g. {ADDITIONAL_CONFIG} "
+                               f"'{{\"{CONFIG_KEY}\": \"worstcase\"}}'")
+    return data
+
+
+def load(*, additional_config: Any = None, flags: Mapping[str, Any] | None = None,
+         environ: Mapping[str, str] | None = None) -> ProfilerSettings:
+    """The settings from every source, in the precedence the module docstring states: the
+    environment (WCPROF_CONFIG, then WCPROF_PROFILER), then --additional-config's section, then
+    the command-line flags (`flags`: settings keys, e.g. {"profiler": "worstcase", "json_path":
+    ...} from `vllm serve`, {"margin_bytes": ...} from wcprof). Each error names its source."""
+    settings = from_env(environ)
+    try:
+        settings = with_engine_config(parse_additional_config(additional_config), settings)
+    except ConfigError as e:
+        if e.message.startswith(ADDITIONAL_CONFIG):
+            raise
+        raise ConfigError(f"{ADDITIONAL_CONFIG}: {e.message}", hint=e.hint) from e
+    if flags:
+        settings = from_mapping(dict(flags), settings)
+    return settings
+
+
+def given_keys(additional_config: Any = None,
+               environ: Mapping[str, str] | None = None) -> set[str]:
+    """The settings keys WCPROF_CONFIG or --additional-config's section set (already validated
+    by `load`): a caller's own defaults (wcprof's kv_cap on the CPU) apply only to the others."""
+    env = os.environ if environ is None else environ
+    keys: set[str] = set()
+    raw = env.get(ENV_CONFIG)
+    if raw:
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict):
+            keys |= set(data)
+    section = section_of(parse_additional_config(additional_config))
+    if isinstance(section, dict):
+        keys |= set(section)
+    return keys
+
+
 def resolve(additional_config: Any, environ: Mapping[str, str] | None = None) -> ProfilerSettings:
-    """Environment first, then additional_config on top (the engine's own config wins)."""
-    return with_engine_config(additional_config, from_env(environ))
+    """The plugin's settings inside an engine: `load` without flags (vllm serve's and wcprof's
+    flags arrive already folded into the --additional-config section, on top of its keys)."""
+    return load(additional_config=additional_config, environ=environ)

@@ -120,6 +120,8 @@ def test_the_worker_logged_the_guard_and_no_step_above(served):
     text = served["log"].read_text()
     assert "[wcprof] guard on:" in text and "/metrics exports wcprof_guard_*" in text
     assert "[wcprof] guard: a served step needed" not in text
+    # issue 39: the server's log says where --profiler-report's file went, once
+    assert text.count("[wcprof] report written to ") == 1, text[-3000:]
 
 
 def test_stopping_the_server_removes_the_guards_files(served):

@@ -30,7 +30,9 @@ def no_vllm(tmp_path_factory) -> dict[str, str]:
         (stubs / name).mkdir()
         (stubs / name / "__init__.py").write_text(
             f"raise ImportError('{name} imported before preflight finished')\n")
-    return engine_env(PYTHONPATH=str(stubs))
+    # in front of the caller's PYTHONPATH (a worktree's checkout), not instead of it
+    return engine_env(PYTHONPATH=os.pathsep.join(
+        p for p in (str(stubs), os.environ.get("PYTHONPATH", "")) if p))
 
 
 def wcprof(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 60):
@@ -128,7 +130,7 @@ def test_negative_kv_cache_memory_bytes(no_vllm, tmp_path):
                 and any(Path(no_vllm["WCPROF_CACHE_DIR"]).iterdir()))
 
 
-@pytest.mark.parametrize("value,words", [("0", "positive"), ("6GiB", "6442450944"),
+@pytest.mark.parametrize("value,words", [("0", "positive"), ("6.5G", "no decimals"),
                                          ("lots", "not a number")])
 def test_other_bad_kv_cache_memory_bytes(no_vllm, tmp_path, value, words):
     one_error(wcprof(["--kv-cache-memory-bytes", value], no_vllm, tmp_path), 2, words)
@@ -157,6 +159,26 @@ def test_profiler_report_is_a_vllm_serve_flag(no_vllm, tmp_path):
                                        ({"WCPROF_CONFIG": '{"margin": 1}'}, "unknown")])
 def test_bad_settings_in_the_environment(no_vllm, tmp_path, env, words):
     one_error(wcprof([], dict(no_vllm, **env), tmp_path), 2, words)
+
+
+@pytest.mark.parametrize("config,words", [
+    ('{"worstcase_profiler": {"bogus": 1}}', "unknown worstcase_profiler setting(s): bogus"),
+    ('{"worstcase_profiler": {"margin_bytes": "lots"}}', "cannot read size"),
+    ('{"worstcase_profiler": {"json_path": "r.json"}}', "--json PATH"),
+    ('{bad', "--additional-config is not valid JSON")])
+def test_bad_additional_config(no_vllm, tmp_path, config, words):
+    """Issue 39: wcprof ignored the worstcase_profiler section of --additional-config (vllm serve
+    refused it) and read invalid JSON as an internal error: now refused before vLLM loads."""
+    one_error(wcprof(["--additional-config", config], no_vllm, tmp_path), 2, words)
+
+
+def test_model_directory_without_weights(no_vllm, tmp_path):
+    """Issue 39: config.json and no weights ended in exit 70 after vLLM's start-up."""
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(
+        json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    one_error(wcprof(["--model", "m"], no_vllm, tmp_path), 2, "no weight files",
+              "--load-format dummy")
 
 
 def test_unknown_subcommand(no_vllm, tmp_path):
@@ -189,7 +211,7 @@ def test_help_is_fast_and_lists_subcommands(no_vllm, tmp_path):
         for name in SUBCOMMANDS:
             assert f"\n  {name} " in out, name
         for words in ("--help-engine", "--kv-audit", "--no-lock-workspace", "default: 64MiB",
-                      "--quiet", "--debug", "exit codes", "70 internal error"):
+                      "--quiet", "--debug", "exit codes", "70  internal error"):
             assert words in out, words
         assert "(default: None)" not in out and "Traceback" not in out
         assert "--enable-prefix-caching" not in out  # vLLM's flags live behind --help-engine

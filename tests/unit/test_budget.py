@@ -49,6 +49,16 @@ def test_enforce_admits_what_is_left_after_the_worst_step_warm_up_and_margin():
     assert d.admission.cudagraph_bytes == 512 * MiB and d.admission.stock_kv_cache_bytes == 28 * GiB
     assert d.budget.reason == "worst-case budget" and d.budget.error is None and d.advice is None
     assert d.admission.kv_tokens_worstcase == (want // (BPT * 16)) * 16
+    assert d.warnings == ()  # on CUDA the budget does not follow free host memory
+
+
+def test_a_cpu_budget_without_an_explicit_size_says_it_follows_free_host_memory():
+    d = budget.decide(_measured(device_kind="cpu"), mode="enforce", margin_bytes=0)
+    assert len(d.warnings) == 1 and "free memory" in d.warnings[0]
+    assert f"--kv-cache-memory-bytes {d.admission.recommended_kv_cache_memory_bytes}" in d.warnings[0]
+    pinned = budget.decide(_measured(device_kind="cpu", explicit_kv_bytes=20 * GiB),
+                           mode="enforce", margin_bytes=0)
+    assert pinned.warnings == ()
 
 
 def test_report_mode_gives_vllm_its_own_figure_and_still_measures():

@@ -196,3 +196,21 @@ def test_the_pool_bound_does_not_depend_on_how_vllm_estimated_its_graphs():
     explicit = pool_capacity_tokens(stock_kv_bytes=52 * GiB, graph_estimate_bytes=2 * GiB,
                                     **{**common, "explicit_bytes": 4 * GiB})
     assert explicit == 131072  # 4 GiB hold 65,536 tokens: at least one request at max_model_len
+
+
+def test_an_unwritable_cache_directory_is_a_report_warning(read_only_dir):
+    """Issue 39: an unwritable WCPROF_CACHE_DIR was a line in vLLM's log only. store_entry hands
+    the warning to the session (the report's warnings, so the verdict screen shows it), naming
+    the directory and what to set, and the start goes on without the cache."""
+    from worstcase_profiler.adapter.sweep_cache import CacheHandle, store_entry
+    from worstcase_profiler.core.types import CacheUse, Workspace
+
+    directory = read_only_dir / "wcprof-cache"
+    handle = CacheHandle(SweepCache(directory), "k", FACTS)
+    warned: list[str] = []
+    use = store_entry(handle, CacheUse(status="stored", key="k", path=str(directory / "k.json")),
+                      _sweep(), Workspace(), 1000, 1200, WarmupEstimate(), None,
+                      created_at="2026-12-01T00:00:00+00:00", warn=warned.append)
+    assert use.status == "off" and use.path is None
+    assert len(warned) == 1 and str(directory) in warned[0]
+    assert "WCPROF_CACHE_DIR" in warned[0] and "every start sweeps again" in warned[0]

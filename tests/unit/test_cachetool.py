@@ -41,3 +41,20 @@ def test_an_empty_directory_imports_nothing_and_that_is_not_an_error(tmp_path, m
     monkeypatch.setenv("WCPROF_CACHE_DIR", str(tmp_path / "there"))
     assert main(["import", str(tmp_path / "shared")]) == 0
     assert "imported 0 entries" in capsys.readouterr().out
+
+
+def test_list_tells_entries_of_two_chunk_sizes_apart(tmp_path, monkeypatch, capsys):
+    """Issue 39: `cache list` omitted the chunk size, so two entries looked identical."""
+    here = tmp_path / "here"
+    for chunk in (512, 1024):
+        facts = {**FACTS, "config": {"max_model_len": 4096, "max_num_batched_tokens": chunk,
+                                     "max_num_seqs": 8}}
+        entry = _entry(_sweep(), cache_key(facts)).replace(facts=facts)
+        SweepCache(here).store(entry)
+    monkeypatch.setenv("WCPROF_CACHE_DIR", str(here))
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert sorted("max_num_batched_tokens 512 " in ln for ln in lines) == [False, True]
+    assert any("max_num_batched_tokens 1024 " in ln for ln in lines)
+    assert all("max_num_seqs 8" in ln for ln in lines)

@@ -538,3 +538,16 @@ def test_measure_reads_the_replay_stop_and_names_it(monkeypatch):
     engine, (found,) = measure(Shape("decode", 4, 70, 4))
     assert engine.steps == 50 and found.note.endswith(
         "stopped 3 request(s) once the target step had formed and one had finished")
+
+
+def test_verdict_before_any_measurable_step_says_so():
+    """Issue 39: short steps on the CPU read 0 B and the verdict said "largest step 0 B of
+    predicted ... (0.0%)" until a long prompt arrived."""
+    text = "\n".join([f'{PREDICTED}{{rank="0",engine="0"}} 1.048576e+07',
+                      f'{OBSERVED}{{rank="0",engine="0"}} 0.0',
+                      f'{STEPS}_total{{rank="0",engine="0"}} 12.0',
+                      f'{ABOVE}_total{{rank="0",engine="0"}} 0.0'])
+    held, line = verdict(parse_metrics(text))
+    assert held and "largest step 0 B" not in line and "(0.0%)" not in line
+    assert line.startswith("the profile held over 12 steps: no step yet needed memory above its "
+                           "start that the meter resolves (predicted 10.00 MiB")

@@ -217,3 +217,12 @@ def test_missing_matplotlib_is_a_config_error(monkeypatch, make_report):
     with pytest.raises(ConfigError) as err:
         picture.build_figure(make_report())
     assert "matplotlib" in err.value.message and "[picture]" in err.value.hint
+
+
+def test_the_picture_shows_the_value_to_paste(fp8):
+    """Issue 39: the PNG never showed the recommended flag. It is in the figure's title, as the
+    terminal prints it (the HTML has it as text besides)."""
+    fig = picture.build_figure(fp8)
+    texts = [fig._suptitle.get_text()] + [t.get_text() for t in fig.texts]
+    flag = f"--kv-cache-memory-bytes {fp8.admission.recommended_kv_cache_memory_bytes}"
+    assert any(flag in t for t in texts)

@@ -114,3 +114,16 @@ def test_differing_ranks_raise_naming_them(monkeypatch, tmp_path):
     written = json.loads(path.read_text())
     assert written["worstcase"]["plan_fingerprints"][2] == other
     assert len(set(written["worstcase"]["plan_fingerprints"])) == 2
+
+
+def test_the_log_says_where_the_report_was_written_once(tmp_path, caplog):
+    """Issue 39: `vllm serve`'s log never said where --profiler-report's file went."""
+    import logging
+
+    path = tmp_path / "served.json"
+    session = build_session(json_path=str(path), fingerprints=("a",))
+    with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
+        startup.write_report(session)
+        startup.write_report(session)  # a later phase rewrites it: not logged again
+    said = [r.getMessage() for r in caplog.records if "report written to" in r.getMessage()]
+    assert len(said) == 1 and str(path) in said[0] and f"wcprof render {path}" in said[0]

@@ -286,3 +286,37 @@ def test_a_replay_stops_once_formed_and_one_finished_or_once_formed_when_told():
     assert replay_stops(True, 1, 4, "finished") and not replay_stops(True, 0, 4, "finished")
     assert replay_stops(True, 0, 4, "formed") and not replay_stops(False, 3, 4, "formed")
     assert not replay_stops(True, 4, 4, "formed")  # nothing left running to stop
+
+
+def test_an_explicit_kv_below_one_request_is_named_not_the_budget():
+    """Issue 39: --kv-cache-memory-bytes 1048576 said "the KV budget is 2.14 GiB; one request
+    needs 4.00 MiB -- lower --max-model-len": the budget was fine, the flag was too small."""
+    a = adm(explicit_kv=MiB)  # one request at 4096 tokens needs 128 MiB here
+    d = decide(a)
+    assert isinstance(d.error, DoesNotFit)
+    text = str(d.error)
+    assert "--kv-cache-memory-bytes 1048576" in text and "less than one" in text
+    assert "KV budget is" not in text
+    assert f"--kv-cache-memory-bytes {a.one_request_bytes} or more" in d.error.hint
+    assert str(a.recommended_kv_cache_memory_bytes) in d.error.hint
+
+
+def test_a_margin_that_alone_leaves_no_room_is_named_as_the_cause():
+    """Issue 39: --margin 100GiB printed "budget -97.79 GiB" and did not name the margin."""
+    a = adm(margin=100 * GiB)
+    d = decide(a)
+    assert isinstance(d.error, DoesNotFit)
+    assert "margin" in d.error.message and "100.00 GiB" in d.error.message
+    room = 20 * GiB - 4 * GiB - 3 * GiB - a.one_request_bytes
+    assert d.error.hint == f"lower the margin to at most 12.88 GiB (--margin {room})"
+
+
+def test_the_host_memory_note_is_for_a_cpu_budget_without_an_explicit_size():
+    """Issue 39 point 8: on the CPU the budget follows the host's free memory; the report says
+    so and names the flag that pins it, and only there."""
+    a = adm()
+    note = policy.host_memory_note(device_kind="cpu", explicit_kv=None, admission=a)
+    assert note and "free memory" in note
+    assert f"--kv-cache-memory-bytes {a.recommended_kv_cache_memory_bytes}" in note
+    assert policy.host_memory_note(device_kind="cpu", explicit_kv=8 * GiB, admission=a) is None
+    assert policy.host_memory_note(device_kind="cuda", explicit_kv=None, admission=a) is None

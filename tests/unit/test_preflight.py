@@ -339,7 +339,7 @@ def test_profile_order_and_sizes(tmp_path):
                                     margin="1MiB", kv_cap="512MiB", kv_cache_memory_bytes="4G",
                                     environ={})
     assert sizes == {"margin_bytes": 1 << 20, "kv_cap_bytes": 512 << 20,
-                     "kv_cache_memory_bytes": 4 * GiB}
+                     "kv_cache_memory_bytes": 4 * GiB, "section": {}}
     # a bad size is reported before a missing model
     assert "--margin" in _fails(preflight.check_profile, model="/nope", outputs={},
                                 margin="-1", environ={}).message
@@ -351,3 +351,125 @@ def test_die_prints_one_line_and_exits(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err == "worstcase_profiler: error: bad thing\n  -> do this\n"
+
+
+# -- one settings loader: wcprof, vllm serve and the plugin (issue 39) ------------------------
+
+BAD_SECTIONS = [({"bogus": 1}, "unknown worstcase_profiler setting(s): bogus"),
+                ({"margin_bytes": "lots"}, "cannot read size"),
+                ({"kv_audit": "maybe"}, "kv_audit must be error, warn or off"),
+                ({"guard": "sometimes"}, "guard must be auto, on or off")]
+
+
+@pytest.mark.parametrize("section,words", BAD_SECTIONS)
+def test_wcprof_refuses_the_additional_config_section_vllm_serve_refuses(section, words):
+    """wcprof used to drop the --additional-config section silently (its own settings replaced
+    it), while `vllm serve --profiler worstcase` refused it: the same section is now refused by
+    both, with the same message."""
+    text = json.dumps({"worstcase_profiler": section})
+    served = _fails(preflight.check_serve_args, "worstcase", None, json.loads(text), {})
+    profiled = _fails(preflight.check_profile, model=None, outputs={}, additional_config=text,
+                      environ={})
+    assert served.message == profiled.message
+    assert profiled.message.startswith("--additional-config: ") and words in profiled.message
+
+
+def test_wcprof_reads_a_valid_additional_config_section():
+    sizes = preflight.check_profile(
+        model=None, outputs={}, environ={},
+        additional_config='{"worstcase_profiler": {"margin_bytes": "96MiB"}, "other": 1}')
+    assert sizes["section"] == {"margin_bytes": "96MiB"}
+    assert preflight.check_profile(model=None, outputs={}, environ={},
+                                   additional_config='{"other": 1}')["section"] == {}
+
+
+@pytest.mark.parametrize("text,words", [("{bad", "--additional-config is not valid JSON"),
+                                        ("[1, 2]", "must be a JSON object")])
+def test_additional_config_that_is_not_a_json_object(text, words):
+    """Issue 39: invalid JSON in --additional-config ended in exit 70 ("please report it")."""
+    e = _fails(preflight.check_profile, model=None, outputs={}, additional_config=text,
+               environ={})
+    assert words in e.message and "JSON object" in e.hint
+
+
+@pytest.mark.parametrize("section,words", [("default", "switches the profiler off"),
+                                           ({"mode": "off"}, "switches the profiler off"),
+                                           ({"json_path": "/tmp/r.json"}, "--json")])
+def test_wcprof_refuses_a_section_that_overrides_what_it_decides(section, words):
+    e = _fails(preflight.check_profile, model=None, outputs={}, environ={},
+               additional_config=json.dumps({"worstcase_profiler": section}))
+    assert words in e.message + e.hint
+
+
+def test_every_source_in_its_stated_precedence():
+    """defaults < WCPROF_CONFIG < WCPROF_PROFILER < --additional-config < flags, key by key."""
+    from worstcase_profiler.settings import load
+
+    env = {"WCPROF_CONFIG": '{"margin_bytes": "1MiB", "kv_audit": "warn"}'}
+    block = {"worstcase_profiler": {"margin_bytes": "2MiB"}}
+    assert load(environ={}).margin_bytes == 64 << 20
+    assert load(environ=env).margin_bytes == 1 << 20
+    got = load(additional_config=block, environ=env)
+    assert (got.margin_bytes, got.kv_audit) == (2 << 20, "warn")
+    got = load(additional_config=block, flags={"margin_bytes": "3MiB"}, environ=env)
+    assert (got.margin_bytes, got.kv_audit) == (3 << 20, "warn")
+    # the switch: WCPROF_PROFILER over WCPROF_CONFIG, --additional-config over both
+    off = dict(env, WCPROF_PROFILER="default")
+    assert not load(environ=off).enabled
+    assert load(additional_config={"worstcase_profiler": "worstcase"}, environ=off).enabled
+    # the plugin's resolve is the same loader
+    from worstcase_profiler.settings import resolve
+
+    assert resolve(block, env) == load(additional_config=block, environ=env)
+
+
+def test_wcprof_flags_override_the_section_and_its_defaults_only_fill_gaps():
+    """wcprof's section for the engine: --additional-config's keys, its flags on top, and its
+    own run defaults (guard off, the CPU's 512 MiB KV cap) only where no source set them; a
+    flag left at its default (--kv-audit) does not override WCPROF_CONFIG's kv_audit."""
+    from worstcase_profiler.cli import _settings, parse_ours
+    from worstcase_profiler.settings import given_keys, load
+
+    ns = parse_ours([])
+    env = {"WCPROF_CONFIG": '{"kv_audit": "warn", "kv_cap_bytes": "256MiB"}'}
+    extra = {"worstcase_profiler": {"margin_bytes": "96MiB"}}
+    sizes = {"margin_bytes": None, "kv_cap_bytes": None, "section": {"margin_bytes": "96MiB"}}
+    s = _settings(ns, "/t/r.json", True, sizes, {}, given_keys(extra, env))
+    got = load(additional_config={"worstcase_profiler": s}, environ=env)
+    assert (got.margin_bytes, got.kv_audit, got.kv_cap_bytes, got.guard) == \
+        (96 << 20, "warn", 256 << 20, "off")
+    ns = parse_ours(["--margin", "8MiB", "--kv-audit", "off"])
+    s = _settings(ns, "/t/r.json", True, dict(sizes, margin_bytes=8 << 20), {}, set())
+    got = load(additional_config={"worstcase_profiler": s}, environ=env)
+    assert (got.margin_bytes, got.kv_audit, got.kv_cap_bytes) == (8 << 20, "off", 512 << 20)
+
+
+# -- weights and sizes -------------------------------------------------------------------------
+
+def test_a_model_directory_without_weights_is_refused_unless_dummy(tmp_path):
+    """Issue 39: a directory with config.json and no weights ended in exit 70 after vLLM's
+    start-up; without --load-format dummy it is now refused before the engine."""
+    d = _model_dir(tmp_path, '{"model_type": "llama"}')
+    e = _fails(preflight.check_weights, str(d), None)
+    assert "no weight files" in e.message and "--load-format dummy" in e.hint
+    _fails(preflight.check_weights, str(d), "auto")
+    preflight.check_weights(str(d), "dummy")
+    preflight.check_weights(None, None)  # the bundled model
+    (d / "model.safetensors").write_bytes(b"")
+    preflight.check_weights(str(d), None)
+
+
+@pytest.mark.parametrize("value,expected", [("6GiB", 6 * GiB), ("6G", 6 * GiB),
+                                            ("6442450944", 6 * GiB), ("512MiB", 512 << 20)])
+def test_profile_takes_the_kv_cache_size_in_the_units_check_takes(value, expected):
+    """Issue 39: `wcprof check` read --kv-cache-memory-bytes 6GiB, profile refused it."""
+    from worstcase_profiler.cli import with_flag_value
+
+    sizes = preflight.check_profile(model=None, outputs={}, kv_cache_memory_bytes=value,
+                                    environ={})
+    assert sizes["kv_cache_memory_bytes"] == expected
+    argv = ["--max_model_len", "8", f"--kv_cache_memory_bytes={value}"]
+    assert with_flag_value(argv, "--kv-cache-memory-bytes", str(expected)) == \
+        ["--max-model-len", "8", f"--kv-cache-memory-bytes={expected}"]
+    assert with_flag_value(["--kv-cache-memory-bytes", value], "--kv-cache-memory-bytes",
+                           str(expected)) == ["--kv-cache-memory-bytes", str(expected)]

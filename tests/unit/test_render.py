@@ -203,3 +203,28 @@ def test_tp_ranks_line_carries_each_ranks_validation(make_report):
     text = terminal_text(report)
     assert "TP ranks: rank 0: worst peak" in text and "validation 0.750; rank 1" in text
     assert "(identical sweep on every rank)" in text
+
+
+def test_no_fit_recommends_none_and_names_the_margin(make_report):
+    """Issue 39: --margin 100GiB printed "budget -97.79 GiB" and "recommended:
+    --kv-cache-memory-bytes 0" without naming the margin. No value is recommended then, and the
+    margin is named as the cause."""
+    budget = 126 * GiB - 3 * GiB - 4 * GiB - 100 * GiB
+    text = terminal_text(make_report(admission__margin_bytes=100 * GiB,
+                                     admission__budget_bytes=budget,
+                                     admission__kv_cache_bytes=0,
+                                     admission__recommended_kv_cache_memory_bytes=0,
+                                     admission__one_request_bytes=128 << 20,
+                                     admission__fits=False))
+    assert "--kv-cache-memory-bytes 0" not in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("recommended:"))
+    assert line.startswith("recommended: none") and "no value is safe" in line
+    assert "the margin (100.00 GiB, --margin) is the cause" in text
+
+
+def test_an_explicit_size_below_one_request_is_named_on_the_flag_line(make_report):
+    text = terminal_text(make_report(admission__explicit_kv_cache_memory_bytes=1 << 20,
+                                     admission__one_request_bytes=4 << 20,
+                                     admission__fits=False))
+    assert "explicit setting 1.00 MiB, less than the 4.00 MiB one request at max_model_len " \
+           "needs" in text

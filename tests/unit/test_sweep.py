@@ -345,3 +345,36 @@ def test_a_restart_tells_confirmed_figures_from_cut_ones_where_a_shape_ran_twice
     cut, _ = run_cut_down(drv, tolerance=0, attribute_ops=False)
     check = replay(drv, cut.worst.shape, dominance_checks(limits, cut.worst.shape))
     assert reused(cut, check, resolution=MiB).peak_bytes == cut.peak_bytes
+
+
+class NoisyStockDriver(FakeDriver):
+    """The stock step reads differently each time, as one RSS reading on the CPU does (the
+    bundled tiny model: 1.16-1.65 MiB, and 3.84 MiB once)."""
+
+    device_kind = "cpu"
+
+    def __init__(self, limits, transient, readings):
+        super().__init__(limits, transient)
+        self._readings = list(readings)
+        self.meter = type("Meter", (), {"device_kind": self.device_kind,
+                                        "resolution_bytes": 512 << 10})()
+
+    def measure_stock(self):
+        return StepResult(shape=stock_shape(self.limits), peak_bytes=self._readings.pop(0),
+                          seconds=0.0)
+
+
+def test_the_stock_step_is_read_three_times_on_the_cpu_and_its_steady_reading_kept():
+    """Issue 39: one high reading of the stock step flipped the tiny model's verdict. On the CPU
+    the stock step is measured three times: `stock` is the lowest (its steady need, which the
+    verdict compares with), while the highest still bounds the admitted transient."""
+    from worstcase_profiler.core.sweep import stock_readings
+
+    d = NoisyStockDriver(LIMITS, lambda s: MiB, [3840 << 10, 1190 << 10, 1690 << 10])
+    assert stock_readings(d) == 3
+    out = run_sweep(d, tolerance=0, attribute_ops=False, stock_readings=stock_readings(d))
+    assert out.stock.peak_bytes == 1190 << 10
+    assert out.peak_bytes == 3840 << 10 and out.worst.shape.kind == "stock"
+    d = NoisyStockDriver(LIMITS, lambda s: MiB, [3840 << 10])
+    d.meter.device_kind = "cuda"  # an exact allocator: one reading
+    assert stock_readings(d) == 1

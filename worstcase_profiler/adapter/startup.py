@@ -32,7 +32,7 @@ from ..core import shapes
 from ..core.cache import CacheEntry, pool_capacity_tokens
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
-from ..core.sweep import prove_cut_down, run_cut_down, run_sweep
+from ..core.sweep import prove_cut_down, run_cut_down, run_sweep, stock_readings
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
                           SweepResult, WarmupEstimate, WarmupResult, Workspace)
@@ -88,6 +88,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                             margin_bytes=settings.margin_bytes, kv_cap_bytes=settings.kv_cap_bytes,
                             advise_within=settings.advise_within,
                             context_ladder=settings.context_ladder)
+    for note in decided.warnings:
+        session.warn(note)
     if (line := knee_line(decided.advice)) is not None:
         log.info("[wcprof] %s", line)
     facts, sweep = measured.facts, measured.facts.sweep
@@ -186,7 +188,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         with clock("cache_store"):
             use = sweep_cache.store_entry(handle, use, sweep, workspace, baseline, held_now,
                                           estimate, limits.kv_capacity_tokens, sweep_mode,
-                                          created_at=now())
+                                          created_at=now(), warn=session.warn)
     held_memory = HeldMemory(requested_bytes=requested_bytes(worker),
                              consumed_bytes=consumed + sweep.post_profile_bytes,
                              # vllm-touch: worker-config
@@ -199,7 +201,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         one_request_bytes=kvmod.one_request_bytes(runner, vllm_config), explicit_kv_bytes=explicit,
         tolerance_bytes=tolerance, sweep_mode=sweep_mode,
         allocator_slack_bytes=getattr(meter, "allocator_slack_bytes", 0),
-        advice_measurements=measured_advice)
+        advice_measurements=measured_advice, device_kind=meter.device_kind)
     return StartMeasurement(facts=facts, cache=use, proof=proof)
 
 
@@ -339,7 +341,7 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
                     else:
                         sweep, why = run_cut_down(driver, **kw)
             if sweep is None:
-                sweep = run_sweep(driver, **kw)
+                sweep = run_sweep(driver, **kw, stock_readings=stock_readings(driver))
     finally:
         progress.close()
     log.info("[wcprof] sweep: %d steps in %.1fs (stock step %.2fs)", progress.count,
@@ -600,3 +602,12 @@ def write_report(session: StartupSession) -> None:
             root, ext = os.path.splitext(path)
             path = f"{root}.rank{report.rank}{ext or '.json'}"
         JsonReporter().write(report, path)
+    # The operator of `vllm serve` reads the log: say where the report is, once per file (later
+    # phases rewrite it in place; the report says which phases it holds).
+    if path not in _REPORTS_LOGGED:
+        _REPORTS_LOGGED.add(path)
+        log.info("[wcprof] report written to %s (rewritten in place as the start goes on; "
+                 "`wcprof render %s` shows it)", os.path.abspath(path), path)
+
+
+_REPORTS_LOGGED: set[str] = set()

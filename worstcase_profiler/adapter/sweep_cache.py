@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from ..core import policy
-from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key
+from ..core.cache import ENV_DIR, CacheEntry, SweepCache, cache_dir, cache_key
 from ..core.shapes import Limits
-from ..core.sweep import dominance_checks, replay, reused
+from ..core.sweep import dominance_checks, replay, reused, stock_readings
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, EngineFacts, SweepResult, WarmupEstimate,
                           Workspace)
@@ -60,7 +60,8 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         recheck = policy.recheck_dominance(signed=handle.cache.secret is not None)
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
-                           dominance_checks(limits, entry.sweep.worst.shape) if recheck else ())
+                           dominance_checks(limits, entry.sweep.worst.shape) if recheck else (),
+                           stock_readings=stock_readings(driver))
         clock.add("replay.stock_step", check.stock.seconds)
         clock.add("replay.worst_step", check.step.seconds)
         expected = entry.worst_need
@@ -97,8 +98,10 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
 def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,
                 baseline: int, consumed: int, estimate: WarmupEstimate,
                 capacity_tokens: int | None, sweep_mode: str = "full", *,
-                created_at: str) -> CacheUse:
-    """Store this start's sweep (its CacheUse unchanged), or say why not (status off)."""
+                created_at: str, warn: Callable[[str], None] | None = None) -> CacheUse:
+    """Store this start's sweep (its CacheUse unchanged); a cache directory that cannot be
+    written does not stop the engine, and is said where the operator reads (`warn`: the
+    report's warnings, hence the verdict screen), not only in vLLM's log (status off)."""
     entry = CacheEntry(key=handle.key, facts=handle.facts, created_at=created_at, sweep=sweep,
                        workspace_slot_bytes=max((s.bytes_after for s in workspace.slots), default=0),
                        baseline_bytes=baseline, consumed_bytes=consumed, warmup=estimate,
@@ -109,7 +112,18 @@ def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspac
         return use
     except OSError as e:  # a read-only home must not stop the engine
         log.warning("[wcprof] could not write the sweep cache in %s: %s", handle.cache.directory, e)
+        if warn is not None:
+            warn(cache_unwritable_text(handle.cache.directory, e))
         return dataclasses.replace(use, status="off", path=None)
+
+
+def cache_unwritable_text(directory, error: OSError) -> str:
+    """The warning for a sweep cache that could not be written: where, why, what it costs, and
+    what to set."""
+    why = error.strerror or str(error)
+    return (f"the sweep cache could not be written in {directory} ({why}): this sweep is not "
+            f"cached, so every start sweeps again; set {ENV_DIR} to a writable directory (or "
+            f"{ENV_DIR}=off to silence this)")
 
 
 def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:

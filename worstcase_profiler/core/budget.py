@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from .admission import compute_admission
 from .advise import DEFAULT_WITHIN, advise
-from .policy import decide_budget
+from .policy import decide_budget, host_memory_note
 from .shapes import Limits
 from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, HeldMemory,
                     SweepResult, WarmupEstimate, Workspace)
@@ -49,6 +49,8 @@ class Measured:
     allocator_slack_bytes: int = 0
     advice_measurements: AdviceMeasurements | None = None
     """The advisor's steps (None unless the advise setting is on)."""
+    device_kind: str = "cuda"
+    """The meter's device: on the CPU the budget follows the host's free memory."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +58,15 @@ class Decided:
     admission: Admission
     budget: BudgetDecision
     advice: Advice | None = None
+    warnings: tuple[str, ...] = ()
+    """What the report's warnings carry (policy.host_memory_note)."""
 
 
 def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | None = None,
            advise_within: float = DEFAULT_WITHIN, context_ladder: bool = True) -> Decided:
     """Admission from the measured facts, the advice over the advisor's measurements (when
-    there are any), and the budget decision (policy.decide_budget: enforce, report, kv_cap)."""
+    there are any), the budget decision (policy.decide_budget: enforce, report, kv_cap), and
+    the warnings the report carries (on the CPU, a budget that follows free host memory)."""
     sweep, limits = m.sweep, m.limits
     admission = compute_admission(
         requested=m.held.requested_bytes, consumed=m.held.consumed_bytes,
@@ -83,4 +88,7 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
                            worst_label=sweep.worst.shape.label(),
                            max_model_len=limits.max_model_len)
-    return Decided(admission=admission, budget=budget, advice=advice)
+    note = host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
+                            admission=admission)
+    return Decided(admission=admission, budget=budget, advice=advice,
+                   warnings=(note,) if note else ())

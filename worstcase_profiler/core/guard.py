@@ -208,6 +208,9 @@ def verdict(figures: list[GuardFigures]) -> tuple[bool, str]:
         if len(figures) > 1 else ""
     largest = (f"largest step {fmt_bytes(top.observed)} of predicted {fmt_bytes(top.predicted)}"
                f" ({top.ratio:.1%}){ranks}")
+    if top.observed == 0:  # short steps on the CPU: nothing above the meter's noise yet
+        largest = (f"no step yet needed memory above its start that the meter resolves "
+                   f"(predicted {fmt_bytes(top.predicted)}; long prompts will)")
     shape = ""
     if top.get(LARGEST_ROWS):
         shape = (f" at rows={fmt_tokens(top.get(LARGEST_ROWS))} reqs={top.get(LARGEST_REQS)} "

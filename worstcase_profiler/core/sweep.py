@@ -78,13 +78,37 @@ def cannot_build(driver: StepDriver, shape: Shape) -> str | None:
     return ask(shape) if ask is not None else None
 
 
+STOCK_READINGS = {"cpu": 3}
+"""How many times the stock step is measured, by meter kind (default 1). On the CPU one RSS
+reading of it can carry one-time allocations: the bundled tiny model's stock step read
+1.16-1.65 MiB, and 3.84 MiB once, against a worst step of 4.40 MiB, which flipped its verdict
+from STOCK UNSAFE to SAFE. The lowest reading is stock's steady need (what the verdict compares
+with); the highest still counts for the admitted transient, so nothing is admitted below a
+reading."""
+
+
+def stock_readings(driver) -> int:
+    meter = getattr(driver, "meter", None)
+    return STOCK_READINGS.get(getattr(meter, "device_kind", ""), 1)
+
+
+def measure_stock_steady(driver: StepDriver, readings: int = 1) -> tuple[StepResult, StepResult]:
+    """(lowest, highest) of `readings` measurements of the stock step, by need."""
+    found = [driver.measure_stock() for _ in range(max(1, readings))]
+    key = lambda r: (r.need_bytes, r.peak_bytes)  # noqa: E731
+    return min(found, key=key), max(found, key=key)
+
+
 def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
               context_ladder: bool = True, attribute_ops: bool = True,
-              on_step: StepCallback | None = None, allocator_slack: int = 0) -> SweepResult:
+              on_step: StepCallback | None = None, allocator_slack: int = 0,
+              stock_readings: int = 1) -> SweepResult:
     """Every step the scheduler can form, at its longest KV extent (see the module docstring).
     Returns the admitted transient `peak_bytes`: the largest measured transient (stock step
     included: vLLM runs it) plus the chord certificate's slack plus `allocator_slack` (the
-    meter's: how far the same step can read apart under another allocator history)."""
+    meter's: how far the same step can read apart under another allocator history).
+    `stock_readings`: measure the stock step that many times (STOCK_READINGS); `stock` is the
+    lowest reading, the highest counts for the worst step and the admitted transient."""
     t_start = time.perf_counter()
     limits = driver.limits
     log: list[StepResult] = []
@@ -96,7 +120,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
             on_step(result)
         return result
 
-    stock = driver.measure_stock()
+    stock, stock_high = measure_stock_steady(driver, stock_readings)
     hi = limits.max_num_batched_tokens
     with driver.provisional_kv() as provisional:
         by_rows: dict[int, StepResult] = {}
@@ -129,7 +153,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
                 curve.append(by_rows[wr] if shape == by_rows[wr].shape else step(shape))
 
         # The stock step is a step vLLM itself runs: the worst case is never below it.
-        worst = max([*log, stock], key=lambda r: (r.need_bytes, r.peak_bytes))
+        worst = max([*log, stock_high], key=lambda r: (r.need_bytes, r.peak_bytes))
         worst_op = None
         if attribute_ops and worst.shape.kind != "stock":
             worst_op = step(worst.shape, attribute=True).top_op
@@ -138,7 +162,8 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
     chord_slack = max(0, rows_cov.bound - rows_cov.worst_peak)
     return SweepResult(
         stock=stock, steps=tuple(log), worst=worst, worst_op=worst_op,
-        peak_bytes=max(r.peak_bytes for r in [*log, stock]) + chord_slack + max(0, allocator_slack),
+        peak_bytes=max(r.peak_bytes for r in [*log, stock, stock_high]) + chord_slack
+        + max(0, allocator_slack),
         coverage=rows_cov, context_curve=tuple(curve), rows_max=hi,
         post_profile_bytes=provisional.post_profile_bytes,
         seconds=time.perf_counter() - t_start, skipped=tuple(skipped))
@@ -310,13 +335,14 @@ def dominance_checks(limits: Limits, worst: Shape) -> tuple[Shape, ...]:
     return tuple(s for s in dict.fromkeys(found) if s != worst)
 
 
-def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = ()) -> Replay:
-    """Measure the stock step, then the cached worst shape and `checks` once each on a
-    provisional KV cache."""
+def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (),
+           stock_readings: int = 1) -> Replay:
+    """Measure the stock step (`stock_readings` times: its lowest reading, as run_sweep), then
+    the cached worst shape and `checks` once each on a provisional KV cache."""
     t0 = time.perf_counter()
-    stock = driver.measure_stock()
+    stock, stock_high = measure_stock_steady(driver, stock_readings)
     with driver.provisional_kv() as provisional:
-        step = stock if worst_shape.kind == "stock" else driver.measure(worst_shape)
+        step = stock_high if worst_shape.kind == "stock" else driver.measure(worst_shape)
         others = tuple(driver.measure(s) for s in checks if cannot_build(driver, s) is None)
     return Replay(stock=stock, step=step, provisional=provisional,
                   seconds=time.perf_counter() - t0, others=others)

@@ -37,9 +37,16 @@ def write_atomically(path: Path, data: str | bytes) -> None:
     file or the complete new one, never a prefix, and a Ctrl-C leaves no temp file behind."""
     from ..interrupts import uninterrupted
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with uninterrupted():
-        _write_and_replace(path, data)
+    from ..errors import OutputError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with uninterrupted():
+            _write_and_replace(path, data)
+    except OutputError:
+        raise
+    except OSError as e:  # a full disk, a read-only mount: the operator's, naming the path
+        raise OutputError.writing(path, e) from e
     _fsync_dir(path.parent)
 
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from ..errors import ConfigError
 from ..report import Report, Shape, StepResult, Verdict
 from ..sizes import GiB, MiB, fmt_bytes, fmt_tokens
-from .view import full_extent_prefill, shape_text, short_model, signed, transient_bytes
+from .view import (build_view, full_extent_prefill, shape_text, short_model, signed,
+                   transient_bytes)
 
 # category -> (colour, legend label). Colour-blind-safe (Okabe-Ito plus greys).
 CATEGORIES: dict[str, tuple[str, str]] = {
@@ -222,11 +223,13 @@ def build_figure(report: Report):
 
     cfg = report.config
     verdict = report.verdict
+    view = build_view(report)  # the value to paste, as the terminal and HTML show it
     fig.suptitle(f"{verdict}  —  {short_model(cfg.model)}   "
                  f"max_model_len={fmt_tokens(cfg.max_model_len)}"
                  f"  max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}"
-                 f"  max_num_seqs={cfg.max_num_seqs}",
-                 fontsize=15, fontweight="bold", color=VERDICT_COLOURS[verdict])
+                 f"  max_num_seqs={cfg.max_num_seqs}\n"
+                 f"recommended: {view.flag}  {view.flag_note}",
+                 fontsize=15, fontweight="bold", color=VERDICT_COLOURS[verdict], wrap=True)
     stock_bar, worst_bar = card_bars(report)
     _draw_card(ax_card, report, stock_bar, worst_bar)
     _draw_waterfall(ax_fall, report, stock_bar, worst_bar)

@@ -69,9 +69,13 @@ class View:
     details: tuple[Detail, ...]
     summary: str
     advice: AdviceView | None = None
+    flag_fits: bool = True
+    """The recommended value holds one request at max_model_len (else there is none to paste)."""
 
     @property
     def flag(self) -> str:
+        if not self.flag_fits:
+            return "none"
         return f"--kv-cache-memory-bytes {self.flag_bytes}"
 
 
@@ -138,7 +142,7 @@ def build_view(report: Report) -> View:
                f"step {shape_text(wc.worst_shape)}.")
     return View(verdict=report.verdict, model=cfg.model, limits_text=limits, where_text=where,
                 flag_bytes=adm.recommended_kv_cache_memory_bytes, flag_note=flag_note(report),
-                rows=tuple(rows),
+                flag_fits=budget_holds_one_request(report), rows=tuple(rows),
                 details=tuple(details(report)), summary=summary,
                 advice=build_advice_view(report))
 
@@ -157,8 +161,10 @@ def details(report: Report) -> list[Detail]:
                                 f"{fmt_bytes(adm.consumed_bytes)} - worst peak "
                                 f"{fmt_bytes(transient_bytes(report))} - {warmup} - margin "
                                 f"{fmt_bytes(adm.margin_bytes)} = {fmt_bytes(adm.budget_bytes)}"))
-    out.append(Detail("flag", f"recommended: --kv-cache-memory-bytes "
-                              f"{adm.recommended_kv_cache_memory_bytes}  {flag_note(report)}"))
+    flag = (f"--kv-cache-memory-bytes {adm.recommended_kv_cache_memory_bytes}"
+            if budget_holds_one_request(report) else "none")
+    out.append(Detail("flag", f"recommended: {flag}  {flag_note(report)}",
+                      INFO if budget_holds_one_request(report) else ERROR))
     out.append(stock_detail(report))
     out.append(Detail("coverage", coverage_text(report)))
     for skipped in wc.skipped_shapes:
@@ -209,12 +215,42 @@ def warmup_source_text(report: Report) -> str:
     return f"{where}; {', '.join(parts)}"
 
 
+def budget_holds_one_request(report: Report) -> bool:
+    """The recommended value (the budget, whole MiB) holds one request at max_model_len."""
+    adm = report.admission
+    one = adm.one_request_bytes or 0
+    return adm.recommended_kv_cache_memory_bytes > 0 and \
+        adm.recommended_kv_cache_memory_bytes >= one
+
+
 def flag_note(report: Report) -> str:
     adm = report.admission
+    if not budget_holds_one_request(report):
+        return no_fit_text(report)
     note = f"({fmt_bytes(adm.recommended_kv_cache_memory_bytes)})"
-    if adm.explicit_kv_cache_memory_bytes is not None:
-        note += f"; explicit setting {fmt_bytes(adm.explicit_kv_cache_memory_bytes)}"
+    explicit = adm.explicit_kv_cache_memory_bytes
+    if explicit is not None:
+        note += f"; explicit setting {fmt_bytes(explicit)}"
+        if adm.one_request_bytes and explicit < adm.one_request_bytes:
+            note += (f", less than the {fmt_bytes(adm.one_request_bytes)} one request at "
+                     f"max_model_len needs")
+        elif explicit > adm.budget_bytes:
+            note += ", more than the worst-case budget"
     return note
+
+
+def no_fit_text(report: Report) -> str:
+    """Why no value is recommended: the budget against one request, and the cause when the
+    margin alone is it."""
+    adm, cfg = report.admission, report.config
+    text = (f"(no value is safe: the budget, {fmt_bytes(adm.budget_bytes)}, does not hold one "
+            f"request at max_model_len={fmt_tokens(cfg.max_model_len)}, "
+            f"{fmt_bytes(adm.one_request_bytes)}")
+    if adm.margin_bytes and adm.budget_bytes + adm.margin_bytes >= (adm.one_request_bytes or 0):
+        text += f"; the margin ({fmt_bytes(adm.margin_bytes)}, --margin) is the cause: lower it"
+    else:
+        text += "; lower --max-model-len or --max-num-batched-tokens, or give the engine more memory"
+    return text + ")"
 
 
 def stock_detail(report: Report) -> Detail:

@@ -1,0 +1,136 @@
+"""How cli.py classifies what goes wrong after preflight (issue 39): every failure an operator
+can fix is named with its cause and exit code, not exit 70's "please report it". No engine: the
+exceptions are the ones vLLM and the OS raise, built here."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+from pydantic import BaseModel, Field, ValidationError
+
+from worstcase_profiler import cli
+from worstcase_profiler.errors import ConfigError, UnsupportedModel
+from worstcase_profiler.render.json_report import write_atomically
+
+ARCHS = ", ".join(f"'Model{i}ForCausalLM'" for i in range(400))
+
+
+def _raised_from(inner: BaseException, outer: BaseException) -> BaseException:
+    try:
+        try:
+            raise inner
+        except BaseException as e:
+            raise outer from e
+    except BaseException as e:
+        return e
+
+
+def test_an_unknown_architecture_is_unsupported_in_one_short_line():
+    """vLLM lists its ~400 architectures; the README promises exit 4."""
+    e = ValueError(f"Model architectures ['FooBarForCausalLM'] are not supported for now. "
+                   f"Supported architectures: dict_keys([{ARCHS}])")
+    found = cli._engine_failure(_raised_from(e, RuntimeError("engine core failed")))
+    assert isinstance(found, UnsupportedModel) and found.exit_code == 4
+    assert "['FooBarForCausalLM']" in found.message and len(found.message) < 200
+    assert "Model7ForCausalLM" not in found.message + found.hint
+    assert "architectures" in found.hint
+
+
+def test_a_model_without_weights_is_bad_input():
+    e = RuntimeError("Cannot find any model weights with `/m`")
+    found = cli._engine_failure(_raised_from(e, RuntimeError("Engine core initialization failed")))
+    assert isinstance(found, ConfigError) and "--load-format dummy" in found.hint
+
+
+class _Scheduler(BaseModel):
+    max_num_batched_tokens: int = Field(ge=1)
+    max_model_len: int = Field(ge=-1)
+
+
+@pytest.mark.parametrize("field,value,flag", [("max_num_batched_tokens", 0,
+                                               "--max-num-batched-tokens 0"),
+                                              ("max_model_len", -5, "--max-model-len -5")])
+def test_vllms_refusal_names_the_flag(field, value, flag):
+    """vLLM's config classes refused with "Input should be greater than or equal to 1" and no
+    field; the message now starts with the flag and its value."""
+    args = {"max_num_batched_tokens": 8, "max_model_len": 8, field: value}
+    with pytest.raises(ValidationError) as info:
+        _Scheduler(**args)
+    found = cli._engine_failure(info.value)
+    assert isinstance(found, ConfigError)
+    assert found.message.startswith(f"vLLM refused the configuration: {flag}: Input should be")
+
+
+def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
+    """A full disk ended in exit 70 with no path: the writer names it (exit 2)."""
+    import os
+
+    from worstcase_profiler.errors import OutputError
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OutputError) as info:
+        write_atomically(tmp_path / "r.json", "{}")
+    e = info.value
+    assert isinstance(e, OSError) and e.exit_code == 2
+    assert str(tmp_path / "r.json") in e.message and "No space left" in e.message
+    assert "free space" in e.hint
+
+
+def test_a_full_disk_anywhere_is_not_an_internal_error(monkeypatch, capsys):
+    def boom(argv):
+        raise RuntimeError("engine failed") from OSError(errno.ENOSPC, "No space left on device",
+                                                         "/var/cache/x")
+
+    monkeypatch.setattr(cli, "_dispatch", boom)
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "/var/cache/x" in err and "please report" not in err
+
+    def anonymous(argv):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(cli, "_dispatch", anonymous)
+    assert cli.main([]) == 2
+    assert "TMPDIR" in capsys.readouterr().err
+
+
+def test_a_real_internal_error_still_says_report_it(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_dispatch", lambda argv: (_ for _ in ()).throw(KeyError("x")))
+    assert cli.main([]) == cli.EXIT_INTERNAL
+    assert "please report it" in capsys.readouterr().err
+
+
+# -- exit codes: the code, `wcprof --help`, the README and docs/faq.md agree -------------------
+
+def test_profiles_exit_code_follows_the_verdict(make_report):
+    """0 whenever the recommended value is safe (SAFE and STOCK UNSAFE alike), 3 DOES NOT FIT,
+    1 a KV over-commit the start let through (--kv-audit warn)."""
+    assert cli.exit_code(make_report()) == 0
+    assert cli.exit_code(make_report(admission__stock_oom_context_len=0)) == 0
+    assert cli.exit_code(make_report(admission__fits=False)) == 3
+    over = {"budget_bytes": 1, "allowed_bytes": 1, "allocated_bytes": 2, "ratio": 2.0,
+            "groups": [], "verdict": "over-budget", "message": "x"}
+    assert cli.exit_code(make_report(kv_audit=over)) == 1
+
+
+def test_every_exit_code_is_documented_the_same_everywhere():
+    """Issue 39: STOCK UNSAFE exits 0 while the README said "1 unsafe". Every code of
+    cli.EXIT_CODES is in `wcprof --help`, a row of docs/faq.md's table, and the README names
+    the table; no document keeps the old "1 unsafe" wording."""
+    from pathlib import Path
+
+    root = Path(cli.__file__).parents[1]
+    helptext = cli.usage()
+    faq = (root / "docs" / "faq.md").read_text()
+    readme = (root / "README.md").read_text()
+    quickstart = (root / "docs" / "quickstart.md").read_text()
+    for code in cli.EXIT_CODES:
+        assert f"\n  {code:>3}  " in helptext, code
+        assert f"\n| {code} |" in faq, code
+    assert "docs/faq.md#exit-codes" in readme and "faq.md#exit-codes" in quickstart
+    for text in (readme, quickstart, helptext):
+        assert "1 unsafe" not in text and "0 safe, 1" not in text
