@@ -2,9 +2,9 @@
 screen rather than described.
 
   tiny        the bundled tiny Llama: a correct model, audits at ratio <= 1.01
-  scratch     seed 002: attention scratch from the WorkspaceManager sized rows x KV extent on two
-              lanes; the stock step sees a 16 KiB slot, runtime needs tens of MiB per lane
-  overcommit  seed 000: one placeholder layer per KV group, one buffer per real layer, recurrent
+  scratch     attention scratch from the WorkspaceManager sized rows x KV extent on two lanes
+              (a context-scaled workspace); the stock step sees a 16 KiB slot, runtime needs tens of MiB per lane
+  overcommit  a KV over-commit: one placeholder layer per KV group, one buffer per real layer, recurrent
               state outside the budget; the audit refuses to start (then starts with kv_audit=warn)
   tile        scratch that is a non-monotone step function of rows: the worst rows value is
               neither a power of two nor max_num_batched_tokens
@@ -25,10 +25,10 @@ SCENARIOS: dict[str, tuple[str | None, list[str], str]] = {
     "tiny": (None, [], "a correct model: KV audit ratio <= 1.01"),
     "scratch": ("scratch", ["--max-model-len", "2048", "--max-num-batched-tokens", "256",
                             "--max-num-seqs", "4", "--validate"],
-                "context-scaled workspace on two lanes (seed 002)"),
+                "context-scaled workspace on two lanes"),
     "overcommit": ("overcommit", ["--max-model-len", "2048", "--max-num-batched-tokens", "256",
                                   "--max-num-seqs", "4"],
-                   "KV over-commit: placeholder divisor + recurrent state (seed 000)"),
+                   "KV over-commit: placeholder divisor + recurrent state"),
     "tile": ("tile", ["--max-model-len", "2048", "--max-num-batched-tokens", "512",
                       "--max-num-seqs", "4"],
              "tile-rounded scratch peaking at an odd rows value"),

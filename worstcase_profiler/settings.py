@@ -229,8 +229,7 @@ def replay_stop(environ: Mapping[str, str] | None = None) -> str:
     """When a measured replay (--validate) stops, from WCPROF_REPLAY_STOP: "finished" (the
     default), once its target step formed and a request finished, the first to finish holding
     the longest context any reaches; "formed", as soon as its target formed, for an engine that
-    fails late in a long replay (DeepSeek-V4 + MTP on vLLM 0.26, h200-run33, where requests
-    reached 8,190 of 8,192 tokens): the measured contexts then end at the plan's target, short
+    fails late in a long replay (one whose requests fail as they near max_model_len): the measured contexts then end at the plan's target, short
     of the worst step's. Read by wcprof's --validate and the serving validation
     (validate_on_start)."""
     env = os.environ if environ is None else environ

