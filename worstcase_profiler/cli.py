@@ -585,7 +585,7 @@ def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int
     if not quiet:
         err.print(f"engine start with the sweep: {boot_s:.1f}s", highlight=False)
     code = 0 if report.verdict.severity < 2 else 1  # DOES NOT FIT or KV OVER-COMMIT: 1
-    from .core.policy import validation_exceeded
+    from .core.replay_rules import validation_exceeded
 
     if any(validation_exceeded(v) for v in report.validations):
         code = 1

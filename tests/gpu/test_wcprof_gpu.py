@@ -101,7 +101,7 @@ def test_worst_step_from_real_requests_reaches_the_prediction(case, request, all
         assert within(v, case["case"], allowed_over), v
         if v.get("shape") and tuple(map(int, r["schema_version"].split("."))) >= (1, 6):
             # recorded from schema 1.6: the scheduler formed the target step
-            from worstcase_profiler.core.policy import replay_reached
+            from worstcase_profiler.core.replay_rules import replay_reached
             from worstcase_profiler.report import Validation
 
             assert replay_reached(Validation.model_validate(v)) is True, (v.get("formed"), v["shape"])

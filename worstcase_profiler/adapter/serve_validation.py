@@ -20,7 +20,7 @@ import time
 from ..core import codec
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
-from ..core.policy import replay_reached, replay_stops, validation_exceeded
+from ..core.replay_rules import replay_reached, replay_stops, validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import replay_stop, resolve

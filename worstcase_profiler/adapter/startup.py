@@ -9,8 +9,9 @@
                               locked.
 
 Each hook records one frozen phase result in the worker's StartupSession (core/session.py) and
-writes the report once (report.build_report). Decisions are the core's (core/policy.py,
-core/admission.py); this module only measures and applies them.
+writes the report once (report.build_report). Decisions are the core's (core/admission.py,
+core/cache_trust.py, core/audits.py, core/replay_rules.py, core/sweep_depth.py); this module only
+measures and applies them.
 """
 
 from __future__ import annotations
@@ -25,14 +26,17 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from ..core import policy
-from ..core.admission import compute_admission
+from ..core.admission import compute_admission, decide_budget
+from ..core.audits import kv_audit_error, kv_audit_verdict, warmup_to_remember, warmup_verdict
 from ..core.cache import CacheEntry, SweepCache, cache_dir, cache_key, pool_capacity_tokens
+from ..core.cache_trust import cache_verdict, recheck_dominance, reuse_consumed, still_worst
+from ..core.replay_rules import plan_agreement
 from ..core.session import StartupSession
 from ..core import shapes
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import (dominance_checks, prove_cut_down, replay, reused, run_cut_down,
                           run_sweep)
+from ..core.sweep_depth import sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, EngineFacts, HeldMemory, ProfileResult,
                           StepResult, SweepResult, WarmupEstimate, WarmupResult, Workspace)
@@ -147,10 +151,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
             held_now = held("measure_held")
     consumed = held_now
     if entry is not None:  # a cached start: the full sweep's residue, the same answer as then
-        consumed = policy.reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,
-                                         cached_consumed=entry.consumed_bytes,
-                                         replay_residue=held_now - baseline,
-                                         resolution=meter.resolution_bytes)
+        consumed = reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,
+                                  cached_consumed=entry.consumed_bytes,
+                                  replay_residue=held_now - baseline,
+                                  resolution=meter.resolution_bytes)
     elif handle is not None:
         with clock("cache_store"):
             use = store_entry(handle, use, sweep, workspace, baseline, held_now, estimate,
@@ -174,9 +178,9 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
     advised = advice.build(measured, limits, sweep, held_memory, admission, workspace, settings,
                            sweep_mode, allocator_slack=getattr(meter, "allocator_slack_bytes", 0))
-    decision = policy.decide_budget(admission, mode=settings.mode, kv_cap=settings.kv_cap_bytes,
-                                    worst_label=sweep.worst.shape.label(),
-                                    max_model_len=limits.max_model_len)
+    decision = decide_budget(admission, mode=settings.mode, kv_cap=settings.kv_cap_bytes,
+                             worst_label=sweep.worst.shape.label(),
+                             max_model_len=limits.max_model_len)
     with clock("plan_check"):
         fingerprints = gather_plan_fingerprints(sweep.steps)
     session.record_profile(ProfileResult(
@@ -184,8 +188,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         admission=admission, budget=decision, plan_fingerprints=tuple(fingerprints),
         sweep_mode=sweep_mode, advice=advised, cut_down_proof=proof))
     write_report(session)
-    error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
-                                  steps=len(sweep.steps)) or decision.error
+    error = plan_agreement(fingerprints, rank=session.facts.rank,
+                           steps=len(sweep.steps)) or decision.error
     if error is not None:
         raise error
 
@@ -292,15 +296,15 @@ def sweep_or_reuse(driver, limits: Limits, settings: ProfilerSettings, tolerance
     use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
     if driver.agree_max(int(entry is None)) == 0:
         # With a secret, the cache loads only entries whose signature it verified.
-        recheck = policy.recheck_dominance(signed=handle.cache.secret is not None)
+        recheck = recheck_dominance(signed=handle.cache.secret is not None)
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
                            dominance_checks(limits, entry.sweep.worst.shape) if recheck else ())
         clock.add("replay.stock_step", check.stock.seconds)
         clock.add("replay.worst_step", check.step.seconds)
         expected = entry.worst_need
-        ok, allowed = policy.cache_verdict(expected, check.step.need_bytes, tolerance)
-        if not policy.still_worst(expected, [o.need_bytes for o in check.others], allowed):
+        ok, allowed = cache_verdict(expected, check.step.need_bytes, tolerance)
+        if not still_worst(expected, [o.need_bytes for o in check.others], allowed):
             ok = False
             beaten = max(check.others, key=lambda o: o.need_bytes)
             log.warning("[wcprof] cached sweep %s names %s as the worst step, but %s needs %s now "
@@ -338,16 +342,16 @@ def _tp_size(driver) -> int:
 
 def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
                 clock: PhaseTimer) -> tuple[SweepResult, str, CutDownProof | None]:
-    """(the sweep, its mode line, the cut-down proof or None): cut down when policy.sweep_depth
+    """(the sweep, its mode line, the cut-down proof or None): cut down when sweep_depth
     says so and the model can be cut, both when it says prove (the full one admitted), else on
     the full model."""
     model = getattr(driver, "model", None)
-    mode, why = policy.sweep_depth(settings.sweep_depth,
-                                   f"{type(model).__qualname__}" if model is not None else "",
-                                   eager=lambda: _runs_eagerly(driver),
-                                   device_kind=_device_kind(driver.meter),
-                                   runner=driver.runner_kind,
-                                   tensor_parallel_size=_tp_size(driver))
+    mode, why = sweep_depth(settings.sweep_depth,
+                            f"{type(model).__qualname__}" if model is not None else "",
+                            eager=lambda: _runs_eagerly(driver),
+                            device_kind=_device_kind(driver.meter),
+                            runner=driver.runner_kind,
+                            tensor_parallel_size=_tp_size(driver))
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind, why)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)
@@ -530,13 +534,13 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     with clock("kv_audit"):
         budget = session.profile.budget.budget_bytes
         groups, allowed = kvmod.allocation(worker.model_runner, kv_cache_config, budget)
-        audit = policy.kv_audit_verdict(groups, budget=budget, allowed=allowed,
-                                        delta_process=meter.consumed() - before)
+        audit = kv_audit_verdict(groups, budget=budget, allowed=allowed,
+                                 delta_process=meter.consumed() - before)
     session.record_kv_audit(audit)
     if audit.verdict != "ok" and settings.kv_audit == "warn":
         session.warn(audit.message)
     write_report(session)
-    error = policy.kv_audit_error(audit, settings.kv_audit)
+    error = kv_audit_error(audit, settings.kv_audit)
     if error is not None:
         raise error
     (log.info if audit.verdict == "ok" else log.warning)("[wcprof] %s", audit.message)
@@ -600,12 +604,12 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
             graphs = int(session.measurements.get("graphs", 0))
             cached = prof.cache.status in ("stored", "hit")
             residue = prof.held.residue_bytes
-            audit, error = policy.warmup_verdict(
+            audit, error = warmup_verdict(
                 resident=resident, graphs=min(graphs, resident),
                 accounted=prof.admission.cudagraph_bytes, margin=settings.margin_bytes,
                 mode=settings.mode, kv_cache_bytes=prof.admission.kv_cache_bytes, cached=cached,
                 residue=residue)
-            remember = policy.warmup_to_remember(
+            remember = warmup_to_remember(
                 resident=resident, graphs=graphs, reserve=prof.admission.cudagraph_bytes,
                 residue=residue, ok=audit.verdict == "ok", exact=meter.device_kind == "cuda")
             if cached and remember is not None:

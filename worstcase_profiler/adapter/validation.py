@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from ..core import codec
 from ..core.guard import StepShape, frontier_add
-from ..core.policy import formed_for, replay_stops, target_formed
+from ..core.replay_rules import formed_for, replay_stops, target_formed
 from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
@@ -229,7 +229,7 @@ def _reached(llm, target: Shape) -> bool:
 def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape,
                  stop: str = "finished") -> int:
     """Run a measured batch like _generate, but stop it once every rank's scheduler formed
-    `target` (policy.target_formed on the recorders' frontiers) and a request has finished
+    `target` (replay_rules.target_formed on the recorders' frontiers) and a request has finished
     (stop="finished"; stop="formed": as soon as it formed):
     the first to finish held the longest context any of them reaches, and every later step has
     fewer requests than the target, so the rest is aborted. A decode plan's requests carry

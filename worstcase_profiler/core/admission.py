@@ -3,15 +3,17 @@
 Stock vLLM gives the KV cache requested - consumed - (its own profile peak) - cudagraphs. We
 subtract the worst transient over every step the scheduler can form instead, plus what warm-up
 will keep (CUDA graphs and other buffers) and a margin, and report both so the difference is
-visible. Pure integer arithmetic; no vLLM, no torch.
+visible; decide_budget turns the admission into the KV bytes handed to vLLM (or the error that
+refuses the start). Pure integer arithmetic; no vLLM, no torch.
 """
 
 from __future__ import annotations
 
 from typing import Iterable
 
-from ..sizes import MiB
-from .types import Admission
+from ..errors import DoesNotFit
+from ..sizes import MiB, fmt_bytes
+from .types import Admission, BudgetDecision
 
 
 def kv_tokens(num_bytes: int, bytes_per_token: int, block_size: int) -> int:
@@ -85,6 +87,40 @@ def compute_admission(*, requested: int, consumed: int, weights: int, non_torch:
         kv_tokens_worstcase=kv_tokens(kv_cache, bytes_per_token, block_size),
         stock_oom_context_len=oom_ctx, stock_shortfall_bytes=shortfall,
         one_request_bytes=one_request, fits=fits)
+
+
+def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label: str,
+                  max_model_len: int) -> BudgetDecision:
+    """enforce: the worst-case budget (or the explicit --kv-cache-memory-bytes when it fits);
+    report: vLLM's own figure, measured and reported only. kv_cap limits what is allocated
+    (never below one request at max_model_len). A configuration that does not fit is refused
+    in enforce mode, with the flag value that would fit when an explicit one is too large."""
+    error = None
+    if not adm.fits and mode == "enforce":
+        explicit = adm.explicit_kv_cache_memory_bytes
+        worst = f"{fmt_bytes(adm.transient_bytes)} at {worst_label}"
+        if explicit is not None and explicit > max(adm.budget_bytes, 0) \
+                and adm.budget_bytes >= adm.one_request_bytes:
+            error = DoesNotFit(
+                f"--kv-cache-memory-bytes {explicit} ({fmt_bytes(explicit)}) leaves no room for "
+                f"the worst-case step ({worst})",
+                hint=f"use --kv-cache-memory-bytes {adm.recommended_kv_cache_memory_bytes} or less")
+        else:
+            error = DoesNotFit(
+                f"after the worst-case step ({worst}) the KV budget is "
+                f"{fmt_bytes(adm.budget_bytes)}; one request at max_model_len={max_model_len} "
+                f"needs {fmt_bytes(adm.one_request_bytes)}",
+                hint="lower --max-model-len or --max-num-batched-tokens, or give the engine more "
+                     "memory")
+    if mode == "report":
+        budget, reason = adm.stock_kv_cache_bytes, "report mode: vLLM's own figure"
+    elif adm.explicit_kv_cache_memory_bytes is not None:
+        budget, reason = adm.explicit_kv_cache_memory_bytes, "explicit --kv-cache-memory-bytes"
+    else:
+        budget, reason = max(0, adm.budget_bytes), "worst-case budget"
+    if kv_cap is not None and budget > max(kv_cap, adm.one_request_bytes):
+        budget, reason = max(kv_cap, adm.one_request_bytes), f"{reason}, capped by kv_cap"
+    return BudgetDecision(budget_bytes=int(budget), reason=reason, error=error)
 
 
 def _check_non_negative(**values: int) -> None:

@@ -1,9 +1,10 @@
 """The core's vocabulary: frozen values that flow one way, measure -> decide -> report.
 
-The adapter measures and builds these; the core's pure functions (sweep, admission, policy)
-combine them; report.py projects them onto the public JSON schema. Nothing here imports vLLM,
-torch or pydantic, so the schema can change without touching a decision, and a fingerprint or a
-cache key computed from these values does not move when a report field is renamed.
+The adapter measures and builds these; the core's pure functions (sweep, admission, the
+start-up rules) combine them; report.py projects them onto the public JSON schema. Nothing here
+imports vLLM, torch or pydantic, so the schema can change without touching a decision, and a
+fingerprint or a cache key computed from these values does not move when a report field is
+renamed.
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ class SweepResult:
 @dataclass(frozen=True)
 class CutDownProof:
     """One start's comparison of the cut-down sweep with the full sweep on the same engine
-    (sweep_depth=prove; core/sweep.prove_cut_down, judged by policy.judge_cut_down). The full
-    sweep is the one admitted; this says whether the cut-down one would have admitted the same.
+    (sweep_depth=prove; core/sweep.prove_cut_down, judged by sweep_depth.judge_cut_down). The
+    full sweep is the one admitted; this says whether the cut-down one would have admitted the same.
 
     `deltas`: per step kind, the largest full-model minus cut-down peak over the shapes both
     passes measured (how much depth adds where the cut-down pass alone would have counted)."""
@@ -243,7 +244,7 @@ class HeldMemory:
     residue_bytes: int = 0
     """Of consumed_bytes, what this start had not allocated yet when admission measured it: on
     a cached start, the full sweep's residue (buffers the engine creates lazily, which warm-up
-    or serving then creates; policy.reuse_consumed). 0 on a start that swept."""
+    or serving then creates; cache_trust.reuse_consumed). 0 on a start that swept."""
 
 
 @dataclass(frozen=True)
@@ -327,8 +328,8 @@ class Validation:
     """A step the scheduler formed while the measured requests ran (context_len: the longest
     context a request of it held): the smallest one covering the target's rows, requests and
     context, else the one closest to it; without a target, the one of most rows
-    (policy.formed_for). None where no step was recorded. A worst-step replay reached its
-    target only if this covers it (policy.replay_reached)."""
+    (replay_rules.formed_for). None where no step was recorded. A worst-step replay reached its
+    target only if this covers it (replay_rules.replay_reached)."""
 
 
 @dataclass(frozen=True)
