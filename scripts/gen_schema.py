@@ -78,8 +78,6 @@ FIELD_NOTES = {
     "Shape.rows": "new tokens in the step, all requests together",
     "Shape.context_len": "cached tokens each request already holds (mixed: the prefill's)",
     "Shape.num_reqs": "requests in the step",
-    "StepResult.shape": "the synthetic step",
-    "StepResult.seconds": "wall time of the step",
     "StockFigures.peak_activation_bytes": "transient peak of vLLM's own profile step, measured "
                                           "by the same meter as the sweep",
     "StockFigures.shape": "the stock step: max_num_batched_tokens rows, empty KV",

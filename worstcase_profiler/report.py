@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-# Plain records (a step's shape, a device, an engine's limits, a workspace slot, a KV group, the
-# sweep cache's use) are the core's own frozen dataclasses: pydantic validates and serialises them
-# like its models, and their JSON is the same. Everything with a meaning of its own to document keeps a model here.
+# The records are the core's own frozen dataclasses (core/types.py), served as they are: pydantic
+# validates and serialises them like its models, their JSON is the same, and the descriptions in
+# their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
+# report's envelope: what only the report has, or a record projected into another form.
 from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAuditGroup, Shape,  # noqa: E402
-                         WorkspaceSlot)
+                         StepResult, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -30,19 +31,6 @@ SCHEMA_VERSION = "1.7"
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
 # 1.6: validation.formed (the largest step the scheduler formed during the replay); 1.7: the
 # "quick" validation target (`--validate quick`).
-
-class StepResult(BaseModel):
-    shape: Shape
-    peak_bytes: int = Field(description="transient peak above the pre-step baseline")
-    seconds: float
-    top_op: str | None = Field(None, description="module during which the peak was reached")
-    workspace_bytes: int = Field(0, description="WorkspaceManager bytes live after the step")
-
-    @property
-    def need_bytes(self) -> int:
-        """Non-KV memory the step needs: its transient plus the workspace it leaves live."""
-        return self.peak_bytes + self.workspace_bytes
-
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -370,10 +358,6 @@ def proof_model(p) -> CutDownProof | None:
         cut_seconds=p.cut_seconds, deltas=dict(p.deltas), depth_delta=p.depth_delta)
 
 
-def _step(r) -> StepResult:
-    return _model(StepResult, r)
-
-
 def coverage_model(c) -> Coverage:
     return Coverage(method=c.method, argument=c.argument, tolerance_bytes=c.tolerance,
                     executed_rows=list(c.executed_rows),
@@ -400,7 +384,7 @@ def advice_model(a) -> Advice | None:
         rule=a.rule,
         candidates=[_model(ChunkAdvice, c) for c in a.candidates],
         excluded=[ExcludedChunk(chunk=chunk, reason=why) for chunk, why in a.excluded],
-        steps=[_step(r) for r in a.steps], seconds=a.seconds)
+        steps=list(a.steps), seconds=a.seconds)
 
 
 def build_report(session: "StartupSession", *, created_at: str) -> Report:
@@ -417,8 +401,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         post_profile_bytes=sweep.post_profile_bytes, worst_shape=sweep.worst.shape,
         worst_op=sweep.worst_op, rows_covered=RowsCovered(min=1, max=sweep.rows_max),
         shapes_executed=len(sweep.steps), coverage=coverage_model(sweep.coverage),
-        context_curve=[_step(r) for r in sweep.context_curve],
-        steps=[_step(r) for r in sweep.steps],
+        context_curve=list(sweep.context_curve), steps=list(sweep.steps),
         workspace_slots=list(ws.slots),
         workspace_locked=bool(warm and warm.workspace_locked), seconds=sweep.seconds,
         plan_fingerprints=list(prof.plan_fingerprints),

@@ -17,6 +17,13 @@ from typing import Iterable, Literal
 ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
 
 
+def doc(description: str, **kwargs):
+    """A dataclass field with its meaning in the field's metadata: report.py serves these records
+    as they are, and pydantic carries `description` into the report's JSON schema (docs/schema.md)
+    without this module importing it. kwargs: dataclasses.field's (default, default_factory)."""
+    return field(metadata={"description": description}, **kwargs)
+
+
 @dataclass(frozen=True)
 class Shape:
     """One synthetic step: `num_reqs` requests, `rows` new tokens in total, each request already
@@ -40,11 +47,11 @@ class StepResult:
     """What one step needed: its transient peak above the pre-step baseline, and the workspace
     it asked for (summed over slots), both agreed across ranks."""
 
-    shape: Shape
-    peak_bytes: int
-    seconds: float
-    top_op: str | None = None
-    workspace_bytes: int = 0
+    shape: Shape = doc("the synthetic step")
+    peak_bytes: int = doc("transient peak above the pre-step baseline")
+    seconds: float = doc("wall time of the step")
+    top_op: str | None = doc("module during which the peak was reached", default=None)
+    workspace_bytes: int = doc("WorkspaceManager bytes live after the step", default=0)
 
     @property
     def need_bytes(self) -> int:
