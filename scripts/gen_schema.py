@@ -129,13 +129,6 @@ FIELD_NOTES = {
     "KVAuditGroup.layers": "layer names vLLM's plan lists for the group",
     "KVAuditGroup.declared_bytes": "num_blocks x page size, once per listed layer name",
     "KVAuditGroup.allocated_bytes": "distinct storage actually allocated for those layers",
-    "KVAudit.budget_bytes": "the KV budget the worker returned",
-    "KVAudit.allocated_bytes": "distinct storage KV initialisation allocated, all groups",
-    "KVAudit.ratio": "allocated / allowed",
-    "KVAudit.delta_process_bytes": "process memory growth across KV initialisation",
-    "KVAudit.groups": "per KV cache group, plus `outside the plan` for anything unlisted",
-    "KVAudit.verdict": "`over-budget` when allocated exceeds allowed by more than 1%",
-    "KVAudit.message": "one line for the operator",
     "Validation.measured_peak_bytes": "transient peak + workspace measured while real requests "
                                       "ran",
     "Validation.predicted_peak_bytes": "worst-case peak + workspace",

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a record projected into another form.
-from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAuditGroup, Shape,  # noqa: E402
+from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAudit, Shape,  # noqa: E402
                          StepResult, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
@@ -166,17 +166,6 @@ class Admission(BaseModel):
     one_request_bytes: int | None = Field(
         None, description="KV one request at max_model_len needs")
     fits: bool
-
-
-class KVAudit(BaseModel):
-    budget_bytes: int
-    allowed_bytes: int = Field(description="budget, or what num_gpu_blocks_override explains")
-    allocated_bytes: int
-    ratio: float
-    delta_process_bytes: int | None = None
-    groups: list[KVAuditGroup]
-    verdict: Literal["ok", "over-budget"]
-    message: str
 
 
 class WarmupAudit(BaseModel):
@@ -412,7 +401,6 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
     # the core Admission plus what warm-up was expected to keep, and where that figure came from
     admission = Admission(**dataclasses.asdict(adm), warmup_graphs_bytes=prof.warmup.graphs_bytes,
                           warmup_source=prof.warmup.source)
-    kv_audit = _model(KVAudit, phases.kv_audit)
     warmup_audit = _model(WarmupAudit, warm.audit if warm is not None else None)
     validations = [validation_model(v) for v in phases.validation]
     cfg, dev = facts.config, facts.device
@@ -422,8 +410,9 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         device=dev, config=cfg,
         runner=RunnerInfo(runner=facts.runner, worker=facts.worker,
                           attention_backends=list(facts.attention_backends)),
-        stock=stock_figures(sweep.stock), worstcase=wc, admission=admission, kv_audit=kv_audit,
-        warmup_audit=warmup_audit, validation=gating_validation(validations),
+        stock=stock_figures(sweep.stock), worstcase=wc, admission=admission,
+        kv_audit=phases.kv_audit, warmup_audit=warmup_audit,
+        validation=gating_validation(validations),
         validations=validations, startup_seconds=dict(session.clock.seconds),
         warnings=list(phases.warnings), advice=advice_model(getattr(prof, "advice", None)))
 

@@ -15,11 +15,11 @@ from typing import Iterable
 
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..sizes import fmt_bytes
-from .types import KVAuditGroup, KVAuditResult, WarmupAuditResult, WarmupEstimate
+from .types import KVAuditGroup, KVAudit, WarmupAuditResult, WarmupEstimate
 
 
 def kv_audit_verdict(groups: Iterable[KVAuditGroup], *, budget: int, allowed: int,
-                     delta_process: int | None, tolerance: float = 0.01) -> KVAuditResult:
+                     delta_process: int | None, tolerance: float = 0.01) -> KVAudit:
     """What KV initialisation allocated (summed over unique storages, per group and outside every
     group) against the budget the worker returned, or against what an explicit block count
     explains (`allowed`). Over by more than `tolerance`: over-budget."""
@@ -34,12 +34,12 @@ def kv_audit_verdict(groups: Iterable[KVAuditGroup], *, budget: int, allowed: in
                f"{fmt_bytes(allowed)} (x{ratio:.2f}): {shares}")
     else:
         msg = f"KV allocation within budget (x{ratio:.3f}): {shares}"
-    return KVAuditResult(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
+    return KVAudit(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
                          ratio=ratio, delta_process_bytes=delta_process, groups=groups,
                          verdict="over-budget" if over else "ok", message=msg)
 
 
-def kv_audit_error(audit: KVAuditResult, setting: str) -> WcprofError | None:
+def kv_audit_error(audit: KVAudit, setting: str) -> WcprofError | None:
     """The error that refuses the start (kv_audit=error and over budget), else None."""
     if audit.verdict == "ok" or setting != "error":
         return None

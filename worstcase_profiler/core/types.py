@@ -296,16 +296,22 @@ class KVAuditGroup:
     allocated_bytes: int
 
 
-@dataclass(frozen=True)
-class KVAuditResult:
-    budget_bytes: int
-    allowed_bytes: int
-    allocated_bytes: int
-    ratio: float
-    delta_process_bytes: int | None
-    groups: tuple[KVAuditGroup, ...]
-    verdict: Literal["ok", "over-budget"]
-    message: str
+@dataclass(frozen=True, kw_only=True)
+class KVAudit:
+    """What KV initialisation allocated, against the budget the worker returned
+    (core/audits.kv_audit_verdict)."""
+
+    budget_bytes: int = doc("the KV budget the worker returned")
+    allowed_bytes: int = doc("budget, or what num_gpu_blocks_override explains")
+    allocated_bytes: int = doc("distinct storage KV initialisation allocated, all groups")
+    ratio: float = doc("allocated / allowed")
+    delta_process_bytes: int | None = doc("process memory growth across KV initialisation",
+                                          default=None)
+    groups: tuple[KVAuditGroup, ...] = doc(
+        "per KV cache group, plus `outside the plan` for anything unlisted")
+    verdict: Literal["ok", "over-budget"] = doc(
+        "`over-budget` when allocated exceeds allowed by more than 1%")
+    message: str = doc("one line for the operator")
 
 
 @dataclass(frozen=True)
@@ -403,7 +409,7 @@ class Phases:
     """The phase results of one start, each set once (StartupSession enforces it)."""
 
     profile: ProfileResult | None = None
-    kv_audit: KVAuditResult | None = None
+    kv_audit: KVAudit | None = None
     warmup: WarmupResult | None = None
     validation: tuple[Validation, ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
