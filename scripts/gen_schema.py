@@ -71,7 +71,6 @@ FIELD_NOTES = {
     "Report.kv_audit": "what KV initialisation really allocated; null before KV "
                        "initialisation ran or with kv_audit=off",
     "Report.validation": "real requests replayed at the worst shapes (`wcprof --validate`)",
-    "WarmupAudit.graphs_bytes": "of resident_bytes: what CUDA-graph capture kept",
     "Report.warnings": "anything the operator should read (e.g. workspace growth after the budget)",
     "Shape.kind": "stock: vLLM's own profile step; prefill: one chunk on a full KV extent; "
                   "decode: the full-context decode batch; mixed: decodes plus one prefill chunk",

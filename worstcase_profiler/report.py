@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a record projected into another form.
 from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAudit, Shape,  # noqa: E402
-                         StepResult, WorkspaceSlot)
+                         StepResult, WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -166,19 +166,6 @@ class Admission(BaseModel):
     one_request_bytes: int | None = Field(
         None, description="KV one request at max_model_len needs")
     fits: bool
-
-
-class WarmupAudit(BaseModel):
-    """What warm-up left resident after the KV budget was fixed — CUDA graphs above all (vLLM
-    0.26's V2 runner estimates them as 0) — against what admission set aside for it."""
-
-    resident_bytes: int = Field(description="device memory warm-up added and kept")
-    graphs_bytes: int | None = Field(None, description="of resident_bytes: CUDA graph capture")
-    accounted_bytes: int = Field(description="what admission subtracted for it (cudagraph_bytes)")
-    outside_bytes: int = Field(description="resident - accounted: eats the worst step's headroom")
-    allowed_bytes: int = Field(description="the margin; more than this fails the start")
-    verdict: Literal["ok", "outside-budget"]
-    message: str
 
 
 class Validation(BaseModel):
@@ -401,7 +388,6 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
     # the core Admission plus what warm-up was expected to keep, and where that figure came from
     admission = Admission(**dataclasses.asdict(adm), warmup_graphs_bytes=prof.warmup.graphs_bytes,
                           warmup_source=prof.warmup.source)
-    warmup_audit = _model(WarmupAudit, warm.audit if warm is not None else None)
     validations = [validation_model(v) for v in phases.validation]
     cfg, dev = facts.config, facts.device
     return Report(
@@ -411,7 +397,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         runner=RunnerInfo(runner=facts.runner, worker=facts.worker,
                           attention_backends=list(facts.attention_backends)),
         stock=stock_figures(sweep.stock), worstcase=wc, admission=admission,
-        kv_audit=phases.kv_audit, warmup_audit=warmup_audit,
+        kv_audit=phases.kv_audit, warmup_audit=warm.audit if warm is not None else None,
         validation=gating_validation(validations),
         validations=validations, startup_seconds=dict(session.clock.seconds),
         warnings=list(phases.warnings), advice=advice_model(getattr(prof, "advice", None)))

@@ -15,7 +15,7 @@ from typing import Iterable
 
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
 from ..sizes import fmt_bytes
-from .types import KVAuditGroup, KVAudit, WarmupAuditResult, WarmupEstimate
+from .types import KVAuditGroup, KVAudit, WarmupAudit, WarmupEstimate
 
 
 def kv_audit_verdict(groups: Iterable[KVAuditGroup], *, budget: int, allowed: int,
@@ -50,7 +50,7 @@ def kv_audit_error(audit: KVAudit, setting: str) -> WcprofError | None:
 
 def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, mode: str,
                    kv_cache_bytes: int, cached: bool, residue: int = 0
-                   ) -> tuple[WarmupAuditResult, DoesNotFit | None]:
+                   ) -> tuple[WarmupAudit, DoesNotFit | None]:
     """Device memory warm-up kept after the KV budget was fixed (`resident`, of which `graphs`
     by CUDA graph capture), against what admission set aside for it: its warm-up reserve
     (`accounted`) plus `residue`, held memory it counted for buffers not yet allocated (a
@@ -66,7 +66,7 @@ def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, m
         f"{fmt_bytes(residue)} of the cached sweep's residue counted in held memory)")
     msg = f"warm-up kept {kept} after the KV budget was fixed; admission set aside {aside}"
     msg += ": within the margin" if ok else f", so {fmt_bytes(outside)} of the worst step's headroom is gone"
-    audit = WarmupAuditResult(resident_bytes=resident, graphs_bytes=graphs,
+    audit = WarmupAudit(resident_bytes=resident, graphs_bytes=graphs,
                               accounted_bytes=accounted + residue, outside_bytes=outside,
                               allowed_bytes=margin, verdict="ok" if ok else "outside-budget",
                               message=msg)

@@ -314,13 +314,18 @@ class KVAudit:
     message: str = doc("one line for the operator")
 
 
-@dataclass(frozen=True)
-class WarmupAuditResult:
-    resident_bytes: int
-    graphs_bytes: int
-    accounted_bytes: int
-    outside_bytes: int
-    allowed_bytes: int
+@dataclass(frozen=True, kw_only=True)
+class WarmupAudit:
+    """What warm-up left resident after the KV budget was fixed — CUDA graphs above all (vLLM
+    0.26's V2 runner estimates them as 0) — against what admission set aside for it
+    (core/audits.warmup_verdict)."""
+
+    resident_bytes: int = doc("device memory warm-up added and kept")
+    graphs_bytes: int | None = doc("of resident_bytes: CUDA graph capture (None: a report "
+                                   "written before schema 1.3)", default=None)
+    accounted_bytes: int = doc("what admission subtracted for it (cudagraph_bytes)")
+    outside_bytes: int = doc("resident - accounted: eats the worst step's headroom")
+    allowed_bytes: int = doc("the margin; more than this fails the start")
     verdict: Literal["ok", "outside-budget"]
     message: str
 
@@ -399,7 +404,7 @@ class ProfileResult:
 
 @dataclass(frozen=True)
 class WarmupResult:
-    audit: WarmupAuditResult | None
+    audit: WarmupAudit | None
     workspace_locked: bool = False
     workspace_grown_bytes: int = 0
 
