@@ -270,9 +270,9 @@ def _check_report(report: dict, name: str, put) -> None:
         if key in ("worst_step", "quick") and v.get("shape") and \
                 tuple(map(int, str(report.get("schema_version", "0")).split("."))) >= (1, 6):
             from worstcase_profiler.core.replay_rules import replay_reached
-            from worstcase_profiler.report import Validation
+            from worstcase_profiler.report import validation_model
 
-            put(f"{key}_formed", replay_reached(Validation.model_validate(v)) is True,
+            put(f"{key}_formed", replay_reached(validation_model(v)) is True,
                 f"the closest step the scheduler formed: {v.get('formed')} (target {v['shape']})")
     rows = {"min": 1, "max": flag_value(name, "--max-num-batched-tokens")}
     put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))

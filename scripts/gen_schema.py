@@ -128,12 +128,6 @@ FIELD_NOTES = {
     "KVAuditGroup.layers": "layer names vLLM's plan lists for the group",
     "KVAuditGroup.declared_bytes": "num_blocks x page size, once per listed layer name",
     "KVAuditGroup.allocated_bytes": "distinct storage actually allocated for those layers",
-    "Validation.measured_peak_bytes": "transient peak + workspace measured while real requests "
-                                      "ran",
-    "Validation.predicted_peak_bytes": "worst-case peak + workspace",
-    "Validation.ratio": "measured / predicted (at most 1 means the prediction held)",
-    "Validation.requests": "the requests replayed",
-    "Validation.seconds": "wall time of the replay",
     "DeviceInfo.kind": "`cuda` or `cpu`",
     "DeviceInfo.name": "GPU name, or the CPU architecture",
     "DeviceInfo.total_bytes": "device memory (CUDA) or host memory (CPU)",

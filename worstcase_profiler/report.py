@@ -13,14 +13,14 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
 # The records are the core's own frozen dataclasses (core/types.py), served as they are: pydantic
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a record projected into another form.
 from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAudit, Shape,  # noqa: E402
-                         StepResult, WarmupAudit, WorkspaceSlot)
+                         StepResult, Validation, WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -166,31 +166,6 @@ class Admission(BaseModel):
     one_request_bytes: int | None = Field(
         None, description="KV one request at max_model_len needs")
     fits: bool
-
-
-class Validation(BaseModel):
-    measured_peak_bytes: int
-    predicted_peak_bytes: int
-    ratio: float
-    requests: list[str]
-    seconds: float
-    rank: int = Field(0, description="the rank measured (with TP, the rank of highest ratio)")
-    target: Literal["worst-step", "quick", "traffic"] = Field(
-        "traffic", description="worst-step: the report's own worst shape built from real requests "
-                               "(its rows, request count and context); quick: its rows over its "
-                               "requests at the shortest context, formed within a few steps "
-                               "(`--validate quick`); traffic: generic requests")
-    shape: Shape | None = Field(None, description="the step the requests were built to reach")
-    note: str | None = Field(None, description="why a shape could not be built exactly, if so")
-    resolution_bytes: int = Field(
-        0, description="the meter's resolution on this device: measured may exceed predicted by "
-                       "this much before the validation fails (0: exact)")
-    formed: Shape | None = Field(
-        None, description="a step the scheduler formed while the measured requests ran "
-                          "(context_len: the longest context a request of it held): the smallest "
-                          "covering the target's rows, requests and context, else the closest; "
-                          "without a target, the one of most rows. A worst-step replay reached "
-                          "its target only if this covers it")
 
 
 class ChunkAdvice(BaseModel):
@@ -341,9 +316,13 @@ def coverage_model(c) -> Coverage:
                               for s in c.segments])
 
 
+_VALIDATION = TypeAdapter(Validation)
+
+
 def validation_model(v) -> Validation:
-    """One core Validation as the schema's (the CLI's --validate fills reports it read back)."""
-    return _model(Validation, v)
+    """A Validation from a core record (returned as it is: the CLI's --validate fills reports it
+    read back) or from a report's JSON object (validated, as the report validates it)."""
+    return _VALIDATION.validate_python(v)
 
 
 def stock_figures(stock) -> StockFigures:
@@ -388,7 +367,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
     # the core Admission plus what warm-up was expected to keep, and where that figure came from
     admission = Admission(**dataclasses.asdict(adm), warmup_graphs_bytes=prof.warmup.graphs_bytes,
                           warmup_source=prof.warmup.source)
-    validations = [validation_model(v) for v in phases.validation]
+    validations = list(phases.validation)
     cfg, dev = facts.config, facts.device
     return Report(
         tool_version=facts.tool_version, vllm_version=facts.vllm_version, created_at=created_at,

@@ -37,7 +37,7 @@ def plan_agreement(fingerprints: list[str], *, rank: int, steps: int) -> WcprofE
 def validation_exceeded(v) -> bool:
     """A validation fails when it measured more than predicted by more than the meter can
     resolve (`resolution_bytes`: RSS on the CPU moves with heap reuse below the mmap threshold;
-    0 where the meter is exact). Works on the core Validation and the report's alike."""
+    0 where the meter is exact). `v`: a Validation, or anything with its fields."""
     return v.measured_peak_bytes > v.predicted_peak_bytes + (v.resolution_bytes or 0)
 
 
@@ -67,7 +67,7 @@ def replay_reached(v) -> bool | None:
     step with at least the target's rows over at least its requests, at no shorter a context
     (`formed`: the step formed_for chose). None when either is unknown (a traffic validation,
     or no step recorded). A replay that did not reach its target measured some other step: its
-    ratio says nothing about the worst one. Works on the core Validation and the report's."""
+    ratio says nothing about the worst one. `v`: a Validation, or anything with its fields."""
     if v.shape is None or v.formed is None:
         return None
     return covers(v.formed, v.shape)

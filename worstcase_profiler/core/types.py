@@ -332,22 +332,30 @@ class WarmupAudit:
 
 @dataclass(frozen=True)
 class Validation:
-    measured_peak_bytes: int
-    predicted_peak_bytes: int
-    ratio: float
-    requests: tuple[str, ...]
-    seconds: float
-    rank: int = 0
-    target: str = "traffic"
-    shape: Shape | None = None
-    note: str | None = None
-    resolution_bytes: int = 0
-    formed: Shape | None = None
-    """A step the scheduler formed while the measured requests ran (context_len: the longest
-    context a request of it held): the smallest one covering the target's rows, requests and
-    context, else the one closest to it; without a target, the one of most rows
-    (replay_rules.formed_for). None where no step was recorded. A worst-step replay reached its
-    target only if this covers it (replay_rules.replay_reached)."""
+    """Real requests replayed after the start, measured against the prediction (in-process:
+    adapter/validation.py; before serving: adapter/serve_validation.py)."""
+
+    measured_peak_bytes: int = doc("transient peak + workspace measured while real requests ran")
+    predicted_peak_bytes: int = doc("worst-case peak + workspace")
+    ratio: float = doc("measured / predicted (at most 1 means the prediction held)")
+    requests: tuple[str, ...] = doc("the requests replayed")
+    seconds: float = doc("wall time of the replay")
+    rank: int = doc("the rank measured (with TP, the rank of highest ratio)", default=0)
+    target: Literal["worst-step", "quick", "traffic"] = doc(
+        "worst-step: the report's own worst shape built from real requests (its rows, request "
+        "count and context); quick: its rows over its requests at the shortest context, formed "
+        "within a few steps (`--validate quick`); traffic: generic requests", default="traffic")
+    shape: Shape | None = doc("the step the requests were built to reach", default=None)
+    note: str | None = doc("why a shape could not be built exactly, if so", default=None)
+    resolution_bytes: int = doc(
+        "the meter's resolution on this device: measured may exceed predicted by this much "
+        "before the validation fails (0: exact)", default=0)
+    formed: Shape | None = doc(
+        "a step the scheduler formed while the measured requests ran (context_len: the longest "
+        "context a request of it held): the smallest covering the target's rows, requests and "
+        "context, else the closest; without a target, the one of most rows "
+        "(replay_rules.formed_for). A worst-step replay reached its target only if this covers "
+        "it (replay_rules.replay_reached); None where no step was recorded", default=None)
 
 
 @dataclass(frozen=True)
