@@ -105,25 +105,6 @@ FIELD_NOTES = {
     "WorstCase.workspace_slots": "each WorkspaceManager slot before and after growing",
     "WorstCase.workspace_locked": "the workspace was locked after warm-up (growth then raises)",
     "WorstCase.seconds": "wall time of the sweep",
-    "Admission.requested_bytes": "memory the engine may use (vLLM's requested memory: "
-                                 "gpu_memory_utilization x device memory)",
-    "Admission.weights_bytes": "vLLM's figure for the model weights (model_memory_usage)",
-    "Admission.non_torch_bytes": "CUDA: consumed minus what torch reserved; 0 on the CPU",
-    "Admission.consumed_bytes": "what the process holds after the sweep (CUDA: free memory at "
-                                "worker start minus free now; CPU: RSS), plus the post-profile "
-                                "buffers",
-    "Admission.margin_bytes": "safety margin (setting margin_bytes, default 64 MiB)",
-    "Admission.budget_bytes": "requested - consumed - worst transient - cudagraphs - margin; "
-                              "may be negative",
-    "Admission.recommended_kv_cache_memory_bytes": "the budget rounded down to a whole MiB (0 "
-                                                   "if negative): the value to pass as "
-                                                   "--kv-cache-memory-bytes",
-    "Admission.explicit_kv_cache_memory_bytes": "--kv-cache-memory-bytes when one was given",
-    "Admission.bytes_per_token": "KV bytes one token costs across every attention layer",
-    "Admission.kv_tokens_stock": "tokens stock's KV cache holds (whole blocks)",
-    "Admission.kv_tokens_worstcase": "tokens kv_cache_bytes holds (whole blocks)",
-    "Admission.fits": "the budget holds one request at max_model_len (whole blocks), and an "
-                      "explicit --kv-cache-memory-bytes is within the budget and holds one too",
     "KVAuditGroup.name": "KV cache group index and spec type",
     "KVAuditGroup.layers": "layer names vLLM's plan lists for the group",
     "KVAuditGroup.declared_bytes": "num_blocks x page size, once per listed layer name",

@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field, TypeAdapter
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a record projected into another form.
-from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAudit, Shape,  # noqa: E402
-                         StepResult, Validation, WarmupAudit, WorkspaceSlot)
+from .core.types import (Admission, CacheUse, DeviceInfo, EngineConfig, KVAudit,  # noqa: E402
+                         Shape, StepResult, Validation, WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -127,45 +127,6 @@ class WorstCase(BaseModel):
     def need_bytes(self) -> int:
         """Non-KV memory the worst step needs: the worst transient plus the persistent workspace."""
         return self.peak_activation_bytes + self.workspace_bytes
-
-
-class Admission(BaseModel):
-    """KV budget = requested - consumed - worst transient - cudagraphs - margin, where consumed
-    (weights + non-torch + workspace + post-profile buffers + everything else the process holds)
-    is read after the sweep, the same way vLLM reads it."""
-
-    requested_bytes: int
-    weights_bytes: int
-    non_torch_bytes: int
-    consumed_bytes: int
-    transient_bytes: int | None = Field(
-        None, description="the worst transient subtracted (worstcase.peak_activation_bytes)")
-    cudagraph_bytes: int = Field(
-        0, description="what warm-up keeps once the budget is fixed (CUDA graphs and other "
-                       "buffers), reserved up front")
-    warmup_graphs_bytes: int | None = Field(None, description="of cudagraph_bytes: CUDA graphs")
-    warmup_source: str | None = Field(
-        None, description="where the warm-up reserve came from: vllm-estimate, rehearsal (warm-up "
-                          "run on the provisional KV cache), cache (measured by an earlier start), "
-                          "none")
-    margin_bytes: int
-    budget_bytes: int
-    kv_cache_bytes: int = Field(description="the KV memory the engine is given")
-    stock_kv_cache_bytes: int = Field(description="what stock admission would give")
-    recommended_kv_cache_memory_bytes: int
-    explicit_kv_cache_memory_bytes: int | None = None
-    bytes_per_token: int
-    kv_tokens_stock: int
-    kv_tokens_worstcase: int
-    stock_oom_context_len: int | None = Field(
-        None, description="smallest measured KV extent at which the worst step outgrows the stock "
-        "prediction plus the slack stock leaves; None = stock holds up to max_model_len")
-    stock_shortfall_bytes: int | None = Field(
-        None, description="how much more than stock reserved the worst step at long context needs "
-                          "(0 when stock holds)")
-    one_request_bytes: int | None = Field(
-        None, description="KV one request at max_model_len needs")
-    fits: bool
 
 
 class ChunkAdvice(BaseModel):
@@ -364,9 +325,9 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
         cut_down_proof=proof_model(prof.cut_down_proof))
-    # the core Admission plus what warm-up was expected to keep, and where that figure came from
-    admission = Admission(**dataclasses.asdict(adm), warmup_graphs_bytes=prof.warmup.graphs_bytes,
-                          warmup_source=prof.warmup.source)
+    # the core Admission with what warm-up was expected to keep, and where that figure came from
+    admission = dataclasses.replace(adm, warmup_graphs_bytes=prof.warmup.graphs_bytes,
+                                    warmup_source=prof.warmup.source)
     validations = list(phases.validation)
     cfg, dev = facts.config, facts.device
     return Report(

@@ -254,29 +254,56 @@ class HeldMemory:
     or serving then creates; cache_trust.reuse_consumed). 0 on a start that swept."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Admission:
-    """KV budget = requested - consumed - worst transient - warm-up reserve - margin."""
+    """KV budget = requested - consumed - worst transient - warm-up reserve - margin, where
+    consumed (weights + non-torch + workspace + post-profile buffers + everything else the process
+    holds) is read after the sweep, the same way vLLM reads it."""
 
-    requested_bytes: int
-    weights_bytes: int
-    non_torch_bytes: int
-    consumed_bytes: int
-    transient_bytes: int
-    cudagraph_bytes: int
-    margin_bytes: int
-    budget_bytes: int
-    kv_cache_bytes: int
-    stock_kv_cache_bytes: int
-    recommended_kv_cache_memory_bytes: int
-    explicit_kv_cache_memory_bytes: int | None
-    bytes_per_token: int
-    kv_tokens_stock: int
-    kv_tokens_worstcase: int
-    stock_oom_context_len: int | None
-    stock_shortfall_bytes: int
-    one_request_bytes: int
-    fits: bool
+    # The report serves this record as it is (its docstring and descriptions are the schema's);
+    # the defaults are what a report of an older schema lacks. warmup_graphs_bytes and
+    # warmup_source are the profile's WarmupEstimate, joined when the report is built
+    # (report.build_report): compute_admission leaves them None.
+    requested_bytes: int = doc(
+        "memory the engine may use (vLLM's requested memory: gpu_memory_utilization x device "
+        "memory)")
+    weights_bytes: int = doc("vLLM's figure for the model weights (model_memory_usage)")
+    non_torch_bytes: int = doc("CUDA: consumed minus what torch reserved; 0 on the CPU")
+    consumed_bytes: int = doc(
+        "what the process holds after the sweep (CUDA: free memory at worker start minus free "
+        "now; CPU: RSS), plus the post-profile buffers")
+    transient_bytes: int | None = doc(
+        "the worst transient subtracted (worstcase.peak_activation_bytes)", default=None)
+    cudagraph_bytes: int = doc(
+        "what warm-up keeps once the budget is fixed (CUDA graphs and other buffers), reserved "
+        "up front", default=0)
+    warmup_graphs_bytes: int | None = doc("of cudagraph_bytes: CUDA graphs", default=None)
+    warmup_source: str | None = doc(
+        "where the warm-up reserve came from: vllm-estimate, rehearsal (warm-up run on the "
+        "provisional KV cache), cache (measured by an earlier start), none", default=None)
+    margin_bytes: int = doc("safety margin (setting margin_bytes, default 64 MiB)")
+    budget_bytes: int = doc(
+        "requested - consumed - worst transient - cudagraphs - margin; may be negative")
+    kv_cache_bytes: int = doc("the KV memory the engine is given")
+    stock_kv_cache_bytes: int = doc("what stock admission would give")
+    recommended_kv_cache_memory_bytes: int = doc(
+        "the budget rounded down to a whole MiB (0 if negative): the value to pass as "
+        "--kv-cache-memory-bytes")
+    explicit_kv_cache_memory_bytes: int | None = doc(
+        "--kv-cache-memory-bytes when one was given", default=None)
+    bytes_per_token: int = doc("KV bytes one token costs across every attention layer")
+    kv_tokens_stock: int = doc("tokens stock's KV cache holds (whole blocks)")
+    kv_tokens_worstcase: int = doc("tokens kv_cache_bytes holds (whole blocks)")
+    stock_oom_context_len: int | None = doc(
+        "smallest measured KV extent at which the worst step outgrows the stock prediction plus "
+        "the slack stock leaves; None = stock holds up to max_model_len", default=None)
+    stock_shortfall_bytes: int | None = doc(
+        "how much more than stock reserved the worst step at long context needs (0 when stock "
+        "holds)", default=None)
+    one_request_bytes: int | None = doc("KV one request at max_model_len needs", default=None)
+    fits: bool = doc(
+        "the budget holds one request at max_model_len (whole blocks), and an explicit "
+        "--kv-cache-memory-bytes is within the budget and holds one too")
 
 
 @dataclass(frozen=True)
