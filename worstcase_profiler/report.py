@@ -19,8 +19,8 @@ from pydantic import BaseModel, Field, TypeAdapter
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a record projected into another form.
-from .core.types import (Admission, CacheUse, DeviceInfo, EngineConfig, KVAudit,  # noqa: E402
-                         Shape, StepResult, Validation, WarmupAudit, WorkspaceSlot)
+from .core.types import (Admission, CacheUse, CutDownProof, DeviceInfo, EngineConfig,  # noqa: E402
+                         KVAudit, Shape, StepResult, Validation, WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -68,31 +68,6 @@ class Coverage(BaseModel):
     tolerance_bytes: int
     executed_rows: list[int]
     segments: list[Segment]
-
-
-class CutDownProof(BaseModel):
-    """`--sweep-depth prove`: the cut-down sweep beside the full one on the same engine (the
-    full one admitted). Proven when the cut-down sweep's worst shape is the full sweep's (or
-    needs the same on the full model within the resolution), its confirmed peak equals the full
-    sweep's within the resolution, and it admits no less."""
-
-    verdict: str = Field(description='"proven", or why not')
-    depth: str = Field(description='what the cut kept, e.g. "1 of 32 layers"')
-    full_worst: Shape
-    cut_worst: Shape
-    full_peak_bytes: int = Field(description="the full sweep's worst step on the full model")
-    confirmed_peak_bytes: int = Field(
-        description="the cut-down sweep's worst step, confirmed on the full model")
-    full_admitted_bytes: int
-    cut_admitted_bytes: int
-    resolution_bytes: int
-    full_seconds: float
-    cut_seconds: float
-    deltas: dict[str, int] = Field(
-        default_factory=dict, description="per step kind (stock included), the largest "
-        "full-model minus cut-down peak over the shapes both sweeps measured")
-    depth_delta: int = Field(0, description="the difference the cut-down sweep measured and "
-                                            "raised unconfirmed shapes by")
 
 
 class WorstCase(BaseModel):
@@ -259,17 +234,6 @@ def _model(cls, value):
     return None if value is None else cls.model_validate(value, from_attributes=True)
 
 
-def proof_model(p) -> CutDownProof | None:
-    if p is None:
-        return None
-    return CutDownProof(
-        verdict=p.verdict, depth=p.depth, full_worst=p.full_worst, cut_worst=p.cut_worst,
-        full_peak_bytes=p.full_peak_bytes, confirmed_peak_bytes=p.confirmed_peak_bytes,
-        full_admitted_bytes=p.full_admitted_bytes, cut_admitted_bytes=p.cut_admitted_bytes,
-        resolution_bytes=p.resolution_bytes, full_seconds=p.full_seconds,
-        cut_seconds=p.cut_seconds, deltas=dict(p.deltas), depth_delta=p.depth_delta)
-
-
 def coverage_model(c) -> Coverage:
     return Coverage(method=c.method, argument=c.argument, tolerance_bytes=c.tolerance,
                     executed_rows=list(c.executed_rows),
@@ -324,7 +288,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         cache=prof.cache,
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
-        cut_down_proof=proof_model(prof.cut_down_proof))
+        cut_down_proof=prof.cut_down_proof)
     # the core Admission with what warm-up was expected to keep, and where that figure came from
     admission = dataclasses.replace(adm, warmup_graphs_bytes=prof.warmup.graphs_bytes,
                                     warmup_source=prof.warmup.source)

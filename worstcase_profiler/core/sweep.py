@@ -286,7 +286,7 @@ def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
             d = on_full[shape] - r.peak_bytes
             deltas[shape.kind] = max(deltas.get(shape.kind, d), d)
     return full, judge_cut_down(full, cut, depth=depth, resolution=resolution,
-                                deltas=tuple(sorted(deltas.items())))
+                                deltas=dict(sorted(deltas.items())))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,7 +74,7 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
 
 
 def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolution: int,
-                   deltas: tuple[tuple[str, int], ...] = ()) -> CutDownProof:
+                   deltas: dict[str, int] | None = None) -> CutDownProof:
     """Whether the cut-down sweep `cut` would have admitted what the full sweep `full` did, on
     one engine (issue 20's proof): the same worst shape (or one that needs the same on the full
     model, within the meter's `resolution`: two splits of one chunk can tie), its confirmed
@@ -97,7 +97,7 @@ def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolutio
         why.append(f"the cut-down sweep admits {short} B less than the full sweep")
     # The assumption itself: no shape gained more from depth than the difference the cut-down
     # sweep measured and raised every unconfirmed shape by.
-    largest = max((d for _, d in deltas), default=0)
+    largest = max((deltas or {}).values(), default=0)
     if largest > cut.depth_delta + resolution:
         why.append(f"a shape gained {largest} B from depth, more than the {cut.depth_delta} B the "
                    "cut-down sweep measured and allowed")
@@ -106,5 +106,5 @@ def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolutio
         full_peak_bytes=full.worst.peak_bytes, confirmed_peak_bytes=cut.worst.peak_bytes,
         full_admitted_bytes=full.peak_bytes, cut_admitted_bytes=cut.peak_bytes,
         resolution_bytes=resolution, full_seconds=round(full.seconds, 3),
-        cut_seconds=round(cut.seconds, 3), depth=depth, deltas=deltas,
+        cut_seconds=round(cut.seconds, 3), depth=depth, deltas=dict(deltas or {}),
         depth_delta=cut.depth_delta, verdict="proven" if not why else "; ".join(why))

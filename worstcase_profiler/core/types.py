@@ -151,33 +151,31 @@ class SweepResult:
         return self.steps[:len(self.steps) - self.confirmed]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CutDownProof:
-    """One start's comparison of the cut-down sweep with the full sweep on the same engine
-    (sweep_depth=prove; core/sweep.prove_cut_down, judged by sweep_depth.judge_cut_down). The
-    full sweep is the one admitted; this says whether the cut-down one would have admitted the same.
+    """`--sweep-depth prove`: the cut-down sweep beside the full one on the same engine (the
+    full one admitted). Proven when the cut-down sweep's worst shape is the full sweep's (or
+    needs the same on the full model within the resolution), its confirmed peak equals the full
+    sweep's within the resolution, and it admits no less."""
 
-    `deltas`: per step kind, the largest full-model minus cut-down peak over the shapes both
-    passes measured (how much depth adds where the cut-down pass alone would have counted)."""
-
+    # One start's comparison (core/sweep.prove_cut_down), judged by sweep_depth.judge_cut_down;
+    # the report serves it as it is, so the fields stand in the report's order.
+    verdict: str = doc('"proven", or why not')
+    depth: str = doc('what the cut kept, e.g. "1 of 32 layers"')
     full_worst: Shape
     cut_worst: Shape
-    full_peak_bytes: int
-    """The full sweep's worst step, measured on the full model."""
-    confirmed_peak_bytes: int
-    """The cut-down sweep's worst step, confirmed on the full model."""
+    full_peak_bytes: int = doc("the full sweep's worst step on the full model")
+    confirmed_peak_bytes: int = doc("the cut-down sweep's worst step, confirmed on the full model")
     full_admitted_bytes: int
     cut_admitted_bytes: int
     resolution_bytes: int
     full_seconds: float
     cut_seconds: float
-    depth: str
-    """What the cut kept, e.g. "1 of 32 layers"."""
-    deltas: tuple[tuple[str, int], ...] = ()
-    depth_delta: int = 0
-    """The full-minus-cut difference the cut-down sweep measured and raised shapes by."""
-    verdict: str = ""
-    """"proven", or why not."""
+    deltas: dict[str, int] = doc(
+        "per step kind (stock included), the largest full-model minus cut-down peak over the "
+        "shapes both sweeps measured", default_factory=dict)
+    depth_delta: int = doc("the difference the cut-down sweep measured and raised unconfirmed "
+                           "shapes by", default=0)
 
     @property
     def proven(self) -> bool:
