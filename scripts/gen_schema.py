@@ -83,9 +83,6 @@ FIELD_NOTES = {
     "StockFigures.seconds": "wall time of the stock step",
     "RowsCovered.min": "smallest rows value covered (1)",
     "RowsCovered.max": "largest rows value covered (max_num_batched_tokens)",
-    "Segment.lo": "first rows value of the segment (inclusive)",
-    "Segment.hi": "last rows value of the segment (inclusive)",
-    "Segment.probes": "interior rows values probed to certify a chord segment",
     "Coverage.method": "`chord-bisection` or `exhaustive`",
     "Coverage.argument": "why every rows value in the range is covered (coverage.py's text)",
     "Coverage.tolerance_bytes": "how far a probe may lie off the chord; also added to the "

@@ -19,8 +19,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a record projected into another form.
-from .core.types import (Admission, CacheUse, CutDownProof, DeviceInfo, EngineConfig,  # noqa: E402
-                         KVAudit, Shape, StepResult, Validation, WarmupAudit, WorkspaceSlot)
+from .core.types import (Admission, CacheUse, CoveredSegment, CutDownProof,  # noqa: E402
+                         DeviceInfo, EngineConfig, KVAudit, Shape, StepResult, Validation,
+                         WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -52,22 +53,12 @@ class RowsCovered(BaseModel):
     max: int
 
 
-class Segment(BaseModel):
-    lo: int
-    hi: int
-    how: Literal["executed", "chord"] = Field(
-        description="executed: every rows value in [lo, hi] ran; chord: the interior probes lay "
-        "on the chord between the ends (within tolerance), so the segment's peak is bounded by "
-        "its ends plus the tolerance")
-    probes: list[int] = []
-
-
 class Coverage(BaseModel):
     method: str
     argument: str
     tolerance_bytes: int
     executed_rows: list[int]
-    segments: list[Segment]
+    segments: list[CoveredSegment]
 
 
 class WorstCase(BaseModel):
@@ -237,8 +228,7 @@ def _model(cls, value):
 def coverage_model(c) -> Coverage:
     return Coverage(method=c.method, argument=c.argument, tolerance_bytes=c.tolerance,
                     executed_rows=list(c.executed_rows),
-                    segments=[Segment(lo=s.lo, hi=s.hi, how=s.how, probes=list(s.probes))
-                              for s in c.segments])
+                    segments=list(c.segments))
 
 
 _VALIDATION = TypeAdapter(Validation)

@@ -73,10 +73,14 @@ class ProvisionalKV:
 class CoveredSegment:
     """[lo, hi] inclusive. executed: every rows value in it ran; chord: certified by `probes`."""
 
-    lo: int
-    hi: int
-    how: Literal["executed", "chord"]
-    probes: tuple[int, ...] = ()
+    lo: int = doc("first rows value of the segment (inclusive)")
+    hi: int = doc("last rows value of the segment (inclusive)")
+    how: Literal["executed", "chord"] = doc(
+        "executed: every rows value in [lo, hi] ran; chord: the interior probes lay on the chord "
+        "between the ends (within tolerance), so the segment's peak is bounded by its ends plus "
+        "the tolerance")
+    probes: tuple[int, ...] = doc("interior rows values probed to certify a chord segment",
+                                  default=())
 
 
 @dataclass(frozen=True)
