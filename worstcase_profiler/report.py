@@ -18,7 +18,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 # The records are the core's own frozen dataclasses (core/types.py), served as they are: pydantic
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
-# report's envelope: what only the report has, or a record projected into another form.
+# report's envelope: what only the report has, or a core record projected into another form
+# (StockFigures, Coverage, ChunkAdvice, Advice: renamed, derived or reshaped fields), each of
+# which tests/unit/test_report_records.py maps field by field against its core record.
 from .core.types import (Admission, CacheUse, CoveredSegment, CutDownProof,  # noqa: E402
                          DeviceInfo, EngineConfig, KVAudit, Shape, StepResult, Validation,
                          WarmupAudit, WorkspaceSlot)
