@@ -19,11 +19,11 @@ from pydantic import BaseModel, Field, TypeAdapter
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a core record projected into another form
-# (StockFigures, Coverage, ChunkAdvice, Advice: renamed, derived or reshaped fields), each of
+# (StockFigures, Coverage, Advice: renamed, derived or reshaped fields), each of
 # which tests/unit/test_report_records.py maps field by field against its core record.
-from .core.types import (Admission, CacheUse, CoveredSegment, CutDownProof,  # noqa: E402
-                         DeviceInfo, EngineConfig, KVAudit, Shape, StepResult, Validation,
-                         WarmupAudit, WorkspaceSlot)
+from .core.types import (Admission, CacheUse, ChunkAdvice, CoveredSegment,  # noqa: E402
+                         CutDownProof, DeviceInfo, EngineConfig, KVAudit, Shape, StepResult,
+                         Validation, WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -95,34 +95,6 @@ class WorstCase(BaseModel):
     def need_bytes(self) -> int:
         """Non-KV memory the worst step needs: the worst transient plus the persistent workspace."""
         return self.peak_activation_bytes + self.workspace_bytes
-
-
-class ChunkAdvice(BaseModel):
-    """One candidate max_num_batched_tokens: what an engine started with it needs at its worst,
-    the KV it would admit, and its prefill throughput at long context on this device."""
-
-    chunk: int = Field(description="the candidate max_num_batched_tokens")
-    need_bytes: int = Field(description="transient_bytes + workspace_bytes: what the worst step "
-                                        "of an engine with this chunk needs besides the KV cache")
-    transient_bytes: int = Field(
-        description="largest peak over every step this chunk can form (rows 1..chunk from the "
-                    "sweep's coverage, chord slack included; its own stock step, split "
-                    "prefills, decode batches, mixed step and context ladder)")
-    workspace_bytes: int = Field(description="workspace an engine with this chunk holds (every "
-                                             "slot grown to the largest its steps ask)")
-    worst_shape: Shape = Field(description="the step of largest need for this chunk")
-    budget_bytes: int = Field(description="the KV budget an engine with this chunk gets: requested "
-                                          "- consumed - transient - warm-up reserve - margin")
-    kv_cache_bytes: int = Field(description="max(budget_bytes, 0)")
-    kv_tokens: int = Field(description="tokens that KV cache holds (whole blocks)")
-    fits: bool = Field(description="the budget holds one request at max_model_len")
-    prefill_seconds: float | None = Field(
-        None, description="wall time of one prefill chunk of this size on max_model_len - chunk "
-                          "cached tokens (after one untimed run of it)")
-    prefill_tokens_per_s: float | None = Field(None, description="chunk / prefill_seconds")
-    reused_steps: int = Field(0, description="steps taken from the sweep (same shape)")
-    measured_steps: int = Field(0, description="steps run for this chunk: the sweep had not")
-    note: str | None = Field(None, description="what the operator should know about this row")
 
 
 class ExcludedChunk(BaseModel):
@@ -254,7 +226,7 @@ def advice_model(a) -> Advice | None:
     return Advice(
         configured_chunk=a.configured_chunk, knee_chunk=a.knee_chunk, within=a.within,
         rule=a.rule,
-        candidates=[_model(ChunkAdvice, c) for c in a.candidates],
+        candidates=list(a.candidates),
         excluded=[ExcludedChunk(chunk=chunk, reason=why) for chunk, why in a.excluded],
         steps=list(a.steps), seconds=a.seconds)
 

@@ -476,41 +476,44 @@ class AdviceMeasurements:
     why: left out as the sweep leaves them out, and said so."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChunkAdvice:
-    """One candidate max_num_batched_tokens C: the worst case an engine started with C needs,
+    """One candidate max_num_batched_tokens: what an engine started with it needs at its worst,
     the KV it would admit, and its prefill throughput at long context on this device."""
 
-    chunk: int
-    transient_bytes: int
-    """The admitted transient: the largest peak over every step C can form (chord slack
-    included), the stock step at C among them."""
-    workspace_bytes: int
-    """The workspace an engine with C holds (every slot grown to the largest C's steps ask)."""
-    worst_shape: Shape
-    budget_bytes: int
-    kv_tokens: int
-    fits: bool
-    prefill_seconds: float | None = None
-    reused_steps: int = 0
-    """Steps taken from the sweep (same shape), not run again."""
-    measured_steps: int = 0
-    """Steps run for this candidate because the sweep had not run them."""
-    note: str | None = None
+    # The report serves this record as it is, so the fields stand in the report's order, and the
+    # three derived columns (need_bytes, kv_cache_bytes, prefill_tokens_per_s) are fields that
+    # __post_init__ always computes from the others: whatever is passed for them (a report's
+    # JSON, dataclasses.replace) is recomputed, so they never disagree with what they derive from.
+    chunk: int = doc("the candidate max_num_batched_tokens")
+    need_bytes: int = doc("transient_bytes + workspace_bytes: what the worst step of an engine "
+                          "with this chunk needs besides the KV cache", default=0)
+    transient_bytes: int = doc(
+        "largest peak over every step this chunk can form (rows 1..chunk from the sweep's "
+        "coverage, chord slack included; its own stock step, split prefills, decode batches, "
+        "mixed step and context ladder)")
+    workspace_bytes: int = doc("workspace an engine with this chunk holds (every slot grown to "
+                               "the largest its steps ask)")
+    worst_shape: Shape = doc("the step of largest need for this chunk")
+    budget_bytes: int = doc("the KV budget an engine with this chunk gets: requested - consumed - "
+                            "transient - warm-up reserve - margin")
+    kv_cache_bytes: int = doc("max(budget_bytes, 0)", default=0)
+    kv_tokens: int = doc("tokens that KV cache holds (whole blocks)")
+    fits: bool = doc("the budget holds one request at max_model_len")
+    prefill_seconds: float | None = doc(
+        "wall time of one prefill chunk of this size on max_model_len - chunk cached tokens "
+        "(after one untimed run of it)", default=None)
+    prefill_tokens_per_s: float | None = doc("chunk / prefill_seconds", default=None)
+    reused_steps: int = doc("steps taken from the sweep (same shape)", default=0)
+    measured_steps: int = doc("steps run for this chunk: the sweep had not", default=0)
+    note: str | None = doc("what the operator should know about this row", default=None)
 
-    @property
-    def need_bytes(self) -> int:
-        return self.transient_bytes + self.workspace_bytes
-
-    @property
-    def kv_cache_bytes(self) -> int:
-        return max(self.budget_bytes, 0)
-
-    @property
-    def prefill_tokens_per_s(self) -> float | None:
-        if not self.prefill_seconds or self.prefill_seconds <= 0:
-            return None
-        return self.chunk / self.prefill_seconds
+    def __post_init__(self) -> None:
+        rate = (None if not self.prefill_seconds or self.prefill_seconds <= 0
+                else self.chunk / self.prefill_seconds)
+        object.__setattr__(self, "need_bytes", self.transient_bytes + self.workspace_bytes)
+        object.__setattr__(self, "kv_cache_bytes", max(self.budget_bytes, 0))
+        object.__setattr__(self, "prefill_tokens_per_s", rate)
 
 
 @dataclass(frozen=True)
