@@ -19,9 +19,9 @@ from pydantic import BaseModel, Field, TypeAdapter
 # validates and serialises them like its models, their JSON is the same, and the descriptions in
 # their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
 # report's envelope: what only the report has, or a core record projected into another form
-# (StockFigures, Coverage, Advice: renamed, derived or reshaped fields), each of
+# (StockFigures, Coverage: renamed, derived or left-out fields), each of
 # which tests/unit/test_report_records.py maps field by field against its core record.
-from .core.types import (Admission, CacheUse, ChunkAdvice, CoveredSegment,  # noqa: E402
+from .core.types import (Admission, Advice, CacheUse, CoveredSegment,  # noqa: E402
                          CutDownProof, DeviceInfo, EngineConfig, KVAudit, Shape, StepResult,
                          Validation, WarmupAudit, WorkspaceSlot)
 
@@ -95,33 +95,6 @@ class WorstCase(BaseModel):
     def need_bytes(self) -> int:
         """Non-KV memory the worst step needs: the worst transient plus the persistent workspace."""
         return self.peak_activation_bytes + self.workspace_bytes
-
-
-class ExcludedChunk(BaseModel):
-    chunk: int = Field(description="a chunk asked for (--advise-chunk)")
-    reason: str = Field(description="why it was not measured")
-
-
-class Advice(BaseModel):
-    """The chunk advisor (`wcprof --advise`, core/advise.py): KV tokens against prefill tokens
-    per second for candidate max_num_batched_tokens values, and the knee."""
-
-    configured_chunk: int = Field(description="the max_num_batched_tokens this engine runs with; "
-                                              "its row is this start's own admission")
-    knee_chunk: int | None = Field(None, description="the advised chunk (see rule); null when "
-                                                     "no candidate fits or none was timed")
-    within: float = Field(description="the knee rule's X, a fraction of the best throughput")
-    rule: str = Field(description="how the knee is chosen")
-    candidates: list[ChunkAdvice] = Field(description="ascending by chunk")
-    excluded: list[ExcludedChunk] = Field(default_factory=list,
-                                          description="chunks asked for but not measurable here")
-    steps: list[StepResult] = Field(default_factory=list,
-                                    description="the steps run for the advice, timing steps "
-                                                "included (the sweep's are in worstcase.steps)")
-    seconds: float = Field(0.0, description="wall time of the advice's steps")
-
-    def candidate(self, chunk: int | None) -> ChunkAdvice | None:
-        return next((c for c in self.candidates if c.chunk == chunk), None)
 
 
 class RunnerInfo(BaseModel):
@@ -219,18 +192,6 @@ def stock_figures(stock) -> StockFigures:
                         seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
 
 
-def advice_model(a) -> Advice | None:
-    """The core's Advice (core/types.py) on the schema; None passes through."""
-    if a is None:
-        return None
-    return Advice(
-        configured_chunk=a.configured_chunk, knee_chunk=a.knee_chunk, within=a.within,
-        rule=a.rule,
-        candidates=list(a.candidates),
-        excluded=[ExcludedChunk(chunk=chunk, reason=why) for chunk, why in a.excluded],
-        steps=list(a.steps), seconds=a.seconds)
-
-
 def build_report(session: "StartupSession", *, created_at: str) -> Report:
     """The report of a session whose profile phase ran: a pure function of its phase results,
     its settings-independent facts and its phase timings."""
@@ -268,7 +229,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         kv_audit=phases.kv_audit, warmup_audit=warm.audit if warm is not None else None,
         validation=gating_validation(validations),
         validations=validations, startup_seconds=dict(session.clock.seconds),
-        warnings=list(phases.warnings), advice=advice_model(getattr(prof, "advice", None)))
+        warnings=list(phases.warnings), advice=getattr(prof, "advice", None))
 
 
 def gating_validation(validations: list[Validation]) -> Validation | None:

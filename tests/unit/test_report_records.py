@@ -30,8 +30,7 @@ SERVED = {
     ("WorstCase", "workspace_slots"): types.WorkspaceSlot,
     ("WorstCase", "cache"): types.CacheUse,
     ("Coverage", "segments"): types.CoveredSegment,
-    ("Advice", "steps"): types.StepResult,
-    ("Advice", "candidates"): types.ChunkAdvice,
+    ("Report", "advice"): types.Advice,
 }
 
 
@@ -39,13 +38,12 @@ SERVED = {
 class Projection:
     """How a report model is read from a core record: `renamed` report field -> core field,
     `derived` report fields read from core properties, `left_out` core fields the report does
-    not carry (and why), `reshaped` fields whose value takes another form."""
+    not carry (and why)."""
 
     core: type
     renamed: dict[str, str] = dataclasses.field(default_factory=dict)
     derived: frozenset[str] = frozenset()
     left_out: dict[str, str] = dataclasses.field(default_factory=dict)
-    reshaped: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 PROJECTIONS = {
@@ -59,8 +57,6 @@ PROJECTIONS = {
                   "worst_rows": "worstcase.worst_shape carries it",
                   "worst_peak": "worstcase.peak_activation_bytes carries the admitted figure",
                   "bound": "worstcase.peak_activation_bytes carries the admitted figure"}),
-    report.Advice: Projection(
-        types.Advice, reshaped={"excluded": "(chunk, reason) pairs as ExcludedChunk objects"}),
 }
 
 
@@ -73,7 +69,6 @@ def test_a_projection_names_every_field_of_both_sides(model):
     p = PROJECTIONS[model]
     core = _core_fields(p.core)
     assert set(p.renamed.values()) | set(p.left_out) <= core, "a mapping names a missing field"
-    assert set(p.reshaped) <= core & set(model.model_fields)
     for name in p.derived:
         assert isinstance(getattr(p.core, name, None), property), f"{name} is no core property"
     expected = (core - set(p.left_out) - set(p.renamed.values())) | set(p.renamed) | p.derived
@@ -109,25 +104,9 @@ def _classes_in(annotation) -> set:
 
 def test_the_projections_carry_every_mapped_value():
     cov = cover_rows(lambda r: 1000 + 3 * r, 1, 64, tolerance=8)
-    model = report.coverage_model(cov)
-    adv = _core_advice()
-    for m, core_value in ((model, cov), (report.stock_figures(adv.steps[0]), adv.steps[0])):
+    step = types.StepResult(types.Shape("stock", 256, 0, 8), 9, 0.1, "op", 4)
+    for m, core_value in ((report.coverage_model(cov), cov), (report.stock_figures(step), step)):
         p = PROJECTIONS[type(m)]
         for name in type(m).model_fields:
             got, want = getattr(m, name), getattr(core_value, p.renamed.get(name, name))
             assert got == (list(want) if isinstance(want, tuple) else want), name
-    a = report.advice_model(adv)
-    for name in set(type(a).model_fields) - set(PROJECTIONS[report.Advice].reshaped):
-        want = getattr(adv, name)
-        assert getattr(a, name) == (list(want) if isinstance(want, tuple) else want), name
-    assert [(e.chunk, e.reason) for e in a.excluded] == list(adv.excluded)
-
-
-def _core_advice() -> types.Advice:
-    shape = types.Shape("prefill", 256, 3840)
-    row = types.ChunkAdvice(chunk=256, transient_bytes=7, workspace_bytes=3, worst_shape=shape,
-                            budget_bytes=-5, kv_tokens=0, fits=False, prefill_seconds=0.5,
-                            reused_steps=2, measured_steps=1, note="n")
-    return types.Advice(configured_chunk=256, candidates=(row,), knee_chunk=None, within=0.05,
-                        rule="r", excluded=((512, "above the limit"),),
-                        steps=(types.StepResult(shape, 9, 0.1, "op", 4),), seconds=1.5)

@@ -517,20 +517,30 @@ class ChunkAdvice:
 
 
 @dataclass(frozen=True)
+class ExcludedChunk:
+    chunk: int = doc("a chunk asked for (--advise-chunk)")
+    reason: str = doc("why it was not measured")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Advice:
-    """The chunk advisor's answer: every candidate, the configured one among them, and the
-    knee (None when no candidate fits or none was timed)."""
+    """The chunk advisor (`wcprof --advise`, core/advise.py): KV tokens against prefill tokens
+    per second for candidate max_num_batched_tokens values, and the knee."""
 
-    configured_chunk: int
-    candidates: tuple[ChunkAdvice, ...]
-    knee_chunk: int | None
-    within: float
-    """X of the knee rule, a fraction (0.05: within 5% of the best prefill throughput)."""
-    rule: str
-    excluded: tuple[tuple[int, str], ...] = ()
-    steps: tuple[StepResult, ...] = ()
-    """The steps run for the advice (not the sweep's), timing steps included."""
-    seconds: float = 0.0
+    # The report serves this record as it is: the fields stand in the report's order.
+    configured_chunk: int = doc("the max_num_batched_tokens this engine runs with; its row is "
+                                "this start's own admission")
+    knee_chunk: int | None = doc("the advised chunk (see rule); null when no candidate fits or "
+                                 "none was timed", default=None)
+    within: float = doc("the knee rule's X, a fraction of the best throughput (0.05: within 5% "
+                        "of the best prefill throughput)")
+    rule: str = doc("how the knee is chosen")
+    candidates: tuple[ChunkAdvice, ...] = doc("ascending by chunk")
+    excluded: tuple[ExcludedChunk, ...] = doc("chunks asked for but not measurable here",
+                                              default=())
+    steps: tuple[StepResult, ...] = doc("the steps run for the advice, timing steps included "
+                                        "(the sweep's are in worstcase.steps)", default=())
+    seconds: float = doc("wall time of the advice's steps", default=0.0)
 
-    def candidate(self, chunk: int) -> ChunkAdvice | None:
+    def candidate(self, chunk: int | None) -> ChunkAdvice | None:
         return next((c for c in self.candidates if c.chunk == chunk), None)
