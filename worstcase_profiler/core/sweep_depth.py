@@ -2,22 +2,27 @@
 model classes a cut-down sweep was proven on, as data), and the proof that judges a cut-down sweep
 against the full one on one engine (core/sweep.prove_cut_down runs both).
 
-  CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED   the evidence: class -> the committed results
+  CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED   the evidence (data/cut-down-proofs/proven.json):
+                      model class -> the committed results that prove it
   sweep_depth         whether the sweep runs cut down or on the full model
   judge_cut_down      whether a cut-down sweep admitted what the full sweep did (the proof)
 """
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Callable
 
 from .types import CutDownProof, SweepResult
 
+EVIDENCE = Path(__file__).resolve().parents[1] / "data" / "cut-down-proofs" / "proven.json"
+"""The evidence tables, as data: {"eager": CUT_DOWN_PROVEN, "compiled": CUT_DOWN_PROVEN_COMPILED}.
+A family enters one only with committed results that show its proof."""
 
-CUT_DOWN_PROVEN: dict[str, str] = {
-    "LlamaForCausalLM": "h200-run26: llama_v2_prove, llama8b_prove; h200-run28: llama_v1_prove",
-    "Qwen3_5ForCausalLM": "h200-run26: qwen35_prove, qwen35_mtp_prove",
-}
+_EVIDENCE: dict[str, dict[str, str]] = json.loads(EVIDENCE.read_text(encoding="utf-8"))
+
+CUT_DOWN_PROVEN: dict[str, str] = _EVIDENCE["eager"]
 """Model classes on which a cut-down sweep was shown, on a GPU, to pick the same worst shape as
 the full sweep with the confirmed peak equal within the meter's resolution (`--sweep-depth
 prove`, bench/gpu_suite.py's *_prove cases): class -> "RUN: CASE, CASE; RUN: CASE", the
@@ -26,9 +31,7 @@ Scope: the class as those cases ran it (bf16 weights, default KV dtype, TP=1, ea
 every architecture vLLM maps onto the class is cut down alike (docs/sweep.md).
 DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (h200-run28)."""
 
-CUT_DOWN_PROVEN_COMPILED: dict[str, str] = {
-    "LlamaForCausalLM": "h200-run31: llama_graphs_prove, llama8b_graphs_prove",
-}
+CUT_DOWN_PROVEN_COMPILED: dict[str, str] = _EVIDENCE["compiled"]
 """The classes of CUT_DOWN_PROVEN whose proof also held with the model compiled and CUDA graphs
 on (vLLM's default): the cut steps then bypass the compiled forward and run eagerly, while the
 stock step and the confirmations run compiled (the measured stock difference carries both).
