@@ -2,9 +2,12 @@
 CLI, the renderers and CI gates (`wcprof diff`), and `build_report`, its projection from a
 start-up session's phase results. Every byte figure is an int of bytes; renderers format.
 
-The core never imports this module: it works in its own frozen values (core/types.py), and only
-`build_report` maps them onto the schema, so a renamed field here moves no fingerprint, cache
-key or decision.
+The core never imports this module: it decides in its own frozen values (core/types.py), and
+the report serves those records as they are (one definition per record: their fields and
+descriptions are the schema's). A field added to one appears in the report; renaming or
+retyping one changes the schema (SCHEMA_VERSION) and, for a record the sweep cache keeps, the
+cache's layout. The report's own models are its envelope and two projections (StockFigures,
+Coverage), which tests/unit/test_report_records.py checks against their core records.
 """
 
 from __future__ import annotations
@@ -15,12 +18,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field, TypeAdapter
 
-# The records are the core's own frozen dataclasses (core/types.py), served as they are: pydantic
-# validates and serialises them like its models, their JSON is the same, and the descriptions in
-# their fields' metadata (core.types.doc) go into the JSON schema. The models here are the
-# report's envelope: what only the report has, or a core record projected into another form
-# (StockFigures, Coverage: renamed, derived or left-out fields), each of
-# which tests/unit/test_report_records.py maps field by field against its core record.
+# The records are the core's own frozen dataclasses, served as they are: pydantic validates and
+# serialises them like its models, and the descriptions in their fields' metadata (core.types.doc)
+# go into the JSON schema.
 from .core.types import (Admission, Advice, CacheUse, CoveredSegment,  # noqa: E402
                          CutDownProof, DeviceInfo, EngineConfig, KVAudit, Shape, StepResult,
                          Validation, WarmupAudit, WorkspaceSlot)
@@ -165,12 +165,6 @@ class Verdict(str, enum.Enum):
 
 
 # --- the projection: a start-up session's phase results onto the schema ----------------------
-
-def _model(cls, value):
-    """A core value on its schema model: every field the model has, read by name from the core
-    dataclass (properties included); None passes through."""
-    return None if value is None else cls.model_validate(value, from_attributes=True)
-
 
 def coverage_model(c) -> Coverage:
     return Coverage(method=c.method, argument=c.argument, tolerance_bytes=c.tolerance,

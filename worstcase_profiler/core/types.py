@@ -1,10 +1,10 @@
 """The core's vocabulary: frozen values that flow one way, measure -> decide -> report.
 
 The adapter measures and builds these; the core's pure functions (sweep, admission, the
-start-up rules) combine them; report.py projects them onto the public JSON schema. Nothing here
-imports vLLM, torch or pydantic, so the schema can change without touching a decision, and a
-fingerprint or a cache key computed from these values does not move when a report field is
-renamed.
+start-up rules) combine them; report.py serves them as the public JSON schema's records, with
+the field descriptions (`doc`) the schema shows. Nothing here imports vLLM, torch or pydantic.
+A field renamed or retyped here is a schema change (report.SCHEMA_VERSION) and, for the values
+the sweep cache keeps (core/codec.py), a cache layout change.
 """
 
 from __future__ import annotations
