@@ -487,7 +487,8 @@ class ChunkAdvice:
     # JSON, dataclasses.replace) is recomputed, so they never disagree with what they derive from.
     chunk: int = doc("the candidate max_num_batched_tokens")
     need_bytes: int = doc("transient_bytes + workspace_bytes: what the worst step of an engine "
-                          "with this chunk needs besides the KV cache", default=0)
+                          "with this chunk needs besides the KV cache (derived: recomputed from "
+                          "them when read)", default=0)
     transient_bytes: int = doc(
         "largest peak over every step this chunk can form (rows 1..chunk from the sweep's "
         "coverage, chord slack included; its own stock step, split prefills, decode batches, "
@@ -497,13 +498,14 @@ class ChunkAdvice:
     worst_shape: Shape = doc("the step of largest need for this chunk")
     budget_bytes: int = doc("the KV budget an engine with this chunk gets: requested - consumed - "
                             "transient - warm-up reserve - margin")
-    kv_cache_bytes: int = doc("max(budget_bytes, 0)", default=0)
+    kv_cache_bytes: int = doc("max(budget_bytes, 0) (derived: recomputed when read)", default=0)
     kv_tokens: int = doc("tokens that KV cache holds (whole blocks)")
     fits: bool = doc("the budget holds one request at max_model_len")
     prefill_seconds: float | None = doc(
         "wall time of one prefill chunk of this size on max_model_len - chunk cached tokens "
         "(after one untimed run of it)", default=None)
-    prefill_tokens_per_s: float | None = doc("chunk / prefill_seconds", default=None)
+    prefill_tokens_per_s: float | None = doc("chunk / prefill_seconds (derived: recomputed when "
+                                             "read)", default=None)
     reused_steps: int = doc("steps taken from the sweep (same shape)", default=0)
     measured_steps: int = doc("steps run for this chunk: the sweep had not", default=0)
     note: str | None = doc("what the operator should know about this row", default=None)
