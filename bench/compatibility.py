@@ -82,7 +82,7 @@ def _cell(m: dict, name: str, case: dict) -> dict:
         if val.get("shape") and formed and val.get("target") != "traffic":
             from types import SimpleNamespace
 
-            from worstcase_profiler.core.policy import replay_reached  # vLLM- and pydantic-free
+            from worstcase_profiler.core.replay_rules import replay_reached  # vLLM- and pydantic-free
 
             if not replay_reached(SimpleNamespace(shape=SimpleNamespace(**val["shape"]),
                                                   formed=SimpleNamespace(**formed))):

@@ -107,7 +107,7 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     # the same engine, validated with --validate quick (its sweep-cache entry is the same)
     "dsv4_mtp_fp8_short_quick": (DSV4_FP8, [*SHORT, *DSV4_026], {"WCP_FIXTURES_LOADERS": "1"},
                                  None),
-    # the cut-down proof (policy.CUT_DOWN_PROVEN): every eager suite configuration of a family
+    # the cut-down proof (sweep_depth.CUT_DOWN_PROVEN): every eager suite configuration of a family
     "llama_v2_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE], {}, "v2"),
     "llama_v1_prove": (LLAMA, [*LONG, "--enforce-eager", *PROVE],
                        {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v1"),
@@ -269,10 +269,10 @@ def _check_report(report: dict, name: str, put) -> None:
             f"ratio {v['ratio']:.4f} ({v.get('note') or 'exact'})")
         if key in ("worst_step", "quick") and v.get("shape") and \
                 tuple(map(int, str(report.get("schema_version", "0")).split("."))) >= (1, 6):
-            from worstcase_profiler.core.policy import replay_reached
-            from worstcase_profiler.report import Validation
+            from worstcase_profiler.core.replay_rules import replay_reached
+            from worstcase_profiler.report import validation_model
 
-            put(f"{key}_formed", replay_reached(Validation.model_validate(v)) is True,
+            put(f"{key}_formed", replay_reached(validation_model(v)) is True,
                 f"the closest step the scheduler formed: {v.get('formed')} (target {v['shape']})")
     rows = {"min": 1, "max": flag_value(name, "--max-num-batched-tokens")}
     put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))

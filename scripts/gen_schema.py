@@ -71,24 +71,18 @@ FIELD_NOTES = {
     "Report.kv_audit": "what KV initialisation really allocated; null before KV "
                        "initialisation ran or with kv_audit=off",
     "Report.validation": "real requests replayed at the worst shapes (`wcprof --validate`)",
-    "WarmupAudit.graphs_bytes": "of resident_bytes: what CUDA-graph capture kept",
     "Report.warnings": "anything the operator should read (e.g. workspace growth after the budget)",
     "Shape.kind": "stock: vLLM's own profile step; prefill: one chunk on a full KV extent; "
                   "decode: the full-context decode batch; mixed: decodes plus one prefill chunk",
     "Shape.rows": "new tokens in the step, all requests together",
     "Shape.context_len": "cached tokens each request already holds (mixed: the prefill's)",
     "Shape.num_reqs": "requests in the step",
-    "StepResult.shape": "the synthetic step",
-    "StepResult.seconds": "wall time of the step",
     "StockFigures.peak_activation_bytes": "transient peak of vLLM's own profile step, measured "
                                           "by the same meter as the sweep",
     "StockFigures.shape": "the stock step: max_num_batched_tokens rows, empty KV",
     "StockFigures.seconds": "wall time of the stock step",
     "RowsCovered.min": "smallest rows value covered (1)",
     "RowsCovered.max": "largest rows value covered (max_num_batched_tokens)",
-    "Segment.lo": "first rows value of the segment (inclusive)",
-    "Segment.hi": "last rows value of the segment (inclusive)",
-    "Segment.probes": "interior rows values probed to certify a chord segment",
     "Coverage.method": "`chord-bisection` or `exhaustive`",
     "Coverage.argument": "why every rows value in the range is covered (coverage.py's text)",
     "Coverage.tolerance_bytes": "how far a probe may lie off the chord; also added to the "
@@ -108,42 +102,10 @@ FIELD_NOTES = {
     "WorstCase.workspace_slots": "each WorkspaceManager slot before and after growing",
     "WorstCase.workspace_locked": "the workspace was locked after warm-up (growth then raises)",
     "WorstCase.seconds": "wall time of the sweep",
-    "Admission.requested_bytes": "memory the engine may use (vLLM's requested memory: "
-                                 "gpu_memory_utilization x device memory)",
-    "Admission.weights_bytes": "vLLM's figure for the model weights (model_memory_usage)",
-    "Admission.non_torch_bytes": "CUDA: consumed minus what torch reserved; 0 on the CPU",
-    "Admission.consumed_bytes": "what the process holds after the sweep (CUDA: free memory at "
-                                "worker start minus free now; CPU: RSS), plus the post-profile "
-                                "buffers",
-    "Admission.margin_bytes": "safety margin (setting margin_bytes, default 64 MiB)",
-    "Admission.budget_bytes": "requested - consumed - worst transient - cudagraphs - margin; "
-                              "may be negative",
-    "Admission.recommended_kv_cache_memory_bytes": "the budget rounded down to a whole MiB (0 "
-                                                   "if negative): the value to pass as "
-                                                   "--kv-cache-memory-bytes",
-    "Admission.explicit_kv_cache_memory_bytes": "--kv-cache-memory-bytes when one was given",
-    "Admission.bytes_per_token": "KV bytes one token costs across every attention layer",
-    "Admission.kv_tokens_stock": "tokens stock's KV cache holds (whole blocks)",
-    "Admission.kv_tokens_worstcase": "tokens kv_cache_bytes holds (whole blocks)",
-    "Admission.fits": "the budget holds one request at max_model_len (whole blocks), and an "
-                      "explicit --kv-cache-memory-bytes is within the budget and holds one too",
     "KVAuditGroup.name": "KV cache group index and spec type",
     "KVAuditGroup.layers": "layer names vLLM's plan lists for the group",
     "KVAuditGroup.declared_bytes": "num_blocks x page size, once per listed layer name",
     "KVAuditGroup.allocated_bytes": "distinct storage actually allocated for those layers",
-    "KVAudit.budget_bytes": "the KV budget the worker returned",
-    "KVAudit.allocated_bytes": "distinct storage KV initialisation allocated, all groups",
-    "KVAudit.ratio": "allocated / allowed",
-    "KVAudit.delta_process_bytes": "process memory growth across KV initialisation",
-    "KVAudit.groups": "per KV cache group, plus `outside the plan` for anything unlisted",
-    "KVAudit.verdict": "`over-budget` when allocated exceeds allowed by more than 1%",
-    "KVAudit.message": "one line for the operator",
-    "Validation.measured_peak_bytes": "transient peak + workspace measured while real requests "
-                                      "ran",
-    "Validation.predicted_peak_bytes": "worst-case peak + workspace",
-    "Validation.ratio": "measured / predicted (at most 1 means the prediction held)",
-    "Validation.requests": "the requests replayed",
-    "Validation.seconds": "wall time of the replay",
     "DeviceInfo.kind": "`cuda` or `cpu`",
     "DeviceInfo.name": "GPU name, or the CPU architecture",
     "DeviceInfo.total_bytes": "device memory (CUDA) or host memory (CPU)",

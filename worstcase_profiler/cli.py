@@ -287,7 +287,7 @@ def exit_code(report) -> int:
     """profile's exit code for a finished run's report (EXIT_CODES): 0 for SAFE and STOCK UNSAFE
     (the recommended value is safe), 3 DOES NOT FIT (a start the plugin let through, in report
     mode), 1 a KV over-commit started anyway or a validation above its prediction."""
-    from .core.policy import validation_exceeded
+    from .core.replay_rules import validation_exceeded
     from .report import Verdict
 
     verdict = report.verdict

@@ -20,6 +20,7 @@ Neither imports vLLM or torch.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import urllib.error
 import urllib.request
@@ -54,9 +55,9 @@ def advise_main(argv: list[str]) -> int:
                                "setting advise: true)")
     if ns.within is not None:
         within = parse_within(ns.within, "--within")
-        advice = report.advice.model_copy(update={
-            "within": within, "knee_chunk": knee(report.advice.candidates, within),
-            "rule": RULE.format(within=within)})
+        advice = dataclasses.replace(
+            report.advice, within=within, knee_chunk=knee(report.advice.candidates, within),
+            rule=RULE.format(within=within))
         report = report.model_copy(update={"advice": advice})
     from rich.console import Console
 

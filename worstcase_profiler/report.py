@@ -2,9 +2,12 @@
 CLI, the renderers and CI gates (`wcprof diff`), and `build_report`, its projection from a
 start-up session's phase results. Every byte figure is an int of bytes; renderers format.
 
-The core never imports this module: it works in its own frozen values (core/types.py), and only
-`build_report` maps them onto the schema, so a renamed field here moves no fingerprint, cache
-key or decision.
+The core never imports this module: it decides in its own frozen values (core/types.py), and
+the report serves those records as they are (one definition per record: their fields and
+descriptions are the schema's). A field added to one appears in the report; renaming or
+retyping one changes the schema (SCHEMA_VERSION) and, for a record the sweep cache keeps, the
+cache's layout. The report's own models are its envelope and two projections (StockFigures,
+Coverage), which tests/unit/test_report_records.py checks against their core records.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 
-# Plain records (a step's shape, a device, an engine's limits, a workspace slot, a KV group, the
-# sweep cache's use) are the core's own frozen dataclasses: pydantic validates and serialises them
-# like its models, and their JSON is the same. Everything with a meaning of its own to document keeps a model here.
-from .core.types import (CacheUse, DeviceInfo, EngineConfig, KVAuditGroup, Shape,  # noqa: E402
-                         WorkspaceSlot)
+# The records are the core's own frozen dataclasses, served as they are: pydantic validates and
+# serialises them like its models, and the descriptions in their fields' metadata (core.types.doc)
+# go into the JSON schema.
+from .core.types import (Admission, Advice, CacheUse, CoveredSegment,  # noqa: E402
+                         CutDownProof, DeviceInfo, EngineConfig, KVAudit, Shape, StepResult,
+                         Validation, WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
@@ -30,19 +34,6 @@ SCHEMA_VERSION = "1.7"
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
 # 1.6: validation.formed (the largest step the scheduler formed during the replay); 1.7: the
 # "quick" validation target (`--validate quick`).
-
-class StepResult(BaseModel):
-    shape: Shape
-    peak_bytes: int = Field(description="transient peak above the pre-step baseline")
-    seconds: float
-    top_op: str | None = Field(None, description="module during which the peak was reached")
-    workspace_bytes: int = Field(0, description="WorkspaceManager bytes live after the step")
-
-    @property
-    def need_bytes(self) -> int:
-        """Non-KV memory the step needs: its transient plus the workspace it leaves live."""
-        return self.peak_bytes + self.workspace_bytes
-
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -64,47 +55,12 @@ class RowsCovered(BaseModel):
     max: int
 
 
-class Segment(BaseModel):
-    lo: int
-    hi: int
-    how: Literal["executed", "chord"] = Field(
-        description="executed: every rows value in [lo, hi] ran; chord: the interior probes lay "
-        "on the chord between the ends (within tolerance), so the segment's peak is bounded by "
-        "its ends plus the tolerance")
-    probes: list[int] = []
-
-
 class Coverage(BaseModel):
     method: str
     argument: str
     tolerance_bytes: int
     executed_rows: list[int]
-    segments: list[Segment]
-
-
-class CutDownProof(BaseModel):
-    """`--sweep-depth prove`: the cut-down sweep beside the full one on the same engine (the
-    full one admitted). Proven when the cut-down sweep's worst shape is the full sweep's (or
-    needs the same on the full model within the resolution), its confirmed peak equals the full
-    sweep's within the resolution, and it admits no less."""
-
-    verdict: str = Field(description='"proven", or why not')
-    depth: str = Field(description='what the cut kept, e.g. "1 of 32 layers"')
-    full_worst: Shape
-    cut_worst: Shape
-    full_peak_bytes: int = Field(description="the full sweep's worst step on the full model")
-    confirmed_peak_bytes: int = Field(
-        description="the cut-down sweep's worst step, confirmed on the full model")
-    full_admitted_bytes: int
-    cut_admitted_bytes: int
-    resolution_bytes: int
-    full_seconds: float
-    cut_seconds: float
-    deltas: dict[str, int] = Field(
-        default_factory=dict, description="per step kind (stock included), the largest "
-        "full-model minus cut-down peak over the shapes both sweeps measured")
-    depth_delta: int = Field(0, description="the difference the cut-down sweep measured and "
-                                            "raised unconfirmed shapes by")
+    segments: list[CoveredSegment]
 
 
 class WorstCase(BaseModel):
@@ -139,149 +95,6 @@ class WorstCase(BaseModel):
     def need_bytes(self) -> int:
         """Non-KV memory the worst step needs: the worst transient plus the persistent workspace."""
         return self.peak_activation_bytes + self.workspace_bytes
-
-
-class Admission(BaseModel):
-    """KV budget = requested - consumed - worst transient - cudagraphs - margin, where consumed
-    (weights + non-torch + workspace + post-profile buffers + everything else the process holds)
-    is read after the sweep, the same way vLLM reads it."""
-
-    requested_bytes: int
-    weights_bytes: int
-    non_torch_bytes: int
-    consumed_bytes: int
-    transient_bytes: int | None = Field(
-        None, description="the worst transient subtracted (worstcase.peak_activation_bytes)")
-    cudagraph_bytes: int = Field(
-        0, description="what warm-up keeps once the budget is fixed (CUDA graphs and other "
-                       "buffers), reserved up front")
-    warmup_graphs_bytes: int | None = Field(None, description="of cudagraph_bytes: CUDA graphs")
-    warmup_source: str | None = Field(
-        None, description="where the warm-up reserve came from: vllm-estimate, rehearsal (warm-up "
-                          "run on the provisional KV cache), cache (measured by an earlier start), "
-                          "none")
-    margin_bytes: int
-    budget_bytes: int
-    kv_cache_bytes: int = Field(description="the KV memory the engine is given")
-    stock_kv_cache_bytes: int = Field(description="what stock admission would give")
-    recommended_kv_cache_memory_bytes: int
-    explicit_kv_cache_memory_bytes: int | None = None
-    bytes_per_token: int
-    kv_tokens_stock: int
-    kv_tokens_worstcase: int
-    stock_oom_context_len: int | None = Field(
-        None, description="smallest measured KV extent at which the worst step outgrows the stock "
-        "prediction plus the slack stock leaves; None = stock holds up to max_model_len")
-    stock_shortfall_bytes: int | None = Field(
-        None, description="how much more than stock reserved the worst step at long context needs "
-                          "(0 when stock holds)")
-    one_request_bytes: int | None = Field(
-        None, description="KV one request at max_model_len needs")
-    fits: bool
-
-
-class KVAudit(BaseModel):
-    budget_bytes: int
-    allowed_bytes: int = Field(description="budget, or what num_gpu_blocks_override explains")
-    allocated_bytes: int
-    ratio: float
-    delta_process_bytes: int | None = None
-    groups: list[KVAuditGroup]
-    verdict: Literal["ok", "over-budget"]
-    message: str
-
-
-class WarmupAudit(BaseModel):
-    """What warm-up left resident after the KV budget was fixed — CUDA graphs above all (vLLM
-    0.26's V2 runner estimates them as 0) — against what admission set aside for it."""
-
-    resident_bytes: int = Field(description="device memory warm-up added and kept")
-    graphs_bytes: int | None = Field(None, description="of resident_bytes: CUDA graph capture")
-    accounted_bytes: int = Field(description="what admission subtracted for it (cudagraph_bytes)")
-    outside_bytes: int = Field(description="resident - accounted: eats the worst step's headroom")
-    allowed_bytes: int = Field(description="the margin; more than this fails the start")
-    verdict: Literal["ok", "outside-budget"]
-    message: str
-
-
-class Validation(BaseModel):
-    measured_peak_bytes: int
-    predicted_peak_bytes: int
-    ratio: float
-    requests: list[str]
-    seconds: float
-    rank: int = Field(0, description="the rank measured (with TP, the rank of highest ratio)")
-    target: Literal["worst-step", "quick", "traffic"] = Field(
-        "traffic", description="worst-step: the report's own worst shape built from real requests "
-                               "(its rows, request count and context); quick: its rows over its "
-                               "requests at the shortest context, formed within a few steps "
-                               "(`--validate quick`); traffic: generic requests")
-    shape: Shape | None = Field(None, description="the step the requests were built to reach")
-    note: str | None = Field(None, description="why a shape could not be built exactly, if so")
-    resolution_bytes: int = Field(
-        0, description="the meter's resolution on this device: measured may exceed predicted by "
-                       "this much before the validation fails (0: exact)")
-    formed: Shape | None = Field(
-        None, description="a step the scheduler formed while the measured requests ran "
-                          "(context_len: the longest context a request of it held): the smallest "
-                          "covering the target's rows, requests and context, else the closest; "
-                          "without a target, the one of most rows. A worst-step replay reached "
-                          "its target only if this covers it")
-
-
-class ChunkAdvice(BaseModel):
-    """One candidate max_num_batched_tokens: what an engine started with it needs at its worst,
-    the KV it would admit, and its prefill throughput at long context on this device."""
-
-    chunk: int = Field(description="the candidate max_num_batched_tokens")
-    need_bytes: int = Field(description="transient_bytes + workspace_bytes: what the worst step "
-                                        "of an engine with this chunk needs besides the KV cache")
-    transient_bytes: int = Field(
-        description="largest peak over every step this chunk can form (rows 1..chunk from the "
-                    "sweep's coverage, chord slack included; its own stock step, split "
-                    "prefills, decode batches, mixed step and context ladder)")
-    workspace_bytes: int = Field(description="workspace an engine with this chunk holds (every "
-                                             "slot grown to the largest its steps ask)")
-    worst_shape: Shape = Field(description="the step of largest need for this chunk")
-    budget_bytes: int = Field(description="the KV budget an engine with this chunk gets: requested "
-                                          "- consumed - transient - warm-up reserve - margin")
-    kv_cache_bytes: int = Field(description="max(budget_bytes, 0)")
-    kv_tokens: int = Field(description="tokens that KV cache holds (whole blocks)")
-    fits: bool = Field(description="the budget holds one request at max_model_len")
-    prefill_seconds: float | None = Field(
-        None, description="wall time of one prefill chunk of this size on max_model_len - chunk "
-                          "cached tokens (after one untimed run of it)")
-    prefill_tokens_per_s: float | None = Field(None, description="chunk / prefill_seconds")
-    reused_steps: int = Field(0, description="steps taken from the sweep (same shape)")
-    measured_steps: int = Field(0, description="steps run for this chunk: the sweep had not")
-    note: str | None = Field(None, description="what the operator should know about this row")
-
-
-class ExcludedChunk(BaseModel):
-    chunk: int = Field(description="a chunk asked for (--advise-chunk)")
-    reason: str = Field(description="why it was not measured")
-
-
-class Advice(BaseModel):
-    """The chunk advisor (`wcprof --advise`, core/advise.py): KV tokens against prefill tokens
-    per second for candidate max_num_batched_tokens values, and the knee."""
-
-    configured_chunk: int = Field(description="the max_num_batched_tokens this engine runs with; "
-                                              "its row is this start's own admission")
-    knee_chunk: int | None = Field(None, description="the advised chunk (see rule); null when "
-                                                     "no candidate fits or none was timed")
-    within: float = Field(description="the knee rule's X, a fraction of the best throughput")
-    rule: str = Field(description="how the knee is chosen")
-    candidates: list[ChunkAdvice] = Field(description="ascending by chunk")
-    excluded: list[ExcludedChunk] = Field(default_factory=list,
-                                          description="chunks asked for but not measurable here")
-    steps: list[StepResult] = Field(default_factory=list,
-                                    description="the steps run for the advice, timing steps "
-                                                "included (the sweep's are in worstcase.steps)")
-    seconds: float = Field(0.0, description="wall time of the advice's steps")
-
-    def candidate(self, chunk: int | None) -> ChunkAdvice | None:
-        return next((c for c in self.candidates if c.chunk == chunk), None)
 
 
 class RunnerInfo(BaseModel):
@@ -353,54 +166,24 @@ class Verdict(str, enum.Enum):
 
 # --- the projection: a start-up session's phase results onto the schema ----------------------
 
-def _model(cls, value):
-    """A core value on its schema model: every field the model has, read by name from the core
-    dataclass (properties included); None passes through."""
-    return None if value is None else cls.model_validate(value, from_attributes=True)
-
-
-def proof_model(p) -> CutDownProof | None:
-    if p is None:
-        return None
-    return CutDownProof(
-        verdict=p.verdict, depth=p.depth, full_worst=p.full_worst, cut_worst=p.cut_worst,
-        full_peak_bytes=p.full_peak_bytes, confirmed_peak_bytes=p.confirmed_peak_bytes,
-        full_admitted_bytes=p.full_admitted_bytes, cut_admitted_bytes=p.cut_admitted_bytes,
-        resolution_bytes=p.resolution_bytes, full_seconds=p.full_seconds,
-        cut_seconds=p.cut_seconds, deltas=dict(p.deltas), depth_delta=p.depth_delta)
-
-
-def _step(r) -> StepResult:
-    return _model(StepResult, r)
-
-
 def coverage_model(c) -> Coverage:
     return Coverage(method=c.method, argument=c.argument, tolerance_bytes=c.tolerance,
                     executed_rows=list(c.executed_rows),
-                    segments=[Segment(lo=s.lo, hi=s.hi, how=s.how, probes=list(s.probes))
-                              for s in c.segments])
+                    segments=list(c.segments))
+
+
+_VALIDATION = TypeAdapter(Validation)
 
 
 def validation_model(v) -> Validation:
-    """One core Validation as the schema's (the CLI's --validate fills reports it read back)."""
-    return _model(Validation, v)
+    """A Validation from a core record (returned as it is: the CLI's --validate fills reports it
+    read back) or from a report's JSON object (validated, as the report validates it)."""
+    return _VALIDATION.validate_python(v)
 
 
 def stock_figures(stock) -> StockFigures:
     return StockFigures(peak_activation_bytes=stock.peak_bytes, shape=stock.shape,
                         seconds=stock.seconds, workspace_bytes=stock.workspace_bytes)
-
-
-def advice_model(a) -> Advice | None:
-    """The core's Advice (core/types.py) on the schema; None passes through."""
-    if a is None:
-        return None
-    return Advice(
-        configured_chunk=a.configured_chunk, knee_chunk=a.knee_chunk, within=a.within,
-        rule=a.rule,
-        candidates=[_model(ChunkAdvice, c) for c in a.candidates],
-        excluded=[ExcludedChunk(chunk=chunk, reason=why) for chunk, why in a.excluded],
-        steps=[_step(r) for r in a.steps], seconds=a.seconds)
 
 
 def build_report(session: "StartupSession", *, created_at: str) -> Report:
@@ -417,21 +200,18 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         post_profile_bytes=sweep.post_profile_bytes, worst_shape=sweep.worst.shape,
         worst_op=sweep.worst_op, rows_covered=RowsCovered(min=1, max=sweep.rows_max),
         shapes_executed=len(sweep.steps), coverage=coverage_model(sweep.coverage),
-        context_curve=[_step(r) for r in sweep.context_curve],
-        steps=[_step(r) for r in sweep.steps],
+        context_curve=list(sweep.context_curve), steps=list(sweep.steps),
         workspace_slots=list(ws.slots),
         workspace_locked=bool(warm and warm.workspace_locked), seconds=sweep.seconds,
         plan_fingerprints=list(prof.plan_fingerprints),
         cache=prof.cache,
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
-        cut_down_proof=proof_model(prof.cut_down_proof))
-    # the core Admission plus what warm-up was expected to keep, and where that figure came from
-    admission = Admission(**dataclasses.asdict(adm), warmup_graphs_bytes=prof.warmup.graphs_bytes,
-                          warmup_source=prof.warmup.source)
-    kv_audit = _model(KVAudit, phases.kv_audit)
-    warmup_audit = _model(WarmupAudit, warm.audit if warm is not None else None)
-    validations = [validation_model(v) for v in phases.validation]
+        cut_down_proof=prof.cut_down_proof)
+    # the core Admission with what warm-up was expected to keep, and where that figure came from
+    admission = dataclasses.replace(adm, warmup_graphs_bytes=prof.warmup.graphs_bytes,
+                                    warmup_source=prof.warmup.source)
+    validations = list(phases.validation)
     cfg, dev = facts.config, facts.device
     return Report(
         tool_version=facts.tool_version, vllm_version=facts.vllm_version, created_at=created_at,
@@ -439,10 +219,11 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         device=dev, config=cfg,
         runner=RunnerInfo(runner=facts.runner, worker=facts.worker,
                           attention_backends=list(facts.attention_backends)),
-        stock=stock_figures(sweep.stock), worstcase=wc, admission=admission, kv_audit=kv_audit,
-        warmup_audit=warmup_audit, validation=gating_validation(validations),
+        stock=stock_figures(sweep.stock), worstcase=wc, admission=admission,
+        kv_audit=phases.kv_audit, warmup_audit=warm.audit if warm is not None else None,
+        validation=gating_validation(validations),
         validations=validations, startup_seconds=dict(session.clock.seconds),
-        warnings=list(phases.warnings), advice=advice_model(getattr(prof, "advice", None)))
+        warnings=list(phases.warnings), advice=getattr(prof, "advice", None))
 
 
 def gating_validation(validations: list[Validation]) -> Validation | None:

@@ -53,7 +53,7 @@ class ProfilerSettings:
     sweep_depth: Literal["auto", "full", "cut-down", "prove"] = "auto"
     """cut-down: every shape on one decoder layer of each kind, the worst confirmed on the full
     model; full: every shape on the whole model; auto: cut-down for the model families where it
-    was proven to pick the same worst step as the full sweep (policy.CUT_DOWN_PROVEN); prove:
+    was proven to pick the same worst step as the full sweep (sweep_depth.CUT_DOWN_PROVEN); prove:
     both, the full one admitted, and the report says whether the cut-down one agreed."""
     progress: bool = True
     cache_dir: str | None = None

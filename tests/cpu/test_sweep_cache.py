@@ -10,7 +10,7 @@ import pytest
 
 from conftest import engine_env, run_wcprof
 
-from worstcase_profiler.core.policy import cache_verdict as verdict
+from worstcase_profiler.core.cache_trust import cache_verdict as verdict
 
 pytestmark = pytest.mark.engine
 

@@ -1,7 +1,7 @@
 """The cut-down sweep's proof (issue 20), from bench/gpu_suite.py's *_prove cases: the cut-down
 sweep and the full sweep on one engine (`--sweep-depth prove`, the full one admitted).
 
-A family enters policy.CUT_DOWN_PROVEN only on these: the cut-down sweep picks the full sweep's
+A family enters sweep_depth.CUT_DOWN_PROVEN only on these: the cut-down sweep picks the full sweep's
 worst shape (or one needing the same within the meter's resolution), its peak confirmed on the
 full model equals the full sweep's within that resolution, and it admits no less."""
 

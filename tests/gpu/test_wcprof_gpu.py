@@ -101,10 +101,10 @@ def test_worst_step_from_real_requests_reaches_the_prediction(case, request, all
         assert within(v, case["case"], allowed_over), v
         if v.get("shape") and tuple(map(int, r["schema_version"].split("."))) >= (1, 6):
             # recorded from schema 1.6: the scheduler formed the target step
-            from worstcase_profiler.core.policy import replay_reached
-            from worstcase_profiler.report import Validation
+            from worstcase_profiler.core.replay_rules import replay_reached
+            from worstcase_profiler.report import validation_model
 
-            assert replay_reached(Validation.model_validate(v)) is True, (v.get("formed"), v["shape"])
+            assert replay_reached(validation_model(v)) is True, (v.get("formed"), v["shape"])
     gaps = request.config.getoption("--allowed-gap", default=None) or []
     if f"{case['case']}_worst_step" in gaps:
         pytest.skip(f"no {case['case']}_worst_step (a known gap the manifest names, with why)")

@@ -255,7 +255,8 @@ def test_the_adapter_runs_nothing_unless_asked_and_times_after_an_untimed_run():
                             one_request_bytes=4096 * BPT, explicit_kv_bytes=None,
                             tolerance_bytes=0, advice_measurements=got)
     advice = budget.decide(facts, mode="enforce", margin_bytes=64 * MiB).advice
-    assert advice.configured_chunk == 1024 and advice.excluded == got.excluded
+    assert advice.configured_chunk == 1024
+    assert [(e.chunk, e.reason) for e in advice.excluded] == list(got.excluded)
     assert advice == core.advise(LIMITS, sweep, held=HELD, admission=_admission(sweep),
                                  workspace=Workspace(), measured=got)
     no_measurements = dataclasses.replace(facts, advice_measurements=None)

@@ -7,13 +7,15 @@ import dataclasses
 import json
 
 import pytest
+from pydantic import TypeAdapter
 
 from unit_helpers import GiB, MiB, build_session
 from worstcase_profiler.cli import advise_settings, main, parse_ours
-from worstcase_profiler.core.types import Advice, ChunkAdvice, ProfileResult, Shape, StepResult
+from worstcase_profiler.core.types import (Advice, ChunkAdvice, ExcludedChunk, ProfileResult, Shape,
+                                           StepResult)
 from worstcase_profiler.render import get_reporter
 from worstcase_profiler.render.view import build_view
-from worstcase_profiler.report import advice_model, build_report
+from worstcase_profiler.report import build_report
 
 
 def core_advice(knee=4096) -> Advice:
@@ -28,12 +30,13 @@ def core_advice(knee=4096) -> Advice:
             row(4096, 3_930_000, 78_000.0), row(8192, 3_891_200, 80_000.0))
     return Advice(configured_chunk=8192, candidates=rows, knee_chunk=knee, within=0.05,
                   rule="knee: ... within 5% of the best candidate's",
-                  excluded=((16384, "above the configured max_num_batched_tokens=8192"),),
+                  excluded=(ExcludedChunk(16384,
+                                          "above the configured max_num_batched_tokens=8192"),),
                   steps=(StepResult(Shape("mixed", 256, 3900, 8), 5 * MiB, 0.01),), seconds=3.5)
 
 
 def advice_dict(**kw) -> dict:
-    return json.loads(advice_model(core_advice(**kw)).model_dump_json())
+    return json.loads(TypeAdapter(Advice).dump_json(core_advice(**kw)))
 
 
 def test_build_report_projects_the_profiles_advice_when_present(tmp_path):
@@ -143,7 +146,7 @@ def test_wcprof_advise_against_engines_started_with_an_advised_chunk(make_report
                                                                      capsys):
     path = tmp_path / "r.json"
     get_reporter("json").write(make_report(advice=advice_dict()), path)
-    said = advice_model(core_advice()).candidate(2048).budget_bytes
+    said = core_advice().candidate(2048).budget_bytes
     close, far = tmp_path / "close.json", tmp_path / "far.json"
     get_reporter("json").write(make_report(config__max_num_batched_tokens=2048,
                                            admission__budget_bytes=int(said * 1.004)), close)

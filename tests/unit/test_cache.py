@@ -10,7 +10,7 @@ import pytest
 from worstcase_profiler.core.cache import (CacheEntry, SweepCache, cache_dir, cache_key,
                                            round_capacity_up)
 from worstcase_profiler.core.coverage import cover_rows
-from worstcase_profiler.core.policy import cache_verdict as verdict
+from worstcase_profiler.core.cache_trust import cache_verdict as verdict
 from worstcase_profiler.core.types import Shape, StepResult, SweepResult, WarmupEstimate
 
 FACTS = {"vllm": "0.32.0", "limits": {"max_model_len": 4096}, "device": {"name": "x"}}
@@ -170,7 +170,7 @@ def test_the_committed_signed_export_still_verifies():
 
 
 def test_a_cached_worst_step_must_still_dominate_the_plans_heaviest_shapes():
-    from worstcase_profiler.core.policy import still_worst
+    from worstcase_profiler.core.cache_trust import still_worst
     from worstcase_profiler.core.shapes import Limits, prefill_chunk
     from worstcase_profiler.core.sweep import dominance_checks
 

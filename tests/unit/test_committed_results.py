@@ -123,10 +123,10 @@ def test_gpu_tests_pass_on_the_committed_results(config):
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 def test_every_family_cut_down_by_default_cites_committed_proofs_that_hold(compiled):
-    """policy.CUT_DOWN_PROVEN (and CUT_DOWN_PROVEN_COMPILED): each entry names current
+    """sweep_depth.CUT_DOWN_PROVEN (and CUT_DOWN_PROVEN_COMPILED): each entry names current
     --sweep-depth prove cases of a committed run, each proven there, on a model of that class,
     eager (or with the model compiled, for the compiled table)."""
-    from worstcase_profiler.core.policy import CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED
+    from worstcase_profiler.core.sweep_depth import CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED
 
     table = CUT_DOWN_PROVEN_COMPILED if compiled else CUT_DOWN_PROVEN
     assert table and set(CUT_DOWN_PROVEN_COMPILED) <= set(CUT_DOWN_PROVEN)

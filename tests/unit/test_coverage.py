@@ -11,6 +11,7 @@ from worstcase_profiler import report
 from worstcase_profiler.core.coverage import (
     ARGUMENT_CHORD, certified_count, cover_rows, interior_probes, on_chord,
     planned_probe_order)
+from worstcase_profiler.core.types import CoveredSegment
 
 N = 8192
 POWERS_OF_TWO = [2**i for i in range(14)]
@@ -221,7 +222,7 @@ def test_to_model_is_a_report_coverage():
     assert model.argument == ARGUMENT_CHORD
     assert model.tolerance_bytes == 1024
     assert model.executed_rows == sorted(res.peaks)
-    assert all(isinstance(s, report.Segment) for s in model.segments)
+    assert all(isinstance(s, CoveredSegment) for s in model.segments)
     assert certified_count(model.segments, model.executed_rows) == res.certified_rows
     chord = [s for s in model.segments if s.how == "chord"]
     assert chord and all(s.probes for s in chord)

@@ -362,7 +362,7 @@ def test_a_replay_records_the_largest_step_the_scheduler_formed_and_unwraps():
     assert [(f["rows"], f["reqs"]) for f in second["formed"]] == [(256, 3), (4, 4)]
     peaks = v.RankPeaks()
     peaks.add([out, second])
-    from worstcase_profiler.core.policy import formed_for
+    from worstcase_profiler.core.replay_rules import formed_for
     frontier = peaks.formed[0]
     assert formed_for(Shape("decode", 4, 2046, 4), frontier) == Shape("decode", 4, 2046, 4)
     assert formed_for(Shape("decode", 4, 2046, 5), frontier).num_reqs == 4  # the closest
@@ -373,7 +373,7 @@ def test_a_replay_records_the_largest_step_the_scheduler_formed_and_unwraps():
 
 
 def test_a_replay_that_did_not_form_its_target_says_so():
-    from worstcase_profiler.core.policy import replay_reached
+    from worstcase_profiler.core.replay_rules import replay_reached
     from worstcase_profiler.core.types import Validation
     from worstcase_profiler.render.view import validation_text
 

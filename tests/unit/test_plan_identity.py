@@ -13,7 +13,7 @@ import pytest
 
 from unit_helpers import build_session
 from worstcase_profiler.adapter import startup
-from worstcase_profiler.core.policy import plan_agreement
+from worstcase_profiler.core.replay_rules import plan_agreement
 from worstcase_profiler.core.shapes import (Limits, decode_batch, mixed_step, plan_fingerprint,
                                             prefill_chunk)
 from worstcase_profiler.core.types import Shape, StepResult

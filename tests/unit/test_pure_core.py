@@ -25,7 +25,9 @@ def _imported_after(modules: list[str]) -> set[str]:
 
 
 def test_core_imports_neither_vllm_nor_torch_nor_the_report_schema():
-    assert {"worstcase_profiler.core.policy", "worstcase_profiler.core.sweep"} <= set(CORE)
+    assert {"worstcase_profiler.core.admission", "worstcase_profiler.core.audits",
+            "worstcase_profiler.core.cache_trust", "worstcase_profiler.core.replay_rules",
+            "worstcase_profiler.core.sweep", "worstcase_profiler.core.sweep_depth"} <= set(CORE)
     loaded = _imported_after(CORE)
     heavy = {m for m in loaded if m.split(".")[0] in ("vllm", "torch", "pydantic")}
     assert not heavy, sorted(heavy)[:5]

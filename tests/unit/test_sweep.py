@@ -303,7 +303,7 @@ def test_a_rows_value_certified_on_the_cut_decoder_is_bounded_on_the_full_model(
 
 
 def test_a_proof_fails_when_a_shape_gained_more_from_depth_than_was_allowed():
-    """policy.judge_cut_down checks the assumption, not only the outcome: a shape far below the
+    """sweep_depth.judge_cut_down checks the assumption, not only the outcome: a shape far below the
     worst whose full-minus-cut difference exceeds the one the cut-down sweep measured."""
     from worstcase_profiler.core.sweep import prove_cut_down
 

@@ -1,4 +1,4 @@
-"""The warm-up audit (adapter/startup.after_warm_up, core/policy.warmup_verdict): memory warm-up
+"""The warm-up audit (adapter/startup.after_warm_up, core/audits.warmup_verdict): memory warm-up
 keeps after the KV budget was fixed (CUDA graphs and other buffers) is checked against what
 admission set aside. Within the margin: recorded. Beyond it: the start fails closed with the flag
 that fits, and the figure goes into the cached sweep so the next start subtracts it. Driven with
@@ -105,7 +105,7 @@ def test_report_mode_only_warns(tmp_path, consumed):
 
 def test_a_cached_start_may_create_the_residue_its_held_memory_counted(tmp_path, consumed):
     """A cached start admits with the full sweep's residue in its held memory (buffers the sweep
-    created lazily, policy.reuse_consumed); when warm-up is what creates them, that is no
+    created lazily, cache_trust.reuse_consumed); when warm-up is what creates them, that is no
     surprise: the audit credits the residue, and the entry keeps warm-up's figure at what went
     beyond it, so the next start does not subtract the same bytes twice."""
     worker, session, cache = _worker(tmp_path, cache_status="hit", residue=112 * MiB)

@@ -14,7 +14,7 @@ def build_session(json_path=None, mode: str = "enforce", fingerprints=("f",), ca
 
     from worstcase_profiler.core.admission import compute_admission
     from worstcase_profiler.core.coverage import cover_rows
-    from worstcase_profiler.core.policy import decide_budget
+    from worstcase_profiler.core.admission import decide_budget
     from worstcase_profiler.core.session import StartupSession
     from worstcase_profiler.core.types import (CacheUse, DeviceInfo, EngineConfig, EngineFacts,
                                                HeldMemory, ProfileResult, Shape, StepResult,

@@ -3,7 +3,7 @@
 The allocation measurement does not trust the planner: after the engine's real KV initialisation
 it sums the bytes actually allocated (unique storages of every `kv_cache` attribute on every
 module of the model and every layer of the forward context, recurrent state included), per KV
-group and outside every group. policy.kv_audit_verdict compares the sum with the budget: a
+group and outside every group. audits.kv_audit_verdict compares the sum with the budget: a
 divisor that counts one placeholder layer per group while one buffer is allocated per real layer
 shows up as a ratio near the layer count.
 """

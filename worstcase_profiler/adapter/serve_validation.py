@@ -19,7 +19,7 @@ import logging
 from ..core import codec
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
-from ..core.policy import replay_reached, replay_stops, validation_exceeded
+from ..core.replay_rules import replay_reached, replay_stops, validation_exceeded
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve

@@ -11,7 +11,8 @@
 
 Each hook records one frozen phase result in the worker's StartupSession (core/session.py) and
 writes the report once (report.build_report). Decisions are the core's (core/budget.py,
-core/policy.py); the sweep cache's flow is adapter/sweep_cache.py's; this module measures and
+core/admission.py, core/audits.py, core/cache_trust.py, core/replay_rules.py,
+core/sweep_depth.py); the sweep cache's flow is adapter/sweep_cache.py's; this module measures and
 applies.
 """
 
@@ -26,13 +27,17 @@ import os
 import sys
 from typing import NamedTuple
 
-from ..core import budget, policy
+from ..core import budget
 from ..core.advise import knee_line
+from ..core.audits import kv_audit_error, kv_audit_verdict, warmup_to_remember, warmup_verdict
+from ..core.cache_trust import reuse_consumed
+from ..core.replay_rules import plan_agreement
 from ..core import shapes
 from ..core.cache import CacheEntry, pool_capacity_tokens
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import prove_cut_down, run_cut_down, run_sweep, stock_readings
+from ..core.sweep_depth import sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
                           SweepResult, WarmupEstimate, WarmupResult, Workspace)
@@ -101,7 +106,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         plan_fingerprints=tuple(fingerprints), sweep_mode=facts.sweep_mode,
         advice=decided.advice, cut_down_proof=measured.proof))
     write_report(session)
-    error = policy.plan_agreement(fingerprints, rank=session.facts.rank,
+    error = plan_agreement(fingerprints, rank=session.facts.rank,
                                   steps=len(sweep.steps)) or decided.budget.error
     if error is not None:
         raise error
@@ -180,10 +185,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
             held_now = held("measure_held")
     consumed = held_now
     if entry is not None:  # a cached start: the full sweep's residue, the same answer as then
-        consumed = policy.reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,
-                                         cached_consumed=entry.consumed_bytes,
-                                         replay_residue=held_now - baseline,
-                                         resolution=meter.resolution_bytes)
+        consumed = reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,
+                                  cached_consumed=entry.consumed_bytes,
+                                  replay_residue=held_now - baseline,
+                                  resolution=meter.resolution_bytes)
     elif handle is not None:
         with clock("cache_store"):
             use = sweep_cache.store_entry(handle, use, sweep, workspace, baseline, held_now,
@@ -305,11 +310,11 @@ def _tp_size(driver) -> int:
 
 def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: int,
                 clock: PhaseTimer) -> tuple[SweepResult, str, CutDownProof | None]:
-    """(the sweep, its mode line, the cut-down proof or None): cut down when policy.sweep_depth
+    """(the sweep, its mode line, the cut-down proof or None): cut down when sweep_depth
     says so and the model can be cut, both when it says prove (the full one admitted), else on
     the full model."""
     model = getattr(driver, "model", None)
-    mode, why = policy.sweep_depth(settings.sweep_depth,
+    mode, why = sweep_depth(settings.sweep_depth,
                                    f"{type(model).__qualname__}" if model is not None else "",
                                    eager=lambda: _runs_eagerly(driver),
                                    device_kind=_device_kind(driver.meter),
@@ -481,13 +486,13 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     with clock("kv_audit"):
         budget = session.profile.budget.budget_bytes
         groups, allowed = kvmod.allocation(worker.model_runner, kv_cache_config, budget)
-        audit = policy.kv_audit_verdict(groups, budget=budget, allowed=allowed,
-                                        delta_process=meter.consumed() - before)
+        audit = kv_audit_verdict(groups, budget=budget, allowed=allowed,
+                                 delta_process=meter.consumed() - before)
     session.record_kv_audit(audit)
     if audit.verdict != "ok" and settings.kv_audit == "warn":
         session.warn(audit.message)
     write_report(session)
-    error = policy.kv_audit_error(audit, settings.kv_audit)
+    error = kv_audit_error(audit, settings.kv_audit)
     if error is not None:
         raise error
     (log.info if audit.verdict == "ok" else log.warning)("[wcprof] %s", audit.message)
@@ -551,12 +556,12 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
             graphs = int(session.measurements.get("graphs", 0))
             cached = prof.cache.status in ("stored", "hit")
             residue = prof.held.residue_bytes
-            audit, error = policy.warmup_verdict(
+            audit, error = warmup_verdict(
                 resident=resident, graphs=min(graphs, resident),
                 accounted=prof.admission.cudagraph_bytes, margin=settings.margin_bytes,
                 mode=settings.mode, kv_cache_bytes=prof.admission.kv_cache_bytes, cached=cached,
                 residue=residue)
-            remember = policy.warmup_to_remember(
+            remember = warmup_to_remember(
                 resident=resident, graphs=graphs, reserve=prof.admission.cudagraph_bytes,
                 residue=residue, ok=audit.verdict == "ok", exact=meter.device_kind == "cuda")
             if cached and remember is not None:

@@ -1,6 +1,6 @@
 """The sweep cache's flow inside a start: find this configuration's entry, reuse it when its
 worst step replayed now still needs what it needed (or sweep), store a new sweep, and remember
-what warm-up kept. The entries and their trust are core/cache.py's and core/policy.py's."""
+what warm-up kept. The entries and their trust are core/cache.py's and core/cache_trust.py's."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from ..core import policy
 from ..core.cache import ENV_DIR, CacheEntry, SweepCache, cache_dir, cache_key
+from ..core.cache_trust import cache_verdict, recheck_dominance, still_worst
 from ..core.shapes import Limits
 from ..core.sweep import dominance_checks, replay, reused, stock_readings
 from ..core.timing import PhaseTimer
@@ -57,7 +57,7 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
     use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
     if driver.agree_max(int(entry is None)) == 0:
         # With a secret, the cache loads only entries whose signature it verified.
-        recheck = policy.recheck_dominance(signed=handle.cache.secret is not None)
+        recheck = recheck_dominance(signed=handle.cache.secret is not None)
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
                            dominance_checks(limits, entry.sweep.worst.shape) if recheck else (),
@@ -65,8 +65,8 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         clock.add("replay.stock_step", check.stock.seconds)
         clock.add("replay.worst_step", check.step.seconds)
         expected = entry.worst_need
-        ok, allowed = policy.cache_verdict(expected, check.step.need_bytes, tolerance)
-        if not policy.still_worst(expected, [o.need_bytes for o in check.others], allowed):
+        ok, allowed = cache_verdict(expected, check.step.need_bytes, tolerance)
+        if not still_worst(expected, [o.need_bytes for o in check.others], allowed):
             ok = False
             beaten = max(check.others, key=lambda o: o.need_bytes)
             log.warning("[wcprof] cached sweep %s names %s as the worst step, but %s needs %s now "

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from ..core import codec
 from ..core.guard import StepShape, frontier_add
-from ..core.policy import formed_for, replay_stops, target_formed
+from ..core.replay_rules import formed_for, replay_stops, target_formed
 from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_ids
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
@@ -235,7 +235,7 @@ def _reached(llm, target: Shape) -> bool:
 def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape,
                  stop: str = "finished") -> int:
     """Run a measured batch like _generate, but stop it once every rank's scheduler formed
-    `target` (policy.target_formed on the recorders' frontiers) and a request has finished
+    `target` (replay_rules.target_formed on the recorders' frontiers) and a request has finished
     (stop="finished"; stop="formed": as soon as it formed):
     the first to finish held the longest context any of them reaches, and every later step has
     fewer requests than the target, so the rest is aborted. A decode plan's requests carry
@@ -383,7 +383,7 @@ def kv_tokens_of(vllm_config, block_size: int, pool: Pool | None = None) -> int:
 class ReplayClient(Protocol):
     """What the replay loop (`measure`) needs of an engine, in-process or serving: every rank's
     answer to a worker op (worker_rpc's begin, end, formed, pool), and one batch of token-id
-    prompts run together; with a target step, stopped once every rank formed it (policy.
+    prompts run together; with a target step, stopped once every rank formed it (replay_rules.
     replay_stops, `stop` as settings.replay_stop). `run` returns how many requests it stopped."""
 
     async def ask(self, op: str) -> list: ...

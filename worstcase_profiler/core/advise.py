@@ -36,8 +36,8 @@ from . import shapes as plan
 from .admission import compute_admission
 from .coverage import segment_bound
 from .shapes import Limits
-from .types import (Admission, Advice, AdviceMeasurements, ChunkAdvice, HeldMemory, Shape,
-                    StepResult, SweepResult, Workspace)
+from .types import (Admission, Advice, AdviceMeasurements, ChunkAdvice, ExcludedChunk,
+                    HeldMemory, Shape, StepResult, SweepResult, Workspace)
 from ..sizes import fmt_bytes, fmt_tokens
 
 DEFAULT_WITHIN = 0.05
@@ -290,7 +290,7 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
             reused_steps=reused, measured_steps=measured_n))
     return Advice(configured_chunk=configured, candidates=tuple(rows),
                   knee_chunk=knee(rows, within), within=within, rule=RULE.format(within=within),
-                  excluded=tuple(measured.excluded),
+                  excluded=tuple(ExcludedChunk(c, why) for c, why in measured.excluded),
                   steps=(*measured.steps, *measured.timings), seconds=measured.seconds)
 
 

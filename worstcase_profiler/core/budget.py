@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .admission import compute_admission
+from .admission import compute_admission, decide_budget, host_memory_note
 from .advise import DEFAULT_WITHIN, advise
-from .policy import decide_budget, host_memory_note
 from .shapes import Limits
 from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, HeldMemory,
                     SweepResult, WarmupEstimate, Workspace)
@@ -59,13 +58,13 @@ class Decided:
     budget: BudgetDecision
     advice: Advice | None = None
     warnings: tuple[str, ...] = ()
-    """What the report's warnings carry (policy.host_memory_note)."""
+    """What the report's warnings carry (admission.host_memory_note)."""
 
 
 def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | None = None,
            advise_within: float = DEFAULT_WITHIN, context_ladder: bool = True) -> Decided:
     """Admission from the measured facts, the advice over the advisor's measurements (when
-    there are any), the budget decision (policy.decide_budget: enforce, report, kv_cap), and
+    there are any), the budget decision (admission.decide_budget: enforce, report, kv_cap), and
     the warnings the report carries (on the CPU, a budget that follows free host memory)."""
     sweep, limits = m.sweep, m.limits
     admission = compute_admission(

@@ -3,7 +3,7 @@
 The sweep's outcome depends on the model, the engine limits, the kernels (vLLM, torch, CUDA,
 attention backend, runner) and the device; `cache_key` hashes all of them. A hit is not trusted
 blindly: the engine replays the cached worst step on its provisional KV cache and compares what
-it needs now with what it needed when the entry was written (policy.cache_verdict). Needing
+it needs now with what it needed when the entry was written (cache_trust.cache_verdict). Needing
 more than the meter's tolerance allows means something the key did not see changed (a driver, a
 model plugin's code); the entry is then discarded and the full sweep runs, never a silent reuse
 of a stale figure.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..settings import ProfilerSettings
 from .timing import PhaseTimer
-from .types import EngineFacts, KVAuditResult, Phases, ProfileResult, Validation, WarmupResult
+from .types import EngineFacts, KVAudit, Phases, ProfileResult, Validation, WarmupResult
 
 
 class StartupSession:
@@ -32,7 +32,7 @@ class StartupSession:
     def record_profile(self, result: ProfileResult) -> None:
         self._set("profile", result)
 
-    def record_kv_audit(self, result: KVAuditResult) -> None:
+    def record_kv_audit(self, result: KVAudit) -> None:
         self._set("kv_audit", result)
 
     def record_warmup(self, result: WarmupResult) -> None:

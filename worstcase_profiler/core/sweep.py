@@ -35,8 +35,9 @@ from contextlib import AbstractContextManager
 from typing import Callable, Iterable, Protocol
 
 from . import shapes as plan
+from .cache_trust import reuse_transient
 from .coverage import cover_rows
-from .policy import judge_cut_down, reuse_transient
+from .sweep_depth import judge_cut_down
 from .shapes import Limits
 from .types import CutDownProof, ProvisionalKV, Shape, StepResult, SweepResult
 
@@ -197,7 +198,7 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     The admitted transient: every confirmed shape at its full-model figure; every other shape at
     its cut-down figure plus the largest full-minus-cut difference measured (the stock step's
     included: vLLM's own profile shape, run both ways for a fraction of a second). That is the
-    cut-down mode's assumption, proven per family (policy.CUT_DOWN_PROVEN, sweep_depth=prove).
+    cut-down mode's assumption, proven per family (sweep_depth.CUT_DOWN_PROVEN, sweep_depth=prove).
     While such a bound is above every confirmed figure, that shape is confirmed too (up to
     CONFIRM_MORE), so the admitted figure is a measured full-model step wherever the bounds
     allow it, not a confirmed shape raised by another shape's larger difference (H200 run 13,
@@ -291,7 +292,7 @@ def _certified_bound(sweep: SweepResult, limits: Limits) -> int:
 def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
                    ) -> tuple[SweepResult, CutDownProof]:
     """The cut-down sweep, then the full sweep on the same engine (kw: run_sweep's). Returns the
-    full sweep, which is the one admitted, and the comparison (policy.judge_cut_down decides
+    full sweep, which is the one admitted, and the comparison (sweep_depth.judge_cut_down decides
     whether the cut-down one would have admitted the same; `resolution`: how far two
     measurements of one step may read apart, the meter's resolution or allocator slack)."""
     # The cut-down one first: a model that cannot be cut raises (ValueError) before the full
@@ -310,7 +311,7 @@ def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
             d = on_full[shape] - r.peak_bytes
             deltas[shape.kind] = max(deltas.get(shape.kind, d), d)
     return full, judge_cut_down(full, cut, depth=depth, resolution=resolution,
-                                deltas=tuple(sorted(deltas.items())))
+                                deltas=dict(sorted(deltas.items())))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,7 +358,7 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     full model counts at that figure, any other at its cut figure plus depth_delta); a
     re-checked shape the cached sweep never ran (the full chunk's widest split, say, where the
     worst rows were smaller) counts at what it measured now plus the meter's `allocator_slack`
-    (policy.reuse_transient); the stock step and provisional KV are this start's."""
+    (cache_trust.reuse_transient); the stock step and provisional KV are this start's."""
     if cached.depth_delta or cached.confirmed:  # a cut-down sweep
         cut = cached.cut_steps
         before = {sh: p + cached.depth_delta for sh, p in largest_peaks(cut).items()}

@@ -1,9 +1,10 @@
 """The core's vocabulary: frozen values that flow one way, measure -> decide -> report.
 
-The adapter measures and builds these; the core's pure functions (sweep, admission, policy)
-combine them; report.py projects them onto the public JSON schema. Nothing here imports vLLM,
-torch or pydantic, so the schema can change without touching a decision, and a fingerprint or a
-cache key computed from these values does not move when a report field is renamed.
+The adapter measures and builds these; the core's pure functions (sweep, admission, the
+start-up rules) combine them; report.py serves them as the public JSON schema's records, with
+the field descriptions (`doc`) the schema shows. Nothing here imports vLLM, torch or pydantic.
+A field renamed or retyped here is a schema change (report.SCHEMA_VERSION) and, for the values
+the sweep cache keeps (core/codec.py), a cache layout change.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Literal
 
 ShapeKind = Literal["stock", "prefill", "decode", "mixed"]
+
+
+def doc(description: str, **kwargs):
+    """A dataclass field with its meaning in the field's metadata: report.py serves these records
+    as they are, and pydantic carries `description` into the report's JSON schema (docs/schema.md)
+    without this module importing it. kwargs: dataclasses.field's (default, default_factory)."""
+    return field(metadata={"description": description}, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -39,11 +47,11 @@ class StepResult:
     """What one step needed: its transient peak above the pre-step baseline, and the workspace
     it asked for (summed over slots), both agreed across ranks."""
 
-    shape: Shape
-    peak_bytes: int
-    seconds: float
-    top_op: str | None = None
-    workspace_bytes: int = 0
+    shape: Shape = doc("the synthetic step")
+    peak_bytes: int = doc("transient peak above the pre-step baseline")
+    seconds: float = doc("wall time of the step")
+    top_op: str | None = doc("module during which the peak was reached", default=None)
+    workspace_bytes: int = doc("WorkspaceManager bytes live after the step", default=0)
 
     @property
     def need_bytes(self) -> int:
@@ -65,10 +73,14 @@ class ProvisionalKV:
 class CoveredSegment:
     """[lo, hi] inclusive. executed: every rows value in it ran; chord: certified by `probes`."""
 
-    lo: int
-    hi: int
-    how: Literal["executed", "chord"]
-    probes: tuple[int, ...] = ()
+    lo: int = doc("first rows value of the segment (inclusive)")
+    hi: int = doc("last rows value of the segment (inclusive)")
+    how: Literal["executed", "chord"] = doc(
+        "executed: every rows value in [lo, hi] ran; chord: the interior probes lay on the chord "
+        "between the ends (within tolerance), so the segment's peak is bounded by its ends plus "
+        "the tolerance")
+    probes: tuple[int, ...] = doc("interior rows values probed to certify a chord segment",
+                                  default=())
 
 
 @dataclass(frozen=True)
@@ -143,33 +155,31 @@ class SweepResult:
         return self.steps[:len(self.steps) - self.confirmed]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CutDownProof:
-    """One start's comparison of the cut-down sweep with the full sweep on the same engine
-    (sweep_depth=prove; core/sweep.prove_cut_down, judged by policy.judge_cut_down). The full
-    sweep is the one admitted; this says whether the cut-down one would have admitted the same.
+    """`--sweep-depth prove`: the cut-down sweep beside the full one on the same engine (the
+    full one admitted). Proven when the cut-down sweep's worst shape is the full sweep's (or
+    needs the same on the full model within the resolution), its confirmed peak equals the full
+    sweep's within the resolution, and it admits no less."""
 
-    `deltas`: per step kind, the largest full-model minus cut-down peak over the shapes both
-    passes measured (how much depth adds where the cut-down pass alone would have counted)."""
-
+    # One start's comparison (core/sweep.prove_cut_down), judged by sweep_depth.judge_cut_down;
+    # the report serves it as it is, so the fields stand in the report's order.
+    verdict: str = doc('"proven", or why not')
+    depth: str = doc('what the cut kept, e.g. "1 of 32 layers"')
     full_worst: Shape
     cut_worst: Shape
-    full_peak_bytes: int
-    """The full sweep's worst step, measured on the full model."""
-    confirmed_peak_bytes: int
-    """The cut-down sweep's worst step, confirmed on the full model."""
+    full_peak_bytes: int = doc("the full sweep's worst step on the full model")
+    confirmed_peak_bytes: int = doc("the cut-down sweep's worst step, confirmed on the full model")
     full_admitted_bytes: int
     cut_admitted_bytes: int
     resolution_bytes: int
     full_seconds: float
     cut_seconds: float
-    depth: str
-    """What the cut kept, e.g. "1 of 32 layers"."""
-    deltas: tuple[tuple[str, int], ...] = ()
-    depth_delta: int = 0
-    """The full-minus-cut difference the cut-down sweep measured and raised shapes by."""
-    verdict: str = ""
-    """"proven", or why not."""
+    deltas: dict[str, int] = doc(
+        "per step kind (stock included), the largest full-model minus cut-down peak over the "
+        "shapes both sweeps measured", default_factory=dict)
+    depth_delta: int = doc("the difference the cut-down sweep measured and raised unconfirmed "
+                           "shapes by", default=0)
 
     @property
     def proven(self) -> bool:
@@ -243,32 +253,59 @@ class HeldMemory:
     residue_bytes: int = 0
     """Of consumed_bytes, what this start had not allocated yet when admission measured it: on
     a cached start, the full sweep's residue (buffers the engine creates lazily, which warm-up
-    or serving then creates; policy.reuse_consumed). 0 on a start that swept."""
+    or serving then creates; cache_trust.reuse_consumed). 0 on a start that swept."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Admission:
-    """KV budget = requested - consumed - worst transient - warm-up reserve - margin."""
+    """KV budget = requested - consumed - worst transient - warm-up reserve - margin, where
+    consumed (weights + non-torch + workspace + post-profile buffers + everything else the process
+    holds) is read after the sweep, the same way vLLM reads it."""
 
-    requested_bytes: int
-    weights_bytes: int
-    non_torch_bytes: int
-    consumed_bytes: int
-    transient_bytes: int
-    cudagraph_bytes: int
-    margin_bytes: int
-    budget_bytes: int
-    kv_cache_bytes: int
-    stock_kv_cache_bytes: int
-    recommended_kv_cache_memory_bytes: int
-    explicit_kv_cache_memory_bytes: int | None
-    bytes_per_token: int
-    kv_tokens_stock: int
-    kv_tokens_worstcase: int
-    stock_oom_context_len: int | None
-    stock_shortfall_bytes: int
-    one_request_bytes: int
-    fits: bool
+    # The report serves this record as it is (its docstring and descriptions are the schema's);
+    # the defaults are what a report of an older schema lacks. warmup_graphs_bytes and
+    # warmup_source are the profile's WarmupEstimate, joined when the report is built
+    # (report.build_report): compute_admission leaves them None.
+    requested_bytes: int = doc(
+        "memory the engine may use (vLLM's requested memory: gpu_memory_utilization x device "
+        "memory)")
+    weights_bytes: int = doc("vLLM's figure for the model weights (model_memory_usage)")
+    non_torch_bytes: int = doc("CUDA: consumed minus what torch reserved; 0 on the CPU")
+    consumed_bytes: int = doc(
+        "what the process holds after the sweep (CUDA: free memory at worker start minus free "
+        "now; CPU: RSS), plus the post-profile buffers")
+    transient_bytes: int | None = doc(
+        "the worst transient subtracted (worstcase.peak_activation_bytes)", default=None)
+    cudagraph_bytes: int = doc(
+        "what warm-up keeps once the budget is fixed (CUDA graphs and other buffers), reserved "
+        "up front", default=0)
+    warmup_graphs_bytes: int | None = doc("of cudagraph_bytes: CUDA graphs", default=None)
+    warmup_source: str | None = doc(
+        "where the warm-up reserve came from: vllm-estimate, rehearsal (warm-up run on the "
+        "provisional KV cache), cache (measured by an earlier start), none", default=None)
+    margin_bytes: int = doc("safety margin (setting margin_bytes, default 64 MiB)")
+    budget_bytes: int = doc(
+        "requested - consumed - worst transient - cudagraphs - margin; may be negative")
+    kv_cache_bytes: int = doc("the KV memory the engine is given")
+    stock_kv_cache_bytes: int = doc("what stock admission would give")
+    recommended_kv_cache_memory_bytes: int = doc(
+        "the budget rounded down to a whole MiB (0 if negative): the value to pass as "
+        "--kv-cache-memory-bytes")
+    explicit_kv_cache_memory_bytes: int | None = doc(
+        "--kv-cache-memory-bytes when one was given", default=None)
+    bytes_per_token: int = doc("KV bytes one token costs across every attention layer")
+    kv_tokens_stock: int = doc("tokens stock's KV cache holds (whole blocks)")
+    kv_tokens_worstcase: int = doc("tokens kv_cache_bytes holds (whole blocks)")
+    stock_oom_context_len: int | None = doc(
+        "smallest measured KV extent at which the worst step outgrows the stock prediction plus "
+        "the slack stock leaves; None = stock holds up to max_model_len", default=None)
+    stock_shortfall_bytes: int | None = doc(
+        "how much more than stock reserved the worst step at long context needs (0 when stock "
+        "holds)", default=None)
+    one_request_bytes: int | None = doc("KV one request at max_model_len needs", default=None)
+    fits: bool = doc(
+        "the budget holds one request at max_model_len (whole blocks), and an explicit "
+        "--kv-cache-memory-bytes is within the budget and holds one too")
 
 
 @dataclass(frozen=True)
@@ -288,47 +325,66 @@ class KVAuditGroup:
     allocated_bytes: int
 
 
-@dataclass(frozen=True)
-class KVAuditResult:
-    budget_bytes: int
-    allowed_bytes: int
-    allocated_bytes: int
-    ratio: float
-    delta_process_bytes: int | None
-    groups: tuple[KVAuditGroup, ...]
-    verdict: Literal["ok", "over-budget"]
-    message: str
+@dataclass(frozen=True, kw_only=True)
+class KVAudit:
+    """What KV initialisation allocated, against the budget the worker returned
+    (core/audits.kv_audit_verdict)."""
+
+    budget_bytes: int = doc("the KV budget the worker returned")
+    allowed_bytes: int = doc("budget, or what num_gpu_blocks_override explains")
+    allocated_bytes: int = doc("distinct storage KV initialisation allocated, all groups")
+    ratio: float = doc("allocated / allowed")
+    delta_process_bytes: int | None = doc("process memory growth across KV initialisation",
+                                          default=None)
+    groups: tuple[KVAuditGroup, ...] = doc(
+        "per KV cache group, plus `outside the plan` for anything unlisted")
+    verdict: Literal["ok", "over-budget"] = doc(
+        "`over-budget` when allocated exceeds allowed by more than 1%")
+    message: str = doc("one line for the operator")
 
 
-@dataclass(frozen=True)
-class WarmupAuditResult:
-    resident_bytes: int
-    graphs_bytes: int
-    accounted_bytes: int
-    outside_bytes: int
-    allowed_bytes: int
+@dataclass(frozen=True, kw_only=True)
+class WarmupAudit:
+    """What warm-up left resident after the KV budget was fixed — CUDA graphs above all (vLLM
+    0.26's V2 runner estimates them as 0) — against what admission set aside for it
+    (core/audits.warmup_verdict)."""
+
+    resident_bytes: int = doc("device memory warm-up added and kept")
+    graphs_bytes: int | None = doc("of resident_bytes: CUDA graph capture (None: a report "
+                                   "written before schema 1.3)", default=None)
+    accounted_bytes: int = doc("what admission subtracted for it (cudagraph_bytes)")
+    outside_bytes: int = doc("resident - accounted: eats the worst step's headroom")
+    allowed_bytes: int = doc("the margin; more than this fails the start")
     verdict: Literal["ok", "outside-budget"]
     message: str
 
 
 @dataclass(frozen=True)
 class Validation:
-    measured_peak_bytes: int
-    predicted_peak_bytes: int
-    ratio: float
-    requests: tuple[str, ...]
-    seconds: float
-    rank: int = 0
-    target: str = "traffic"
-    shape: Shape | None = None
-    note: str | None = None
-    resolution_bytes: int = 0
-    formed: Shape | None = None
-    """A step the scheduler formed while the measured requests ran (context_len: the longest
-    context a request of it held): the smallest one covering the target's rows, requests and
-    context, else the one closest to it; without a target, the one of most rows
-    (policy.formed_for). None where no step was recorded. A worst-step replay reached its
-    target only if this covers it (policy.replay_reached)."""
+    """Real requests replayed after the start, measured against the prediction (in-process:
+    adapter/validation.py; before serving: adapter/serve_validation.py)."""
+
+    measured_peak_bytes: int = doc("transient peak + workspace measured while real requests ran")
+    predicted_peak_bytes: int = doc("worst-case peak + workspace")
+    ratio: float = doc("measured / predicted (at most 1 means the prediction held)")
+    requests: tuple[str, ...] = doc("the requests replayed")
+    seconds: float = doc("wall time of the replay")
+    rank: int = doc("the rank measured (with TP, the rank of highest ratio)", default=0)
+    target: Literal["worst-step", "quick", "traffic"] = doc(
+        "worst-step: the report's own worst shape built from real requests (its rows, request "
+        "count and context); quick: its rows over its requests at the shortest context, formed "
+        "within a few steps (`--validate quick`); traffic: generic requests", default="traffic")
+    shape: Shape | None = doc("the step the requests were built to reach", default=None)
+    note: str | None = doc("why a shape could not be built exactly, if so", default=None)
+    resolution_bytes: int = doc(
+        "the meter's resolution on this device: measured may exceed predicted by this much "
+        "before the validation fails (0: exact)", default=0)
+    formed: Shape | None = doc(
+        "a step the scheduler formed while the measured requests ran (context_len: the longest "
+        "context a request of it held): the smallest covering the target's rows, requests and "
+        "context, else the closest; without a target, the one of most rows "
+        "(replay_rules.formed_for). A worst-step replay reached its target only if this covers "
+        "it (replay_rules.replay_reached); None where no step was recorded", default=None)
 
 
 @dataclass(frozen=True)
@@ -385,7 +441,7 @@ class ProfileResult:
 
 @dataclass(frozen=True)
 class WarmupResult:
-    audit: WarmupAuditResult | None
+    audit: WarmupAudit | None
     workspace_locked: bool = False
     workspace_grown_bytes: int = 0
 
@@ -395,7 +451,7 @@ class Phases:
     """The phase results of one start, each set once (StartupSession enforces it)."""
 
     profile: ProfileResult | None = None
-    kv_audit: KVAuditResult | None = None
+    kv_audit: KVAudit | None = None
     warmup: WarmupResult | None = None
     validation: tuple[Validation, ...] = ()
     warnings: tuple[str, ...] = field(default_factory=tuple)
@@ -420,58 +476,73 @@ class AdviceMeasurements:
     why: left out as the sweep leaves them out, and said so."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChunkAdvice:
-    """One candidate max_num_batched_tokens C: the worst case an engine started with C needs,
+    """One candidate max_num_batched_tokens: what an engine started with it needs at its worst,
     the KV it would admit, and its prefill throughput at long context on this device."""
 
-    chunk: int
-    transient_bytes: int
-    """The admitted transient: the largest peak over every step C can form (chord slack
-    included), the stock step at C among them."""
-    workspace_bytes: int
-    """The workspace an engine with C holds (every slot grown to the largest C's steps ask)."""
-    worst_shape: Shape
-    budget_bytes: int
-    kv_tokens: int
-    fits: bool
-    prefill_seconds: float | None = None
-    reused_steps: int = 0
-    """Steps taken from the sweep (same shape), not run again."""
-    measured_steps: int = 0
-    """Steps run for this candidate because the sweep had not run them."""
-    note: str | None = None
+    # The report serves this record as it is, so the fields stand in the report's order, and the
+    # three derived columns (need_bytes, kv_cache_bytes, prefill_tokens_per_s) are fields that
+    # __post_init__ always computes from the others: whatever is passed for them (a report's
+    # JSON, dataclasses.replace) is recomputed, so they never disagree with what they derive from.
+    chunk: int = doc("the candidate max_num_batched_tokens")
+    need_bytes: int = doc("transient_bytes + workspace_bytes: what the worst step of an engine "
+                          "with this chunk needs besides the KV cache (derived: recomputed from "
+                          "them when read)", default=0)
+    transient_bytes: int = doc(
+        "largest peak over every step this chunk can form (rows 1..chunk from the sweep's "
+        "coverage, chord slack included; its own stock step, split prefills, decode batches, "
+        "mixed step and context ladder)")
+    workspace_bytes: int = doc("workspace an engine with this chunk holds (every slot grown to "
+                               "the largest its steps ask)")
+    worst_shape: Shape = doc("the step of largest need for this chunk")
+    budget_bytes: int = doc("the KV budget an engine with this chunk gets: requested - consumed - "
+                            "transient - warm-up reserve - margin")
+    kv_cache_bytes: int = doc("max(budget_bytes, 0) (derived: recomputed when read)", default=0)
+    kv_tokens: int = doc("tokens that KV cache holds (whole blocks)")
+    fits: bool = doc("the budget holds one request at max_model_len")
+    prefill_seconds: float | None = doc(
+        "wall time of one prefill chunk of this size on max_model_len - chunk cached tokens "
+        "(after one untimed run of it)", default=None)
+    prefill_tokens_per_s: float | None = doc("chunk / prefill_seconds (derived: recomputed when "
+                                             "read)", default=None)
+    reused_steps: int = doc("steps taken from the sweep (same shape)", default=0)
+    measured_steps: int = doc("steps run for this chunk: the sweep had not", default=0)
+    note: str | None = doc("what the operator should know about this row", default=None)
 
-    @property
-    def need_bytes(self) -> int:
-        return self.transient_bytes + self.workspace_bytes
-
-    @property
-    def kv_cache_bytes(self) -> int:
-        return max(self.budget_bytes, 0)
-
-    @property
-    def prefill_tokens_per_s(self) -> float | None:
-        if not self.prefill_seconds or self.prefill_seconds <= 0:
-            return None
-        return self.chunk / self.prefill_seconds
+    def __post_init__(self) -> None:
+        rate = (None if not self.prefill_seconds or self.prefill_seconds <= 0
+                else self.chunk / self.prefill_seconds)
+        object.__setattr__(self, "need_bytes", self.transient_bytes + self.workspace_bytes)
+        object.__setattr__(self, "kv_cache_bytes", max(self.budget_bytes, 0))
+        object.__setattr__(self, "prefill_tokens_per_s", rate)
 
 
 @dataclass(frozen=True)
+class ExcludedChunk:
+    chunk: int = doc("a chunk asked for (--advise-chunk)")
+    reason: str = doc("why it was not measured")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Advice:
-    """The chunk advisor's answer: every candidate, the configured one among them, and the
-    knee (None when no candidate fits or none was timed)."""
+    """The chunk advisor (`wcprof --advise`, core/advise.py): KV tokens against prefill tokens
+    per second for candidate max_num_batched_tokens values, and the knee."""
 
-    configured_chunk: int
-    candidates: tuple[ChunkAdvice, ...]
-    knee_chunk: int | None
-    within: float
-    """X of the knee rule, a fraction (0.05: within 5% of the best prefill throughput)."""
-    rule: str
-    excluded: tuple[tuple[int, str], ...] = ()
-    steps: tuple[StepResult, ...] = ()
-    """The steps run for the advice (not the sweep's), timing steps included."""
-    seconds: float = 0.0
+    # The report serves this record as it is: the fields stand in the report's order.
+    configured_chunk: int = doc("the max_num_batched_tokens this engine runs with; its row is "
+                                "this start's own admission")
+    knee_chunk: int | None = doc("the advised chunk (see rule); null when no candidate fits or "
+                                 "none was timed", default=None)
+    within: float = doc("the knee rule's X, a fraction of the best throughput (0.05: within 5% "
+                        "of the best prefill throughput)")
+    rule: str = doc("how the knee is chosen")
+    candidates: tuple[ChunkAdvice, ...] = doc("ascending by chunk")
+    excluded: tuple[ExcludedChunk, ...] = doc("chunks asked for but not measurable here",
+                                              default=())
+    steps: tuple[StepResult, ...] = doc("the steps run for the advice, timing steps included "
+                                        "(the sweep's are in worstcase.steps)", default=())
+    seconds: float = doc("wall time of the advice's steps", default=0.0)
 
-    def candidate(self, chunk: int) -> ChunkAdvice | None:
+    def candidate(self, chunk: int | None) -> ChunkAdvice | None:
         return next((c for c in self.candidates if c.chunk == chunk), None)

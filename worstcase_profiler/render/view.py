@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.coverage import certified_count
-from ..core.policy import replay_reached, validation_exceeded
+from ..core.replay_rules import replay_reached, validation_exceeded
 from ..core.timing import profiler_phases
 from ..report import Report, Shape, StepResult, Verdict
 from ..sizes import fmt_bytes, fmt_tokens

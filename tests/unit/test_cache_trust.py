@@ -1,0 +1,63 @@
+"""Cache trust (core/cache_trust.py): whether a cached sweep, replayed now, may stand in for a full
+sweep, and the figures a cached start admits with. Round numbers, so each expectation can be
+checked by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from worstcase_profiler.core.cache_trust import (cache_verdict, reuse_consumed, reuse_transient,
+                                                 still_worst)
+
+GiB = 1024**3
+MiB = 1024**2
+
+
+@pytest.mark.parametrize("measured,valid", [
+    (GiB, True),                      # same
+    (GiB + GiB // 50, True),          # +2%: within the allowance
+    (GiB + GiB // 50 + 1, False),     # just past it: needs a new sweep
+    (GiB - GiB // 10, True),          # needing less is the safe direction
+    (GiB - GiB // 10 - 1, False),     # far less: another build
+])
+
+
+def test_cache_verdict_bounds(measured, valid):
+    ok, allowed = cache_verdict(GiB, measured, tolerance=MiB)
+    assert ok is valid
+    assert allowed == GiB // 50
+
+
+def test_cache_verdict_allowance_is_at_least_the_meter_tolerance():
+    ok, allowed = cache_verdict(10 * MiB, 10 * MiB + 3 * MiB, tolerance=4 * MiB)
+    assert ok and allowed == 4 * MiB
+
+
+def test_still_worst_catches_a_forged_small_worst_step():
+    assert still_worst(GiB, [GiB // 2, GiB + MiB], allowed=MiB)
+    assert not still_worst(GiB // 4, [GiB // 2], allowed=MiB)
+    assert still_worst(GiB, [], allowed=0)
+
+
+def test_reuse_transient_same_config_same_answer_else_the_larger():
+    assert reuse_transient(GiB, GiB + MiB // 4, resolution=MiB // 2) == GiB
+    assert reuse_transient(GiB, GiB - 50 * MiB, resolution=MiB // 2) == GiB
+    assert reuse_transient(GiB, GiB + 5 * MiB, resolution=MiB // 2) == GiB + 5 * MiB
+
+
+def test_reuse_consumed_keeps_the_cached_figure_when_the_baseline_matches():
+    kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
+              resolution=MiB // 2)
+    assert reuse_consumed(baseline_now=10 * GiB, replay_residue=10 * MiB, **kw) \
+        == 10 * GiB + 300 * MiB
+
+
+def test_reuse_consumed_adds_the_sweeps_residue_to_a_moved_baseline():
+    kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
+              resolution=MiB // 2)
+    # this node holds 1 GiB more before the replay: the residue rides on top of it
+    assert reuse_consumed(baseline_now=11 * GiB, replay_residue=10 * MiB, **kw) \
+        == 11 * GiB + 300 * MiB
+    # the replay itself left more than the sweep did: that is counted, never less
+    assert reuse_consumed(baseline_now=10 * GiB, replay_residue=400 * MiB, **kw) \
+        == 10 * GiB + 400 * MiB

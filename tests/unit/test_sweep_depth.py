@@ -1,0 +1,82 @@
+"""Sweep depth (core/sweep_depth.py): whether the sweep runs cut down or on the full model, on the
+evidence tables, and the proof that judges a cut-down sweep against the full one."""
+
+from __future__ import annotations
+
+from worstcase_profiler.core import sweep_depth as depth_rules
+from worstcase_profiler.core.sweep_depth import judge_cut_down, sweep_depth
+
+MiB = 1024**2
+
+
+def test_sweep_depth_full_unless_asked_or_proven(monkeypatch):
+    assert sweep_depth("full", "NewForCausalLM", eager=lambda: True)[0] == "full"
+    assert sweep_depth("cut-down", "NewForCausalLM", eager=lambda: True)[0] == "cut-down"
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
+    assert depth == "full" and "not yet proven" in why and "sweep_depth=prove" in why
+    monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
+    assert depth == "cut-down" and "run N" in why
+
+
+def test_a_family_proven_on_cuda_is_swept_whole_elsewhere(monkeypatch):
+    monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True,
+                             device_kind="cpu")
+    assert depth == "full" and "on CUDA devices, not on cpu" in why
+    assert sweep_depth("cut-down", "NewForCausalLM", eager=lambda: True,
+                       device_kind="cpu")[0] == "cut-down"
+
+
+def test_prove_runs_both_sweeps_on_any_family_that_can_be_cut():
+    depth, why = sweep_depth("prove", "NewForCausalLM", eager=lambda: True)
+    assert depth == "prove" and "full, then cut-down" in why
+
+
+def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
+    from worstcase_profiler.core.types import RowsCoverage, Shape, StepResult, SweepResult
+
+    def sweep(*steps, peak):
+        stock = StepResult(Shape("stock", 64, 0, 1), MiB, 0.0)
+        worst = max(steps, key=lambda r: r.peak_bytes)
+        return SweepResult(stock=stock, steps=steps, worst=worst, worst_op=None, peak_bytes=peak,
+                           coverage=RowsCoverage((), 64, 0, 0, 0, (), "", ""), context_curve=(), rows_max=64,
+                           post_profile_bytes=0, seconds=1.0)
+
+    a, b = Shape("prefill", 64, 100, 512), Shape("prefill", 64, 100, 256)
+    full = sweep(StepResult(a, 100 * MiB, 0.0), StepResult(b, 100 * MiB - 9000, 0.0),
+                 peak=102 * MiB)
+    cut = sweep(StepResult(b, 100 * MiB - 9000, 0.0), peak=102 * MiB)
+    assert judge_cut_down(full, cut, depth="1 of 2", resolution=MiB).proven
+    far = sweep(StepResult(b, 90 * MiB, 0.0), peak=92 * MiB)
+    proof = judge_cut_down(full, far, depth="1 of 2", resolution=MiB)
+    assert not proof.proven and "confirmed peak" in proof.verdict and "admits" in proof.verdict
+
+
+def test_a_compiled_forward_is_cut_down_only_where_its_family_was_proven_compiled(monkeypatch):
+    monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
+    assert depth == "full" and "eager forwards only" in why
+    for setting in ("cut-down", "prove"):
+        assert sweep_depth(setting, "NewForCausalLM", eager=lambda: False)[0] == setting
+    assert "no proof has covered" in sweep_depth("cut-down", "NewForCausalLM",
+                                                 eager=lambda: False)[1]
+    monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
+    assert depth == "cut-down" and "compiled" in why and "run M" in why
+    assert "no proof" not in sweep_depth("cut-down", "NewForCausalLM", eager=lambda: False)[1]
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
+    assert depth == "cut-down" and "run N" in why
+    # the compiled proofs ran on the V2 runner at TP=1: elsewhere a compiled forward is swept whole
+    for kw in ({"runner": "v1"}, {"tensor_parallel_size": 2}):
+        depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False, **kw)
+        assert depth == "full" and "V2 runner at TP=1" in why, kw
+        assert sweep_depth("auto", "NewForCausalLM", eager=lambda: True, **kw)[0] == "cut-down"
+
+
+def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():
+    def never():
+        raise AssertionError("asked whether the model runs eagerly")
+
+    assert sweep_depth("full", "LlamaForCausalLM", eager=never)[0] == "full"
+    assert sweep_depth("auto", "NewForCausalLM", eager=never)[0] == "full"

@@ -1,0 +1,104 @@
+"""The start-up audits: what KV initialisation allocated against the budget, and what warm-up kept
+against what admission set aside for it. Pure functions of measured bytes that return the audit
+record and the error that refuses the start; the adapter (adapter/kv.py, adapter/startup.py)
+measures and applies.
+
+  kv_audit_verdict    what KV initialisation allocated against the budget
+  kv_audit_error      the error that refuses the start on an over-budget audit
+  warmup_verdict      what warm-up kept against what admission set aside for it
+  warmup_to_remember  what of it the sweep cache keeps for the next start
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..errors import DoesNotFit, KVOvercommit, WcprofError
+from ..sizes import fmt_bytes
+from .types import KVAuditGroup, KVAudit, WarmupAudit, WarmupEstimate
+
+
+def kv_audit_verdict(groups: Iterable[KVAuditGroup], *, budget: int, allowed: int,
+                     delta_process: int | None, tolerance: float = 0.01) -> KVAudit:
+    """What KV initialisation allocated (summed over unique storages, per group and outside every
+    group) against the budget the worker returned, or against what an explicit block count
+    explains (`allowed`). Over by more than `tolerance`: over-budget."""
+    groups = tuple(groups)
+    allocated = sum(g.allocated_bytes for g in groups)
+    ratio = allocated / allowed if allowed > 0 else float("inf")
+    over = allocated > allowed * (1 + tolerance)
+    shares = "; ".join(f"{g.name}: {fmt_bytes(g.allocated_bytes)} in {len(g.layers)} holder(s)"
+                       f" (plan {fmt_bytes(g.declared_bytes)})" for g in groups)
+    if over:
+        msg = (f"KV initialisation allocated {fmt_bytes(allocated)} against a budget of "
+               f"{fmt_bytes(allowed)} (x{ratio:.2f}): {shares}")
+    else:
+        msg = f"KV allocation within budget (x{ratio:.3f}): {shares}"
+    return KVAudit(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
+                         ratio=ratio, delta_process_bytes=delta_process, groups=groups,
+                         verdict="over-budget" if over else "ok", message=msg)
+
+
+def kv_audit_error(audit: KVAudit, setting: str) -> WcprofError | None:
+    """The error that refuses the start (kv_audit=error and over budget), else None."""
+    if audit.verdict == "ok" or setting != "error":
+        return None
+    return KVOvercommit(audit.message,
+                        hint="the engine refuses to start; fix the KV planning of this model, or "
+                             "set worstcase_profiler.kv_audit=warn to start anyway")
+
+
+def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, mode: str,
+                   kv_cache_bytes: int, cached: bool, residue: int = 0
+                   ) -> tuple[WarmupAudit, DoesNotFit | None]:
+    """Device memory warm-up kept after the KV budget was fixed (`resident`, of which `graphs`
+    by CUDA graph capture), against what admission set aside for it: its warm-up reserve
+    (`accounted`) plus `residue`, held memory it counted for buffers not yet allocated (a
+    cached start's sweep residue, HeldMemory.residue_bytes), which warm-up may create. More than
+    the margin outside both eats the worst step's headroom: in enforce mode that refuses the
+    start, naming what was kept and the flag value that fits (and, when the figure went into the
+    sweep cache, that the next start subtracts it)."""
+    outside = resident - accounted - residue
+    ok = outside <= margin
+    kept = _kept_text(resident, graphs)
+    aside = fmt_bytes(accounted) if not residue else (
+        f"{fmt_bytes(accounted + residue)} ({fmt_bytes(accounted)} warm-up reserve, "
+        f"{fmt_bytes(residue)} of the cached sweep's residue counted in held memory)")
+    msg = f"warm-up kept {kept} after the KV budget was fixed; admission set aside {aside}"
+    msg += ": within the margin" if ok else f", so {fmt_bytes(outside)} of the worst step's headroom is gone"
+    audit = WarmupAudit(resident_bytes=resident, graphs_bytes=graphs,
+                              accounted_bytes=accounted + residue, outside_bytes=outside,
+                              allowed_bytes=margin, verdict="ok" if ok else "outside-budget",
+                              message=msg)
+    if ok or mode != "enforce":
+        return audit, None
+    fix = max(0, kv_cache_bytes - max(0, outside))
+    flag = f"--kv-cache-memory-bytes {fix} ({fmt_bytes(fix)})"
+    hint = (f"the figure is cached: start again with the same config and admission subtracts "
+            f"it; or pass {flag}" if cached else f"pass {flag}")
+    return audit, DoesNotFit(msg, hint=hint)
+
+
+def warmup_to_remember(*, resident: int, graphs: int, reserve: int, residue: int, ok: bool,
+                       exact: bool) -> WarmupEstimate | None:
+    """What the configuration's cache entry should remember of this warm-up, or None to leave
+    it as it is. A failed audit always records (the refusal's hint promises the next start
+    subtracts it). A passed one records only on an exact meter (CUDA's allocator counters): on
+    the CPU, RSS growth within the margin is noise, and recording it would make a restart admit
+    less than the start that swept. A cached start's sweep residue (held memory it counted but
+    had not allocated) is credited only against what warm-up kept beyond its own reserve."""
+    if ok and not exact:
+        return None
+    credited = min(residue, max(0, resident - reserve))
+    return WarmupEstimate(graphs_bytes=min(graphs, resident),
+                          other_bytes=max(0, resident - graphs - credited), source="cache")
+
+
+def _kept_text(resident: int, graphs: int) -> str:
+    other = max(0, resident - graphs)
+    if graphs and other:
+        return (f"{fmt_bytes(resident)} resident (CUDA graphs {fmt_bytes(graphs)}, other buffers "
+                f"{fmt_bytes(other)})")
+    if graphs:
+        return f"{fmt_bytes(resident)} resident (CUDA graphs)"
+    return f"{fmt_bytes(resident)} resident (buffers other than CUDA graphs: no graph was captured)"

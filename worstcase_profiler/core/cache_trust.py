@@ -1,0 +1,62 @@
+"""Cache trust: whether a cached sweep, its worst step replayed now, may stand in for a full sweep
+(core/cache.py keeps the entries), and the figures a cached start admits with. Pure functions of
+measured bytes; the adapter (adapter/startup.py) replays and applies.
+
+  cache_verdict       whether the replayed worst step still needs what it needed when cached
+  still_worst         whether none of the plan's heaviest other shapes now needs more
+  recheck_dominance   whether a reused entry must be re-checked against those shapes
+  reuse_transient     the transient a cached start admits
+  reuse_consumed      the held-memory figure a cached start admits with
+"""
+
+from __future__ import annotations
+
+
+def cache_verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int]:
+    """(still valid, allowed upward drift). Valid while the replayed step needs no more than it
+    needed then, within the meter's tolerance or 2% of it, whichever is larger. Needing less is
+    the safe direction and normal (the cached figure is the largest of many noisy measurements),
+    so only a large drop (4x the allowance or 10%, whichever is larger) also rejects the entry:
+    it describes another build, and reusing it would only throw KV away."""
+    allowed = max(tolerance, cached // 50)
+    floor = cached - max(4 * allowed, cached // 10)
+    return floor <= measured <= cached + allowed, allowed
+
+
+def still_worst(cached_need: int, others: list[int], allowed: int) -> bool:
+    """A cached worst step may stand only while none of the plan's heaviest other shapes,
+    measured now, needs more than it did (within the allowed drift): a forged or foreign entry
+    that names a small step as the worst is caught here."""
+    return all(n <= cached_need + allowed for n in others)
+
+
+def reuse_transient(cached: int, replayed: int, resolution: int) -> int:
+    """The transient a cached start admits: the cached one while the replay is within the meter's
+    resolution of it (the same configuration gets the same answer), else the larger of the two."""
+    return cached if replayed <= cached + resolution else max(cached, replayed)
+
+
+def reuse_consumed(*, baseline_now: int, cached_baseline: int, cached_consumed: int,
+                   replay_residue: int, resolution: int) -> int:
+    """The held memory a cached start admits with.
+
+    The full sweep leaves behind buffers its many step kinds create lazily (decode and mixed
+    paths, per-shape kernel state), which the engine will create too once it serves; a replay
+    of one step does not. So a cached start counts the full sweep's residue (cached_consumed -
+    cached_baseline) on top of its own baseline (held before the replay), and never less than
+    what the replay left. While its baseline is within the meter's resolution of the cached one,
+    the cached figure stands as is: the same configuration gets the same admission whether it
+    swept or replayed."""
+    residue = max(cached_consumed - cached_baseline, replay_residue)
+    if abs(baseline_now - cached_baseline) <= resolution and replay_residue <= \
+            cached_consumed - cached_baseline + resolution:
+        return cached_consumed
+    return baseline_now + residue
+
+
+def recheck_dominance(signed: bool) -> bool:
+    """Whether a reused entry's worst step must be re-checked against the plan's heaviest shapes
+    (core/sweep.dominance_checks). That re-check is what stops an entry whose worst shape and
+    need were swapped for a smaller self-consistent pair; an entry signed under the operator's
+    secret cannot have been forged that way (docs/cache.md), so it replays only its worst step."""
+    return not signed
