@@ -130,13 +130,22 @@ FIELD_NOTES = {
     "KVAuditGroup.name": "KV cache group index and spec type",
     "KVAuditGroup.layers": "layer names vLLM's plan lists for the group",
     "KVAuditGroup.declared_bytes": "num_blocks x page size, once per listed layer name",
-    "KVAuditGroup.allocated_bytes": "distinct storage actually allocated for those layers",
+    "KVAuditGroup.allocated_bytes": "the bytes those layers' KV views address, plus the "
+                                    "unplanned per-layer buffers counted in this group",
+    "KVAuditGroup.drafter_layers": "of `layers`, those of the speculative drafter's own model",
+    "KVAuditGroup.unplanned_layers": "holders outside every group whose buffers have this "
+                                     "group's per-layer shape (one per real layer the plan "
+                                     "never counted: seed 000)",
+    "KVAuditGroup.ratio": "allocated / declared (null for `outside the plan`)",
+    "KVAuditGroup.verdict": "`over-budget` when allocated exceeds declared by more than 1% "
+                            "(null for `outside the plan`)",
     "KVAudit.budget_bytes": "the KV budget the worker returned",
     "KVAudit.allocated_bytes": "distinct storage KV initialisation allocated, all groups",
     "KVAudit.ratio": "allocated / allowed",
     "KVAudit.delta_process_bytes": "process memory growth across KV initialisation",
     "KVAudit.groups": "per KV cache group, plus `outside the plan` for anything unlisted",
-    "KVAudit.verdict": "`over-budget` when allocated exceeds allowed by more than 1%",
+    "KVAudit.verdict": "`over-budget` when allocated exceeds allowed, or a group its own plan, "
+                       "by more than 1%",
     "KVAudit.message": "one line for the operator",
     "Validation.measured_peak_bytes": "transient peak + workspace measured while real requests "
                                       "ran",

@@ -529,9 +529,11 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
         return result
     with clock("kv_audit"):
         budget = session.profile.budget.budget_bytes
-        groups, allowed = kvmod.allocation(worker.model_runner, kv_cache_config, budget)
+        groups, allowed, allocated = kvmod.allocation(worker.model_runner, kv_cache_config,
+                                                      budget)
         audit = policy.kv_audit_verdict(groups, budget=budget, allowed=allowed,
-                                        delta_process=meter.consumed() - before)
+                                        delta_process=meter.consumed() - before,
+                                        allocated=allocated)
     session.record_kv_audit(audit)
     if audit.verdict != "ok" and settings.kv_audit == "warn":
         session.warn(audit.message)

@@ -65,7 +65,7 @@ ARCHITECTURES: dict[str, str] = {
     "WcpOvercommitLlamaForCausalLM": "wcp_fixtures.overcommit:WcpOvercommitLlamaForCausalLM",
 }
 
-CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "decode", "wide", "overcommit")
+CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "decode", "wide", "overcommit", "draftgroup")
 
 _CONFIGS = Path(__file__).resolve().parent / "configs"
 
