@@ -123,6 +123,18 @@ def _kept_tokens(spec) -> int | None:
     return None
 
 
+def speculative_state_blocks(spec) -> int:
+    """The blocks a decoding request holds in a Mamba group beyond the one of its running state:
+    the speculative blocks (num_speculative_blocks = k under MTP, EAGLE-3, DFlash), which vLLM's
+    MambaManager allocates with the request and keeps (get_num_blocks_to_allocate adds them in
+    both cache modes; remove_skipped_blocks frees none of them). 0 for any other spec."""
+    # vllm-touch: kv-holders
+    inner = list((getattr(spec, "kv_cache_specs", None) or {}).values()) or [spec]
+    if not all(is_spec(s, "MambaSpec") for s in inner):
+        return 0
+    return max(0, min(int(getattr(s, "num_speculative_blocks", 0) or 0) for s in inner))
+
+
 def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
                         block_size: int) -> int | None:
     """Limits.full_request_tokens: what one max_model_len request holds of the pool, in capacity
@@ -148,6 +160,23 @@ def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
     return request_capacity_tokens(max_model_len=max_model_len, block_size=block_size,
                                    pool_block_bytes=block_bytes, bytes_per_token=bytes_per_token,
                                    groups=groups)
+
+
+def state_request_tokens(runner, bytes_per_token: int) -> int:
+    """Limits.state_request_tokens: the pool blocks a request holds whatever its length, in
+    capacity tokens (rounded down: fewer tokens a request means more requests at once, the
+    safe direction) — 1 + k per Mamba group whose spec carries k speculative blocks (issue
+    33: the recurrent state counted per speculative slot). 0, without building a config,
+    when no group does."""
+    # vllm-touch: kv-cache-config
+    if not any(speculative_state_blocks(spec) > 0
+               for spec in runner.get_kv_cache_spec().values()):
+        return 0
+    cfg, block_bytes = _pool_block(runner)
+    blocks = sum(1 + speculative_state_blocks(g.kv_cache_spec) for g in cfg.kv_cache_groups
+                 if not getattr(g, "host_resident", False)
+                 and speculative_state_blocks(g.kv_cache_spec) > 0)
+    return blocks * block_bytes // max(1, bytes_per_token)
 
 
 def one_request_bytes(runner, vllm_config) -> int:

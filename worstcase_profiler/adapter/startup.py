@@ -104,7 +104,15 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                 max_model_len=limits.max_model_len),
                 # sliding-window / chunked-local groups keep a window of each request, not all
                 full_request_tokens=kvmod.full_request_tokens(runner, bpt, limits.max_model_len,
-                                                              limits.block_size))
+                                                              limits.block_size),
+                # a recurrent state under speculative decoding: 1 + k blocks of every request
+                state_request_tokens=kvmod.state_request_tokens(runner, bpt))
+            if limits.state_request_tokens:
+                log.info("[wcprof] the recurrent state holds 1 + k blocks of each request under "
+                         "speculative decoding (%d KV tokens of the pool): one at max_model_len "
+                         "holds %d, so up to %s of them sit at the full extent at once",
+                         limits.state_request_tokens, limits.tokens_per_full_request,
+                         limits.max_resident_requests)
             if limits.full_request_tokens is not None:
                 log.info("[wcprof] windowed KV groups keep only part of each request: one at "
                          "max_model_len holds %d KV tokens of the pool (not %d), so up to %s of "
