@@ -70,3 +70,14 @@ def test_group_tolerance_is_one_percent():
     over = policy.kv_audit_verdict([g("a", GiB, GiB + GiB // 100 + 1)], budget=2 * GiB,
                                    allowed=2 * GiB, delta_process=None)
     assert (ok.verdict, over.verdict) == ("ok", "over-budget")
+
+
+def test_the_terminal_report_lists_each_group_against_its_plan():
+    from worstcase_profiler.render.view import kv_groups_text
+
+    groups = [g("group0:FullAttentionSpec", GiB, GiB, n=3, drafter=["x"]),
+              g("group1:MambaSpec", GiB, GiB // 2, n=3), g("outside the plan", 0, MiB)]
+    r = policy.kv_audit_verdict(groups, budget=2 * GiB, allowed=2 * GiB, delta_process=None)
+    text = kv_groups_text(r)
+    assert text == ("; groups: group0:FullAttentionSpec x1.000 of its plan, drafter 1 of 3 "
+                    "layers; group1:MambaSpec x0.500 of its plan")
