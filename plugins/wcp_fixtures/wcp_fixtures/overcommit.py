@@ -1,6 +1,11 @@
 """``overcommit`` fixture: KV over-commit (reproduces seed 000, "the block
 count divides by ONE layer per group while the runner allocates per layer").
 
+Config ``draftgroup`` (issue 33) gives the layers two ``layer_types``: vLLM then
+plans two KV groups (full attention, and a sliding-window "draft" group, as seed
+000's ``fa_draft``), each seeing its first real layer only; both get one buffer
+per real layer.
+
 Architecture ``WcpOvercommitLlamaForCausalLM`` = vLLM's ``LlamaForCausalLM``
 with ``num_hidden_layers`` (4 in the shipped config) REAL decoder layers, of
 which only layer 0's ``Attention`` stays registered in
