@@ -290,6 +290,18 @@ def _nearest_group(holder: str, aliases: list[tuple[str, int]], among: list[int]
     return None
 
 
+def _group_blocks(kv_cache_config, names) -> int:
+    """The blocks a group's layers address: num_blocks, or (0.32) the most of num_blocks_of over
+    the KV cache tensors holding them (a host-resident HiSparse pool has its own count)."""
+    # vllm-touch: kv-holders
+    of = getattr(kv_cache_config, "num_blocks_of", None)
+    mine = [t for t in kv_cache_config.kv_cache_tensors
+            if set(getattr(t, "layers", None) or getattr(t, "shared_by", None) or ()) & set(names)]
+    if of is None or not mine:
+        return int(kv_cache_config.num_blocks)
+    return max(int(of(t)) for t in mine)
+
+
 def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup], int, int]:
     """(what KV initialisation allocated per group, plus one group for storages outside every
     group; the bytes allowed: the budget, or what num_gpu_blocks_override explains; the bytes
@@ -318,7 +330,7 @@ def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup]
         names = tuple(group.layer_names)
         grouped_layers.update(names)
         spec = group.kv_cache_spec
-        declared = kv_cache_config.num_blocks * sum(
+        declared = _group_blocks(kv_cache_config, names) * sum(
             getattr(spec, "page_size_bytes", 0) for _ in names)
         views = {_view_key(t): _view_bytes(t) for n in names for t in tensors_of.get(n, [])}
         shapes = {(tuple(t.shape), t.dtype) for n in names for t in tensors_of.get(n, [])}
