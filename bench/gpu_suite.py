@@ -56,6 +56,17 @@ DSV4_026 = ["--enforce-eager", "--kv-cache-dtype", "fp8", "--load-format", "dumm
 GDN_TRITON = ["--additional-config", '{"gdn_prefill_backend": "triton"}']
 CUT = ["--sweep-depth", "cut-down"]
 PROVE = ["--sweep-depth", "prove"]  # both sweeps on one engine: issue 20's proof, no validation
+# issue 33: drafters with their own models (dummy weights, config.json only)
+LLAMA8B_EAGLE3 = MODELS / "llama-3.1-8b-eagle3"  # EAGLE-3 for the 8B layout, 1 layer
+QWEN35_DFLASH = MODELS / "qwen35-dflash-5l"  # seed 000's draft: 5 layers, 4 KV heads, head_dim 256
+EAGLE3_K, DFLASH_K = 3, 8
+EAGLE3 = ["--speculative-config", json.dumps({"method": "eagle3", "model": str(LLAMA8B_EAGLE3),
+                                               "num_speculative_tokens": EAGLE3_K})]
+DFLASH = ["--speculative-config", json.dumps({"method": "dflash", "model": str(QWEN35_DFLASH),
+                                               "num_speculative_tokens": DFLASH_K})]
+# seed 000's launch: 32k context, 32 sequences, a 6 GiB KV flag held against the worst case
+SEED000 = ["--max-model-len", "32768", "--max-num-batched-tokens", "8192", "--max-num-seqs", "32",
+           "--kv-cache-memory-bytes", str(6 << 30), "--no-enable-prefix-caching"]
 FIXTURES = ROOT / "plugins" / "wcp_fixtures"
 SCRATCH = FIXTURES / "wcp_fixtures" / "configs" / "scratch"
 COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--gpu-memory-utilization", "0.5",
@@ -124,14 +135,27 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "qwen35_mtp_prove": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *PROVE,
                                   "--speculative-config",
                                   '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),
+    # issue 33: a drafter with its own model. EAGLE-3 on the 8B layout (k=3), graphs on and off;
+    # DFlash on the Qwen3.5 hybrid at seed 000's draft geometry (k=8), at the seed's launch
+    # (32k, 32 sequences, 6 GiB) and at 131k with default concurrency, graphs on and off
+    "llama8b_eagle3": (LLAMA8B, [*LONG, *EAGLE3], {}, "v2"),
+    "llama8b_eagle3_eager": (LLAMA8B, [*LONG, "--enforce-eager", *EAGLE3], {}, "v2"),
+    "qwen35_dflash": (QWEN35, [*SEED000, *GDN_TRITON, *DFLASH], {}, None),
+    "qwen35_dflash_eager": (QWEN35, [*SEED000, "--enforce-eager", *GDN_TRITON, *DFLASH], {}, None),
+    "qwen35_dflash_long": (QWEN35, [*LONG, *GDN_TRITON, *DFLASH], {}, None),
+    "qwen35_dflash_long_eager": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *DFLASH], {},
+                                 None),
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
+DRAFTER_CASES = ("llama8b_eagle3", "llama8b_eagle3_eager", "qwen35_dflash", "qwen35_dflash_eager",
+                 "qwen35_dflash_long", "qwen35_dflash_long_eager")
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
               "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
               "dsv4_mtp_fp8_short_quick",
-              "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")))
+              "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")),
+              *DRAFTER_CASES)
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]
 V2_EVIDENCE = "[wcprof] V2 context injected"
@@ -279,11 +303,60 @@ def _check_report(report: dict, name: str, put) -> None:
     if name == "scratch":  # seed 002: the scratch grows with KV extent, which stock never runs
         put("stock_misses_the_scratch", st["workspace_bytes"] < wc["workspace_bytes"],
             f"workspace stock {st['workspace_bytes']} vs worst-case {wc['workspace_bytes']}")
+    if name in DRAFTER_CASES:
+        _check_drafter(report, name, put)
     runner, want = report["runner"]["runner"], CASES[name][3]
     if want is not None:
         put("runner_kind", runner == want, f"{runner} (want {want})")
     put("eager_as_asked", report["config"]["enforce_eager"] == ("--enforce-eager" in CASES[name][1]),
         f"enforce_eager={report['config']['enforce_eager']}")
+
+
+def speculative(name: str) -> dict | None:
+    """The case's --speculative-config, parsed (None without one)."""
+    extra = CASES[name][1]
+    return json.loads(extra[extra.index("--speculative-config") + 1]) \
+        if "--speculative-config" in extra else None
+
+
+def _check_drafter(report: dict, name: str, put) -> None:
+    """Issue 33: a drafter with its own model. Its decode/verify steps carry 1 + k tokens per
+    request; the KV audit lists every group, the drafter's layers named, each within its own
+    plan (ratio <= 1.000); a hybrid's GDN state group is there; an explicit KV flag is held;
+    the worst step built from real requests is within 1.02 of the prediction."""
+    spec = speculative(name)
+    k = spec["num_speculative_tokens"]
+    put("num_speculative_tokens", report["config"].get("num_speculative_tokens") == k,
+        f"{report['config'].get('num_speculative_tokens')} (want {k})")
+    decodes = [s["shape"] for s in report["worstcase"]["steps"] if s["shape"]["kind"] == "decode"]
+    put("decode_steps_one_plus_k", bool(decodes) and all(
+        s["rows"] == s["num_reqs"] * (1 + k) for s in decodes),
+        f"{len(decodes)} decode steps; rows/reqs {sorted({(s['rows'], s['num_reqs']) for s in decodes})[:4]}")
+    audit = report.get("kv_audit") or {}
+    planned = [g for g in audit.get("groups") or [] if g.get("declared_bytes", 0) > 0]
+    put("kv_audit_ok", audit.get("verdict") == "ok", str(audit.get("message"))[:400])
+    put("every_group_within_its_plan", bool(planned) and all(
+        g.get("ratio") is not None and g["ratio"] <= 1.0 for g in planned),
+        "; ".join(f"{g['name']} x{g.get('ratio')}" for g in planned))
+    draft_layers = json.loads((Path(spec["model"]) / "config.json").read_text())["num_hidden_layers"]
+    named = sum(len(g.get("drafter_layers") or []) for g in planned)
+    put("drafter_layers_audited", named == draft_layers,
+        f"{named} drafter layer(s) in the audit (the draft has {draft_layers})")
+    if spec["method"] == "dflash":
+        put("gdn_state_group", any("Mamba" in g["name"] for g in planned),
+            ", ".join(g["name"] for g in planned))
+    explicit = flag_value(name, "--kv-cache-memory-bytes", 0) or None
+    if explicit is not None:
+        adm = report["admission"]
+        put("explicit_kv_held", adm.get("explicit_kv_cache_memory_bytes") == explicit
+            and adm.get("fits") is True and adm["budget_bytes"] >= explicit,
+            f"explicit {adm.get('explicit_kv_cache_memory_bytes')} fits={adm.get('fits')} "
+            f"budget {adm['budget_bytes']}")
+    worst = [v for v in report.get("validations") or [] if v.get("target") == "worst-step"]
+    put("worst_step_within_1.02", bool(worst) and all(
+        v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
+        and v["predicted_peak_bytes"] <= 1.02 * v["measured_peak_bytes"] for v in worst),
+        "; ".join(f"{v['ratio']:.4f}" for v in worst) or "no worst-step validation")
 
 
 def _check_v2_context(report: dict, log_text: str, put) -> None:

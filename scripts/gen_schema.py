@@ -105,7 +105,15 @@ FIELD_NOTES = {
     "KVAuditGroup.name": "KV cache group index and spec type",
     "KVAuditGroup.layers": "layer names vLLM's plan lists for the group",
     "KVAuditGroup.declared_bytes": "num_blocks x page size, once per listed layer name",
-    "KVAuditGroup.allocated_bytes": "distinct storage actually allocated for those layers",
+    "KVAuditGroup.allocated_bytes": "the bytes those layers' KV views address, plus the "
+                                    "unplanned per-layer buffers counted in this group",
+    "KVAuditGroup.drafter_layers": "of `layers`, those of the speculative drafter's own model",
+    "KVAuditGroup.unplanned_layers": "holders outside every group whose buffers have this "
+                                     "group's per-layer shape (one per real layer the plan "
+                                     "never counted)",
+    "KVAuditGroup.ratio": "allocated / declared (null for `outside the plan`)",
+    "KVAuditGroup.verdict": "`over-budget` when allocated exceeds declared by more than 1% "
+                            "(null for `outside the plan`)",
     "DeviceInfo.kind": "`cuda` or `cpu`",
     "DeviceInfo.name": "GPU name, or the CPU architecture",
     "DeviceInfo.total_bytes": "device memory (CUDA) or host memory (CPU)",

@@ -157,3 +157,52 @@ def test_a_mamba_group_is_charged_the_one_block_a_decoding_request_holds():
     runner = types.SimpleNamespace(get_kv_cache_spec=lambda: {"m": mamba,
                                                               "f": _spec(kvi.FullAttentionSpec)})
     assert kvmod.full_request_tokens(runner, 1024, MML, BLOCK) is None
+
+
+def test_a_speculative_mamba_state_is_charged_its_one_plus_k_blocks(monkeypatch):
+    """Issue 33: under speculative decoding (k = num_speculative_blocks) vLLM's MambaManager
+    allocates 1 + k state blocks with each request and keeps them, so a Mamba hybrid's request
+    at max_model_len holds its attention blocks plus 1 + k; the plan's resident count then equals
+    vLLM's own max concurrency on the same pool (it counted attention alone before: more
+    requests at the full extent than the scheduler can form)."""
+    k = 8
+    names = [f"model.layers.{i}" for i in range(4)]
+    full = {f"{n}.attn": _spec(kvi.FullAttentionSpec) for n in names[:2]}
+    page = next(iter(full.values())).page_size_bytes
+    mamba = {f"{n}.linear_attn": kvi.MambaSpec(
+        block_size=MML, shapes=((page // 4,),), dtypes=(torch.float32,),
+        mamba_cache_mode="none", num_speculative_blocks=k) for n in names[2:]}
+    groups = [kvi.KVCacheGroupSpec(list(full), next(iter(full.values()))),
+              kvi.KVCacheGroupSpec(list(mamba), next(iter(mamba.values())))]
+    num_blocks = 1000 * (MML // BLOCK + 1 + k)
+    runner = _runner({**full, **mamba}, groups, monkeypatch, num_blocks=num_blocks)
+    bpt = kvmod.bytes_per_token(runner)
+    assert kvmod.full_request_tokens(runner, bpt, MML, BLOCK) is None  # no window
+    state = kvmod.state_request_tokens(runner, bpt)
+    assert state == (1 + k) * BLOCK  # a pool block: BLOCK capacity tokens here
+    cap = num_blocks * 2 * page // bpt
+    limits = Limits(MML, MBT, 1024, kv_capacity_tokens=cap, state_request_tokens=state)
+    assert limits.tokens_per_full_request == MML + (1 + k) * BLOCK
+    assert limits.max_resident_requests == 1000
+    cfg = types.SimpleNamespace(num_blocks=num_blocks, kv_cache_groups=groups)
+    vc = _config()
+    vc.cache_config = types.SimpleNamespace(mamba_cache_mode="none")
+    assert limits.max_resident_requests == int(get_max_concurrency_for_kv_cache_config(vc, cfg))
+    old = Limits(MML, MBT, 1024, kv_capacity_tokens=cap)  # the attention blocks alone
+    assert old.max_resident_requests > 1000
+    assert decode_batch(limits).num_reqs <= 1000
+
+
+def test_a_mamba_hybrid_without_a_drafter_keeps_its_plan(monkeypatch):
+    mamba = kvi.MambaSpec(block_size=MML, shapes=((1, 1),), dtypes=(torch.float32,),
+                          mamba_cache_mode="none")
+    assert kvmod.speculative_state_blocks(mamba) == 0
+
+    def boom(*a):
+        raise AssertionError("no KV config is built without a speculative state")
+
+    monkeypatch.setattr(kvmod, "kv_cache_config_with_blocks", boom)
+    runner = types.SimpleNamespace(get_kv_cache_spec=lambda: {"m": mamba,
+                                                              "f": _spec(kvi.FullAttentionSpec)})
+    assert kvmod.full_request_tokens(runner, 1024, MML, BLOCK) is None
+    assert kvmod.state_request_tokens(runner, 1024) == 0

@@ -254,3 +254,19 @@ def test_ranks_plan_with_the_largest_pool_and_the_cheapest_request_any_rank_comp
     assert out.kv_capacity_tokens == 400_000
     assert out.full_request_tokens == 70_000 and out.prefix_request_tokens == 32
     assert agreed(base, lambda v: v) == base  # one rank: unchanged
+
+
+def test_a_speculative_state_adds_its_blocks_to_every_request():
+    """Issue 33: Limits.state_request_tokens (a recurrent state's 1 + k blocks under speculative
+    decoding) is added to each request's cost, after a window's figure, never lowering it; 0
+    changes nothing, bit for bit."""
+    base = Limits(32768, 8192, 32, block_size=1024, kv_capacity_tokens=219 * 1024)
+    assert base.max_resident_requests == 6  # the attention blocks alone
+    seed = dataclasses.replace(base, state_request_tokens=9 * 1024)  # k = 8: 9 state blocks
+    assert seed.tokens_per_full_request == 32768 + 9 * 1024
+    assert seed.max_resident_requests == 5 == 219 // (32 + 9)
+    assert decode_batch(seed).num_reqs <= 219 // 9  # never more than the pool holds
+    windowed = dataclasses.replace(seed, full_request_tokens=16384)
+    assert windowed.tokens_per_full_request == 16384 + 9 * 1024
+    zero = dataclasses.replace(base, state_request_tokens=0)
+    assert zero == base and zero.tokens_per_full_request == base.tokens_per_full_request

@@ -123,6 +123,18 @@ def _kept_tokens(spec) -> int | None:
     return None
 
 
+def speculative_state_blocks(spec) -> int:
+    """The blocks a decoding request holds in a Mamba group beyond the one of its running state:
+    the speculative blocks (num_speculative_blocks = k under MTP, EAGLE-3, DFlash), which vLLM's
+    MambaManager allocates with the request and keeps (get_num_blocks_to_allocate adds them in
+    both cache modes; remove_skipped_blocks frees none of them). 0 for any other spec."""
+    # vllm-touch: kv-holders
+    inner = list((getattr(spec, "kv_cache_specs", None) or {}).values()) or [spec]
+    if not all(is_spec(s, "MambaSpec") for s in inner):
+        return 0
+    return max(0, min(int(getattr(s, "num_speculative_blocks", 0) or 0) for s in inner))
+
+
 def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
                         block_size: int) -> int | None:
     """Limits.full_request_tokens: what one max_model_len request holds of the pool, in capacity
@@ -148,6 +160,23 @@ def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
     return request_capacity_tokens(max_model_len=max_model_len, block_size=block_size,
                                    pool_block_bytes=block_bytes, bytes_per_token=bytes_per_token,
                                    groups=groups)
+
+
+def state_request_tokens(runner, bytes_per_token: int) -> int:
+    """Limits.state_request_tokens: the pool blocks a request holds whatever its length, in
+    capacity tokens (rounded down: fewer tokens a request means more requests at once, the
+    safe direction) — 1 + k per Mamba group whose spec carries k speculative blocks (issue
+    33: the recurrent state counted per speculative slot). 0, without building a config,
+    when no group does."""
+    # vllm-touch: kv-cache-config
+    if not any(speculative_state_blocks(spec) > 0
+               for spec in runner.get_kv_cache_spec().values()):
+        return 0
+    cfg, block_bytes = _pool_block(runner)
+    blocks = sum(1 + speculative_state_blocks(g.kv_cache_spec) for g in cfg.kv_cache_groups
+                 if not getattr(g, "host_resident", False)
+                 and speculative_state_blocks(g.kv_cache_spec) > 0)
+    return blocks * block_bytes // max(1, bytes_per_token)
 
 
 def one_request_bytes(runner, vllm_config) -> int:
@@ -203,38 +232,138 @@ def declared_bytes(kv_cache_config) -> int:
     return sum(int(t.size) for t in device)
 
 
-def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup], int]:
+def _view_key(t):
+    """One view of a storage: where it starts, its shape, strides and dtype."""
+    return (str(t.device), t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+            tuple(t.stride()), t.dtype)
+
+
+def _view_bytes(t) -> int:
+    """The bytes a KV view addresses (its elements: a layer's [blocks, ...] view of a pool laid
+    out block-major addresses its own pages, not the span between its first and last)."""
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
+
+
+def drafter_layer_names(runner) -> set[str]:
+    """The attention/state layers of the speculative drafter's own model: the forward context's
+    layers that the target model (runner.model) does not hold. Empty without a drafter, and
+    empty (no label, nothing else changes) when the target cannot be walked."""
+    # vllm-touch: kv-holders
+    model = getattr(runner, "model", None)
+    if model is None or getattr(runner.vllm_config, "speculative_config", None) is None:
+        return set()
+    try:
+        target = {id(m) for m in model.modules()}
+    except Exception:  # noqa: BLE001 - a wrapper that is not a module: no drafter label
+        return set()
+    ctx = runner.vllm_config.compilation_config.static_forward_context
+    return {name for name, layer in ctx.items() if id(layer) not in target}
+
+
+def _layer_paths(runner, kv_cache_config) -> list[tuple[str, int]]:
+    """(module path, group index) for every path of the target model that reaches a planned
+    layer's module, aliases included: a registry that lists one placeholder layer per group
+    has every real layer of the group call it, so the placeholder sits under each of their
+    paths."""
+    # vllm-touch: kv-holders
+    ctx = runner.vllm_config.compilation_config.static_forward_context
+    group_of = {id(ctx[n]): gi for gi, g in enumerate(kv_cache_config.kv_cache_groups)
+                for n in g.layer_names if n in ctx}
+    model = getattr(runner, "model", None)
+    try:
+        return [(path, group_of[id(m)]) for path, m in
+                model.named_modules(remove_duplicate=False) if id(m) in group_of]
+    except Exception:  # noqa: BLE001 - no module tree to read: shapes alone decide
+        return []
+
+
+def _nearest_group(holder: str, aliases: list[tuple[str, int]], among: list[int]) -> int | None:
+    """The one group among `among` whose layer is reached under the nearest module above
+    `holder` (model.layers.5.self_attn.x: a group layer under model.layers.5.self_attn); None
+    when none is, or more than one at the nearest level."""
+    parts = holder.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:cut]) + "."
+        found = {gi for path, gi in aliases if path.startswith(prefix) and gi in among}
+        if found:
+            return found.pop() if len(found) == 1 else None
+    return None
+
+
+def _group_blocks(kv_cache_config, names) -> int:
+    """The blocks a group's layers address: num_blocks, or (0.32) the most of num_blocks_of over
+    the KV cache tensors holding them (a host-resident HiSparse pool has its own count)."""
+    # vllm-touch: kv-holders
+    of = getattr(kv_cache_config, "num_blocks_of", None)
+    mine = [t for t in kv_cache_config.kv_cache_tensors
+            if set(getattr(t, "layers", None) or getattr(t, "shared_by", None) or ()) & set(names)]
+    if of is None or not mine:
+        return int(kv_cache_config.num_blocks)
+    return max(int(of(t)) for t in mine)
+
+
+def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup], int, int]:
     """(what KV initialisation allocated per group, plus one group for storages outside every
-    group; the bytes allowed: the budget, or what num_gpu_blocks_override explains)."""
+    group; the bytes allowed: the budget, or what num_gpu_blocks_override explains; the bytes
+    allocated in all: the distinct storages).
+
+    Per group: the bytes its layers' KV views address (vLLM 0.32 places every group's layers in
+    one backing allocation, the groups overlaying it: a group's share is its own views, not the
+    storage), plus every storage outside the plan whose tensors have the shape and dtype of this
+    group's layer views — one buffer per real layer that a plan listing one placeholder layer
+    per group never counted (seed 000's registry). The drafter's layers are named per group.
+    The total is the distinct storages, once each, however many groups view them."""
     holders = kv_holders(runner)
-    seen: dict = {}
-    owner: dict = {}
+    drafter = drafter_layer_names(runner)
+    storages: dict = {}            # storage key -> bytes
+    holders_of: dict = {}          # storage key -> holder names
+    tensors_of: dict[str, list] = {}
     for name, obj in holders.items():
         for t in _tensors(obj):
             k, n = _storage_key(t)
-            if n > seen.get(k, 0):
-                seen[k] = n
-                owner.setdefault(k, name)
-    groups: list[KVAuditGroup] = []
+            storages[k] = max(storages.get(k, 0), n)
+            holders_of.setdefault(k, []).append(name)
+            tensors_of.setdefault(name, []).append(t)
+    plan = []
     grouped_layers: set[str] = set()
     for gi, group in enumerate(kv_cache_config.kv_cache_groups):
         names = tuple(group.layer_names)
         grouped_layers.update(names)
-        keys = {k for k, o in owner.items() if o in names}
         spec = group.kv_cache_spec
-        declared = kv_cache_config.num_blocks * sum(
+        declared = _group_blocks(kv_cache_config, names) * sum(
             getattr(spec, "page_size_bytes", 0) for _ in names)
-        groups.append(KVAuditGroup(name=f"group{gi}:{type(spec).__name__}", layers=names,
-                                   declared_bytes=declared,
-                                   allocated_bytes=sum(seen[k] for k in keys)))
-    outside = {k for k, o in owner.items() if o not in grouped_layers}
-    if outside:
+        views = {_view_key(t): _view_bytes(t) for n in names for t in tensors_of.get(n, [])}
+        shapes = {(tuple(t.shape), t.dtype) for n in names for t in tensors_of.get(n, [])}
+        plan.append([f"group{gi}:{type(spec).__name__}", names, declared, sum(views.values()),
+                     shapes, []])
+    outside = [k for k, hs in holders_of.items() if not any(h in grouped_layers for h in hs)]
+    aliases = _layer_paths(runner, kv_cache_config) if outside else []
+    unexplained = []
+    for k in outside:
+        ts = [t for h in holders_of[k] for t in tensors_of[h] if _storage_key(t)[0] == k]
+        match = [gi for gi, g in enumerate(plan)
+                 if any((tuple(t.shape), t.dtype) in g[4] for t in ts)]
+        if len(match) > 1:  # groups of one page shape: the module tree tells them apart
+            near = {_nearest_group(h, aliases, match) for h in holders_of[k]} - {None}
+            match = list(near) if len(near) == 1 else []
+        if len(match) == 1:  # a per-layer buffer of one group's layer shape
+            plan[match[0]][3] += storages[k]
+            plan[match[0]][5].extend(sorted(set(holders_of[k])))
+        else:
+            unexplained.append(k)
+    groups = [KVAuditGroup(name=name, layers=names, declared_bytes=declared,
+                           allocated_bytes=alloc,
+                           drafter_layers=tuple(n for n in names if n in drafter),
+                           unplanned_layers=tuple(unplanned))
+              for name, names, declared, alloc, _, unplanned in plan]
+    if unexplained:
         groups.append(KVAuditGroup(
-            name="outside the plan", layers=tuple(sorted({owner[k] for k in outside})),
-            declared_bytes=0, allocated_bytes=sum(seen[k] for k in outside)))
+            name="outside the plan",
+            layers=tuple(sorted({h for k in unexplained for h in holders_of[k]})),
+            declared_bytes=0, allocated_bytes=sum(storages[k] for k in unexplained)))
     allowed = budget
     # vllm-touch: kv-cache-config
     override = getattr(runner.vllm_config.cache_config, "num_gpu_blocks_override", None)
     if override is not None:
         allowed = max(budget, declared_bytes(kv_cache_config))
-    return groups, allowed
+    return groups, allowed, sum(storages.values())

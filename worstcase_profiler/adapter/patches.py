@@ -142,11 +142,16 @@ REGISTRY: tuple[Touch, ...] = (
           "num_blocks and its groups' spec types; spec classes named SlidingWindowSpec / "
           "ChunkedLocalAttentionSpec (by name, through the MRO) and their sliding_window, "
           "UniformTypeKVCacheSpecs.kv_cache_specs, a group's host_resident; "
-          "v1.core.kv_cache_utils.get_kv_cache_capacity (where it exists)",
-          "what KV initialisation actually allocated, per group, recurrent state included; the "
-          "serving pool a --validate plan has to fit and its capacity in tokens "
-          "(validation.pool_of); what one "
-          "max_model_len request holds of the pool per group (kv.full_request_tokens)"),
+          "v1.core.kv_cache_utils.get_kv_cache_capacity (where it exists); MambaSpec."
+          "num_speculative_blocks; runner.model.modules() / named_modules(remove_duplicate="
+          "False) against the forward context (the drafter's layers, a placeholder's aliases); "
+          "each KV view's storage offset, shape, strides and dtype",
+          "what KV initialisation actually allocated, per group (the drafter's layers named, "
+          "per-layer buffers of a group's shape outside the plan counted in it), recurrent "
+          "state included; the serving pool a --validate plan has to fit and its capacity in "
+          "tokens (validation.pool_of); what one max_model_len request holds of the pool per "
+          "group (kv.full_request_tokens) and a speculative recurrent state's 1 + k blocks "
+          "(kv.state_request_tokens)"),
     # -- workspace --------------------------------------------------------------------------------
     Touch("workspace-slots", "private-write",
           "vllm.v1.worker.workspace: current_workspace_manager(), WorkspaceManager."

@@ -214,7 +214,8 @@ def pool_limits(worker, explicit: int | None, stock_kv: int, bpt: int, agree_fn)
     """The engine's limits, bounded by the KV pool: what the scheduler can form is bounded by
     what can be resident at once, and vLLM's own budget is an upper bound on the pool (ours
     only comes out smaller). Windowed groups keep part of each request, and requests on one
-    cached prefix may share a step only on hits of their own; every rank plans the same."""
+    cached prefix may share a step only on hits of their own; a recurrent state under
+    speculative decoding holds 1 + k blocks of each request; every rank plans the same."""
     # vllm-touch: worker-config
     vllm_config = worker.vllm_config
     runner = worker.model_runner
@@ -226,7 +227,15 @@ def pool_limits(worker, explicit: int | None, stock_kv: int, bpt: int, agree_fn)
             max_model_len=limits.max_model_len),
             # sliding-window / chunked-local groups keep a window of each request, not all
             full_request_tokens=kvmod.full_request_tokens(runner, bpt, limits.max_model_len,
-                                                          limits.block_size))
+                                                          limits.block_size),
+            # a recurrent state under speculative decoding: 1 + k blocks of every request
+            state_request_tokens=kvmod.state_request_tokens(runner, bpt))
+        if limits.state_request_tokens:
+            log.info("[wcprof] the recurrent state holds 1 + k blocks of each request under "
+                     "speculative decoding (%d KV tokens of the pool): one at max_model_len "
+                     "holds %d, so up to %s of them sit at the full extent at once",
+                     limits.state_request_tokens, limits.tokens_per_full_request,
+                     limits.max_resident_requests)
         if limits.full_request_tokens is not None:
             log.info("[wcprof] windowed KV groups keep only part of each request: one at "
                      "max_model_len holds %d KV tokens of the pool (not %d), so up to %s of "
@@ -485,9 +494,10 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
         return result
     with clock("kv_audit"):
         budget = session.profile.budget.budget_bytes
-        groups, allowed = kvmod.allocation(worker.model_runner, kv_cache_config, budget)
+        groups, allowed, allocated = kvmod.allocation(worker.model_runner, kv_cache_config,
+                                                      budget)
         audit = kv_audit_verdict(groups, budget=budget, allowed=allowed,
-                                 delta_process=meter.consumed() - before)
+                                 delta_process=meter.consumed() - before, allocated=allocated)
     session.record_kv_audit(audit)
     if audit.verdict != "ok" and settings.kv_audit == "warn":
         session.warn(audit.message)

@@ -11,6 +11,7 @@ measures and applies.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable
 
 from ..errors import DoesNotFit, KVOvercommit, WcprofError
@@ -19,24 +20,54 @@ from .types import KVAuditGroup, KVAudit, WarmupAudit, WarmupEstimate
 
 
 def kv_audit_verdict(groups: Iterable[KVAuditGroup], *, budget: int, allowed: int,
-                     delta_process: int | None, tolerance: float = 0.01) -> KVAudit:
-    """What KV initialisation allocated (summed over unique storages, per group and outside every
-    group) against the budget the worker returned, or against what an explicit block count
-    explains (`allowed`). Over by more than `tolerance`: over-budget."""
-    groups = tuple(groups)
-    allocated = sum(g.allocated_bytes for g in groups)
+                     delta_process: int | None, tolerance: float = 0.01,
+                     allocated: int | None = None) -> KVAudit:
+    """What KV initialisation allocated (`allocated`: the distinct storages, once each, where
+    groups overlay one pool; by default the groups' sum) against the budget the worker
+    returned, or against what an explicit block count explains (`allowed`); and each KV group
+    (the drafter's included) against its own plan, its declared bytes. Over by more than
+    `tolerance`, in total or in any planned group: over-budget, and the message names the
+    groups that are over first."""
+    groups = tuple(_judge_group(g, tolerance) for g in groups)
+    if allocated is None:
+        allocated = sum(g.allocated_bytes for g in groups)
     ratio = allocated / allowed if allowed > 0 else float("inf")
-    over = allocated > allowed * (1 + tolerance)
-    shares = "; ".join(f"{g.name}: {fmt_bytes(g.allocated_bytes)} in {len(g.layers)} holder(s)"
-                       f" (plan {fmt_bytes(g.declared_bytes)})" for g in groups)
+    over_groups = [g for g in groups if g.verdict == "over-budget"]
+    over = allocated > allowed * (1 + tolerance) or bool(over_groups)
+    shares = "; ".join(_group_share(g) for g in groups)
     if over:
+        named = "".join(f"; {g.name} allocated {fmt_bytes(g.allocated_bytes)} against its plan "
+                        f"of {fmt_bytes(g.declared_bytes)} (x{g.ratio:.2f})" for g in over_groups)
         msg = (f"KV initialisation allocated {fmt_bytes(allocated)} against a budget of "
-               f"{fmt_bytes(allowed)} (x{ratio:.2f}): {shares}")
+               f"{fmt_bytes(allowed)} (x{ratio:.2f}){named}: {shares}")
     else:
         msg = f"KV allocation within budget (x{ratio:.3f}): {shares}"
     return KVAudit(budget_bytes=budget, allowed_bytes=allowed, allocated_bytes=allocated,
-                         ratio=ratio, delta_process_bytes=delta_process, groups=groups,
-                         verdict="over-budget" if over else "ok", message=msg)
+                   ratio=ratio, delta_process_bytes=delta_process, groups=groups,
+                   verdict="over-budget" if over else "ok", message=msg)
+
+
+def _judge_group(g: KVAuditGroup, tolerance: float) -> KVAuditGroup:
+    """A planned group (declared bytes > 0) against its own plan; `outside the plan` (nothing
+    declared) is judged by the total only."""
+    if g.declared_bytes <= 0:
+        return replace(g, ratio=None, verdict=None)
+    ratio = g.allocated_bytes / g.declared_bytes
+    return replace(g, ratio=ratio,
+                   verdict="over-budget" if g.allocated_bytes > g.declared_bytes * (1 + tolerance)
+                   else "ok")
+
+
+def _group_share(g: KVAuditGroup) -> str:
+    extra = []
+    if g.drafter_layers:
+        extra.append(f"drafter: {len(g.drafter_layers)} of {len(g.layers)} layer(s)")
+    if g.unplanned_layers:
+        extra.append(f"{len(g.unplanned_layers)} unplanned per-layer buffer(s)")
+    tail = f", {', '.join(extra)}" if extra else ""
+    return (f"{g.name}: {fmt_bytes(g.allocated_bytes)} in "
+            f"{len(g.layers) + len(g.unplanned_layers)} holder(s) (plan "
+            f"{fmt_bytes(g.declared_bytes)}{tail})")
 
 
 def kv_audit_error(audit: KVAudit, setting: str) -> WcprofError | None:

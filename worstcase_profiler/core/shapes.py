@@ -57,6 +57,14 @@ class Limits:
     block-rounded length: `request_capacity_tokens` computes it from vLLM's KV groups
     (adapter/kv.full_request_tokens). None: every group holds the whole request.
     `tokens_per_full_request` takes the smaller of the two, so it never lowers a count."""
+    state_request_tokens: int = 0
+    """KV capacity tokens (kv_capacity_tokens' unit) a request holds whatever its length: a Mamba
+    group's recurrent state under speculative decoding, 1 + k blocks of the pool per request
+    (vLLM's MambaManager allocates the k speculative blocks with the request and keeps them;
+    seed 000's `max_num_reqs * (num_spec + 1)` slots: issue 33), from
+    adapter/kv.state_request_tokens. 0 without such a state. Added to every request's cost, so
+    fewer requests sit at the full extent at once; a request at extent E still costs at least E
+    * tokens_per_full_request / rounded_model_len (the fixed blocks cost no less when shorter)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -65,7 +73,7 @@ class Limits:
                                              "full_request_tokens")) \
                     or f.name == "prefix_caching":
                 continue
-            floor = 0 if f.name == "num_speculative_tokens" else 1
+            floor = 0 if f.name in ("num_speculative_tokens", "state_request_tokens") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < floor:
                 raise ConfigError(
                     f"{f.name} must be an integer >= {floor}, got {value!r}",
@@ -91,13 +99,14 @@ class Limits:
     @property
     def tokens_per_full_request(self) -> int:
         """KV capacity tokens one request at max_model_len occupies: its length rounded up to
-        whole blocks, or full_request_tokens where windowed KV groups make it less. A request at
+        whole blocks, or full_request_tokens where windowed KV groups make it less, plus
+        state_request_tokens (a recurrent state's 1 + k blocks under speculative decoding). A request at
         extent E <= max_model_len then costs at least E * tokens_per_full_request /
         rounded_model_len (`request_capacity_tokens`' contract), which `_extent_for` inverts."""
         rounded = self.rounded_model_len
-        if self.full_request_tokens is None:
-            return rounded
-        return min(rounded, self.full_request_tokens)
+        if self.full_request_tokens is not None:
+            rounded = min(rounded, self.full_request_tokens)
+        return rounded + self.state_request_tokens
 
     @property
     def max_resident_requests(self) -> int | None:
@@ -192,7 +201,8 @@ def agreed(limits: Limits, agree_max) -> Limits:
 
     return dataclasses.replace(limits, kv_capacity_tokens=most(limits.kv_capacity_tokens),
                                full_request_tokens=fewest(limits.full_request_tokens),
-                               prefix_request_tokens=fewest(limits.prefix_request_tokens))
+                               prefix_request_tokens=fewest(limits.prefix_request_tokens),
+                               state_request_tokens=fewest(limits.state_request_tokens))
 
 
 def stock_shape(limits: Limits) -> Shape:

@@ -323,6 +323,17 @@ class KVAuditGroup:
     layers: tuple[str, ...]
     declared_bytes: int
     allocated_bytes: int
+    # of `layers`, those of the speculative drafter's own model (EAGLE-3, DFlash, MTP): a draft
+    # layer of the target's spec shares the target's group, one of another spec has its own
+    drafter_layers: tuple[str, ...] = ()
+    # holders outside every group whose KV buffers have this group's per-layer shape and dtype:
+    # one buffer per real layer that the plan, listing one placeholder per group, never counted;
+    # their bytes are in allocated_bytes
+    unplanned_layers: tuple[str, ...] = ()
+    # allocated / declared, and that against the group's own plan (audits.kv_audit_verdict);
+    # None for `outside the plan` and for a group whose layers view the whole pool
+    ratio: float | None = None
+    verdict: Literal["ok", "over-budget"] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -339,7 +350,7 @@ class KVAudit:
     groups: tuple[KVAuditGroup, ...] = doc(
         "per KV cache group, plus `outside the plan` for anything unlisted")
     verdict: Literal["ok", "over-budget"] = doc(
-        "`over-budget` when allocated exceeds allowed by more than 1%")
+        "`over-budget` when allocated exceeds allowed, or a group its own plan, by more than 1%")
     message: str = doc("one line for the operator")
 
 

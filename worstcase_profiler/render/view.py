@@ -186,7 +186,8 @@ def details(report: Report) -> list[Detail]:
         out.append(Detail("kv-audit", f"KV audit: allocated {fmt_bytes(a.allocated_bytes)} vs budget "
                                       f"{fmt_bytes(a.budget_bytes)} (allowed "
                                       f"{fmt_bytes(a.allowed_bytes)}), ratio {a.ratio:.3f}: "
-                                      f"{a.verdict}", INFO if a.verdict == "ok" else ERROR))
+                                      f"{a.verdict}{kv_groups_text(a)}",
+                          INFO if a.verdict == "ok" else ERROR))
     if report.warmup_audit is not None and report.warmup_audit.verdict != "ok":
         out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}", ERROR))
     for v in (report.validations or ([report.validation] if report.validation else [])):
@@ -201,6 +202,20 @@ def details(report: Report) -> list[Detail]:
         out.append(Detail("startup", startup_text(report.startup_seconds)))
     out.extend(Detail("warning", f"warning: {w}", WARN) for w in report.warnings)
     return out
+
+
+def kv_groups_text(audit) -> str:
+    """Each KV group against its own plan (issue 33), the drafter's layers named: empty for a
+    report from before groups carried a ratio."""
+    parts = []
+    for g in audit.groups:
+        if g.ratio is None:
+            continue
+        extra = f", drafter {len(g.drafter_layers)} of {len(g.layers)} layers" \
+            if g.drafter_layers else ""
+        extra += f", {len(g.unplanned_layers)} unplanned" if g.unplanned_layers else ""
+        parts.append(f"{g.name} x{g.ratio:.3f} of its plan{extra}")
+    return f"; groups: {'; '.join(parts)}" if parts else ""
 
 
 def warmup_source_text(report: Report) -> str:

@@ -9,9 +9,11 @@ Architectures (registered lazily as ``"module:Class"`` strings):
   ``decode`` (worst step: the widest full-context decode batch) and ``wide``
   (worst step: a prefill spread over every request, each at full context).
   Context-scaled attention workspace on two WorkspaceManager lanes (seed 002).
-* ``WcpOvercommitLlamaForCausalLM`` (``wcp_fixtures.overcommit``): config
-  ``overcommit``.  One visible attention layer for KV planning, one KV buffer per
-  real layer, plus a recurrent state outside the budget (seed 000).
+* ``WcpOvercommitLlamaForCausalLM`` (``wcp_fixtures.overcommit``): configs
+  ``overcommit`` and ``draftgroup``.  One visible attention layer per KV group
+  (per ``layer_types`` entry) for KV planning, one KV buffer per real layer, plus
+  a recurrent state outside the budget (seed 000); ``draftgroup`` adds a
+  sliding-window "draft" group of its own (seed 000's ``fa_draft``).
 
 ``model_dir(name)`` returns the directory holding ``config.json`` for a config
 name; pass it as ``LLM(model=...)`` with ``load_format="dummy"`` and
@@ -65,7 +67,7 @@ ARCHITECTURES: dict[str, str] = {
     "WcpOvercommitLlamaForCausalLM": "wcp_fixtures.overcommit:WcpOvercommitLlamaForCausalLM",
 }
 
-CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "decode", "wide", "overcommit")
+CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "decode", "wide", "overcommit", "draftgroup")
 
 _CONFIGS = Path(__file__).resolve().parent / "configs"
 

@@ -1,6 +1,11 @@
 """``overcommit`` fixture: KV over-commit (reproduces seed 000, "the block
 count divides by ONE layer per group while the runner allocates per layer").
 
+Config ``draftgroup`` (issue 33) gives the layers two ``layer_types``: vLLM then
+plans two KV groups (full attention, and a sliding-window "draft" group, as seed
+000's ``fa_draft``), each seeing its first real layer only; both get one buffer
+per real layer.
+
 Architecture ``WcpOvercommitLlamaForCausalLM`` = vLLM's ``LlamaForCausalLM``
 with ``num_hidden_layers`` (4 in the shipped config) REAL decoder layers, of
 which only layer 0's ``Attention`` stays registered in
@@ -128,22 +133,37 @@ def _placeholder_class(base: type) -> type:
 
 
 class WcpOvercommitLlamaForCausalLM(LlamaForCausalLM):
+    """One placeholder per KV group: per ``layer_types`` entry (one type, "full_attention", when
+    the config has none), the first real layer of that type stays registered and the others
+    call it. Config ``draftgroup``: four full-attention layers and two sliding-window layers (the
+    "draft" group, a KV group of its own as seed 000's ``fa_draft``), so vLLM plans two groups
+    of one layer each while the fixture allocates one buffer per real layer in both."""
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        cfg = wcp_config_dict(vllm_config.model_config.hf_config)
+        hf = vllm_config.model_config.hf_config
+        cfg = wcp_config_dict(hf)
         layers = self.model.layers
         start, end = self.model.start_layer, self.model.end_layer
-        placeholder = layers[start].self_attn.attn
+        types = list(getattr(hf, "layer_types", None) or ["full_attention"] * (end - start))
 
-        # Hide every real layer but the first from KV planning; they call the
-        # placeholder's attention instead.
+        # Hide every real layer but the first of its type from KV planning; they call that
+        # layer's attention (the group's placeholder) instead.
         sfc = vllm_config.compilation_config.static_forward_context
+        placeholders: dict[str, Any] = {}
+        shadows: dict[str, list[WcpShadowKVCache]] = {}
         self.wcp_shadows: list[WcpShadowKVCache] = []
-        for i in range(start + 1, end):
+        for i in range(start, end):
+            kind = types[i]
             attn_i = layers[i].self_attn
+            if kind not in placeholders:
+                placeholders[kind] = attn_i.attn
+                shadows[kind] = []
+                continue
             sfc.pop(attn_i.attn.layer_name, None)
-            attn_i.attn = placeholder
+            attn_i.attn = placeholders[kind]
             attn_i.wcp_shadow_kv = WcpShadowKVCache(i)
+            shadows[kind].append(attn_i.wcp_shadow_kv)
             self.wcp_shadows.append(attn_i.wcp_shadow_kv)
 
         self.wcp_recurrent_state = WcpRecurrentState(
@@ -151,20 +171,27 @@ class WcpOvercommitLlamaForCausalLM(LlamaForCausalLM):
             int(cfg.get("wcp_recurrent_state_bytes_per_slot", 0)),
         )
 
-        initial = placeholder.__dict__.pop("kv_cache", _empty_like_placeholder())
-        placeholder.__class__ = _placeholder_class(type(placeholder))
-        placeholder.__dict__["_wcp_bound_kv"] = initial
-        placeholder.__dict__["_wcp_on_bind"] = self._wcp_on_placeholder_bound
+        first = next(iter(placeholders))
+        for kind, placeholder in placeholders.items():
+            initial = placeholder.__dict__.pop("kv_cache", _empty_like_placeholder())
+            placeholder.__class__ = _placeholder_class(type(placeholder))
+            placeholder.__dict__["_wcp_bound_kv"] = initial
+            placeholder.__dict__["_wcp_on_bind"] = (
+                lambda kv, own=shadows[kind], state=(kind == first):
+                self._wcp_on_placeholder_bound(kv, own, state))
 
-    def _wcp_on_placeholder_bound(self, kv: Any) -> None:
+    def _wcp_on_placeholder_bound(self, kv: Any, shadows: list[WcpShadowKVCache],
+                                  owns_state: bool) -> None:
         if not isinstance(kv, torch.Tensor) or kv.numel() == 0:
-            for shadow in self.wcp_shadows:
+            for shadow in shadows:
                 shadow.kv_cache = _empty_like_placeholder()
-            self.wcp_recurrent_state.release()
+            if owns_state:
+                self.wcp_recurrent_state.release()
             return
-        # One buffer of the placeholder's size per extra REAL layer.
-        for shadow in self.wcp_shadows:
+        # One buffer of the placeholder's size per extra REAL layer of its group.
+        for shadow in shadows:
             shadow.kv_cache = _empty_like_placeholder()  # drop the old one first
             shadow.kv_cache = torch.zeros(kv.shape, dtype=kv.dtype, device=kv.device)
-        self.wcp_recurrent_state.release()
-        self.wcp_recurrent_state.allocate(kv.device)
+        if owns_state:
+            self.wcp_recurrent_state.release()
+            self.wcp_recurrent_state.allocate(kv.device)
