@@ -67,8 +67,9 @@ $(UNIT_STAMP): pyproject.toml
 	test -x $(UNIT_VENV)/bin/python || $(PY) -m venv $(UNIT_VENV)
 	$(UNIT_VENV)/bin/python -m pip install -q --upgrade pip
 	$(UNIT_VENV)/bin/python -m pip install -q -e '.[test,picture]'
-	@! $(UNIT_VENV)/bin/python -c "import torch" 2>/dev/null || \
-	  { echo "$(UNIT_VENV) has torch: it must stay without vLLM and torch"; exit 1; }
+	@$(UNIT_VENV)/bin/python -c "import importlib.util as u, sys; \
+	  sys.exit(any(u.find_spec(m) for m in ('torch', 'vllm')))" || \
+	  { echo "$(UNIT_VENV) has torch or vLLM: it must stay without both"; exit 1; }
 	touch $(UNIT_STAMP)
 
 clean:
