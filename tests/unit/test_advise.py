@@ -73,22 +73,24 @@ HELD = HeldMemory(requested_bytes=8 << 30, consumed_bytes=2 << 30, weights_bytes
 BPT = 4096
 
 
-def _admission(sweep: SweepResult, workspace_total: int = 0):
+def _admission(sweep: SweepResult, workspace_total: int = 0, explicit_kv: int | None = None):
     return compute_admission(
         requested=HELD.requested_bytes, consumed=HELD.consumed_bytes,
         weights=HELD.weights_bytes, non_torch=HELD.non_torch_bytes,
         worst_transient=sweep.peak_bytes, stock_need=sweep.stock.need_bytes, stock_kv=5 << 30,
-        cudagraph=0, margin=64 * MiB, bytes_per_token=BPT, block_size=16, max_model_len=4096)
+        cudagraph=0, margin=64 * MiB, bytes_per_token=BPT, block_size=16, max_model_len=4096,
+        explicit_kv=explicit_kv)
 
 
-def _advise(limits=LIMITS, extra=(), **driver_kw):
+def _advise(limits=LIMITS, extra=(), explicit_kv=None, **driver_kw):
     drv = FakeDriver(limits, **driver_kw)
     sweep = run_sweep(drv, tolerance=0, attribute_ops=False)
     swept = len(drv.shapes)
     chunks, excluded = core.candidate_chunks(limits.max_num_batched_tokens, extra,
                                              max_num_seqs=limits.max_num_seqs)
     measured = measure_candidates(drv, limits, sweep, chunks, excluded=excluded)
-    advice = core.advise(limits, sweep, held=HELD, admission=_admission(sweep),
+    advice = core.advise(limits, sweep, held=HELD,
+                         admission=_admission(sweep, explicit_kv=explicit_kv),
                          workspace=Workspace(), measured=measured)
     return advice, sweep, drv.shapes[swept:]
 
@@ -112,6 +114,24 @@ def test_every_candidate_matches_a_sweep_of_an_engine_started_with_it():
         assert cand.worst_shape == own.worst.shape, cand.chunk
         assert cand.budget_bytes == _admission(own).budget_bytes, cand.chunk
         assert cand.kv_tokens == _admission(own).kv_tokens_worstcase, cand.chunk
+
+
+@pytest.mark.parametrize("explicit_gib", [2, 100])  # fits every candidate / none
+def test_under_an_explicit_kv_size_every_candidate_admits_what_its_engine_would(explicit_gib):
+    """An engine started with --kv-cache-memory-bytes X admits X (where X fits its budget): the
+    advisor's kv_tokens and fits say the same for every chunk, so an engine started at a
+    candidate chunk with the same X matches it exactly, whatever the room."""
+    explicit = explicit_gib << 30
+    advice, _sweep, _extra = _advise(extra=[384], explicit_kv=explicit)
+    for cand in advice.candidates:
+        limits_c = dataclasses.replace(LIMITS, max_num_batched_tokens=cand.chunk)
+        own = _admission(run_sweep(FakeDriver(limits_c), tolerance=0, attribute_ops=False),
+                         explicit_kv=explicit)
+        assert own.explicit_kv_cache_memory_bytes == explicit
+        assert (cand.budget_bytes, cand.kv_tokens, cand.fits) == \
+            (own.budget_bytes, own.kv_tokens_worstcase, own.fits), cand.chunk
+        assert cand.fits is (explicit_gib == 2)
+    assert len({c.kv_tokens for c in advice.candidates}) == 1
 
 
 def test_candidates_carry_the_allocator_slack_their_own_sweep_would():

@@ -160,3 +160,40 @@ def test_wcprof_advise_against_engines_started_with_an_advised_chunk(make_report
     other = tmp_path / "other.json"
     get_reporter("json").write(make_report(config__max_num_batched_tokens=1000), other)
     assert main(["advise", str(path), "--against", str(other)]) == 2
+
+
+def test_wcprof_advise_against_under_one_explicit_kv_size_compares_what_was_admitted(
+        make_report, tmp_path, capsys):
+    """Both started with the same --kv-cache-memory-bytes: the engine admits that size, so the
+    check is the tokens and the fit, exactly; the room (which on the CPU follows resident
+    memory, so another process on the host moves it) is shown, not held to --tolerance."""
+    explicit = 64 << 30
+    rows = advice_dict()
+    said = next(c for c in rows["candidates"] if c["chunk"] == 2048)
+    path = tmp_path / "r.json"
+    get_reporter("json").write(make_report(advice=rows,
+                                           admission__explicit_kv_cache_memory_bytes=explicit),
+                               path)
+    same = dict(config__max_num_batched_tokens=2048,
+                admission__explicit_kv_cache_memory_bytes=explicit,
+                admission__budget_bytes=int(said["budget_bytes"] * 0.9),  # room moved 10%
+                admission__fits=said["fits"])
+    agrees, differs = tmp_path / "agrees.json", tmp_path / "differs.json"
+    get_reporter("json").write(make_report(**same,
+                                           admission__kv_tokens_worstcase=said["kv_tokens"]),
+                               agrees)
+    get_reporter("json").write(make_report(**same,
+                                           admission__kv_tokens_worstcase=said["kv_tokens"] - 16),
+                               differs)
+    assert main(["advise", str(path), "--against", str(agrees)]) == 0
+    out = capsys.readouterr().out
+    assert f"under the same --kv-cache-memory-bytes {explicit}" in out and ": ok (" in out
+    assert main(["advise", str(path), "--against", str(differs)]) == 1
+    assert ": OFF (" in capsys.readouterr().out
+    # another explicit size (or none) on one side: the budgets are compared, as before
+    other = tmp_path / "other.json"
+    get_reporter("json").write(make_report(**{**same,
+                                              "admission__explicit_kv_cache_memory_bytes": None}),
+                               other)
+    assert main(["advise", str(path), "--against", str(other)]) == 1
+    assert "OFF by more than 1%" in capsys.readouterr().out

@@ -1,13 +1,17 @@
 """adapter.meters.device_bytes_held on the CUDA path, driven with torch.cuda's calls
 replaced (no GPU here): what it returns, the garbage generation it collects, and the sub-phase
-timings that say where its seconds go (report.startup_seconds['measure_held.*'])."""
+timings that say where its seconds go (report.startup_seconds['measure_held.*']).
+
+torch itself is not needed: the function imports torch when called, and these tests hand it a
+stand-in module whose torch.cuda holds only the calls under test (so they run without torch)."""
 
 from __future__ import annotations
 
+import sys
+import types
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from worstcase_profiler.adapter.meters import device_bytes_held
 from worstcase_profiler.core.timing import PhaseTimer
@@ -16,7 +20,20 @@ GiB = 1 << 30
 
 
 @pytest.fixture
-def fake_cuda(monkeypatch):
+def torch(monkeypatch):
+    """A stand-in `torch` whose cuda namespace each test fills in."""
+    def unset(*args):
+        raise AssertionError("a torch.cuda call this test did not stand in for")
+
+    fake = types.ModuleType("torch")
+    fake.cuda = SimpleNamespace(synchronize=unset, empty_cache=unset, mem_get_info=unset,
+                                memory_stats=unset)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return fake
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch, torch):
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
@@ -44,7 +61,8 @@ def test_sub_phases_are_timed_under_the_phase_name(fake_cuda):
                                   "measure_after_kv.empty_cache"}
 
 
-def test_the_empty_cache_diagnostic_is_read_only_when_debug_is_on(fake_cuda, monkeypatch, caplog):
+def test_the_empty_cache_diagnostic_is_read_only_when_debug_is_on(fake_cuda, torch, monkeypatch,
+                                                                  caplog):
     frees = iter([(29 * GiB, 140 * GiB), (30 * GiB, 140 * GiB)])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: next(frees))
     stats = {"reserved_bytes.all.current": 5 * GiB, "allocated_bytes.all.current": 3 * GiB,

@@ -300,10 +300,28 @@ def test_token_ids_share_a_branch_only_with_its_warm_prompt():
     ({"method": None, "mode": "none"}, False),   # no per-block Mamba states
     ({"method": None, "hybrid": False}, False),
 ])
-def test_sibling_hits_serialize_on_an_align_hybrid_without_a_dropping_drafter(kwargs, expected):
-    from worstcase_profiler.adapter.facts import sibling_hits_serialize
+def test_sibling_hits_serialize_on_an_align_hybrid_without_a_dropping_drafter(kwargs, expected,
+                                                                             monkeypatch):
+    from worstcase_profiler.adapter import facts
 
-    assert sibling_hits_serialize(_config(**kwargs)) is expected
+    # the vLLM mechanism's presence is its own test (below), so this one runs without vLLM
+    monkeypatch.setattr(facts, "_mamba_caches_partial_tail", lambda: True)
+    assert facts.sibling_hits_serialize(_config(**kwargs)) is expected
+
+
+def test_without_the_mamba_mechanism_siblings_never_serialize(monkeypatch):
+    from worstcase_profiler.adapter import facts
+
+    monkeypatch.setattr(facts, "_mamba_caches_partial_tail", lambda: False)
+    assert facts.sibling_hits_serialize(_config(method=None)) is False
+
+
+def test_the_installed_vllm_caches_a_mambas_partial_tail_block():
+    """The mechanism sibling_hits_serialize stands on (0.26 and 0.32 have it)."""
+    pytest.importorskip("vllm")
+    from worstcase_profiler.adapter.facts import _mamba_caches_partial_tail
+
+    assert _mamba_caches_partial_tail() is True
 
 
 def _blocks_needed(plan, pool) -> int:

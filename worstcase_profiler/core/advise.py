@@ -220,7 +220,10 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
     """Every candidate of `measured.chunks` (see the module docstring), and the knee.
     cut_down: the sweep ran cut down (its figures are raised by `confirmation_delta`).
     allocator_slack: the meter's, added to every candidate's transient as the sweep adds it to
-    the configured chunk's (core/sweep.run_sweep), so candidates compare like for like."""
+    the configured chunk's (core/sweep.run_sweep), so candidates compare like for like.
+    Under an explicit --kv-cache-memory-bytes a candidate's kv_tokens and fits are what an engine
+    at that chunk admits (compute_admission with the same explicit size: it, where it fits the
+    candidate's budget), while budget_bytes stays the room the candidate leaves."""
     if not 0 <= within < 1:
         raise ValueError(f"within must be a fraction in [0, 1), got {within}")
     configured = limits.max_num_batched_tokens
@@ -266,8 +269,7 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
             row = ChunkAdvice(chunk=chunk, transient_bytes=sweep.peak_bytes,
                               workspace_bytes=workspace.total_bytes, worst_shape=sweep.worst.shape,
                               budget_bytes=admission.budget_bytes,
-                              kv_tokens=_tokens(admission.budget_bytes, admission, limits),
-                              fits=admission.budget_bytes >= admission.one_request_bytes,
+                              kv_tokens=admission.kv_tokens_worstcase, fits=admission.fits,
                               note="; ".join(left_out) or None)
         else:
             adm = compute_admission(
@@ -278,10 +280,11 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
                 stock_kv=admission.stock_kv_cache_bytes, cudagraph=admission.cudagraph_bytes,
                 margin=admission.margin_bytes, bytes_per_token=admission.bytes_per_token,
                 block_size=limits.block_size, max_model_len=limits.max_model_len,
-                one_request=admission.one_request_bytes)
+                one_request=admission.one_request_bytes,
+                explicit_kv=admission.explicit_kv_cache_memory_bytes)
             row = ChunkAdvice(chunk=chunk, transient_bytes=transient, workspace_bytes=ws,
                               worst_shape=worst.shape, budget_bytes=adm.budget_bytes,
-                              kv_tokens=adm.kv_tokens_worstcase, fits=adm.budget_bytes >= adm.one_request_bytes,
+                              kv_tokens=adm.kv_tokens_worstcase, fits=adm.fits,
                               note="; ".join(["its stock step ran with attention metadata (an "
                                               "upper estimate of vLLM's own profile step at this "
                                               "chunk)", *left_out]))
@@ -292,12 +295,6 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
                   knee_chunk=knee(rows, within), within=within, rule=RULE.format(within=within),
                   excluded=tuple(ExcludedChunk(c, why) for c, why in measured.excluded),
                   steps=(*measured.steps, *measured.timings), seconds=measured.seconds)
-
-
-def _tokens(budget: int, admission: Admission, limits: Limits) -> int:
-    from .admission import kv_tokens
-
-    return kv_tokens(max(budget, 0), admission.bytes_per_token, limits.block_size)
 
 
 def knee(rows: Iterable[ChunkAdvice], within: float = DEFAULT_WITHIN) -> int | None:
