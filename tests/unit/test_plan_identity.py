@@ -116,12 +116,19 @@ def test_differing_ranks_raise_naming_them(monkeypatch, tmp_path):
     assert len(set(written["worstcase"]["plan_fingerprints"])) == 2
 
 
-def test_the_log_says_where_the_report_was_written_once(tmp_path, caplog):
-    """Issue 39: `vllm serve`'s log never said where --profiler-report's file went."""
+def test_the_log_says_where_the_report_was_written_once(tmp_path, caplog, monkeypatch):
+    """Issue 39: `vllm serve`'s log never said where --profiler-report's file went. Under
+    wcprof, whose report is a temporary file copied to --json, it says nothing."""
     import logging
+    import sys
 
     path = tmp_path / "served.json"
     session = build_session(json_path=str(path), fingerprints=("a",))
+    monkeypatch.setattr(sys, "argv", ["/x/bin/wcprof", "--model", "m"])
+    with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
+        startup.write_report(session)
+    assert not [r for r in caplog.records if "report written to" in r.getMessage()]
+    monkeypatch.setattr(sys, "argv", ["/x/bin/vllm", "serve", "m"])
     with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
         startup.write_report(session)
         startup.write_report(session)  # a later phase rewrites it: not logged again

@@ -618,8 +618,9 @@ def write_report(session: StartupSession) -> None:
             path = f"{root}.rank{report.rank}{ext or '.json'}"
         JsonReporter().write(report, path)
     # The operator of `vllm serve` reads the log: say where the report is, once per file (later
-    # phases rewrite it in place; the report says which phases it holds).
-    if path not in _REPORTS_LOGGED:
+    # phases rewrite it in place; the report says which phases it holds). wcprof's own report
+    # is a temporary file it copies to --json: naming it there would point at a file that goes.
+    if path not in _REPORTS_LOGGED and guard.vllm_cli_command() is not None:
         _REPORTS_LOGGED.add(path)
         log.info("[wcprof] report written to %s (rewritten in place as the start goes on; "
                  "`wcprof render %s` shows it)", os.path.abspath(path), path)
