@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """The package's import graph, read from the source (nothing is imported or run): one Mermaid
-flowchart of its layers (core, adapter, render, commands, the rest), every arrow an import of
+flowchart of its layers (cli, plugin, adapter, render, core, shared), every arrow an import of
 one module by another, and the checks docs/architecture.md states: the core imports nothing
 outside itself but sizes/errors, nothing imports back up into the CLI, and no import cycle.
 
-  python3 scripts/module_graph.py            # the Mermaid text (docs/architecture.md embeds it)
+  python3 scripts/module_graph.py            # every module and import, as Mermaid
+  python3 scripts/module_graph.py --layers   # the layers and the imports between them, counted
   python3 scripts/module_graph.py --check    # only the checks; exit 1 when one fails
 """
 
@@ -60,9 +61,18 @@ def graph() -> dict[str, set[str]]:
     return {n: imports(n, p, set(mods)) for n, p in mods.items()}
 
 
+# the package's own top-level modules: the command line's, the plugin's, and what all share
+COMMAND_LINE = {"cli", "gates", "ci_gate", "readback", "cachetool", "demos", "preflight",
+                "vllm_cpu_dist_shim"}
+
+
 def layer(name: str) -> str:
     head = name.split(".")[0]
-    return head if head in ("core", "adapter", "render", "commands", "reporters") else "package"
+    if head in ("core", "adapter", "render", "commands", "reporters"):
+        return head
+    if head in COMMAND_LINE:
+        return "cli"
+    return "plugin" if head == "plugin" else "shared"
 
 
 def cycles(g: dict[str, set[str]]) -> list[list[str]]:
@@ -101,7 +111,7 @@ def problems(g: dict[str, set[str]]) -> list[str]:
 def mermaid(g: dict[str, set[str]]) -> str:
     ident = lambda n: n.replace(".", "_")  # noqa: E731
     lines = ["flowchart TB"]
-    for lay in ("package", "commands", "reporters", "render", "adapter", "core"):
+    for lay in ("cli", "commands", "plugin", "reporters", "render", "adapter", "core", "shared"):
         names = sorted(n for n in g if layer(n) == lay and not n.endswith("__init__")
                        and n not in ("core", "adapter", "render", "commands", "reporters"))
         if not names:
@@ -118,10 +128,32 @@ def mermaid(g: dict[str, set[str]]) -> str:
     return "\n".join(lines)
 
 
+def layers(g: dict[str, set[str]]) -> str:
+    """One box per layer (its modules and lines), one arrow per pair of layers that import each
+    other, labelled with how many module imports it stands for."""
+    mods = modules()
+    size: dict[str, list[int]] = {}
+    for n, path in mods.items():
+        size.setdefault(layer(n), [0, 0])
+        size[layer(n)][0] += 1
+        size[layer(n)][1] += sum(1 for _ in path.open())
+    count: dict[tuple[str, str], int] = {}
+    for n, deps in g.items():
+        for d in deps:
+            if layer(n) != layer(d):
+                count[(layer(n), layer(d))] = count.get((layer(n), layer(d)), 0) + 1
+    lines = ["flowchart TB"]
+    lines += [f"  {lay}[\"{lay}: {m} modules, {n:,} lines\"]" for lay, (m, n) in sorted(size.items())]
+    lines += [f"  {a} -- {c} --> {b}" for (a, b), c in sorted(count.items())]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     g = graph()
     found = problems(g)
-    if "--check" not in argv:
+    if "--layers" in argv:
+        print(layers(g))
+    elif "--check" not in argv:
         print(mermaid(g))
     for p in found:
         print(p, file=sys.stderr)
