@@ -311,7 +311,7 @@ def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup]
     one backing allocation, the groups overlaying it: a group's share is its own views, not the
     storage), plus every storage outside the plan whose tensors have the shape and dtype of this
     group's layer views — one buffer per real layer that a plan listing one placeholder layer
-    per group never counted (seed 000's registry). The drafter's layers are named per group.
+    per group never counted. The drafter's layers are named per group.
     The total is the distinct storages, once each, however many groups view them."""
     holders = kv_holders(runner)
     drafter = drafter_layer_names(runner)

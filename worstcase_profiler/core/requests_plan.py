@@ -81,7 +81,7 @@ class Pool:
     (vLLM's scheduler block size, their least common multiple: 256 for DeepSeek-V4's 256, 64,
     8 and 4); 0 when they do not, or a Mamba group decides (the limits' block size stands).
     After its KV cache exists vLLM sets cache_config.block_size to the smallest group's, so
-    the engine's limits then say 4 for DeepSeek-V4 (h200-run32: a plan of 4-token hits)."""
+    the engine's limits then say 4 for DeepSeek-V4 (a plan would build 4-token hits)."""
     capacity_tokens: int = 0
     """The tokens of context the pool holds at once, counted per KV group (vLLM's own
     get_kv_cache_capacity: max concurrency x max_model_len); 0 where that vLLM lacks it."""
@@ -103,7 +103,7 @@ def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> S
     peak (`steps`: (Shape, peak bytes) pairs). Both are one token layout; the prefill one needs
     every request to hit the prefix cache up to its last 1 + k tokens, which caches of mixed
     block sizes and drafters can rule out (DeepSeek-V4 with MTP: every hit leaves at least 65
-    tokens to compute, h200-run30), while a decode batch forms from any long prompts."""
+    tokens to compute), while a decode batch forms from any long prompts."""
     if worst.kind != "prefill" or worst.rows != worst.num_reqs * limits.rows_per_decode:
         return worst
     for shape, peak in steps:

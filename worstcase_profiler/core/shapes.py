@@ -23,7 +23,7 @@ class Limits:
     """The scheduler limits that bound a step. kv_capacity_tokens, when known, caps how many
     full-length requests can be resident at once — unless prefix caching is on: then requests
     that share one cached prefix each sit at the full extent while the pool holds the prefix
-    once plus one block per request (seed 002's traffic is exactly this), so the pool bounds
+    once plus one block per request (long-context chunked prefill on a shared prefix), so the pool bounds
     the request count, not each request's context.
 
     kv_capacity_tokens is the pool in bytes_per_token units (a token in every attention layer).
@@ -61,7 +61,7 @@ class Limits:
     """KV capacity tokens (kv_capacity_tokens' unit) a request holds whatever its length: a Mamba
     group's recurrent state under speculative decoding, 1 + k blocks of the pool per request
     (vLLM's MambaManager allocates the k speculative blocks with the request and keeps them;
-    seed 000's `max_num_reqs * (num_spec + 1)` slots: issue 33), from
+    its `max_num_reqs * (num_spec + 1)` slots), from
     adapter/kv.state_request_tokens. 0 without such a state. Added to every request's cost, so
     fewer requests sit at the full extent at once; a request at extent E still costs at least E
     * tokens_per_full_request / rounded_model_len (the fixed blocks cost no less when shorter)."""

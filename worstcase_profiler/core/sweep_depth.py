@@ -29,7 +29,7 @@ prove`, bench/gpu_suite.py's *_prove cases): class -> "RUN: CASE, CASE; RUN: CAS
 committed results (docs/results/RUN) that show it, checked by tests/unit/test_committed_results.py.
 Scope: the class as those cases ran it (bf16 weights, default KV dtype, TP=1, eager, FA3 on sm_90);
 every architecture vLLM maps onto the class is cut down alike (docs/sweep.md).
-DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (h200-run28)."""
+DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (docs/results)."""
 
 CUT_DOWN_PROVEN_COMPILED: dict[str, str] = _EVIDENCE["compiled"]
 """The classes of CUT_DOWN_PROVEN whose proof also held with the model compiled and CUDA graphs
@@ -79,7 +79,7 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
 def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolution: int,
                    deltas: dict[str, int] | None = None) -> CutDownProof:
     """Whether the cut-down sweep `cut` would have admitted what the full sweep `full` did, on
-    one engine (issue 20's proof): the same worst shape (or one that needs the same on the full
+    one engine: the same worst shape (or one that needs the same on the full
     model, within the meter's `resolution`: two splits of one chunk can tie), its confirmed
     full-model peak equal to the full sweep's within `resolution`, and an admitted transient no
     smaller than the full sweep's beyond it (a larger one only reserves more)."""

@@ -468,7 +468,7 @@ class Phases:
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
 
-# --- the chunk advisor (core/advise.py, issue 18) ---------------------------------------------
+# --- the chunk advisor (core/advise.py) ------------------------------------------------------
 
 @dataclass(frozen=True)
 class AdviceMeasurements:

@@ -205,7 +205,7 @@ def details(report: Report) -> list[Detail]:
 
 
 def kv_groups_text(audit) -> str:
-    """Each KV group against its own plan (issue 33), the drafter's layers named: empty for a
+    """Each KV group against its own plan, the drafter's layers named: empty for a
     report from before groups carried a ratio."""
     parts = []
     for g in audit.groups:
