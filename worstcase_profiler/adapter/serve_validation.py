@@ -76,13 +76,13 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
 
     # vllm-touch: worker-config
     limits: Limits = limits_of(client.vllm_config)
-    summaries = await client.collective_rpc("wcprof_rpc", args=("summary",))
+    summaries = await ask(client, "summary")
     worst = next((s["worst"] for s in summaries if s.get("worst")), None)
     if worst is None:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
-    pool = pool_from(await client.collective_rpc("wcprof_rpc", args=("pool",)))
+    pool = pool_from(await ask(client, "pool"))
     plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching,
                     distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool)
     vocab = int(client.model_config.get_vocab_size())
@@ -91,7 +91,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         work = traffic_workload(limits, vocab,
                                 kv_tokens_of(client.vllm_config, limits.block_size, pool))
         results += await _measure(client, work, predicted, vocab)
-    await client.collective_rpc("wcprof_rpc", args=("record", [codec.encode(v) for v in results]))
+    await ask(client, "record", [codec.encode(v) for v in results])
     for v in results:
         log.info("[wcprof] serving validation, rank %d: %s needed %s of predicted %s (%.4f)%s",
                  v.rank, _what(v), fmt_bytes(v.measured_peak_bytes),
@@ -112,6 +112,11 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     return results
 
 
+async def ask(client, op: str, *payload) -> list:
+    """Every rank's answer to worker_rpc's `op` (Worker.wcprof_rpc, by name: plain data only)."""
+    return await client.collective_rpc("wcprof_rpc", args=(op, *payload))
+
+
 class Serving:
     """ReplayClient over an AsyncLLM (validation.measure's serving side): worker ops through
     Worker.wcprof_rpc by name, a batch's requests sent together (_together) and, with a target,
@@ -122,7 +127,7 @@ class Serving:
         self._ids = iter(range(1 << 30))
 
     async def ask(self, op: str) -> list:
-        return await self.client.collective_rpc("wcprof_rpc", args=(op,))
+        return await ask(self.client, op)
 
     async def run(self, prompts, max_tokens, target, stop) -> int:
         params = replay_sampling(max_tokens, self.vocab, device_type_of(self.client.vllm_config))
@@ -155,7 +160,7 @@ async def _stop_once_formed(client, tasks: list, rids: list[str], target: Shape,
             return 0  # a request failed: _together raises it now, not after the rest
         if not formed:
             formed = formed_on_every_rank(
-                target, await client.collective_rpc("wcprof_rpc", args=("formed",)))
+                target, await ask(client, "formed"))
         if replay_stops(formed, sum(t.done() for t in tasks), len(tasks), stop):
             left = [r for r, t in zip(rids, tasks) if not t.done()]
             await client.abort(left)  # each drain then ends with its aborted output

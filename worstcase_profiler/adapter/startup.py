@@ -107,7 +107,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         advice=decided.advice, cut_down_proof=measured.proof))
     write_report(session)
     error = plan_agreement(fingerprints, rank=session.facts.rank,
-                                  steps=len(sweep.steps)) or decided.budget.error
+                           steps=len(sweep.steps)) or decided.budget.error
     if error is not None:
         raise error
     return apply_budget(worker, sweep, decided)
@@ -146,8 +146,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
 
     # A cached sweep decides how much of the start is measured (ranks agree: captures run
     # collectives). Its capacity bucket is checked once vLLM's own figure is known.
+    limits = limits_of(vllm_config)
     with clock("cache_lookup"):
-        handle, entry = sweep_cache.lookup(worker, session.facts, limits_of(vllm_config), settings)
+        handle, entry = sweep_cache.lookup(worker, session.facts, limits, settings)
     first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
@@ -155,7 +156,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
         bpt = kvmod.bytes_per_token(runner)
-        limits = pool_limits(worker, explicit, stock_kv, bpt, agree_fn)
+        limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
                      "has %s: running the full sweep", handle.cache.path(handle.key),
@@ -210,8 +211,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
     return StartMeasurement(facts=facts, cache=use, proof=proof)
 
 
-def pool_limits(worker, explicit: int | None, stock_kv: int, bpt: int, agree_fn) -> Limits:
-    """The engine's limits, bounded by the KV pool: what the scheduler can form is bounded by
+def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,
+                agree_fn) -> Limits:
+    """The engine's `limits`, bounded by the KV pool: what the scheduler can form is bounded by
     what can be resident at once, and vLLM's own budget is an upper bound on the pool (ours
     only comes out smaller). Windowed groups keep part of each request, and requests on one
     cached prefix may share a step only on hits of their own; a recurrent state under
@@ -219,7 +221,6 @@ def pool_limits(worker, explicit: int | None, stock_kv: int, bpt: int, agree_fn)
     # vllm-touch: worker-config
     vllm_config = worker.vllm_config
     runner = worker.model_runner
-    limits = limits_of(vllm_config)
     if bpt:
         limits = dataclasses.replace(limits, kv_capacity_tokens=pool_capacity_tokens(
             explicit_bytes=explicit, stock_kv_bytes=stock_kv,
@@ -324,11 +325,10 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     the full model."""
     model = getattr(driver, "model", None)
     mode, why = sweep_depth(settings.sweep_depth,
-                                   f"{type(model).__qualname__}" if model is not None else "",
-                                   eager=lambda: _runs_eagerly(driver),
-                                   device_kind=_device_kind(driver.meter),
-                                   runner=driver.runner_kind,
-                                   tensor_parallel_size=_tp_size(driver))
+                            f"{type(model).__qualname__}" if model is not None else "",
+                            eager=lambda: _runs_eagerly(driver),
+                            device_kind=_device_kind(driver.meter), runner=driver.runner_kind,
+                            tensor_parallel_size=_tp_size(driver))
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
              limits.max_num_batched_tokens, limits.max_model_len, driver.runner_kind, why)
     progress = SweepProgress(settings, limits.max_num_batched_tokens)
@@ -493,10 +493,10 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     if settings.kv_audit == "off":
         return result
     with clock("kv_audit"):
-        budget = session.profile.budget.budget_bytes
+        budget_bytes = session.profile.budget.budget_bytes
         groups, allowed, allocated = kvmod.allocation(worker.model_runner, kv_cache_config,
-                                                      budget)
-        audit = kv_audit_verdict(groups, budget=budget, allowed=allowed,
+                                                      budget_bytes)
+        audit = kv_audit_verdict(groups, budget=budget_bytes, allowed=allowed,
                                  delta_process=meter.consumed() - before, allocated=allocated)
     session.record_kv_audit(audit)
     if audit.verdict != "ok" and settings.kv_audit == "warn":
@@ -620,7 +620,7 @@ def write_report(session: StartupSession) -> None:
     # The operator of `vllm serve` reads the log: say where the report is, once per file (later
     # phases rewrite it in place; the report says which phases it holds). wcprof's own report
     # is a temporary file it copies to --json: naming it there would point at a file that goes.
-    if path not in _REPORTS_LOGGED and guard.vllm_cli_command() is not None:
+    if path not in _REPORTS_LOGGED and guard.under_api_server():
         _REPORTS_LOGGED.add(path)
         log.info("[wcprof] report written to %s (rewritten in place as the start goes on; "
                  "`wcprof render %s` shows it)", os.path.abspath(path), path)

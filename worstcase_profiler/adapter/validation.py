@@ -17,7 +17,6 @@ asks the workers and runs a batch; the loop, the stop rule and the Validations a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -429,7 +428,19 @@ class InProcess:
 
 def _measure(llm, work: Workload, predicted: dict[int, int]) -> list[Validation]:
     """`measure` on an LLM, from synchronous code (wcprof --validate)."""
-    return asyncio.run(measure(InProcess(llm), work, predicted))
+    return run_now(measure(InProcess(llm), work, predicted))
+
+
+def run_now(coro):
+    """The value of a coroutine that never suspends (InProcess's methods block instead of
+    awaiting), driven without an event loop: so it also runs where one is already running (a
+    notebook's), where asyncio.run refuses."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("an in-process replay awaited something that suspends")
 
 
 def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Validation]:

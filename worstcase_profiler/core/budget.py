@@ -4,7 +4,7 @@ the admission, the chunk advice and the budget vLLM allocates the KV cache from 
 The budget hook (adapter/startup.determine_available_memory) reads:
 
     measured = measure_start(...)                 # the adapter: sweep or cached replay, warm-up,
-    decided = budget.decide(measured, ...)        #   workspace, held memory
+    decided = budget.decide(measured.facts, ...)  #   workspace, held memory
     ...record, report, apply decided.budget
 
 so everything between the measurement and the figure vLLM receives is here and tested without
@@ -27,7 +27,7 @@ class Measured:
     """Everything one start measured that the decision reads."""
 
     limits: Limits
-    """The plan's limits, the KV pool's capacity included (adapter/startup._pool_limits)."""
+    """The plan's limits, the KV pool's capacity included (adapter/startup.pool_limits)."""
     sweep: SweepResult
     """The worst-case sweep, or the cached one whose worst step was replayed now."""
     held: HeldMemory
