@@ -194,15 +194,9 @@ def from_env(environ: Mapping[str, str] | None = None) -> ProfilerSettings:
     settings = ProfilerSettings()
     raw = env.get(ENV_CONFIG)
     if raw:
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            shown = raw if len(raw) <= 60 else raw[:57] + "..."
-            raise ConfigError(f"{ENV_CONFIG} is not valid JSON ({e.msg} at column {e.colno}): "
-                              f"{shown!r}",
-                              hint=f"set it to a JSON object such as {ENV_CONFIG}="
-                                   "'{\"json_path\": \"/var/log/wcprof/report.json\"}', or unset "
-                                   "it") from e
+        data = _json(raw, ENV_CONFIG, hint=f"set it to a JSON object such as {ENV_CONFIG}="
+                                           "'{\"json_path\": \"/var/log/wcprof/report.json\"}', "
+                                           "or unset it")
         try:
             settings = from_mapping(data, settings)
         except ConfigError as e:
@@ -221,6 +215,17 @@ def from_env(environ: Mapping[str, str] | None = None) -> ProfilerSettings:
     return settings
 
 
+def _json(text: str, source: str, *, hint: str) -> Any:
+    """`text` parsed as JSON, or a ConfigError naming `source` (a variable or a flag), where
+    the text stops parsing, and what to pass instead."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        raise ConfigError(f"{source} is not valid JSON ({e.msg} at column {e.colno}): {shown!r}",
+                          hint=hint) from e
+
+
 REPLAY_STOP_ENV = "WCPROF_REPLAY_STOP"
 REPLAY_STOPS = ("finished", "formed")
 
@@ -229,9 +234,9 @@ def replay_stop(environ: Mapping[str, str] | None = None) -> str:
     """When a measured replay (--validate) stops, from WCPROF_REPLAY_STOP: "finished" (the
     default), once its target step formed and a request finished, the first to finish holding
     the longest context any reaches; "formed", as soon as its target formed, for an engine that
-    fails late in a long replay (one whose requests fail as they near max_model_len): the measured contexts then end at the plan's target, short
-    of the worst step's. Read by wcprof's --validate and the serving validation
-    (validate_on_start)."""
+    fails late in a long replay (one whose requests fail as they near max_model_len): the
+    measured contexts then end at the plan's target, short of the worst step's. Read by
+    wcprof's --validate and the serving validation (validate_on_start)."""
     env = os.environ if environ is None else environ
     raw = env.get(REPLAY_STOP_ENV) or ""
     stop = raw.strip().lower() or "finished"
@@ -260,16 +265,10 @@ def parse_additional_config(value: Any) -> dict | None:
     or another JSON type is a ConfigError naming the flag, not vLLM's internal error."""
     if value is None or isinstance(value, dict):
         return value
-    text = str(value)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        shown = text if len(text) <= 60 else text[:57] + "..."
-        raise ConfigError(f"{ADDITIONAL_CONFIG} is not valid JSON ({e.msg} at column {e.colno}): "
-                          f"{shown!r}",
-                          hint=f"pass a JSON object, e.g. {ADDITIONAL_CONFIG} "
-                               f"'{{\"{CONFIG_KEY}\": {{\"margin_bytes\": \"128MiB\"}}}}' "
-                               "(single quotes around it in a shell)") from e
+    data = _json(str(value), ADDITIONAL_CONFIG,
+                 hint=f"pass a JSON object, e.g. {ADDITIONAL_CONFIG} "
+                      f"'{{\"{CONFIG_KEY}\": {{\"margin_bytes\": \"128MiB\"}}}}' "
+                      "(single quotes around it in a shell)")
     if not isinstance(data, dict):
         raise ConfigError(f"{ADDITIONAL_CONFIG} must be a JSON object, got a JSON "
                           f"{type(data).__name__}",

@@ -71,3 +71,30 @@ def run_python(code: str, *, timeout: int = 600, env: dict | None = None) -> Run
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return TINY
+
+
+def free_port() -> int:
+    """A port of 127.0.0.1 nothing listens on now (a server's own, for a test)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 300) -> bool:
+    """Poll a starting `vllm serve` on 127.0.0.1:port until /health answers (True), or until it
+    exits or `timeout` seconds pass (False)."""
+    import time
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return True
+        except OSError:
+            time.sleep(1)
+    return False

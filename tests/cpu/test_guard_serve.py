@@ -5,26 +5,16 @@ on the API server's /metrics and `wcprof guard URL` reading them back."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import time
 import urllib.request
 
 import pytest
 
-from conftest import BIN, TINY, engine_env, within_prediction
+from conftest import BIN, TINY, engine_env, free_port, wait_healthy, within_prediction
 
 pytestmark = pytest.mark.engine
 
 MODEL = str(TINY)
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _post(port: int, prompt: list[int], max_tokens: int) -> dict:
@@ -42,7 +32,7 @@ def _get(url: str) -> str:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("guard")
-    port = _free_port()
+    port = free_port()
     env = engine_env(WCPROF_CACHE_DIR=str(tmp / "cache"), WCPROF_GUARD_DIR=str(tmp / "guard"))
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the real thing: engine core in its own process
     log_path = tmp / "serve.log"
@@ -58,13 +48,7 @@ def served(tmp_path_factory):
         stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp)
     state = {"port": port, "tmp": tmp, "proc": proc, "log": log_path, "env": env}
     try:
-        deadline = time.time() + 300
-        while time.time() < deadline and proc.poll() is None:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(1)
+        wait_healthy(proc, port)
         assert proc.poll() is None, log_path.read_text()[-4000:]
         for i in range(3):
             out = _post(port, [1, 2, 3, 4 + i], 4)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -27,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, engine_env
+from conftest import ROOT, engine_env, free_port, wait_healthy
 
 pytestmark = pytest.mark.engine
 
@@ -52,14 +51,6 @@ def _listed(pip_list: subprocess.CompletedProcess) -> dict[str, str]:
     assert pip_list.returncode == 0, pip_list.stderr
     return {d["name"].lower().replace("_", "-"): d["version"]
             for d in json.loads(pip_list.stdout)}
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +152,7 @@ def test_vllm_serve_with_the_profiler_answers_a_request(venv):
         p = _run([py, "-m", "worstcase_profiler.vllm_cpu_dist_shim"], env, tmp)
         assert p.returncode == 0 and "added the `vllm` metadata shim" in p.stdout, p.stderr
     assert _run(probe, env, tmp).returncode == 0
-    port = _free_port()
+    port = free_port()
     serve_env = dict(env)
     serve_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # as an operator runs it
     log_path = tmp / "serve.log"
@@ -172,13 +163,7 @@ def test_vllm_serve_with_the_profiler_answers_a_request(venv):
              "--profiler-report", str(tmp / "serve-report.json")],
             stdout=log, stderr=subprocess.STDOUT, env=serve_env, cwd=tmp)
         try:
-            deadline = time.time() + 300
-            while time.time() < deadline and proc.poll() is None:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                    break
-                except OSError:
-                    time.sleep(1)
+            wait_healthy(proc, port)
             assert proc.poll() is None, log_path.read_text()[-4000:]
             body = json.dumps({"model": str(_bundled(venv)), "prompt": [1, 2, 3, 4],
                                "max_tokens": 4}).encode()
