@@ -192,12 +192,14 @@ class Server:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             rc, forced = self.proc.wait(), True
-        time.sleep(2)
-        try:  # anything left of the process group (the engine core)?
-            os.killpg(self.proc.pid, 0)
-            left = True
-        except ProcessLookupError:
-            left = False
+        left = True  # anything left of the process group (the engine core) 10 s later?
+        for _ in range(100):
+            try:
+                os.killpg(self.proc.pid, 0)
+            except ProcessLookupError:
+                left = False
+                break
+            time.sleep(0.1)
         self.log.close()
         return {"rc": rc, "stop_s": round(time.perf_counter() - t0, 2), "forced": forced,
                 "processes_left": left}
