@@ -245,6 +245,11 @@ def build_figure(report: Report):
     return fig
 
 
+# A 9-point character's share of the card's width (about 0.075 in of 12 in): a label longer than
+# its segment would run over the next one and the axis labels (the legend names it anyway).
+LABEL_FRACTION_PER_CHAR = 0.0065
+
+
 def _draw_card(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
     adm = report.admission
     total = max(adm.requested_bytes, stock_bar.total, worst_bar.total)
@@ -261,7 +266,7 @@ def _draw_card(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
                 ax.text(left + seg.nbytes / 2, y, f"KV cache {fmt_bytes(seg.nbytes)}\n"
                         f"{fmt_tokens(tokens)} tokens", ha="center", va="center", fontsize=10.5,
                         fontweight="bold")
-            elif frac > 0.12:
+            elif frac > max(0.12, LABEL_FRACTION_PER_CHAR * len(seg.label)):  # inside it only
                 ax.text(left + seg.nbytes / 2, y, f"{seg.label}\n{fmt_bytes(seg.nbytes)}",
                         ha="center", va="center", fontsize=9)
             left += seg.nbytes
