@@ -98,3 +98,13 @@ def wait_healthy(proc: subprocess.Popen, port: int, timeout: float = 300) -> boo
         except OSError:
             time.sleep(1)
     return False
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """SIGTERM a server, and SIGKILL it when it has not exited `timeout` seconds later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

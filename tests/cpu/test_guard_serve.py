@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from conftest import BIN, TINY, engine_env, free_port, wait_healthy, within_prediction
+from conftest import (BIN, TINY, engine_env, free_port, stop_server, wait_healthy,
+                      within_prediction)
 
 pytestmark = pytest.mark.engine
 
@@ -61,12 +62,7 @@ def served(tmp_path_factory):
         state["guard"] = guard
         yield state
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         log.close()
         state["log_text"] = log_path.read_text()
 

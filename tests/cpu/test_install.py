@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, engine_env, free_port, wait_healthy
+from conftest import ROOT, engine_env, free_port, stop_server, wait_healthy
 
 pytestmark = pytest.mark.engine
 
@@ -171,12 +171,7 @@ def test_vllm_serve_with_the_profiler_answers_a_request(venv):
                                          headers={"Content-Type": "application/json"})
             answer = json.loads(urllib.request.urlopen(req, timeout=120).read())
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_server(proc)
     text = log_path.read_text()
     assert answer["usage"]["completion_tokens"] == 4, answer
     report = json.loads((tmp / "serve-report.json").read_text())
