@@ -378,3 +378,28 @@ def test_the_stock_step_is_read_three_times_on_the_cpu_and_its_steady_reading_ke
     d = NoisyStockDriver(LIMITS, lambda s: MiB, [3840 << 10])
     d.meter.device_kind = "cuda"  # an exact allocator: one reading
     assert stock_readings(d) == 1
+
+
+def test_a_cached_stock_worst_replayed_is_held_against_its_own_highest_reading():
+    """A fresh clone's make test: the tiny model's worst step was the stock step's highest of
+    three readings (4.48 MiB; its lowest 1.44 MiB); the cached restart's replay read the stock
+    step high at 3.94 MiB, which reused() held against the cached lowest reading and so admitted
+    4.48 + 2.50 MiB. Like with like, the replay is within the cached figure: it is admitted as
+    it was, and a replay that really reads higher still raises it."""
+    import dataclasses
+
+    from worstcase_profiler.core.sweep import Replay, reused, stock_readings
+
+    d = NoisyStockDriver(LIMITS, lambda s: MiB, [4694016, 1511424, 1600000])
+    cached = run_sweep(d, tolerance=0, attribute_ops=False, stock_readings=stock_readings(d))
+    assert cached.worst.shape.kind == "stock" and cached.stock.peak_bytes == 1511424
+    provisional = ProvisionalKV(num_blocks=5, kv_bytes=10, post_profile_bytes=7)
+
+    def replay(low, high):
+        return Replay(stock=dataclasses.replace(cached.stock, peak_bytes=low),
+                      step=dataclasses.replace(cached.worst, peak_bytes=high), others=(),
+                      provisional=provisional, seconds=0.0)
+
+    assert reused(cached, replay(1544192, 4132864), 512 * 1024).peak_bytes == cached.peak_bytes
+    higher = reused(cached, replay(1544192, 4694016 + 3 * MiB), 512 * 1024).peak_bytes
+    assert higher == cached.peak_bytes + 3 * MiB

@@ -349,6 +349,11 @@ def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (
                   seconds=time.perf_counter() - t0, others=others)
 
 
+def _stock_worst(sweep: SweepResult) -> tuple[StepResult, ...]:
+    """The sweep's worst step when it is the stock step (its highest reading), else nothing."""
+    return (sweep.worst,) if sweep.worst.shape.kind == "stock" else ()
+
+
 def reused(cached: SweepResult, check: Replay, resolution: int,
            allocator_slack: int = 0) -> SweepResult:
     """A cached sweep, admitted after its replay: the transient is the cached one while the
@@ -358,13 +363,16 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     full model counts at that figure, any other at its cut figure plus depth_delta); a
     re-checked shape the cached sweep never ran (the full chunk's widest split, say, where the
     worst rows were smaller) counts at what it measured now plus the meter's `allocator_slack`
-    (cache_trust.reuse_transient); the stock step and provisional KV are this start's."""
+    (cache_trust.reuse_transient); the stock step and provisional KV are this start's.
+    A stock step read several times (stock_readings) is compared like with like: the cached
+    worst, when it is the stock step, is its highest reading, as the replay's step is."""
     if cached.depth_delta or cached.confirmed:  # a cut-down sweep
         cut = cached.cut_steps
         before = {sh: p + cached.depth_delta for sh, p in largest_peaks(cut).items()}
-        before.update(largest_peaks((*cached.steps[len(cut):], cached.stock)))
+        before.update(largest_peaks((*cached.steps[len(cut):], cached.stock,
+                                     *_stock_worst(cached))))
     else:
-        before = largest_peaks((*cached.steps, cached.stock))
+        before = largest_peaks((*cached.steps, cached.stock, *_stock_worst(cached)))
 
     def bound(r: StepResult) -> int:
         if r.shape in before:
