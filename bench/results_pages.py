@@ -26,7 +26,7 @@ from pathlib import Path
 from common import ROOT, gib, md_table, read_json
 
 RES = ROOT / "docs" / "results"
-KINDS = ("suite", "soak", "repro", "startup", "logs")
+KINDS = ("suite", "soak", "repro", "startup", "serve", "logs")
 STATUSES = ("current", "superseded", "invalid")
 REQUIRED = ("run", "sequence", "date", "gpu", "vllm", "host", "commit", "added_in", "note", "cases",
             "commands")
@@ -99,6 +99,19 @@ class Run:
             tag = "".join(t for flag, t in (("--graphs", " (graphs)"), ("--import-from", " (imported)"))
                           if flag in argv)
             out.update({f"{model}{tag}": res for model, res in data["models"].items()})
+        return out
+
+    @cached_property
+    def serve(self) -> dict[str, dict]:
+        """bench/serve_run.py's servers: "DIR/MODE" (DIR the subfolder holding its serve.json) ->
+        that mode's entry, with "full_report" the report-MODE.json beside it (None without one);
+        a mode skipped past its deadline holds no figure and is left out."""
+        out = {}
+        for f in sorted(self.folder.glob("*/serve.json")):
+            for m in json.loads(f.read_text())["modes"]:
+                if "skipped" not in m:
+                    full = read_json(f.parent / f"report-{m['mode']}.json", None)
+                    out[f"{f.parent.name}/{m['mode']}"] = {**m, "full_report": full}
         return out
 
     def found(self, kind: str) -> list[str]:
@@ -406,6 +419,44 @@ def startup_table(items: list[tuple[Run, str, dict | list]], source: bool = Fals
     return _table(STARTUP_HEADERS, rows, source)
 
 
+SERVE_HEADERS = ["server", "model", "graphs", "card", "healthy after s",
+                 "worst step at start: measured / predicted GiB", "measured/predicted",
+                 "KV GiB worst-case / stock", "traffic", "guard: steps (above prediction)", "shutdown"]
+
+
+def _traffic_cell(t: dict | None) -> str:
+    if not t:
+        return "none sent"
+    parts = [f"{k} {'ok' if t[k]['ok'] else 'failed'}" for k in ("long", "cached") if k in t]
+    parts += [f"{k} {t[k]['ok']}/{t[k]['n']}" for k in ("decodes", "mixed") if k in t]
+    return ", ".join(parts)
+
+
+def _serve_cells(name: str, m: dict) -> list:
+    vals = (m.get("report") or {}).get("validations") or []
+    v = vals[0] if vals else {}
+    adm = (m.get("full_report") or {}).get("admission") or {}
+    hold = m.get("hold")
+    card = f"held: requested + {hold['slack_bytes'] // 2**20} MiB" if hold else "free"
+    g = m.get("guard_metrics") or {}
+    guard = (f"{int(g['wcprof_guard_steps_total'])} ({int(g['wcprof_guard_steps_above_prediction_total'])})"
+             if g else "-")
+    down = m.get("shutdown") or {}
+    return [name, Path(m["model"]).name, "on" if m.get("graphs") else "off", card,
+            "never" if m.get("healthy_s") is None else f"{m['healthy_s']:.1f}",
+            f"{gib(v.get('measured_peak_bytes'))} / {gib(v.get('predicted_peak_bytes'))}" if v else "not reached",
+            ratio(v.get("ratio")),
+            f"{gib(adm.get('kv_cache_bytes'))} / {gib(adm.get('stock_kv_cache_bytes'))}" if adm else "-",
+            _traffic_cell(m.get("traffic")), guard,
+            f"rc {down.get('rc')}{', forced' if down.get('forced') else ''}"]
+
+
+def serve_table(items: list[tuple[Run, str, dict]], source: bool = False) -> str:
+    """bench/serve_run.py: `vllm serve` with vLLM's default multiprocessing, HTTP traffic over
+    127.0.0.1; the worst step the report names built from real requests before it took traffic."""
+    return _table(SERVE_HEADERS, [(run, _serve_cells(name, m)) for run, name, m in items], source)
+
+
 def logs_list(items: list[tuple[Run, str]]) -> str:
     return "\n".join(f"- [{run.name}/{name}]({run.name}/{name}): "
                      f"{run.m['cases']['logs'][name].get('why', '')}".rstrip(": ") for run, name in items)
@@ -445,6 +496,8 @@ SECTIONS = [
      lambda runs, st, src: tp_table([(r, c) for r, c in _suite(runs, st) if _has_ranks(c)], src)),
     ("Engine start-up, stock vs worst-case, side by side",
      lambda runs, st, src: startup_table([(r, c, r.startup[c]) for r, c in _pick(runs, "startup", st)], src)),
+    ("`vllm serve` under HTTP traffic (vLLM's default multiprocessing)",
+     lambda runs, st, src: serve_table([(r, c, r.serve[c]) for r, c in _pick(runs, "serve", st)], src)),
     ("Logs (not tabulated)", lambda runs, st, src: logs_list(_pick(runs, "logs", st))),
 ]
 

@@ -2,7 +2,7 @@
 # Build, on a dev machine with PyPI, the operator's own vLLM 0.32.0 stack for the air-gapped H200
 # host: vLLM 0.32.0 on the torch it pins (2.13.0) and the triton that torch declares (3.7.1), with
 # DeepGEMM as vLLM ships it (its extension links torch 2.13's C++ ABI), the MoE kernels, the API
-# server's packages (`vllm serve`) and CuTe-DSL (sparse MLA). Output: $STAGE/piece00 .. pieceNN,
+# server's packages (`vllm serve`), torchvision 0.28.0 and CuTe-DSL (sparse MLA). Output: $STAGE/piece00 .. pieceNN,
 # byte pieces (each <= 52 MiB: one transfer carries 64 MiB, the working tree ~10 MiB of it) of ONE tar.zst stream, SHA256SUMS
 # (the pieces and the whole stream), and staging/stage_stack.sh to carry with them.
 #
@@ -38,7 +38,12 @@ done
 PINS=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 vllm==0.32.0
       nvidia-cutlass-dsl==4.8.0 nvidia-cutlass-dsl-libs-base==4.8.0
       nvidia-cutlass-dsl-libs-core==4.8.0 nvidia-cutlass-dsl-libs-cu13==4.8.0
-      quack-kernels==0.6.5 cuda-bindings==13.0.3 cuda-pathfinder==1.9.1)
+      quack-kernels==0.6.5 cuda-bindings==13.0.3 cuda-pathfinder==1.9.1
+      # vLLM 0.32 imports torchvision even for a text model (kernel_warmup -> minimax_m3's
+      # processor), and its API server model_hosting_container_standards (with jmespath and
+      # supervisor, which the host lacks): both seen failing on the H200 (docs/results/h200-run34)
+      torchvision==0.28.0 model-hosting-container-standards==0.1.16 jmespath==1.1.0
+      supervisor==4.3.0)
 mkdir -p "$REPO/.git/info" "$WORK/whl" "$STAGE"
 grep -qxF "/.stage213/" "$REPO/.git/info/exclude" 2>/dev/null || echo "/.stage213/" >>"$REPO/.git/info/exclude"
 

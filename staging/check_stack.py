@@ -90,7 +90,31 @@ def _compile():
 def _vllm():
     import vllm
     from vllm import _custom_ops  # noqa: F401 - _C_stable_libtorch
-    return {"version": vllm.__version__, "file": vllm.__file__}
+    return {"version": vllm.__version__, "file": vllm.__file__,
+            "declared_but_absent": _declared_but_absent("vllm")}
+
+
+def _declared_but_absent(dist: str) -> list[str]:
+    """The distributions `dist` declares (extras left out) that no metadata on sys.path names:
+    what an operator's pip install would have and this stack does not (each imported only on
+    some paths; an import error names the one that matters)."""
+    import importlib.metadata as md
+    import re
+
+    absent = []
+    for req in md.requires(dist) or []:
+        name = re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0]
+        if "extra ==" not in req and not _installed(md, name):
+            absent.append(name)
+    return absent
+
+
+def _installed(md, name: str) -> bool:
+    try:
+        md.version(name)
+        return True
+    except md.PackageNotFoundError:
+        return False
 
 
 @check("vllm moe kernels")

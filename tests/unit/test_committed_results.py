@@ -169,3 +169,16 @@ def test_compatibility_page_is_rendered_from_the_committed_results():
     page = (ROOT / "docs" / "compatibility.md").read_text()
     assert "| 0.32.0 | H200 | v2 | on | 1 | llama8b_graphs | pass" in page
     assert "## Read, not run" in page and "| 0.33 |" in page
+
+
+def test_a_served_run_is_tabulated_from_its_serve_json():
+    """bench/serve_run.py's folders (DIR/serve.json, by DIR/mode): a server that never became
+    healthy reads so, not as a figure; a mode the manifest does not name is a problem."""
+    page = (RESULTS / "h200-vllm-0.32.md").read_text()
+    section = page.split("## `vllm serve` under HTTP traffic", 1)[1].split("\n## ", 1)[0]
+    rows = {ln.split("|")[1].strip(): ln for ln in section.splitlines() if ln.startswith("| ")}
+    assert "| free |" in rows["serve/worstcase"] and "decodes 16/16" in rows["serve/worstcase"]
+    assert "| never | not reached |" in rows["held/worstcase"]
+    run = next(r for r in RUNS if r.name == "h200-run34")
+    bare = results_pages.Run(run.folder, {**run.m, "cases": {**run.m["cases"], "serve": {}}})
+    assert f"{run.name}: serve serve/worstcase has no status in the manifest" in results_pages.problems([bare])
