@@ -195,3 +195,36 @@ def test_one_placeholder_per_group_its_real_layers_buffers_counted_in_it():
     assert r.verdict == "over-budget"
     assert "group1:SlidingWindowSpec allocated" in r.message and "(x2.00)" in r.message
     assert "group0:FullAttentionSpec allocated" in r.message and "(x4.00)" in r.message
+
+
+class UniformTypeKVCacheSpecs(_Spec):
+    """vLLM's aggregate spec: its page_size_bytes is the sum of its layers' pages."""
+    def __init__(self, specs):
+        super().__init__(sum(x.page_size_bytes for x in specs.values()))
+        self.kv_cache_specs = specs
+
+
+def test_a_uniform_type_group_declares_its_layers_pages_once():
+    """DSv3.2's sparse MLA (one UniformTypeKVCacheSpecs group of 16 layers, H200 run 34): the
+    plan was read as the aggregate page times the layers, 16x what the plan allocates
+    ('61.39 GiB in 16 holder(s) (plan 982.30 GiB)'). Each layer's page, once."""
+    from worstcase_profiler.adapter import kv as kvmod
+
+    blocks, page, n = 4, 512, 3
+    names = [f"layers.{i}.attn" for i in range(n)]
+    buf = torch.zeros(blocks * page * n, dtype=torch.int8)
+    view = buf.view(blocks, n, page)
+    model = torch.nn.Module()
+    layers = [_Layer() for _ in names]
+    for i, layer in enumerate(layers):
+        layer.kv_cache = view[:, i]
+        model.add_module(f"l{i}", layer)
+    spec = UniformTypeKVCacheSpecs({name: _Spec(page) for name in names})
+    runner, cfg = _runner(model, dict(zip(names, layers)), [(tuple(names), spec)], blocks,
+                          speculative=False)
+    groups, allowed, total = kvmod.allocation(runner, cfg, budget=buf.numel())
+    (g,) = groups
+    assert g.declared_bytes == blocks * n * page == g.allocated_bytes == total
+    r = audits.kv_audit_verdict(groups, budget=total, allowed=allowed, delta_process=None,
+                                allocated=total)
+    assert r.verdict == "ok" and r.groups[0].ratio == 1.0

@@ -302,6 +302,17 @@ def _group_blocks(kv_cache_config, names) -> int:
     return max(int(of(t)) for t in mine)
 
 
+def _group_page_bytes(spec, names) -> int:
+    """A group's bytes per block: each layer's page. A UniformTypeKVCacheSpecs group's own
+    page_size_bytes already sums its layers' pages, so it counts once, not once per layer."""
+    # vllm-touch: kv-holders
+    inner = getattr(spec, "kv_cache_specs", None)
+    if inner:
+        return sum(int(getattr(inner.get(n, spec), "page_size_bytes", 0)) for n in names
+                   if n in inner) or int(getattr(spec, "page_size_bytes", 0))
+    return int(getattr(spec, "page_size_bytes", 0)) * len(names)
+
+
 def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup], int, int]:
     """(what KV initialisation allocated per group, plus one group for storages outside every
     group; the bytes allowed: the budget, or what num_gpu_blocks_override explains; the bytes
@@ -330,8 +341,7 @@ def allocation(runner, kv_cache_config, budget: int) -> tuple[list[KVAuditGroup]
         names = tuple(group.layer_names)
         grouped_layers.update(names)
         spec = group.kv_cache_spec
-        declared = _group_blocks(kv_cache_config, names) * sum(
-            getattr(spec, "page_size_bytes", 0) for _ in names)
+        declared = _group_blocks(kv_cache_config, names) * _group_page_bytes(spec, names)
         views = {_view_key(t): _view_bytes(t) for n in names for t in tensors_of.get(n, [])}
         shapes = {(tuple(t.shape), t.dtype) for n in names for t in tensors_of.get(n, [])}
         plan.append([f"group{gi}:{type(spec).__name__}", names, declared, sum(views.values()),
