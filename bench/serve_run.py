@@ -124,6 +124,56 @@ class Ballast:
         self.proc.wait(timeout=60)
 
 
+class GpuSampler:
+    """NVML, every 0.25 s while a server runs: the device's used bytes and each process's own
+    (its CUDA context and allocations), by role (ballast, the API server: the process started,
+    engine: any other), with when each process first held memory. None where NVML is absent.
+    Tells a second CUDA context in the API server from growth inside the engine."""
+
+    def __init__(self, roles: dict[int, str]):
+        try:
+            try:
+                import pynvml
+            except ImportError:
+                from vllm.third_party import pynvml
+            pynvml.nvmlInit()
+            self._nv, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001 - no NVML, no GPU: nothing sampled
+            self._nv = None
+        self.roles, self.t0, self._stop = roles, time.time(), threading.Event()
+        self.used_max, self.procs, self.timeline = 0, {}, []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        if self._nv:
+            self._thread.start()
+
+    def _run(self) -> None:
+        last = -10.0
+        while not self._stop.wait(0.25):
+            t = time.time() - self.t0
+            try:
+                used = self._nv.nvmlDeviceGetMemoryInfo(self._h).used
+                apps = self._nv.nvmlDeviceGetComputeRunningProcesses(self._h)
+            except Exception:  # noqa: BLE001 - a failed read: the next one
+                continue
+            self.used_max = max(self.used_max, used)
+            for app in apps:
+                mine = self.procs.setdefault(app.pid, {"role": self.roles.get(app.pid, "engine"),
+                                                       "first_s": round(t, 2), "max_bytes": 0})
+                mine["max_bytes"] = max(mine["max_bytes"], app.usedGpuMemory or 0)
+            if t - last >= 2.0 and len(self.timeline) < 400:
+                self.timeline.append([round(t, 1), used])
+                last = t
+
+    def close(self) -> dict | None:
+        self._stop.set()
+        if not self._nv:
+            return None
+        self._thread.join(timeout=5)
+        return {"device_used_max_bytes": self.used_max,
+                "processes": {str(k): v for k, v in self.procs.items()},
+                "timeline_s_used_bytes": self.timeline}
+
+
 class Server:
     def __init__(self, a, mode: str, out: Path):
         self.mode, self.port = mode, _free_port()
@@ -268,6 +318,8 @@ def run_mode(a, mode: str, out: Path) -> dict:
         r["hold"] = ballast.figures
     srv = Server(a, mode, out)
     r["cmd"] = srv.cmd
+    roles = {srv.proc.pid: "api server", **({ballast.proc.pid: "ballast"} if ballast else {})}
+    sampler = GpuSampler(roles)
     try:
         r["healthy_s"] = srv.wait_healthy(a.start_timeout_s)
         if r["healthy_s"] is not None:
@@ -280,9 +332,12 @@ def run_mode(a, mode: str, out: Path) -> dict:
                 r["wcprof_guard"] = {"rc": g.returncode, "stdout": g.stdout, "stderr": g.stderr[-2000:]}
     finally:
         r["shutdown"] = srv.stop()
+        r["gpu_memory"] = sampler.close()
         if ballast:
             ballast.close()
     text = srv.log_path.read_text(errors="replace")
+    # vLLM's dump of a failed step lists every token id on one line: cut lines so the log comes back
+    srv.log_path.write_text("".join(ln[:2000] + "\n" for ln in text.splitlines()))
     r["oom_lines"] = [ln for ln in text.splitlines() if OOM.search(ln)][:5]
     r["wcprof_lines"] = [ln for ln in text.splitlines() if "[wcprof]" in ln][:40]
     if srv.report.exists():
