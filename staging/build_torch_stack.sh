@@ -6,7 +6,10 @@
 # byte pieces (each <= 52 MiB: one transfer carries 64 MiB, the working tree ~10 MiB of it) of ONE tar.zst stream, SHA256SUMS
 # (the pieces and the whole stream), and staging/stage_stack.sh to carry with them.
 #
-#   bash staging/build_torch_stack.sh            # -> .stage213/ (git-ignored); ~10-20 min here
+#   bash staging/build_torch_stack.sh                 # vLLM 0.32.0 -> .stage213/ (git-ignored)
+#   VLLM=0.33.0 bash staging/build_torch_stack.sh     # vLLM 0.33.0 -> .stage214/
+# torch, torchvision, CuTe-DSL and quack are the versions the vLLM wheel pins; triton and NCCL
+# the ones that torch wheel pins (read from their METADATA). ~10-20 min here, mostly downloads.
 #
 # What the host's own libraries decide (checked here with nm/readelf, no device time):
 #   - libtorch_cuda.so of torch 2.13.0 needs 8 NCCL symbols that the host's NCCL 2.28.9 lacks
@@ -26,8 +29,8 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-WORK=${WORK:-/tmp/wcprof-torch213-build}
-STAGE=${STAGE:-$REPO/.stage213}
+VLLM=${VLLM:-0.32.0}
+WORK=${WORK:-/tmp/wcprof-vllm-$VLLM-build}
 PIECE=$((52 * 1024 * 1024))   # + the ~10 MiB working tree + this script: < 64 MiB a call
 PIP=${PIP:-"python3 -m pip"}
 PLAT=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp)
@@ -35,17 +38,43 @@ for t in manylinux1 manylinux2010 manylinux2014 manylinux_2_17 manylinux_2_18 ma
          manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 manylinux_2_34 manylinux_2_35; do
   PLAT+=(--platform "${t}_x86_64")
 done
-PINS=(torch==2.13.0 triton==3.7.1 nvidia-nccl-cu13==2.29.7 vllm==0.32.0
-      nvidia-cutlass-dsl==4.8.0 nvidia-cutlass-dsl-libs-base==4.8.0
-      nvidia-cutlass-dsl-libs-core==4.8.0 nvidia-cutlass-dsl-libs-cu13==4.8.0
-      quack-kernels==0.6.5 cuda-bindings==13.0.3 cuda-pathfinder==1.9.1
-      # vLLM 0.32 imports torchvision even for a text model (kernel_warmup -> minimax_m3's
+req() {  # req WHEEL DIST: the requirement WHEEL's METADATA declares on DIST (e.g. triton~=3.8.0)
+  local r
+  r=$(unzip -p "$1" '*.dist-info/METADATA' | sed -n "s/^Requires-Dist: \($2[=~][^; ]*\).*/\1/p" | head -1)
+  [ -n "$r" ] || { echo "ERROR: $(basename "$1") declares no version of $2" >&2; return 1; }
+  echo "$r"
+}
+pin() {  # pin WHEEL DIST: the version alone, where WHEEL pins DIST with ==
+  local r
+  r=$(req "$1" "$2") && [ "${r#*==}" != "$r" ] || { echo "ERROR: $(basename "$1") does not pin $2" >&2; return 1; }
+  echo "${r#*==}"
+}
+mkdir -p "$WORK/whl"
+$PIP download "${PLAT[@]}" -d "$WORK/whl" "vllm==$VLLM"
+VW=$(ls "$WORK"/whl/vllm-"$VLLM"-*.whl)
+TORCH=$(pin "$VW" torch)
+$PIP download "${PLAT[@]}" -d "$WORK/whl" "torch==$TORCH"
+TW=$(ls "$WORK"/whl/torch-"$TORCH"-*.whl)
+CDSL=$(pin "$VW" 'nvidia-cutlass-dsl\[cu13\]')
+QUACK=$(pin "$VW" quack-kernels)
+VISION=$(pin "$VW" torchvision)
+TRITON=$(req "$TW" triton)
+NCCL=$(pin "$TW" nvidia-nccl-cu13)
+TAG=$(echo "$TORCH" | cut -d. -f1,2 | tr -d .)
+STAGE=${STAGE:-$REPO/.stage$TAG}
+echo "vLLM $VLLM: torch $TORCH ($TRITON, NCCL $NCCL, torchvision $VISION, CuTe-DSL $CDSL) -> $STAGE"
+PINS=("$TRITON" "nvidia-nccl-cu13==$NCCL"
+      "nvidia-cutlass-dsl==$CDSL" "nvidia-cutlass-dsl-libs-base==$CDSL"
+      "nvidia-cutlass-dsl-libs-core==$CDSL" "nvidia-cutlass-dsl-libs-cu13==$CDSL"
+      "quack-kernels==$QUACK" cuda-bindings==13.0.3 cuda-pathfinder==1.9.1
+      # vLLM imports torchvision even for a text model (0.32: kernel_warmup -> minimax_m3's
       # processor), and its API server model_hosting_container_standards (with jmespath and
-      # supervisor, which the host lacks): both seen failing on the H200 (docs/results/h200-run34)
-      torchvision==0.28.0 model-hosting-container-standards==0.1.16 jmespath==1.1.0
-      supervisor==4.3.0)
-mkdir -p "$REPO/.git/info" "$WORK/whl" "$STAGE"
-grep -qxF "/.stage213/" "$REPO/.git/info/exclude" 2>/dev/null || echo "/.stage213/" >>"$REPO/.git/info/exclude"
+      # supervisor, which the host lacks): both seen failing on the H200 (docs/results/h200-run34).
+      # orjson: declared from 0.33 on
+      "torchvision==$VISION" model-hosting-container-standards==0.1.16
+      jmespath==1.1.0 supervisor==4.3.0 orjson==3.13.0)
+mkdir -p "$REPO/.git/info" "$STAGE"
+grep -qxF "/.stage$TAG/" "$REPO/.git/info/exclude" 2>/dev/null || echo "/.stage$TAG/" >>"$REPO/.git/info/exclude"
 
 $PIP download "${PLAT[@]}" -d "$WORK/whl" "${PINS[@]}"
 $PIP download "${PLAT[@]}" -d "$WORK/whl" -r "$HERE/requirements-vllm-0.32.txt"

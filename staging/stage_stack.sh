@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # On the GPU host, from the repository root: keep the carried pieces of the stack that
 # staging/build_torch_stack.sh built, and once every piece is there, check the whole stream and
-# extract it into $SITE (default /tmp/site213), then link the host's own nvidia/* packages
-# (CUDA 13.0 libraries, cuDNN, cusparselt, nvshmem) beside the carried nccl in $SITE/nvidia, so
-# torch 2.13's RPATH ($ORIGIN/../../nvidia/<pkg>/lib) resolves as in a pip install.
+# extract it into $SITE (default /tmp/site213 from .stage213/, /tmp/site214 from .stage214/),
+# then link the host's own nvidia/* packages (CUDA 13.0 libraries, cuDNN, cusparselt, nvshmem)
+# beside the carried nccl in $SITE/nvidia, so torch's RPATH ($ORIGIN/../../nvidia/<pkg>/lib) resolves as in a pip install.
 #   bash .stage213/stage_stack.sh .stage213/piece03 [.stage213/piece04 ...]
 # One call per piece or two, back to back (the host keeps /tmp only ~30 s after a call). A piece
 # whose sha256 is not the one SHA256SUMS gives is refused; a stream that does not check leaves
 # $SITE without its mark (.staged-stack) and the pieces removed, so the calls can be made again.
 set -eo pipefail
-SITE=${SITE:-/tmp/site213}
-HOLD=${HOLD:-/tmp/stage213-pieces}
 DIR=$(cd "$(dirname "$0")" && pwd)
+TAG=$(basename "$DIR" | sed -n 's/^\.stage\([0-9]*\)$/\1/p')   # .stage213 -> 213 (torch 2.13)
+SITE=${SITE:-/tmp/site${TAG:-213}}
+HOLD=${HOLD:-/tmp/stage${TAG:-213}-pieces}
 mkdir -p "$SITE" "$HOLD"
 if [ -f "$SITE/.staged-stack" ]; then echo "stack already staged in $SITE"; exit 0; fi
 for p in "$@"; do
