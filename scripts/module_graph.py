@@ -17,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "worstcase_profiler"
-CORE_MAY_IMPORT = {"sizes", "errors", "settings", "interrupts"}  # vLLM- and torch-free leaves
+CORE_MAY_IMPORT = {"sizes", "errors", "settings", "interrupts", "atomic_write"}  # vLLM- and torch-free leaves
 
 
 def modules() -> dict[str, Path]:

@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
             hint="with $WCPROF_CACHE_SECRET set only entries signed with that secret are read; "
                  "`wcprof cache list` shows what this host's cache holds")
     dst.mkdir(parents=True, exist_ok=True)
-    from .render.json_report import write_atomically
+    from .atomic_write import write_atomically
 
     for path, _ in good:  # as written (its signature included), never half a file
         write_atomically(dst / path.name, path.read_bytes())

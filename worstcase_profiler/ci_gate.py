@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
+from .atomic_write import write_atomically
 from .errors import ArgParser, ConfigError
 from .gates import (
     DEFAULT_GATED,
@@ -248,12 +249,6 @@ def load_configs(path: str | Path) -> list[GateConfig]:
 
 
 # ------------------------------------------------------------------------------ files
-
-def _write_atomically(path: Path, data: str | bytes) -> None:
-    from .render.json_report import write_atomically
-
-    write_atomically(path, data)
-
 
 def _prepare_dir(path: Path, what: str) -> None:
     try:
@@ -571,7 +566,7 @@ def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
         for o in outcomes:
             if o.gate != "ERROR":
                 data = (out / f"{o.config.name}.json").read_bytes()
-                _write_atomically(baseline_dir / f"{o.config.name}.json", data)
+                write_atomically(baseline_dir / f"{o.config.name}.json", data)
                 o.accepted = True
     failing = [o for o in outcomes
                if o.gate == "ERROR"
@@ -582,7 +577,7 @@ def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
     summary = render_summary(outcomes, threshold=threshold, gated=gated,
                              baseline_dir=str(baseline_dir), exit_code=code,
                              require_baseline=ns.require_baseline, accept=ns.accept)
-    _write_atomically(out / "summary.md", summary)
+    write_atomically(out / "summary.md", summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:

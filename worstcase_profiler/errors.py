@@ -45,7 +45,9 @@ class OutputError(WcprofError, OSError):
                    "read-only mount)"
         if where.startswith(tempfile.gettempdir()):
             hint += "; wcprof's temporary files follow TMPDIR"
-        return cls(f"cannot write {where}: {why}", hint=hint, errno=error.errno)
+        found = cls(f"cannot write {where}: {why}", hint=hint, errno=error.errno)
+        found.strerror, found.filename = error.strerror, where  # type: ignore[misc]
+        return found
 
 
 class DoesNotFit(WcprofError):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from worstcase_profiler import cli
 from worstcase_profiler.errors import ConfigError, UnsupportedModel
-from worstcase_profiler.render.json_report import write_atomically
+from worstcase_profiler.atomic_write import write_atomically
 
 ARCHS = ", ".join(f"'Model{i}ForCausalLM'" for i in range(400))
 
