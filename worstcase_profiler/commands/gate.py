@@ -17,10 +17,11 @@ at the top level or under a `configs:` key.
 
 For each configuration the gate runs `wcprof ARGS --json OUT/NAME.json --html OUT/NAME.html
 --quiet` in a subprocess (its output goes to OUT/NAME.log) and compares the report with
-BASELINE/NAME.json exactly as `wcprof diff` does (gates.judge): a gated
+BASELINE/NAME.json exactly as `wcprof diff` does (diff.judge): a gated
 metric that got worse by more than --max-increase fails the configuration. It writes a markdown
 table to OUT/summary.md, and appends it to $GITHUB_STEP_SUMMARY when that is set. Every file is
-written to a temporary name first and renamed, so OUT never holds a half-written file.
+written to a temporary name first and renamed (atomic_write.py), so OUT never holds a
+half-written file.
 
 Per configuration: PASS, FAIL (a gated metric got worse by more than the threshold), NEW (no
 baseline yet; passes unless --require-baseline) or ERROR (wcprof exited non-zero -- it found the
@@ -54,32 +55,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from .atomic_write import write_atomically
-from .errors import ArgParser, ConfigError
-from .gates import (
-    DEFAULT_GATED,
-    METRICS,
-    _config_differences,
-    _load,
-    judge,
-    parse_metrics,
-    parse_threshold,
-    worsening,
-)
-from .report import Report
-from .sizes import fmt_bytes, fmt_tokens
+from ..atomic_write import write_atomically
+from ..errors import ArgParser, ConfigError
+from ..report import Report
+from ..sizes import fmt_bytes, fmt_tokens
+from .diff import (DEFAULT_GATED, METRICS, config_differences, judge, load, parse_metrics,
+                   parse_threshold, worsening)
+
 
 GateVerdict = Literal["PASS", "FAIL", "NEW", "ERROR"]
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+
+
 # `name:` at the start of a line, followed by whitespace or the end of the line. Arguments always
 # start with `-`, so a first token that does not and ends in ':' can only be a name.
 _PREFIX_RE = re.compile(r"\s*([^\s-][^\s:]*(?:\s+[^\s:]+)*):(?=\s|$)")
+
 _SET_BY_GATE = ("--json", "--html")
+
 WCPROF_EXIT = {1: "measured unsafe: a validation above its prediction, or a KV over-commit "
                   "started anyway", 2: "bad input", 3: "does not fit", 4: "unsupported model",
                5: "KV over-commit", 70: "internal error", 130: "interrupted"}
-"""Short labels of cli.EXIT_CODES (docs/faq.md#exit-codes), for a profile that failed."""
+"""Short labels of errors.EXIT_CODES (docs/faq.md#exit-codes), for a profile that failed."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +115,6 @@ class Outcome:
     accepted: bool = False
 
 
-# ------------------------------------------------------------------------------ configs file
-
 def _derive_name(args: list[str]) -> str:
     model = None
     for i, a in enumerate(args):
@@ -134,9 +130,9 @@ def _derive_name(args: list[str]) -> str:
 
 
 def _check_args(args: list[str], where: str) -> None:
-    from .cli import SUBCOMMANDS
+    from . import COMMANDS
 
-    if args and args[0] in SUBCOMMANDS and args[0] != "profile":  # profile is what the gate runs
+    if args and args[0] in COMMANDS and args[0] != "profile":  # profile is what the gate runs
         raise ConfigError(f"{where}: `{args[0]}` is a wcprof subcommand; a config line holds the "
                           f"arguments of one profile run (engine flags such as --model)")
     for a in args:
@@ -248,8 +244,6 @@ def load_configs(path: str | Path) -> list[GateConfig]:
     return configs
 
 
-# ------------------------------------------------------------------------------ files
-
 def _prepare_dir(path: Path, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -259,8 +253,6 @@ def _prepare_dir(path: Path, what: str) -> None:
     except OSError as e:
         raise ConfigError(f"cannot write to the {what} {path}: {e.strerror or e}") from None
 
-
-# ------------------------------------------------------------------------------ running
 
 def _last_line(log_path: Path) -> str:
     try:
@@ -353,7 +345,7 @@ def _profile(config: GateConfig, out: Path, runner: Runner) -> tuple[RunResult, 
     report, problem = None, None
     if finals["json"].exists():
         try:
-            report = _load(str(finals["json"]))
+            report = load(str(finals["json"]))
         except ConfigError as e:
             problem = e.message
     else:
@@ -366,7 +358,7 @@ def _compare(outcome: Outcome, gated: list[str], threshold: float) -> None:
     assert old is not None and new is not None
     outcome.failed, outcome.worst = judge(old, new, gated, threshold)
     outcome.gate = "FAIL" if outcome.failed else "PASS"
-    for line in _config_differences(old, new):
+    for line in config_differences(old, new):
         outcome.notes.append(f"the reports differ in {line}")
 
 
@@ -400,8 +392,6 @@ def _gate_one(config: GateConfig, baseline: Report | None, out: Path, runner: Ru
     _compare(outcome, gated, threshold)
     return outcome
 
-
-# ------------------------------------------------------------------------------ summary
 
 def _pct(fraction: float) -> str:
     """+12.34% (worse), -1.20% (better), 0.00%."""
@@ -492,8 +482,6 @@ def render_summary(outcomes: list[Outcome], *, threshold: float, gated: list[str
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------ main
-
 def _parser() -> argparse.ArgumentParser:
     p = ArgParser(prog="wcprof gate",
                 description="profile each configuration of CONFIGS and fail when one got worse "
@@ -520,7 +508,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
+def run(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
     """Run the gate. `runner` replaces the subprocess that runs wcprof (tests inject a fake).
     Bad input raises ConfigError (cli.main prints it and exits 2)."""
     ns = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -543,7 +531,7 @@ def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
     baselines: dict[str, Report | None] = {}
     for c in configs:  # every baseline is read before the first (long) profile run
         path = baseline_dir / f"{c.name}.json"
-        baselines[c.name] = _load(str(path)) if path.exists() else None
+        baselines[c.name] = load(str(path)) if path.exists() else None
     runner = runner or subprocess_runner(ns.timeout)
 
     err = sys.stderr
@@ -590,9 +578,3 @@ def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
     print(f"wcprof gate: {verdict}: " + ", ".join(f"{o.config.name} {o.gate}" for o in outcomes)
           + f"; summary in {out / 'summary.md'}", file=err, flush=True)
     return code
-
-
-if __name__ == "__main__":
-    from .cli import main as _cli_main
-
-    sys.exit(_cli_main(["gate", *sys.argv[1:]]))
