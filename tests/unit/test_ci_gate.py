@@ -471,7 +471,7 @@ def test_reusable_workflow_shape():
     upload = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
     assert len(upload) == 1 and upload[0]["if"] == "always()"
     flags = _gate_flags_used(runs)
-    known = {o for a in gate_command._parser()._actions for o in a.option_strings}
+    known = {o for a in gate_command.parser()._actions for o in a.option_strings}
     assert flags and flags <= known, flags - known
 
 
@@ -491,7 +491,7 @@ def test_composite_action_shape():
     assert any("$GITHUB_ACTION_PATH/../../..[picture]" in r for r in runs)
     assert any("-m worstcase_profiler.cli gate" in r for r in runs)
     flags = _gate_flags_used(runs)
-    known = {o for a in gate_command._parser()._actions for o in a.option_strings}
+    known = {o for a in gate_command.parser()._actions for o in a.option_strings}
     assert flags and flags <= known, flags - known
     # the action's directory is three levels below the repository root it installs from
     assert (ACTION.parent / ".." / ".." / ".." / "pyproject.toml").resolve() == \

@@ -20,6 +20,23 @@ import dataclasses
 from ..errors import ArgParser, ConfigError
 
 
+def parser() -> ArgParser:
+    """`wcprof advise`'s flags."""
+    p = ArgParser(prog="wcprof advise", allow_abbrev=False,
+                  description="the chunk advisor's table from a saved report (profile with "
+                              "`wcprof --advise --json REPORT.json`)")
+    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("--within", metavar="PCT", default=None,
+                   help="recompute the knee: prefill throughput within PCT of the best "
+                        "(default: the report's own, 5%% unless profiled otherwise)")
+    p.add_argument("--against", metavar="R.json", nargs="+", default=(),
+                   help="reports of engines started with an advised chunk (same model and "
+                        "limits otherwise): is each one's KV budget what the advice said?")
+    p.add_argument("--tolerance", metavar="PCT", default="1%",
+                   help="how far an --against budget may be from the advice (default 1%%)")
+    return p
+
+
 def run(argv: list[str]) -> int:
     """wcprof advise REPORT.json [--within PCT]: the chunk advisor's table from a saved report"""
     from ..core.advise import RULE, knee
@@ -27,19 +44,7 @@ def run(argv: list[str]) -> int:
     from ..render.terminal import render_advice
     from ..settings import parse_within
 
-    parser = ArgParser(prog="wcprof advise", allow_abbrev=False,
-                     description="the chunk advisor's table from a saved report (profile with "
-                                 "`wcprof --advise --json REPORT.json`)")
-    parser.add_argument("report", metavar="REPORT.json")
-    parser.add_argument("--within", metavar="PCT", default=None,
-                        help="recompute the knee: prefill throughput within PCT of the best "
-                             "(default: the report's own, 5%% unless profiled otherwise)")
-    parser.add_argument("--against", metavar="R.json", nargs="+", default=(),
-                        help="reports of engines started with an advised chunk (same model and "
-                             "limits otherwise): is each one's KV budget what the advice said?")
-    parser.add_argument("--tolerance", metavar="PCT", default="1%",
-                        help="how far an --against budget may be from the advice (default 1%%)")
-    ns = parser.parse_args(argv)
+    ns = parser().parse_args(argv)
     report = load_report(ns.report)
     if report.advice is None:
         raise ConfigError(f"{ns.report} has no advice section",

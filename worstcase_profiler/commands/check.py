@@ -26,20 +26,25 @@ def one_request_bytes(report: Report) -> int:
     return bytes_for_one_request(adm.bytes_per_token, cfg.block_size or 1, cfg.max_model_len)
 
 
+def parser() -> ArgParser:
+    """`wcprof check`'s flags."""
+    p = ArgParser(prog="wcprof check",
+                  description="is this --kv-cache-memory-bytes value safe for the engine the "
+                              "report describes?")
+    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv", required=True,
+                   metavar="N", help="bytes, vLLM's notation (4G = 4 GiB, 4g = 4e9), or a "
+                                     "size such as 60GiB")
+    return p
+
+
 def run(argv: list[str]) -> int:
     """wcprof check REPORT.json --kv-cache-memory-bytes N   (or --kv-cache-memory 60GiB)
 
     Safe (exit 0) when one request at max_model_len <= N <= the report's worst-case budget
     (admission.budget_bytes). Otherwise exit 1, saying by how much N is off and what to pass
     instead. Exit 2: bad input."""
-    parser = ArgParser(prog="wcprof check",
-                     description="is this --kv-cache-memory-bytes value safe for the engine the "
-                                 "report describes?")
-    parser.add_argument("report", metavar="REPORT.json")
-    parser.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv", required=True,
-                        metavar="N", help="bytes, vLLM's notation (4G = 4 GiB, 4g = 4e9), or a "
-                                            "size such as 60GiB")
-    ns = parser.parse_args(argv)
+    ns = parser().parse_args(argv)
     from ..preflight import kv_bytes_as_vllm_reads
 
     value = kv_bytes_as_vllm_reads(ns.kv)

@@ -167,6 +167,20 @@ def config_differences(old: Report, new: Report) -> list[str]:
     return out
 
 
+def parser() -> ArgParser:
+    """`wcprof diff`'s flags."""
+    p = ArgParser(prog="wcprof diff",
+                  description="fail CI when worst-case memory got worse between two reports")
+    p.add_argument("old", metavar="OLD.json")
+    p.add_argument("new", metavar="NEW.json")
+    p.add_argument("--max-increase", default="5%", metavar="PCT",
+                   help="largest tolerated worsening, relative to OLD (default 5%%)")
+    p.add_argument("--metric", action="append", metavar="NAME",
+                   help=f"metric(s) to gate, repeatable or comma-separated: "
+                        f"{', '.join(METRICS)}, all (default: {', '.join(DEFAULT_GATED)})")
+    return p
+
+
 def run(argv: list[str]) -> int:
     """wcprof diff OLD.json NEW.json [--max-increase 5%] [--metric NAME[,NAME]]...
 
@@ -174,16 +188,7 @@ def run(argv: list[str]) -> int:
     more than --max-increase, relative to OLD: peak, workspace and need fail when they grow;
     kv_flag, kv_tokens and stock_oom fail when they shrink. Exit 0: nothing gated got worse by
     more than the threshold; 1: something did; 2: bad input (see the module docstring)."""
-    parser = ArgParser(prog="wcprof diff",
-                     description="fail CI when worst-case memory got worse between two reports")
-    parser.add_argument("old", metavar="OLD.json")
-    parser.add_argument("new", metavar="NEW.json")
-    parser.add_argument("--max-increase", default="5%", metavar="PCT",
-                        help="largest tolerated worsening, relative to OLD (default 5%%)")
-    parser.add_argument("--metric", action="append", metavar="NAME",
-                        help=f"metric(s) to gate, repeatable or comma-separated: "
-                             f"{', '.join(METRICS)}, all (default: {', '.join(DEFAULT_GATED)})")
-    ns = parser.parse_args(argv)
+    ns = parser().parse_args(argv)
     threshold = parse_threshold(ns.max_increase)
     gated = parse_metrics(ns.metric)
     old, new = load(ns.old), load(ns.new)

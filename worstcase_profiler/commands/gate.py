@@ -482,7 +482,8 @@ def render_summary(outcomes: list[Outcome], *, threshold: float, gated: list[str
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """`wcprof gate`'s flags."""
     p = ArgParser(prog="wcprof gate",
                 description="profile each configuration of CONFIGS and fail when one got worse "
                             "than its baseline report")
@@ -508,15 +509,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
-    """Run the gate. `runner` replaces the subprocess that runs wcprof (tests inject a fake).
-    Bad input raises ConfigError (cli.main prints it and exits 2)."""
-    ns = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    threshold = parse_threshold(ns.max_increase)
-    gated = parse_metrics(ns.metric)
-    if ns.timeout <= 0:
-        raise ConfigError(f"bad --timeout {ns.timeout:g}: use a positive number of seconds")
-    configs = load_configs(ns.configs)
+def _directories(ns: argparse.Namespace) -> tuple[Path, Path]:
+    """OUT and BASELINE, checked and made writable before anything is profiled; OUT loses the
+    last run's summary (a run that dies must not leave it)."""
     out, baseline_dir = Path(ns.out), Path(ns.baseline)
     if baseline_dir.exists() and not baseline_dir.is_dir():
         raise ConfigError(f"--baseline {baseline_dir} is not a directory")
@@ -525,46 +520,36 @@ def run(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
                           hint="the gate would overwrite the baselines it compares against; "
                                "use --accept to update them")
     _prepare_dir(out, "output directory")
-    (out / "summary.md").unlink(missing_ok=True)  # a run that dies must not leave the last one's
+    (out / "summary.md").unlink(missing_ok=True)
     if ns.accept:
         _prepare_dir(baseline_dir, "baseline directory")
-    baselines: dict[str, Report | None] = {}
-    for c in configs:  # every baseline is read before the first (long) profile run
-        path = baseline_dir / f"{c.name}.json"
-        baselines[c.name] = load(str(path)) if path.exists() else None
-    runner = runner or subprocess_runner(ns.timeout)
+    return out, baseline_dir
 
-    err = sys.stderr
-    outcomes: list[Outcome] = []
-    for i, config in enumerate(configs, 1):
-        o = _gate_one(config, baselines[config.name], out, runner, gated, threshold)
-        outcomes.append(o)
-        detail = ""
-        if o.new is not None:
-            need_old = fmt_bytes(METRICS["need"].read(o.old)) + " → " if o.old is not None else ""
-            detail = f" need {need_old}{fmt_bytes(METRICS['need'].read(o.new))}"
-        if o.worst is not None:
-            detail += f", worst change {_pct(o.worst[1])} {o.worst[0]}"
-        if o.gate == "ERROR" and o.notes:
-            detail += f" -- {o.notes[0]}"
-        print(f"wcprof gate [{i}/{len(configs)}] {config.name}: {o.gate} in {o.seconds:.0f}s"
-              f"{detail}", file=err, flush=True)
 
-    if ns.accept:
-        for o in outcomes:
-            if o.gate != "ERROR":
-                data = (out / f"{o.config.name}.json").read_bytes()
-                write_atomically(baseline_dir / f"{o.config.name}.json", data)
-                o.accepted = True
-    failing = [o for o in outcomes
-               if o.gate == "ERROR"
-               or (o.gate == "FAIL" and not o.accepted)
-               or (o.gate == "NEW" and ns.require_baseline and not o.accepted)]
-    code = 1 if failing else 0
+def _progress(i: int, n: int, o: Outcome) -> str:
+    """One configuration's line on stderr, as soon as it is gated."""
+    detail = ""
+    if o.new is not None:
+        need_old = fmt_bytes(METRICS["need"].read(o.old)) + " → " if o.old is not None else ""
+        detail = f" need {need_old}{fmt_bytes(METRICS['need'].read(o.new))}"
+    if o.worst is not None:
+        detail += f", worst change {_pct(o.worst[1])} {o.worst[0]}"
+    if o.gate == "ERROR" and o.notes:
+        detail += f" -- {o.notes[0]}"
+    return f"wcprof gate [{i}/{n}] {o.config.name}: {o.gate} in {o.seconds:.0f}s{detail}"
 
-    summary = render_summary(outcomes, threshold=threshold, gated=gated,
-                             baseline_dir=str(baseline_dir), exit_code=code,
-                             require_baseline=ns.require_baseline, accept=ns.accept)
+
+def _accept(outcomes: list[Outcome], out: Path, baseline_dir: Path) -> None:
+    """--accept: every report that profiled cleanly becomes its configuration's baseline."""
+    for o in outcomes:
+        if o.gate != "ERROR":
+            data = (out / f"{o.config.name}.json").read_bytes()
+            write_atomically(baseline_dir / f"{o.config.name}.json", data)
+            o.accepted = True
+
+
+def _publish(summary: str, out: Path) -> None:
+    """OUT/summary.md, and the job summary when $GITHUB_STEP_SUMMARY names one."""
     write_atomically(out / "summary.md", summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
@@ -573,8 +558,40 @@ def run(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
                 f.write(summary + "\n")
         except OSError as e:
             print(f"wcprof gate: could not append to $GITHUB_STEP_SUMMARY: {e.strerror or e}",
-                  file=err)
+                  file=sys.stderr)
+
+
+def run(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
+    """Run the gate. `runner` replaces the subprocess that runs wcprof (tests inject a fake).
+    Bad input raises ConfigError (cli.main prints it and exits 2)."""
+    ns = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    threshold = parse_threshold(ns.max_increase)
+    gated = parse_metrics(ns.metric)
+    if ns.timeout <= 0:
+        raise ConfigError(f"bad --timeout {ns.timeout:g}: use a positive number of seconds")
+    configs = load_configs(ns.configs)
+    out, baseline_dir = _directories(ns)
+    baselines: dict[str, Report | None] = {}
+    for c in configs:  # every baseline is read before the first (long) profile run
+        path = baseline_dir / f"{c.name}.json"
+        baselines[c.name] = load(str(path)) if path.exists() else None
+    runner = runner or subprocess_runner(ns.timeout)
+
+    outcomes: list[Outcome] = []
+    for i, config in enumerate(configs, 1):
+        outcomes.append(_gate_one(config, baselines[config.name], out, runner, gated, threshold))
+        print(_progress(i, len(configs), outcomes[-1]), file=sys.stderr, flush=True)
+    if ns.accept:
+        _accept(outcomes, out, baseline_dir)
+    failing = [o for o in outcomes
+               if o.gate == "ERROR"
+               or (o.gate == "FAIL" and not o.accepted)
+               or (o.gate == "NEW" and ns.require_baseline and not o.accepted)]
+    code = 1 if failing else 0
+    _publish(render_summary(outcomes, threshold=threshold, gated=gated,
+                            baseline_dir=str(baseline_dir), exit_code=code,
+                            require_baseline=ns.require_baseline, accept=ns.accept), out)
     verdict = "PASS" if code == 0 else "FAIL"
     print(f"wcprof gate: {verdict}: " + ", ".join(f"{o.config.name} {o.gate}" for o in outcomes)
-          + f"; summary in {out / 'summary.md'}", file=err, flush=True)
+          + f"; summary in {out / 'summary.md'}", file=sys.stderr, flush=True)
     return code

@@ -38,20 +38,25 @@ def scrape(url: str, timeout: float = 10.0) -> str:
                           ) from None
 
 
+def parser() -> ArgParser:
+    """`wcprof guard`'s flags."""
+    p = ArgParser(prog="wcprof guard", allow_abbrev=False,
+                  description="read a running `vllm serve --profiler worstcase`'s /metrics "
+                              "and say whether every served step stayed within the "
+                              "prediction (exit 1 when one did not)")
+    p.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:8000 "
+                                              "(/metrics is added when no path is given)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
+    p.add_argument("--ranks", action="store_true", help="one line per rank as well")
+    return p
+
+
 def run(argv: list[str]) -> int:
     """wcprof guard URL: did the worst-case profile hold on a running server?"""
     from ..core.guard import parse_metrics, verdict
     from ..sizes import fmt_bytes
 
-    parser = ArgParser(prog="wcprof guard", allow_abbrev=False,
-                     description="read a running `vllm serve --profiler worstcase`'s /metrics "
-                                 "and say whether every served step stayed within the "
-                                 "prediction (exit 1 when one did not)")
-    parser.add_argument("url", metavar="URL", help="the server, e.g. http://127.0.0.1:8000 "
-                                                   "(/metrics is added when no path is given)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds (default 10)")
-    parser.add_argument("--ranks", action="store_true", help="one line per rank as well")
-    ns = parser.parse_args(argv)
+    ns = parser().parse_args(argv)
     figures = parse_metrics(scrape(ns.url, ns.timeout))
     if not figures:
         raise ConfigError(f"{metrics_url(ns.url)} exports no wcprof_guard_* metrics",

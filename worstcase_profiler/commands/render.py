@@ -8,6 +8,20 @@ import sys
 from .profile_options import UnprefixedArgParser
 
 
+def parser() -> UnprefixedArgParser:
+    """`wcprof render`'s flags."""
+    p = UnprefixedArgParser(prog="wcprof render", allow_abbrev=False,
+                            description="re-render a saved report (written by `wcprof --json` or "
+                                        "`vllm serve --profiler-report`)")
+    p.add_argument("report", metavar="REPORT.json")
+    p.add_argument("--terminal", action="store_true",
+                   help="print the verdict screen (the default when no file is asked for)")
+    p.add_argument("--html", metavar="PATH", help="write the self-contained HTML picture")
+    p.add_argument("--png", metavar="PATH", help="write the picture as PNG")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON again")
+    return p
+
+
 def run(argv: list[str]) -> int:
     """wcprof render REPORT.json [--terminal] [--html P] [--png P] [--json P]
 
@@ -16,16 +30,7 @@ def run(argv: list[str]) -> int:
     input (a missing or foreign report, an unwritable destination)."""
     from .. import preflight
 
-    parser = UnprefixedArgParser(prog="wcprof render", allow_abbrev=False,
-                        description="re-render a saved report (written by `wcprof --json` or "
-                                    "`vllm serve --profiler-report`)")
-    parser.add_argument("report", metavar="REPORT.json")
-    parser.add_argument("--terminal", action="store_true",
-                        help="print the verdict screen (the default when no file is asked for)")
-    parser.add_argument("--html", metavar="PATH", help="write the self-contained HTML picture")
-    parser.add_argument("--png", metavar="PATH", help="write the picture as PNG")
-    parser.add_argument("--json", metavar="PATH", help="write the report as JSON again")
-    ns = parser.parse_args(argv)
+    ns = parser().parse_args(argv)
     dests = {fmt: getattr(ns, fmt) for fmt in ("html", "png", "json") if getattr(ns, fmt)}
     preflight.check_outputs({f"--{fmt}": dest for fmt, dest in dests.items()})
     preflight.check_picture_support({"--html": ns.html, "--png": ns.png})
