@@ -3,7 +3,7 @@
 
   .venv/bin/python bench/cpu_bench.py            # tiny, scratch, tile; 2 boots of each mode
 
-For each workload (engine args from worstcase_profiler.demos.SCENARIOS, tiny = the bundled model
+For each workload (engine args from worstcase_profiler.commands.demo.SCENARIOS, tiny = the bundled model
 with wcprof's defaults) it measures, every engine in its own subprocess, in-process engine core
 (VLLM_ENABLE_V1_MULTIPROCESSING=0), stock and worstcase boots alternating:
 
@@ -51,8 +51,8 @@ TARGETS = {"measured_over_predicted": ("<=", 1.00), "predicted_over_measured": (
 # ---------------------------------------------------------------------------------------------
 
 def _engine_kwargs(workload: str) -> dict:
-    from worstcase_profiler.cli import build_engine_args
-    from worstcase_profiler.demos import scenario_args
+    from worstcase_profiler.commands.demo import scenario_args
+    from worstcase_profiler.commands.engine_boot import build_engine_args
 
     _ns, ea = build_engine_args(scenario_args(workload))
     return {f: getattr(ea, f) for f in ea.__dataclass_fields__}

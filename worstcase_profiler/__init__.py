@@ -8,7 +8,9 @@ Layout (results flow one way: measure -> decide -> report -> render):
                (startup.py), step drivers and meters, KV and workspace measurements
   report.py    the public JSON schema and its projection from a session
   render/      the view model and one reporter per format (terminal, json, html, png)
-  plugin.py    the vllm.general_plugins entry point; cli.py `wcprof`; gates.py `wcprof diff/check`
+  commands/    one module per `wcprof` command, and the engine start they share (engine_boot.py)
+  cli.py       `wcprof`'s entry point: dispatches to commands/, maps errors to exit codes
+  plugin.py    the vllm.general_plugins entry point
 """
 
 __version__ = "0.1.0"

@@ -72,7 +72,7 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(tmp_path, demo):
     from conftest import BIN
     import subprocess
 
-    from worstcase_profiler.demos import scenario_args
+    from worstcase_profiler.commands.demo import scenario_args
 
     env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
     args = scenario_args(demo)
@@ -96,7 +96,7 @@ def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path)
     for one of its own small steps (a self-consistent pair that passes its own replay), and whose
     workspace was shrunk to match, must not be reused: the plan's heaviest shapes, re-measured on
     reuse, beat it, so the full sweep runs and the engine admits the honest figure."""
-    from worstcase_profiler.demos import scenario_args
+    from worstcase_profiler.commands.demo import scenario_args
 
     env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
     args = scenario_args("tile")

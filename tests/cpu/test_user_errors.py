@@ -201,14 +201,14 @@ def test_debug_shows_the_traceback(no_vllm, tmp_path):
 # -- help --------------------------------------------------------------------------------------
 
 def test_help_is_fast_and_lists_subcommands(no_vllm, tmp_path):
-    from worstcase_profiler.cli import SUBCOMMANDS
+    from worstcase_profiler.commands import COMMANDS
 
     for flag in ("--help", "-h", "help"):
         p = wcprof([flag], no_vllm, tmp_path)  # vllm cannot even be imported here
         assert p.returncode == 0, p.stderr
         assert p.seconds < 2.0, p.seconds
         out = p.stdout
-        for name in SUBCOMMANDS:
+        for name in COMMANDS:
             assert f"\n  {name} " in out, name
         for words in ("--help-engine", "--kv-audit", "--no-lock-workspace", "default: 64MiB",
                       "--quiet", "--debug", "exit codes", "70  internal error"):
@@ -218,7 +218,7 @@ def test_help_is_fast_and_lists_subcommands(no_vllm, tmp_path):
 
 
 def test_subcommand_help(no_vllm, tmp_path):
-    from worstcase_profiler.demos import SCENARIOS
+    from worstcase_profiler.commands.demo import SCENARIOS
 
     for cmd in ("render", "check", "diff", "profile", "demo"):
         p = wcprof([cmd, "--help"], no_vllm, tmp_path)
@@ -270,11 +270,12 @@ def test_render_into_a_read_only_directory(no_vllm, tmp_path, read_only_dir):
 
 def test_internal_error_is_one_line_and_not_unsafe(monkeypatch, capsys):
     from worstcase_profiler import cli
+    from worstcase_profiler.commands import profile
 
     def boom(argv):
         raise RuntimeError("something inside broke\nsecond line")
 
-    monkeypatch.setitem(cli.SUBCOMMANDS, "profile", boom)
+    monkeypatch.setattr(profile, "run", boom)
     monkeypatch.delenv("WCPROF_DEBUG", raising=False)
     assert cli.main(["profile"]) == cli.EXIT_INTERNAL == 70
     err = capsys.readouterr().err
@@ -287,11 +288,12 @@ def test_internal_error_is_one_line_and_not_unsafe(monkeypatch, capsys):
 
 def test_ctrl_c_in_process(monkeypatch, capsys):
     from worstcase_profiler import cli
+    from worstcase_profiler.commands import profile
 
     def interrupted(argv):
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(cli.SUBCOMMANDS, "profile", interrupted)
+    monkeypatch.setattr(profile, "run", interrupted)
     assert cli.main(["profile"]) == 130
     assert capsys.readouterr().err.strip() == "wcprof: interrupted"
 
@@ -424,7 +426,7 @@ def test_engine_failures_are_classified():
     """What LLM(...) raises: our own errors unwrapped, vLLM's config checks and the hub's refusals
     are bad input (exit 2), a torch.compile trace failure says to run eager (exit 4), anything
     else stays itself (exit 70 in main)."""
-    from worstcase_profiler.cli import _engine_failure
+    from worstcase_profiler.commands.engine_boot import engine_failure as _engine_failure
     from worstcase_profiler.errors import ConfigError, DoesNotFit, UnsupportedModel
 
     inner = DoesNotFit("no room")
@@ -453,7 +455,7 @@ def test_engine_failures_are_classified():
 def test_engine_flags_are_recognised_as_given_in_either_spelling():
     """The bundled model's defaults fill only what the user did not pass: --max_model_len is
     --max-model-len, and --model-impl is not --model."""
-    from worstcase_profiler.cli import BUNDLED, build_engine_args
+    from worstcase_profiler.commands.engine_boot import BUNDLED, build_engine_args
 
     ns, _ = build_engine_args(["--max_model_len", "1024"])
     assert ns.max_model_len == 1024 and ns.model == str(BUNDLED)

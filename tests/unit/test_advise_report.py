@@ -10,7 +10,9 @@ import pytest
 from pydantic import TypeAdapter
 
 from unit_helpers import GiB, MiB, build_session
-from worstcase_profiler.cli import advise_settings, main, parse_ours
+from worstcase_profiler.cli import main
+from worstcase_profiler.commands.profile import advise_settings
+from worstcase_profiler.commands.profile_options import parse_ours
 from worstcase_profiler.core.types import (Advice, ChunkAdvice, ExcludedChunk, ProfileResult, Shape,
                                            StepResult)
 from worstcase_profiler.render import get_reporter

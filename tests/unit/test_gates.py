@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from worstcase_profiler import gates
+from worstcase_profiler.commands import check, diff
 from worstcase_profiler.cli import main
 from worstcase_profiler.errors import ConfigError
 from worstcase_profiler.render import load_report
@@ -144,18 +144,18 @@ def test_diff_rejects_files_that_are_not_reports(capsys, tmp_path):
 
 
 def test_threshold_and_worsening_units():
-    assert gates.parse_threshold("5%") == pytest.approx(0.05)
-    assert gates.parse_threshold(" 12.5 % ") == pytest.approx(0.125)
+    assert diff.parse_threshold("5%") == pytest.approx(0.05)
+    assert diff.parse_threshold(" 12.5 % ") == pytest.approx(0.125)
     for bad in ("", "%", "nan", "inf", "-1"):
         with pytest.raises(ConfigError):
-            gates.parse_threshold(bad)
-    peak, tokens = gates.METRICS["peak"], gates.METRICS["kv_tokens"]
-    assert gates.worsening(peak, 100, 110) == pytest.approx(0.10)
-    assert gates.worsening(peak, 100, 90) < 0
-    assert gates.worsening(tokens, 100, 90) == pytest.approx(0.10)
-    assert gates.worsening(tokens, 100, 110) < 0
-    assert gates.worsening(peak, 0, 1) == float("inf")
-    assert gates.worsening(peak, 0, 0) == 0
+            diff.parse_threshold(bad)
+    peak, tokens = diff.METRICS["peak"], diff.METRICS["kv_tokens"]
+    assert diff.worsening(peak, 100, 110) == pytest.approx(0.10)
+    assert diff.worsening(peak, 100, 90) < 0
+    assert diff.worsening(tokens, 100, 90) == pytest.approx(0.10)
+    assert diff.worsening(tokens, 100, 110) < 0
+    assert diff.worsening(peak, 0, 1) == float("inf")
+    assert diff.worsening(peak, 0, 0) == 0
 
 
 # ------------------------------------------------------------------------------------ check
@@ -164,7 +164,7 @@ def test_check_safe_values(capsys):
     report = load_report(FP8)
     budget = report.admission.budget_bytes
     for value in ("60GiB", str(report.admission.recommended_kv_cache_memory_bytes), str(budget),
-                  str(gates.one_request_bytes(report))):
+                  str(check.one_request_bytes(report))):
         code, out, _ = run(capsys, "check", FP8, "--kv-cache-memory-bytes", value)
         assert code == 0, out
         assert out.startswith("safe:")
@@ -194,7 +194,7 @@ def test_check_over_budget_says_by_how_much_and_what_to_use(capsys):
 
 def test_check_below_one_request_is_unsafe(capsys):
     report = load_report(FP8)
-    one = gates.one_request_bytes(report)
+    one = check.one_request_bytes(report)
     # 131,072 tokens x 6,304 bytes/token, in whole 64-token blocks
     assert one == 131072 * report.admission.bytes_per_token
     code, out, _ = run(capsys, "check", FP8, "--kv-cache-memory-bytes", str(one - 1))
@@ -233,7 +233,7 @@ def test_gates_import_neither_vllm_nor_torch():
     import subprocess
     import sys
 
-    code = ("import sys, worstcase_profiler.gates\n"
+    code = ("import sys, worstcase_profiler.commands.check, worstcase_profiler.commands.diff\n"
             "assert not {'vllm', 'torch'} & set(sys.modules), sorted(sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)

@@ -183,7 +183,7 @@ os.replace = replace
 
 def test_an_atomic_write_finishes_before_the_exit(tmp_path):
     p = _run(f"""
-        from worstcase_profiler.render.json_report import write_atomically
+        from worstcase_profiler.atomic_write import write_atomically
         with i.exit_at_once("x", 130):
             write_atomically(Path({str(tmp_path / 'r.json')!r}), "complete")
             print("not reached", flush=True)

@@ -427,7 +427,8 @@ def test_wcprof_flags_override_the_section_and_its_defaults_only_fill_gaps():
     """wcprof's section for the engine: --additional-config's keys, its flags on top, and its
     own run defaults (guard off, the CPU's 512 MiB KV cap) only where no source set them; a
     flag left at its default (--kv-audit) does not override WCPROF_CONFIG's kv_audit."""
-    from worstcase_profiler.cli import _settings, parse_ours
+    from worstcase_profiler.commands.profile import _settings
+    from worstcase_profiler.commands.profile_options import parse_ours
     from worstcase_profiler.settings import given_keys, load
 
     ns = parse_ours([])
@@ -463,7 +464,7 @@ def test_a_model_directory_without_weights_is_refused_unless_dummy(tmp_path):
                                             ("6442450944", 6 * GiB), ("512MiB", 512 << 20)])
 def test_profile_takes_the_kv_cache_size_in_the_units_check_takes(value, expected):
     """Issue 39: `wcprof check` read --kv-cache-memory-bytes 6GiB, profile refused it."""
-    from worstcase_profiler.cli import with_flag_value
+    from worstcase_profiler.commands.profile_options import with_flag_value
 
     sizes = preflight.check_profile(model=None, outputs={}, kv_cache_memory_bytes=value,
                                     environ={})

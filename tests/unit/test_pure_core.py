@@ -13,7 +13,7 @@ import worstcase_profiler.core as core
 CORE = sorted(f"worstcase_profiler.core.{m.name}" for m in pkgutil.iter_modules(core.__path__))
 RENDER = ["worstcase_profiler.render", "worstcase_profiler.render.json_report",
           "worstcase_profiler.render.terminal", "worstcase_profiler.render.view",
-          "worstcase_profiler.gates"]
+          "worstcase_profiler.commands.check", "worstcase_profiler.commands.diff"]
 
 
 def _imported_after(modules: list[str]) -> set[str]:

@@ -22,12 +22,11 @@ import hashlib
 import hmac
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..interrupts import uninterrupted
+from ..atomic_write import write_atomically
 from .codec import decode, encode
 from .types import SweepResult, WarmupEstimate
 
@@ -187,16 +186,6 @@ class SweepCache:
 
     def store(self, entry: CacheEntry) -> Path:
         entry = entry.signed(self.secret)
-        self.directory.mkdir(parents=True, exist_ok=True)
         target = self.path(entry.key)
-        with uninterrupted():  # wcprof's Ctrl-C waits for the rename (interrupts.py)
-            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{entry.key}.",
-                                       suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(entry.to_json())
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        write_atomically(target, entry.to_json())  # a Ctrl-C waits for the rename
         return target

@@ -4,14 +4,13 @@ crash or full disk never leaves a half-written report that a later `wcprof diff`
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from worstcase_profiler.atomic_write import write_atomically
 from worstcase_profiler.errors import ConfigError
 from worstcase_profiler.report import SCHEMA_VERSION, Report
 
@@ -30,57 +29,6 @@ def emit_text(text: str, dest: Any) -> None:
         dest.write(text)
     else:
         write_atomically(Path(dest), text)
-
-
-def write_atomically(path: Path, data: str | bytes) -> None:
-    """Temp file in the same directory, fsync, os.replace: the destination is either the old
-    file or the complete new one, never a prefix, and a Ctrl-C leaves no temp file behind."""
-    from ..interrupts import uninterrupted
-
-    from ..errors import OutputError
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with uninterrupted():
-            _write_and_replace(path, data)
-    except OutputError:
-        raise
-    except OSError as e:  # a full disk, a read-only mount: the operator's, naming the path
-        raise OutputError.writing(path, e) from e
-    _fsync_dir(path.parent)
-
-
-def _write_and_replace(path: Path, data: str | bytes) -> None:
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    binary = isinstance(data, bytes)
-    try:
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as tmp:
-            # mkstemp makes the file 0600; keep the old file's mode, else the usual 0644.
-            os.fchmod(tmp.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
-            tmp.write(data)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable; best effort (not every platform can open a directory)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _major(version: str) -> str:

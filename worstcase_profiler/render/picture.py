@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..errors import ConfigError
 from ..report import Report, Shape, StepResult, Verdict
@@ -546,10 +545,3 @@ def figure_bytes(report: Report, fmt: str) -> bytes:
             fig.savefig(buf, format=fmt, metadata={"Date": None}, bbox_inches="tight",
                         pad_inches=0.25, facecolor="white")
     return buf.getvalue()
-
-
-def write_bytes_atomically(path: Path, data: bytes) -> None:
-    """A crash never leaves half a picture (same mechanism as the JSON report)."""
-    from worstcase_profiler.render.json_report import write_atomically
-
-    write_atomically(path, data)

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from worstcase_profiler.render.picture import figure_bytes, write_bytes_atomically
+from worstcase_profiler.atomic_write import write_atomically
+from worstcase_profiler.render.picture import figure_bytes
 from worstcase_profiler.report import Report
 
 
@@ -20,4 +21,4 @@ class PngReporter:
         elif hasattr(dest, "write"):
             dest.write(data)
         else:
-            write_bytes_atomically(Path(dest), data)
+            write_atomically(Path(dest), data)

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .core.cache import CacheEntry, SweepCache, cache_dir
-from .errors import ArgParser, ConfigError
+from ..core.cache import CacheEntry, SweepCache, cache_dir
+from ..errors import ArgParser, ConfigError
 
 
 def _local() -> SweepCache:
@@ -42,9 +42,10 @@ def _entries(directory: Path, secret: str | None) -> tuple[list[tuple[Path, Cach
     return good, bad
 
 
-def main(argv: list[str]) -> int:
-    parser = ArgParser(prog="wcprof cache", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="verb", required=True)
+def parser() -> ArgParser:
+    """`wcprof cache`'s verbs and their arguments."""
+    p = ArgParser(prog="wcprof cache", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="verb", required=True)
     sub.add_parser("list", help="the entries of this host's cache ($WCPROF_CACHE_DIR)")
     helps = {"export": ("copy this host's entries into DIRECTORY as written (with "
                         "$WCPROF_CACHE_SECRET set, only those signed with it)",
@@ -57,7 +58,11 @@ def main(argv: list[str]) -> int:
     for verb, (text, arg) in helps.items():
         sub.add_parser(verb, help=text, description=text).add_argument("directory", type=Path,
                                                                        help=arg)
-    ns = parser.parse_args(argv)
+    return p
+
+
+def run(argv: list[str]) -> int:
+    ns = parser().parse_args(argv)
     local = _local()
     secret = local.secret
     if ns.verb == "list":
@@ -82,7 +87,7 @@ def main(argv: list[str]) -> int:
             hint="with $WCPROF_CACHE_SECRET set only entries signed with that secret are read; "
                  "`wcprof cache list` shows what this host's cache holds")
     dst.mkdir(parents=True, exist_ok=True)
-    from .render.json_report import write_atomically
+    from ..atomic_write import write_atomically
 
     for path, _ in good:  # as written (its signature included), never half a file
         write_atomically(dst / path.name, path.read_bytes())

@@ -1,17 +1,12 @@
-"""CI gates over JSON reports: `wcprof diff` (did memory get worse between two runs?) and
-`wcprof check` (is this --kv-cache-memory-bytes value safe for the engine a report describes?).
+"""`wcprof diff OLD.json NEW.json [--max-increase 5%] [--metric NAME]...`: did worst-case memory
+get worse between two reports? The gated metrics (METRICS) and their rule (judge) are also
+`wcprof gate`'s.
 
-Both read reports only (no engine, no vLLM, no torch), so they run anywhere CI does.
+Reads reports only (no engine, no vLLM, no torch), so it runs anywhere CI does.
 
-Exit codes, both subcommands:
-  0  diff: no gated metric got worse by more than the threshold.
-     check: the value is safe (one request at max_model_len <= value <= the worst-case budget).
-  1  diff: at least one gated metric got worse by more than the threshold.
-     check: the value is over the budget, below one request at max_model_len, the
-     configuration does not fit at all, or the report's KV audit found the engine allocating
-     more KV than it is given (the flag alone then bounds nothing).
-  2  bad input: a missing file, a file that is not a wcprof report, a bad threshold, metric or
-     size (raised as errors.ConfigError; cli.main prints the one-line message).
+Exit codes: 0 no gated metric got worse by more than the threshold; 1 at least one did; 2 bad
+input: a missing file, a file that is not a wcprof report, a bad threshold or metric (raised as
+errors.ConfigError; cli.main prints the one-line message).
 """
 
 from __future__ import annotations
@@ -24,10 +19,10 @@ from typing import Callable, Literal
 from rich.console import Console
 from rich.table import Table
 
-from .core.admission import bytes_for_one_request
-from .errors import ArgParser, ConfigError
-from .report import Report
-from .sizes import fmt_bytes, fmt_tokens
+from ..errors import ArgParser, ConfigError
+from ..report import Report
+from ..sizes import fmt_bytes, fmt_tokens
+
 
 Better = Literal["lower", "higher"]
 
@@ -66,6 +61,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in [
     Metric("stock_oom", "stock runs out at ctx", "higher", "tokens", _stock_oom,
            gated_by_default=False),
 ]}
+
+
 DEFAULT_GATED = [m.name for m in METRICS.values() if m.gated_by_default]
 
 
@@ -153,13 +150,14 @@ def _fmt_change(metric: Metric, old: int, new: int) -> str:
     return absolute if delta else "0"
 
 
-def _load(path: str) -> Report:
-    from .render.json_report import load_report
+def load(path: str) -> Report:
+    """A saved report (ConfigError, exit 2, when it is missing or not a wcprof report)."""
+    from ..render.json_report import load_report
 
     return load_report(path)
 
 
-def _config_differences(old: Report, new: Report) -> list[str]:
+def config_differences(old: Report, new: Report) -> list[str]:
     keys = ("model", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
             "tensor_parallel_size")
     a, b = dataclasses.asdict(old.config), dataclasses.asdict(new.config)
@@ -169,26 +167,31 @@ def _config_differences(old: Report, new: Report) -> list[str]:
     return out
 
 
-def diff_main(argv: list[str]) -> int:
+def parser() -> ArgParser:
+    """`wcprof diff`'s flags."""
+    p = ArgParser(prog="wcprof diff",
+                  description="fail CI when worst-case memory got worse between two reports")
+    p.add_argument("old", metavar="OLD.json")
+    p.add_argument("new", metavar="NEW.json")
+    p.add_argument("--max-increase", default="5%", metavar="PCT",
+                   help="largest tolerated worsening, relative to OLD (default 5%%)")
+    p.add_argument("--metric", action="append", metavar="NAME",
+                   help=f"metric(s) to gate, repeatable or comma-separated: "
+                        f"{', '.join(METRICS)}, all (default: {', '.join(DEFAULT_GATED)})")
+    return p
+
+
+def run(argv: list[str]) -> int:
     """wcprof diff OLD.json NEW.json [--max-increase 5%] [--metric NAME[,NAME]]...
 
     Compares the worst-case figures of two reports. A gated metric fails when it got worse by
     more than --max-increase, relative to OLD: peak, workspace and need fail when they grow;
     kv_flag, kv_tokens and stock_oom fail when they shrink. Exit 0: nothing gated got worse by
     more than the threshold; 1: something did; 2: bad input (see the module docstring)."""
-    parser = ArgParser(prog="wcprof diff",
-                     description="fail CI when worst-case memory got worse between two reports")
-    parser.add_argument("old", metavar="OLD.json")
-    parser.add_argument("new", metavar="NEW.json")
-    parser.add_argument("--max-increase", default="5%", metavar="PCT",
-                        help="largest tolerated worsening, relative to OLD (default 5%%)")
-    parser.add_argument("--metric", action="append", metavar="NAME",
-                        help=f"metric(s) to gate, repeatable or comma-separated: "
-                             f"{', '.join(METRICS)}, all (default: {', '.join(DEFAULT_GATED)})")
-    ns = parser.parse_args(argv)
+    ns = parser().parse_args(argv)
     threshold = parse_threshold(ns.max_increase)
     gated = parse_metrics(ns.metric)
-    old, new = _load(ns.old), _load(ns.new)
+    old, new = load(ns.old), load(ns.new)
 
     table = Table(title=f"wcprof diff (gate: worse by more than {100 * threshold:g}%)",
                   title_justify="left")
@@ -208,7 +211,7 @@ def diff_main(argv: list[str]) -> int:
                       _fmt_change(metric, a, b), verdict)
     console = Console(soft_wrap=True, highlight=False)
     console.print(table)
-    for line in _config_differences(old, new):
+    for line in config_differences(old, new):
         console.print(f"[yellow]note: the reports differ in {line}[/]")
     if old.verdict != new.verdict:
         console.print(f"verdict: {old.verdict} -> {new.verdict}")
@@ -217,67 +220,4 @@ def diff_main(argv: list[str]) -> int:
                       f"{100 * threshold:g}%")
         return 1
     console.print(f"[green]ok[/]: no gated metric got worse by more than {100 * threshold:g}%")
-    return 0
-
-
-def one_request_bytes(report: Report) -> int:
-    """KV bytes one request at max_model_len needs (whole blocks when the block size is known),
-    as the admission computes it."""
-    adm, cfg = report.admission, report.config
-    return bytes_for_one_request(adm.bytes_per_token, cfg.block_size or 1, cfg.max_model_len)
-
-
-def check_main(argv: list[str]) -> int:
-    """wcprof check REPORT.json --kv-cache-memory-bytes N   (or --kv-cache-memory 60GiB)
-
-    Safe (exit 0) when one request at max_model_len <= N <= the report's worst-case budget
-    (admission.budget_bytes). Otherwise exit 1, saying by how much N is off and what to pass
-    instead. Exit 2: bad input."""
-    parser = ArgParser(prog="wcprof check",
-                     description="is this --kv-cache-memory-bytes value safe for the engine the "
-                                 "report describes?")
-    parser.add_argument("report", metavar="REPORT.json")
-    parser.add_argument("--kv-cache-memory-bytes", "--kv-cache-memory", dest="kv", required=True,
-                        metavar="N", help="bytes, vLLM's notation (4G = 4 GiB, 4g = 4e9), or a "
-                                            "size such as 60GiB")
-    ns = parser.parse_args(argv)
-    from .preflight import kv_bytes_as_vllm_reads
-
-    value = kv_bytes_as_vllm_reads(ns.kv)
-    report = _load(ns.report)
-    adm, cfg = report.admission, report.config
-    budget, recommended = adm.budget_bytes, adm.recommended_kv_cache_memory_bytes
-    need_one = one_request_bytes(report)
-    console = Console(soft_wrap=True, highlight=False)
-    shown = f"--kv-cache-memory-bytes {value} ({fmt_bytes(value)})"
-    mml = f"max_model_len={fmt_tokens(cfg.max_model_len)}"
-    where = (f"report: {cfg.model}, {mml}, "
-             f"max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}")
-
-    if budget < need_one:
-        console.print(f"[bold red]unsafe[/]: {shown}: nothing fits. After the worst-case step the "
-                      f"KV budget is {fmt_bytes(budget)}; one request at {mml} needs "
-                      f"{fmt_bytes(need_one)}. Lower --max-model-len or --max-num-batched-tokens, "
-                      f"or give the engine more memory ({where}).")
-        return 1
-    if report.kv_audit is not None and report.kv_audit.verdict != "ok":
-        console.print(f"[bold red]unsafe[/]: the report's KV audit found the engine allocating "
-                      f"{fmt_bytes(report.kv_audit.allocated_bytes)} of KV for a budget of "
-                      f"{fmt_bytes(report.kv_audit.budget_bytes)} (x{report.kv_audit.ratio:.2f}), "
-                      f"so {shown} does not bound what it allocates: "
-                      f"{report.kv_audit.message}")
-        return 1
-    if value > budget:
-        console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(value - budget)} over the "
-                      f"worst-case budget {fmt_bytes(budget)}; use --kv-cache-memory-bytes "
-                      f"{recommended} ({fmt_bytes(recommended)}) or less ({where}).")
-        return 1
-    if value < need_one:
-        console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(need_one - value)} short of one "
-                      f"request at {mml} ({fmt_bytes(need_one)}); use at least "
-                      f"--kv-cache-memory-bytes {need_one}, at most {recommended} ({where}).")
-        return 1
-    console.print(f"[bold green]safe[/]: {shown} is within the worst-case budget "
-                  f"{fmt_bytes(budget)} ({fmt_bytes(budget - value)} to spare) and holds one "
-                  f"request at {mml} ({fmt_bytes(need_one)}); {where}.")
     return 0

@@ -16,7 +16,8 @@ screen rather than described.
 
 from __future__ import annotations
 
-from .errors import ConfigError
+from ..errors import ConfigError
+
 
 COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
           "--gpu-memory-utilization", "0.25"]
@@ -75,10 +76,10 @@ def scenario_args(name: str) -> list[str]:
     return ["--model", fixture_dir(fixture), *COMMON, *args]
 
 
-def run_demo(argv: list[str]) -> int:
+def run(argv: list[str]) -> int:
     from rich.console import Console
 
-    from .cli import profile
+    from . import profile
 
     if not argv or argv[0] in ("-h", "--help"):
         print(demo_help())
@@ -86,4 +87,4 @@ def run_demo(argv: list[str]) -> int:
     name, rest = argv[0], argv[1:]
     args = scenario_args(name)  # an unknown name or missing fixtures: one error line, no banner
     Console().rule(f"wcprof demo {name}: {SCENARIOS[name][2]}")
-    return profile(args + rest)
+    return profile.run(args + rest)

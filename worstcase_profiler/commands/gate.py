@@ -17,10 +17,11 @@ at the top level or under a `configs:` key.
 
 For each configuration the gate runs `wcprof ARGS --json OUT/NAME.json --html OUT/NAME.html
 --quiet` in a subprocess (its output goes to OUT/NAME.log) and compares the report with
-BASELINE/NAME.json exactly as `wcprof diff` does (gates.judge): a gated
+BASELINE/NAME.json exactly as `wcprof diff` does (diff.judge): a gated
 metric that got worse by more than --max-increase fails the configuration. It writes a markdown
 table to OUT/summary.md, and appends it to $GITHUB_STEP_SUMMARY when that is set. Every file is
-written to a temporary name first and renamed, so OUT never holds a half-written file.
+written to a temporary name first and renamed (atomic_write.py), so OUT never holds a
+half-written file.
 
 Per configuration: PASS, FAIL (a gated metric got worse by more than the threshold), NEW (no
 baseline yet; passes unless --require-baseline) or ERROR (wcprof exited non-zero -- it found the
@@ -54,31 +55,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
-from .errors import ArgParser, ConfigError
-from .gates import (
-    DEFAULT_GATED,
-    METRICS,
-    _config_differences,
-    _load,
-    judge,
-    parse_metrics,
-    parse_threshold,
-    worsening,
-)
-from .report import Report
-from .sizes import fmt_bytes, fmt_tokens
+from ..atomic_write import write_atomically
+from ..errors import ArgParser, ConfigError
+from ..report import Report
+from ..sizes import fmt_bytes, fmt_tokens
+from .diff import (DEFAULT_GATED, METRICS, config_differences, judge, load, parse_metrics,
+                   parse_threshold, worsening)
+
 
 GateVerdict = Literal["PASS", "FAIL", "NEW", "ERROR"]
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+
+
 # `name:` at the start of a line, followed by whitespace or the end of the line. Arguments always
 # start with `-`, so a first token that does not and ends in ':' can only be a name.
 _PREFIX_RE = re.compile(r"\s*([^\s-][^\s:]*(?:\s+[^\s:]+)*):(?=\s|$)")
+
 _SET_BY_GATE = ("--json", "--html")
+
 WCPROF_EXIT = {1: "measured unsafe: a validation above its prediction, or a KV over-commit "
                   "started anyway", 2: "bad input", 3: "does not fit", 4: "unsupported model",
                5: "KV over-commit", 70: "internal error", 130: "interrupted"}
-"""Short labels of cli.EXIT_CODES (docs/faq.md#exit-codes), for a profile that failed."""
+"""Short labels of errors.EXIT_CODES (docs/faq.md#exit-codes), for a profile that failed."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +115,6 @@ class Outcome:
     accepted: bool = False
 
 
-# ------------------------------------------------------------------------------ configs file
-
 def _derive_name(args: list[str]) -> str:
     model = None
     for i, a in enumerate(args):
@@ -133,9 +130,9 @@ def _derive_name(args: list[str]) -> str:
 
 
 def _check_args(args: list[str], where: str) -> None:
-    from .cli import SUBCOMMANDS
+    from . import COMMANDS
 
-    if args and args[0] in SUBCOMMANDS and args[0] != "profile":  # profile is what the gate runs
+    if args and args[0] in COMMANDS and args[0] != "profile":  # profile is what the gate runs
         raise ConfigError(f"{where}: `{args[0]}` is a wcprof subcommand; a config line holds the "
                           f"arguments of one profile run (engine flags such as --model)")
     for a in args:
@@ -247,14 +244,6 @@ def load_configs(path: str | Path) -> list[GateConfig]:
     return configs
 
 
-# ------------------------------------------------------------------------------ files
-
-def _write_atomically(path: Path, data: str | bytes) -> None:
-    from .render.json_report import write_atomically
-
-    write_atomically(path, data)
-
-
 def _prepare_dir(path: Path, what: str) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -264,8 +253,6 @@ def _prepare_dir(path: Path, what: str) -> None:
     except OSError as e:
         raise ConfigError(f"cannot write to the {what} {path}: {e.strerror or e}") from None
 
-
-# ------------------------------------------------------------------------------ running
 
 def _last_line(log_path: Path) -> str:
     try:
@@ -358,7 +345,7 @@ def _profile(config: GateConfig, out: Path, runner: Runner) -> tuple[RunResult, 
     report, problem = None, None
     if finals["json"].exists():
         try:
-            report = _load(str(finals["json"]))
+            report = load(str(finals["json"]))
         except ConfigError as e:
             problem = e.message
     else:
@@ -371,7 +358,7 @@ def _compare(outcome: Outcome, gated: list[str], threshold: float) -> None:
     assert old is not None and new is not None
     outcome.failed, outcome.worst = judge(old, new, gated, threshold)
     outcome.gate = "FAIL" if outcome.failed else "PASS"
-    for line in _config_differences(old, new):
+    for line in config_differences(old, new):
         outcome.notes.append(f"the reports differ in {line}")
 
 
@@ -405,8 +392,6 @@ def _gate_one(config: GateConfig, baseline: Report | None, out: Path, runner: Ru
     _compare(outcome, gated, threshold)
     return outcome
 
-
-# ------------------------------------------------------------------------------ summary
 
 def _pct(fraction: float) -> str:
     """+12.34% (worse), -1.20% (better), 0.00%."""
@@ -497,9 +482,8 @@ def render_summary(outcomes: list[Outcome], *, threshold: float, gated: list[str
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------------------ main
-
-def _parser() -> argparse.ArgumentParser:
+def parser() -> argparse.ArgumentParser:
+    """`wcprof gate`'s flags."""
     p = ArgParser(prog="wcprof gate",
                 description="profile each configuration of CONFIGS and fail when one got worse "
                             "than its baseline report")
@@ -525,15 +509,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
-    """Run the gate. `runner` replaces the subprocess that runs wcprof (tests inject a fake).
-    Bad input raises ConfigError (cli.main prints it and exits 2)."""
-    ns = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    threshold = parse_threshold(ns.max_increase)
-    gated = parse_metrics(ns.metric)
-    if ns.timeout <= 0:
-        raise ConfigError(f"bad --timeout {ns.timeout:g}: use a positive number of seconds")
-    configs = load_configs(ns.configs)
+def _directories(ns: argparse.Namespace) -> tuple[Path, Path]:
+    """OUT and BASELINE, checked and made writable before anything is profiled; OUT loses the
+    last run's summary (a run that dies must not leave it)."""
     out, baseline_dir = Path(ns.out), Path(ns.baseline)
     if baseline_dir.exists() and not baseline_dir.is_dir():
         raise ConfigError(f"--baseline {baseline_dir} is not a directory")
@@ -542,47 +520,37 @@ def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
                           hint="the gate would overwrite the baselines it compares against; "
                                "use --accept to update them")
     _prepare_dir(out, "output directory")
-    (out / "summary.md").unlink(missing_ok=True)  # a run that dies must not leave the last one's
+    (out / "summary.md").unlink(missing_ok=True)
     if ns.accept:
         _prepare_dir(baseline_dir, "baseline directory")
-    baselines: dict[str, Report | None] = {}
-    for c in configs:  # every baseline is read before the first (long) profile run
-        path = baseline_dir / f"{c.name}.json"
-        baselines[c.name] = _load(str(path)) if path.exists() else None
-    runner = runner or subprocess_runner(ns.timeout)
+    return out, baseline_dir
 
-    err = sys.stderr
-    outcomes: list[Outcome] = []
-    for i, config in enumerate(configs, 1):
-        o = _gate_one(config, baselines[config.name], out, runner, gated, threshold)
-        outcomes.append(o)
-        detail = ""
-        if o.new is not None:
-            need_old = fmt_bytes(METRICS["need"].read(o.old)) + " → " if o.old is not None else ""
-            detail = f" need {need_old}{fmt_bytes(METRICS['need'].read(o.new))}"
-        if o.worst is not None:
-            detail += f", worst change {_pct(o.worst[1])} {o.worst[0]}"
-        if o.gate == "ERROR" and o.notes:
-            detail += f" -- {o.notes[0]}"
-        print(f"wcprof gate [{i}/{len(configs)}] {config.name}: {o.gate} in {o.seconds:.0f}s"
-              f"{detail}", file=err, flush=True)
 
-    if ns.accept:
-        for o in outcomes:
-            if o.gate != "ERROR":
-                data = (out / f"{o.config.name}.json").read_bytes()
-                _write_atomically(baseline_dir / f"{o.config.name}.json", data)
-                o.accepted = True
-    failing = [o for o in outcomes
-               if o.gate == "ERROR"
-               or (o.gate == "FAIL" and not o.accepted)
-               or (o.gate == "NEW" and ns.require_baseline and not o.accepted)]
-    code = 1 if failing else 0
+def _progress(i: int, n: int, o: Outcome) -> str:
+    """One configuration's line on stderr, as soon as it is gated."""
+    detail = ""
+    if o.new is not None:
+        need_old = fmt_bytes(METRICS["need"].read(o.old)) + " → " if o.old is not None else ""
+        detail = f" need {need_old}{fmt_bytes(METRICS['need'].read(o.new))}"
+    if o.worst is not None:
+        detail += f", worst change {_pct(o.worst[1])} {o.worst[0]}"
+    if o.gate == "ERROR" and o.notes:
+        detail += f" -- {o.notes[0]}"
+    return f"wcprof gate [{i}/{n}] {o.config.name}: {o.gate} in {o.seconds:.0f}s{detail}"
 
-    summary = render_summary(outcomes, threshold=threshold, gated=gated,
-                             baseline_dir=str(baseline_dir), exit_code=code,
-                             require_baseline=ns.require_baseline, accept=ns.accept)
-    _write_atomically(out / "summary.md", summary)
+
+def _accept(outcomes: list[Outcome], out: Path, baseline_dir: Path) -> None:
+    """--accept: every report that profiled cleanly becomes its configuration's baseline."""
+    for o in outcomes:
+        if o.gate != "ERROR":
+            data = (out / f"{o.config.name}.json").read_bytes()
+            write_atomically(baseline_dir / f"{o.config.name}.json", data)
+            o.accepted = True
+
+
+def _publish(summary: str, out: Path) -> None:
+    """OUT/summary.md, and the job summary when $GITHUB_STEP_SUMMARY names one."""
+    write_atomically(out / "summary.md", summary)
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if step_summary:
         try:
@@ -590,14 +558,40 @@ def main(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
                 f.write(summary + "\n")
         except OSError as e:
             print(f"wcprof gate: could not append to $GITHUB_STEP_SUMMARY: {e.strerror or e}",
-                  file=err)
+                  file=sys.stderr)
+
+
+def run(argv: list[str] | None = None, *, runner: Runner | None = None) -> int:
+    """Run the gate. `runner` replaces the subprocess that runs wcprof (tests inject a fake).
+    Bad input raises ConfigError (cli.main prints it and exits 2)."""
+    ns = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    threshold = parse_threshold(ns.max_increase)
+    gated = parse_metrics(ns.metric)
+    if ns.timeout <= 0:
+        raise ConfigError(f"bad --timeout {ns.timeout:g}: use a positive number of seconds")
+    configs = load_configs(ns.configs)
+    out, baseline_dir = _directories(ns)
+    baselines: dict[str, Report | None] = {}
+    for c in configs:  # every baseline is read before the first (long) profile run
+        path = baseline_dir / f"{c.name}.json"
+        baselines[c.name] = load(str(path)) if path.exists() else None
+    runner = runner or subprocess_runner(ns.timeout)
+
+    outcomes: list[Outcome] = []
+    for i, config in enumerate(configs, 1):
+        outcomes.append(_gate_one(config, baselines[config.name], out, runner, gated, threshold))
+        print(_progress(i, len(configs), outcomes[-1]), file=sys.stderr, flush=True)
+    if ns.accept:
+        _accept(outcomes, out, baseline_dir)
+    failing = [o for o in outcomes
+               if o.gate == "ERROR"
+               or (o.gate == "FAIL" and not o.accepted)
+               or (o.gate == "NEW" and ns.require_baseline and not o.accepted)]
+    code = 1 if failing else 0
+    _publish(render_summary(outcomes, threshold=threshold, gated=gated,
+                            baseline_dir=str(baseline_dir), exit_code=code,
+                            require_baseline=ns.require_baseline, accept=ns.accept), out)
     verdict = "PASS" if code == 0 else "FAIL"
     print(f"wcprof gate: {verdict}: " + ", ".join(f"{o.config.name} {o.gate}" for o in outcomes)
-          + f"; summary in {out / 'summary.md'}", file=err, flush=True)
+          + f"; summary in {out / 'summary.md'}", file=sys.stderr, flush=True)
     return code
-
-
-if __name__ == "__main__":
-    from .cli import main as _cli_main
-
-    sys.exit(_cli_main(["gate", *sys.argv[1:]]))
