@@ -95,8 +95,8 @@ def test_the_kv_audit_names_every_deepseek_v4_cache_within_its_plan(dsv4):
     assert audit["verdict"] == "ok" and 0.99 <= audit["ratio"] <= 1.0, audit
     assert audit["budget_bytes"] == KV_BYTES and audit["allocated_bytes"] <= KV_BYTES, audit
     planned = [g for g in audit["groups"] if g["declared_bytes"] > 0]
-    for g in planned:
-        assert g["verdict"] == "ok" and g["allocated_bytes"] <= g["declared_bytes"], g
+    for g in planned:  # a group of several layers' caches planned at their pages once each
+        assert g["verdict"] == "ok" and 0.95 <= g["ratio"] <= 1.0, g
         assert not g["unplanned_layers"] and not g["drafter_layers"], g
     expected = set()
     for i, ratio in enumerate(_cfg()["compress_ratios"][:_cfg()["num_hidden_layers"]]):
