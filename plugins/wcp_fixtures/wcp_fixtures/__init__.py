@@ -104,4 +104,9 @@ def register() -> None:
         from . import loaders
 
         loaders.register()
+    dsv4 = os.environ.get("WCP_FIXTURES_DSV4_CPU")  # = the engine's max_model_len (dsv4_cpu.py)
+    if dsv4:
+        from . import dsv4_cpu
+
+        dsv4_cpu.install(max_model_len=int(dsv4))
     _registered = True
