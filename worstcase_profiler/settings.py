@@ -52,8 +52,9 @@ class ProfilerSettings:
     uses it so a report run does not fill a CPU host with a KV cache nobody will use."""
     sweep_depth: Literal["auto", "full", "cut-down", "prove"] = "auto"
     """cut-down: every shape on one decoder layer of each kind, the worst confirmed on the full
-    model; full: every shape on the whole model; auto: cut-down for the model families where it
-    was proven to pick the same worst step as the full sweep (sweep_depth.CUT_DOWN_PROVEN); prove:
+    model; full: every shape on the whole model; auto: cut-down, self-checked on this model (a
+    full-model sample of every shape class; the full sweep where one disagrees beyond the
+    meter's resolution: core/sweep.run_self_checked), on CUDA and the CPU; prove:
     both, the full one admitted, and the report says whether the cut-down one agreed."""
     progress: bool = True
     cache_dir: str | None = None
