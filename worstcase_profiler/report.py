@@ -94,8 +94,8 @@ class WorstCase(BaseModel):
         default_factory=list, description="shapes this runner cannot build, each with why")
     cut_down_proof: CutDownProof | None = Field(
         None, description="--sweep-depth prove: the cut-down sweep compared with the full one; "
-        "--sweep-depth auto: the cut-down sweep's self-check (kept, or fell back to the full "
-        "sweep), also on a start that reused it from the sweep cache")
+        "--sweep-depth self-check (auto on CUDA): the cut-down sweep's self-check (kept, or fell "
+        "back to the full sweep), also on a start that reused it from the sweep cache")
 
     @property
     def need_bytes(self) -> int:

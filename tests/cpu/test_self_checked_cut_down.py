@@ -1,4 +1,4 @@
-"""sweep_depth=auto's self-checked cut-down sweep on a real (CPU) engine, against the adversary:
+"""sweep_depth=self-check (auto's choice on CUDA) on a real (CPU) engine, against the adversary:
 the deepdecode fixture (plugins/wcp_fixtures), whose layer 1 (the one the cut decoder drops)
 allocates a transient on pure-decode steps of 3+ requests only. The cut-down sweep alone never
 sees it; the self-check's decode sample does, and the full sweep runs and is admitted."""
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.engine
 MiB = 1 << 20
 ARGS = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
         "--gpu-memory-utilization", "0.25", "--max-model-len", "2048",
-        "--max-num-batched-tokens", "256", "--max-num-seqs", "4"]
+        "--max-num-batched-tokens", "256", "--max-num-seqs", "4", "--sweep-depth", "self-check"]
 
 
 def test_the_self_check_catches_a_deep_layer_that_sets_the_decode_peak(tmp_path):

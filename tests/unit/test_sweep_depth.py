@@ -20,10 +20,15 @@ def test_auto_self_checks_every_family_and_the_explicit_settings_are_taken_as_as
     assert depth == "self-check" and "lab-proven for NewForCausalLM: run N" in why
 
 
-def test_auto_self_checks_on_the_cpu_and_sweeps_whole_where_no_meter_resolution_is_known():
-    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: True,
+def test_auto_self_checks_on_cuda_only_and_self_check_where_the_meter_resolution_is_known():
+    """The CPU: auto sweeps whole (the same admission on every start), self-check is asked."""
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True, device_kind="cpu")
+    assert depth == "full" and "not on cpu" in why and "noise" in why
+    assert sweep_depth("self-check", "NewForCausalLM", eager=lambda: True,
                        device_kind="cpu")[0] == "self-check"
     depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True, device_kind="rocm")
+    assert depth == "full" and "not on rocm" in why and "not known" in why
+    depth, why = sweep_depth("self-check", "NewForCausalLM", eager=lambda: True, device_kind="rocm")
     assert depth == "full" and "not on rocm" in why
     assert sweep_depth("cut-down", "NewForCausalLM", eager=lambda: True,
                        device_kind="rocm")[0] == "cut-down"

@@ -49,25 +49,40 @@ Same form and check as CUT_DOWN_PROVEN. Scope: vLLM 0.32's V2 runner, TP=1, FA3 
 SELF_CHECK_DEVICES = ("cuda", "cpu")
 """The meters the self-check's resolution is known for (adapter/meters.py): CUDA's allocator
 counts (1 MiB resolution, 2 MiB allocator slack) and the CPU's RSS high-water mark (512 KiB, the
-mmap threshold's page granularity). Elsewhere (ROCm, ...) auto sweeps the full model."""
+mmap threshold's page granularity). sweep_depth=self-check runs on these; elsewhere (ROCm, ...)
+it sweeps the full model."""
+
+AUTO_SELF_CHECK_DEVICES = ("cuda",)
+"""Where auto self-checks. Not on the CPU: its meter reads the cut decoder's stock step 1-2 MB
+apart from one start to the next, and the cut-down figure raises every unconfirmed shape by that
+difference, so two starts of one configuration would admit different KV (a restart of the tiny
+model read 4,780,032 B against 6,836,224 B). The full sweep reads the stock step three times and
+admits the same figure; sweep_depth=self-check asks for the self-check there."""
 
 
 def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
                 device_kind: str = "cuda", runner: str = "v2",
                 tensor_parallel_size: int = 1) -> tuple[str, str]:
-    """("full" | "cut-down" | "prove" | "self-check", why). auto: the self-checked cut-down
+    """("full" | "cut-down" | "prove" | "self-check", why). self-check: the self-checked cut-down
     sweep on every family (core/sweep.run_self_checked: it falls back to the full sweep itself
     when this model's samples contradict the cut-down assumption), on the devices whose meter
-    resolution is known (SELF_CHECK_DEVICES); cut-down and prove are taken as asked (prove runs
+    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES),
+    full elsewhere; cut-down and prove are taken as asked (prove runs
     both, the full one admitted; cut-down on a compiled forward of a family no proof covered
     compiled says it is unproven). `eager` is asked only for cut-down (it walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
-    if setting == "auto" and device_kind not in SELF_CHECK_DEVICES:
+    if setting == "auto" and device_kind not in AUTO_SELF_CHECK_DEVICES:
+        why = ("its cut-down figure moves with the meter's noise between starts" if device_kind
+               in SELF_CHECK_DEVICES else "the meter's resolution is not known here")
+        return "full", (f"full: auto self-checks a cut-down sweep on "
+                        f"{' and '.join(AUTO_SELF_CHECK_DEVICES)} only, not on {device_kind} "
+                        f"({why}; sweep_depth=self-check or prove compares both)")
+    if setting == "self-check" and device_kind not in SELF_CHECK_DEVICES:
         return "full", (f"full: the cut-down sweep's self-check runs on "
                         f"{' and '.join(SELF_CHECK_DEVICES)} meters, not on {device_kind} "
                         "(sweep_depth=prove compares both here)")
-    if setting == "auto":
+    if setting in ("auto", "self-check"):
         proven = CUT_DOWN_PROVEN.get(model_class)
         return "self-check", ("cut-down, self-checked: the worst shapes and a sample of every "
                               "shape class confirmed on the full model, the full sweep if they "

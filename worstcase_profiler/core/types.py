@@ -161,7 +161,7 @@ class CutDownProof:
     prove`): the cut-down sweep beside the full one on the same engine, the full one admitted;
     proven when the cut-down sweep's worst shape is the full sweep's (or needs the same on the
     full model within the resolution), its confirmed peak equals the full sweep's within the
-    resolution, and it admits no less. `method` "self-check" (`--sweep-depth auto`): the
+    resolution, and it admits no less. `method` "self-check" (`--sweep-depth self-check`, auto on CUDA): the
     cut-down sweep, its worst shapes confirmed on the full model, and one sampled member of every
     shape class no confirmation covered measured on the full model too
     (sweep_depth.judge_self_check); proven when no sample's full-minus-cut difference exceeds
@@ -193,7 +193,7 @@ class CutDownProof:
                            "shapes by (self-check: before the samples)", default=0)
     method: Literal["prove", "self-check"] = doc(
         '"prove": both sweeps compared (sweep_depth=prove); "self-check": the cut-down sweep '
-        "checked by sampled full-model steps of every shape class (sweep_depth=auto)",
+        "checked by sampled full-model steps of every shape class (sweep_depth=self-check, auto on CUDA)",
         default="prove")
     sampled: tuple[Shape, ...] = doc("self-check: the shapes sampled on the full model, one per "
                                      "class no confirmation covered", default=())
