@@ -28,14 +28,16 @@ from .core.types import (Admission, Advice, CacheUse, CoveredSegment,  # noqa: E
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.8"
+SCHEMA_VERSION = "1.9"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
 # 1.6: validation.formed (the largest step the scheduler formed during the replay); 1.7: the
 # "quick" validation target (`--validate quick`); 1.8: kv_audit.groups' drafter_layers,
 # unplanned_layers, ratio and verdict (each KV group against its own plan); ChunkAdvice's derived
-# need_bytes and kv_cache_bytes no longer required; $defs Segment named CoveredSegment.
+# need_bytes and kv_cache_bytes no longer required; $defs Segment named CoveredSegment; 1.9:
+# cut_down_proof also carries sweep_depth=auto's self-check (method, sampled, fell_back; the
+# full_* figures null when no full sweep ran).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -91,7 +93,9 @@ class WorstCase(BaseModel):
     skipped_shapes: list[str] = Field(
         default_factory=list, description="shapes this runner cannot build, each with why")
     cut_down_proof: CutDownProof | None = Field(
-        None, description="--sweep-depth prove: the cut-down sweep compared with the full one")
+        None, description="--sweep-depth prove: the cut-down sweep compared with the full one; "
+        "--sweep-depth self-check (auto on CUDA): the cut-down sweep's self-check (kept, or fell "
+        "back to the full sweep), also on a start that reused it from the sweep cache")
 
     @property
     def need_bytes(self) -> int:

@@ -50,10 +50,12 @@ class ProfilerSettings:
     kv_cap_bytes: int | None = None
     """Give the engine at most this much KV (the report still states the full budget). wcprof
     uses it so a report run does not fill a CPU host with a KV cache nobody will use."""
-    sweep_depth: Literal["auto", "full", "cut-down", "prove"] = "auto"
+    sweep_depth: Literal["auto", "full", "cut-down", "self-check", "prove"] = "auto"
     """cut-down: every shape on one decoder layer of each kind, the worst confirmed on the full
-    model; full: every shape on the whole model; auto: cut-down for the model families where it
-    was proven to pick the same worst step as the full sweep (sweep_depth.CUT_DOWN_PROVEN); prove:
+    model; full: every shape on the whole model; auto: cut-down, self-checked on this model (a
+    full-model sample of every shape class; the full sweep where one disagrees beyond the
+    meter's resolution: core/sweep.run_self_checked) on CUDA, full elsewhere; self-check: that
+    self-checked sweep on any device whose meter resolution is known (the CPU too); prove:
     both, the full one admitted, and the report says whether the cut-down one agreed."""
     progress: bool = True
     cache_dir: str | None = None
@@ -152,8 +154,8 @@ def _coerce(key: str, value: Any) -> Any:
         raise ConfigError(f"{CONFIG_KEY}.kv_audit must be error, warn or off, got {value!r}")
     if key == "validate_on_start" and value not in ("off", "worst", "all"):
         raise ConfigError(f"{CONFIG_KEY}.validate_on_start must be off, worst or all, got {value!r}")
-    if key == "sweep_depth" and value not in ("auto", "full", "cut-down", "prove"):
-        raise ConfigError(f"{CONFIG_KEY}.sweep_depth must be auto, full, cut-down or prove, got "
+    if key == "sweep_depth" and value not in ("auto", "full", "cut-down", "self-check", "prove"):
+        raise ConfigError(f"{CONFIG_KEY}.sweep_depth must be auto, full, cut-down, self-check or prove, got "
                           f"{value!r}")
     return value
 

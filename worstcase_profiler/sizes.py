@@ -27,6 +27,12 @@ def fmt_bytes(n: int | float | None) -> str:
     return f"{sign}{int(a)} B"
 
 
+def fmt_deltas(deltas: dict[str, int]) -> str:
+    """Signed byte differences by name, e.g. "decode +0 B, stock -12.0 KiB" ("none": empty)."""
+    return ", ".join(f"{k} {'+' if d >= 0 else '-'}{fmt_bytes(abs(d))}"
+                     for k, d in deltas.items()) or "none"
+
+
 def parse_size(text: str | int) -> int:
     """'4GiB', '512MiB', '1.5G', '1073741824' -> bytes. Raises ValueError with the accepted forms."""
     if isinstance(text, int):

@@ -214,3 +214,25 @@ def test_an_unwritable_cache_directory_is_a_report_warning(read_only_dir):
     assert use.status == "off" and use.path is None
     assert len(warned) == 1 and str(directory) in warned[0]
     assert "WCPROF_CACHE_DIR" in warned[0] and "every start sweeps again" in warned[0]
+
+
+def test_the_self_checks_verdict_is_stored_signed_with_the_entry(tmp_path):
+    """sweep_depth=auto's verdict (kept or fell back, with the sampled differences) is part of
+    the signed entry: another host under the same secret reads it back as written, and a verdict
+    edited after signing (a fall-back turned into proven, say) makes the entry untrusted."""
+    from worstcase_profiler.core.types import CutDownProof
+
+    proof = CutDownProof(verdict="proven", depth="1 of 2 layers", full_worst=None,
+                         cut_worst=Shape("prefill", 64, 192, 1), full_peak_bytes=None,
+                         confirmed_peak_bytes=100, full_admitted_bytes=None,
+                         cut_admitted_bytes=120, resolution_bytes=512 << 10, full_seconds=None,
+                         cut_seconds=1.5, deltas={"decode": 0, "stock": 4096}, depth_delta=4096,
+                         method="self-check", sampled=(Shape("decode", 4, 252, 4),))
+    cache, other_host = SweepCache(tmp_path, secret="s3cret"), SweepCache(tmp_path, secret="s3cret")
+    key = cache_key(FACTS)
+    cache.store(_entry(_sweep(), key).replace(proof=proof))
+    assert other_host.load(key).proof == proof
+    data = json.loads(cache.path(key).read_text())
+    data["proof"]["deltas"]["decode"] = 1 << 30
+    cache.path(key).write_text(json.dumps(data))
+    assert other_host.load(key) is None

@@ -403,3 +403,106 @@ def test_a_cached_stock_worst_replayed_is_held_against_its_own_highest_reading()
     assert reused(cached, replay(1544192, 4132864), 512 * 1024).peak_bytes == cached.peak_bytes
     higher = reused(cached, replay(1544192, 4694016 + 3 * MiB), 512 * 1024).peak_bytes
     assert higher == cached.peak_bytes + 3 * MiB
+
+
+# --- sweep_depth=auto: the cut-down sweep's self-check (issue 34) ----------------------------
+
+
+def _self_checked(drv, resolution=MiB):
+    from worstcase_profiler.core.sweep import run_self_checked
+
+    return run_self_checked(drv, resolution=resolution, tolerance=0, attribute_ops=False)
+
+
+PREFILL_HEAVY = lambda s: 300 * MiB + s.rows * 4 * MiB - s.num_reqs * MiB  # noqa: E731
+
+
+def test_a_faithful_cut_keeps_the_cut_down_sweep_with_a_sample_of_every_class():
+    """A well-behaved model (every layer alike: depth adds the same to every step) keeps the
+    cut-down sweep: each class no confirmation covered (decode, mixed) is sampled once on the
+    full model, its difference within the confirmations', and the admitted figure bounds the
+    full sweep's."""
+    drv = CutDriver(LIMITS, PREFILL_HEAVY, lambda s: MiB)
+    sweep, mode, proof = _self_checked(drv)
+    assert proof.proven and not proof.fell_back and proof.method == "self-check"
+    assert {s.kind for s in proof.sampled} == {"decode", "mixed"}
+    assert set(proof.sampled) <= set(drv.full_shapes)
+    assert proof.deltas == {"decode": MiB, "mixed": MiB, "prefill": MiB, "stock": MiB}
+    assert proof.full_admitted_bytes is None and "self-check proven" in mode
+    full = run_sweep(FakeDriver(LIMITS, transient=PREFILL_HEAVY), tolerance=0, attribute_ops=False)
+    assert sweep.peak_bytes >= full.peak_bytes and sweep.confirmed >= 3
+    assert proof.unsampled_admitted_bytes <= sweep.peak_bytes
+
+
+def test_a_deep_layer_that_sets_the_peak_for_one_class_makes_the_self_check_fall_back():
+    """The adversary: a layer the cut drops allocates 400 MiB more, on decode steps of more than
+    two requests only. The cut-down sweep alone admits the prefill chunk's figure (an
+    under-prediction: run_cut_down never looks at a decode step that far below); the decode
+    sample gains 400 MiB from depth against the confirmations' 0, so the full sweep runs and is
+    admitted, and the proof says why."""
+    from worstcase_profiler.core.sweep import run_cut_down
+
+    gap = lambda s: 400 * MiB if s.kind == "decode" and s.num_reqs > 2 else 0  # noqa: E731
+    full_f = lambda s: PREFILL_HEAVY(s) + gap(s)  # noqa: E731
+    truth = run_sweep(FakeDriver(LIMITS, transient=full_f), tolerance=0, attribute_ops=False)
+    blind, _ = run_cut_down(CutDriver(LIMITS, full_f, gap), tolerance=0, attribute_ops=False)
+    assert blind.peak_bytes < truth.peak_bytes  # what the self-check exists to catch
+    sweep, mode, proof = _self_checked(CutDriver(LIMITS, full_f, gap))
+    assert proof.fell_back and not proof.proven and "sampled decode step gained" in proof.verdict
+    assert sweep.peak_bytes == truth.peak_bytes == proof.full_admitted_bytes
+    assert proof.unsampled_admitted_bytes == blind.peak_bytes  # run_cut_down's figure, recorded
+    assert proof.full_worst.kind == "decode" and mode.startswith("full: the cut-down sweep's self-check failed")
+
+
+def test_a_class_whose_depth_difference_stays_within_the_resolution_keeps_the_cut():
+    """The meter's resolution is the check's only allowance: a sample 1 MiB over the
+    confirmations' difference passes at 1 MiB resolution and fails at 512 KiB."""
+    gap = lambda s: 2 * MiB if s.kind == "mixed" else MiB  # noqa: E731
+    _, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, gap), resolution=MiB)
+    assert proof.proven and proof.deltas["mixed"] == 2 * MiB
+    _, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, gap), resolution=MiB // 2)
+    assert proof.fell_back and "sampled mixed step" in proof.verdict
+
+
+def test_judge_self_check_refutes_a_class_bound_above_the_admitted_figure():
+    """(b): a class difference that would put an unconfirmed member above the admitted figure
+    refutes the assumption even when the samples' own check (a) is given more room."""
+    from worstcase_profiler.core.sweep import run_cut_down
+    from worstcase_profiler.core.sweep_depth import judge_self_check
+
+    gap = lambda s: 0  # noqa: E731
+    drv = CutDriver(LIMITS, PREFILL_HEAVY, gap)
+    cut, _ = run_cut_down(drv, tolerance=0, attribute_ops=False)
+    cut_figures = {r.shape: r.peak_bytes for r in cut.cut_steps}
+    decode = [r for r in cut.cut_steps if r.shape.kind == "decode"]
+    lo = min(decode, key=lambda r: r.peak_bytes)
+    hi = max(decode, key=lambda r: r.peak_bytes)
+    boost = cut.peak_bytes - hi.peak_bytes + 10 * MiB
+    sample = dataclasses.replace(lo, peak_bytes=lo.peak_bytes + boost)
+    proof = judge_self_check(cut, cut_figures, [sample], depth="1 layer", resolution=MiB,
+                             base_delta=boost, seconds=0.0)  # (a) passes: its allowance is the boost
+    assert not proof.proven and "is bounded above the admitted" in proof.verdict
+    assert hi.shape.label() in proof.verdict
+
+
+def test_a_verify_step_is_a_class_of_its_own_under_a_drafter():
+    from worstcase_profiler.core.sweep_depth import shape_class
+
+    assert shape_class(Shape("decode", rows=8, context_len=100, num_reqs=8)) == "decode"
+    assert shape_class(Shape("decode", rows=24, context_len=100, num_reqs=8)) == "verify"
+    assert shape_class(Shape("mixed", rows=24, context_len=100, num_reqs=8)) == "mixed"
+
+
+def test_a_model_that_cannot_be_cut_raises_before_the_self_check_measures_anything():
+    import pytest
+
+    class Uncut(CutDriver):
+        @contextlib.contextmanager
+        def cut_down(self):
+            raise ValueError("no decoder")
+            yield
+
+    drv = Uncut(LIMITS, PREFILL_HEAVY, lambda s: 0)
+    with pytest.raises(ValueError, match="no decoder"):
+        _self_checked(drv)
+    assert drv.shapes == []

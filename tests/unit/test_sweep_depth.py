@@ -9,23 +9,29 @@ from worstcase_profiler.core.sweep_depth import judge_cut_down, sweep_depth
 MiB = 1024**2
 
 
-def test_sweep_depth_full_unless_asked_or_proven(monkeypatch):
+def test_auto_self_checks_every_family_and_the_explicit_settings_are_taken_as_asked(monkeypatch):
     assert sweep_depth("full", "NewForCausalLM", eager=lambda: True)[0] == "full"
     assert sweep_depth("cut-down", "NewForCausalLM", eager=lambda: True)[0] == "cut-down"
     depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
-    assert depth == "full" and "not yet proven" in why and "sweep_depth=prove" in why
+    assert depth == "self-check" and "sample of every shape class" in why
+    assert "lab-proven" not in why
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
     depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
-    assert depth == "cut-down" and "run N" in why
+    assert depth == "self-check" and "lab-proven for NewForCausalLM: run N" in why
 
 
-def test_a_family_proven_on_cuda_is_swept_whole_elsewhere(monkeypatch):
-    monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
-    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True,
-                             device_kind="cpu")
-    assert depth == "full" and "on CUDA devices, not on cpu" in why
+def test_auto_self_checks_on_cuda_only_and_self_check_where_the_meter_resolution_is_known():
+    """The CPU: auto sweeps whole (the same admission on every start), self-check is asked."""
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True, device_kind="cpu")
+    assert depth == "full" and "not on cpu" in why and "noise" in why
+    assert sweep_depth("self-check", "NewForCausalLM", eager=lambda: True,
+                       device_kind="cpu")[0] == "self-check"
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True, device_kind="rocm")
+    assert depth == "full" and "not on rocm" in why and "not known" in why
+    depth, why = sweep_depth("self-check", "NewForCausalLM", eager=lambda: True, device_kind="rocm")
+    assert depth == "full" and "not on rocm" in why
     assert sweep_depth("cut-down", "NewForCausalLM", eager=lambda: True,
-                       device_kind="cpu")[0] == "cut-down"
+                       device_kind="rocm")[0] == "cut-down"
 
 
 def test_prove_runs_both_sweeps_on_any_family_that_can_be_cut():
@@ -53,25 +59,21 @@ def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
     assert not proof.proven and "confirmed peak" in proof.verdict and "admits" in proof.verdict
 
 
-def test_a_compiled_forward_is_cut_down_only_where_its_family_was_proven_compiled(monkeypatch):
+def test_cut_down_on_a_compiled_forward_says_whether_a_proof_covered_it(monkeypatch):
+    """sweep_depth=cut-down keeps its message; auto self-checks compiled forwards too (the
+    samples run compiled on the full model, so their differences carry compiled-vs-eager)."""
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
-    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
-    assert depth == "full" and "eager forwards only" in why
     for setting in ("cut-down", "prove"):
         assert sweep_depth(setting, "NewForCausalLM", eager=lambda: False)[0] == setting
+    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: False)[0] == "self-check"
     assert "no proof has covered" in sweep_depth("cut-down", "NewForCausalLM",
                                                  eager=lambda: False)[1]
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
-    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
-    assert depth == "cut-down" and "compiled" in why and "run M" in why
     assert "no proof" not in sweep_depth("cut-down", "NewForCausalLM", eager=lambda: False)[1]
-    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
-    assert depth == "cut-down" and "run N" in why
-    # the compiled proofs ran on the V2 runner at TP=1: elsewhere a compiled forward is swept whole
+    # the compiled proofs ran on the V2 runner at TP=1
     for kw in ({"runner": "v1"}, {"tensor_parallel_size": 2}):
-        depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False, **kw)
-        assert depth == "full" and "V2 runner at TP=1" in why, kw
-        assert sweep_depth("auto", "NewForCausalLM", eager=lambda: True, **kw)[0] == "cut-down"
+        assert "no proof has covered" in sweep_depth("cut-down", "NewForCausalLM",
+                                                     eager=lambda: False, **kw)[1]
 
 
 def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():
@@ -79,4 +81,5 @@ def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():
         raise AssertionError("asked whether the model runs eagerly")
 
     assert sweep_depth("full", "LlamaForCausalLM", eager=never)[0] == "full"
-    assert sweep_depth("auto", "NewForCausalLM", eager=never)[0] == "full"
+    assert sweep_depth("auto", "NewForCausalLM", eager=never)[0] == "self-check"
+    assert sweep_depth("prove", "NewForCausalLM", eager=never)[0] == "prove"

@@ -36,14 +36,15 @@ from ..core import shapes
 from ..core.cache import CacheEntry, pool_capacity_tokens
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
-from ..core.sweep import prove_cut_down, run_cut_down, run_sweep, stock_readings
+from ..core.sweep import (prove_cut_down, run_cut_down, run_self_checked, run_sweep,
+                          stock_readings)
 from ..core.sweep_depth import sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
                           SweepResult, WarmupEstimate, WarmupResult, Workspace)
 from ..report import build_report
 from ..settings import ProfilerSettings
-from ..sizes import fmt_bytes
+from ..sizes import fmt_bytes, fmt_deltas
 from . import kv as kvmod
 from . import advice, guard, sweep_cache, warmup
 from . import workspace as ws
@@ -194,7 +195,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         with clock("cache_store"):
             use = sweep_cache.store_entry(handle, use, sweep, workspace, baseline, held_now,
                                           estimate, limits.kv_capacity_tokens, sweep_mode,
-                                          created_at=now(), warn=session.warn)
+                                          created_at=now(), warn=session.warn, proof=proof)
     held_memory = HeldMemory(requested_bytes=requested_bytes(worker),
                              consumed_bytes=consumed + sweep.post_profile_bytes,
                              # vllm-touch: worker-config
@@ -340,7 +341,7 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     try:
         with clock("sweep"), gc_frozen():
             sweep = None
-            if mode in ("cut-down", "prove"):
+            if mode in ("cut-down", "prove", "self-check"):
                 try:
                     _can_cut(driver)
                 except ValueError as e:  # the model cannot be cut: say so, sweep it whole
@@ -352,6 +353,11 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
                             driver, resolution=max(driver.meter.resolution_bytes, slack), **kw)
                         why = f"full; cut-down beside it ({proof.depth}): {proof.verdict}"
                         log.info("[wcprof] cut-down proof: %s", _proof_line(proof))
+                    elif mode == "self-check":
+                        sweep, why, proof = run_self_checked(
+                            driver, resolution=max(driver.meter.resolution_bytes, slack),
+                            stock_readings=stock_readings(driver), **kw)
+                        log.info("[wcprof] cut-down self-check: %s", _proof_line(proof))
                     else:
                         sweep, why = run_cut_down(driver, **kw)
             if sweep is None:
@@ -364,6 +370,11 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
 
 
 def _proof_line(p: CutDownProof) -> str:
+    if p.full_worst is None:  # a self-check that kept the cut-down sweep: no full sweep ran
+        return (f"{p.verdict}: worst {p.cut_worst.label()} (cut-down), peak "
+                f"{fmt_bytes(p.confirmed_peak_bytes)} confirmed, admitted "
+                f"{fmt_bytes(p.cut_admitted_bytes)}, full minus cut-down {fmt_deltas(p.deltas)}, "
+                f"{p.cut_seconds:.1f}s")
     return (f"{p.verdict}: worst {p.full_worst.label()} (full) / {p.cut_worst.label()} "
             f"(cut-down), peak {fmt_bytes(p.full_peak_bytes)} / {fmt_bytes(p.confirmed_peak_bytes)} "
             f"confirmed, admitted {fmt_bytes(p.full_admitted_bytes)} / "

@@ -86,7 +86,7 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
                      if recheck else "signed under $WCPROF_CACHE_SECRET: no dominance re-check")
-            return sweep, use, entry, entry.sweep_mode, None
+            return sweep, use, entry, entry.sweep_mode, entry.proof
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
                     fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
@@ -98,14 +98,17 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
 def store_entry(handle: CacheHandle, use: CacheUse, sweep: SweepResult, workspace: Workspace,
                 baseline: int, consumed: int, estimate: WarmupEstimate,
                 capacity_tokens: int | None, sweep_mode: str = "full", *,
-                created_at: str, warn: Callable[[str], None] | None = None) -> CacheUse:
+                created_at: str, warn: Callable[[str], None] | None = None,
+                proof: CutDownProof | None = None) -> CacheUse:
     """Store this start's sweep (its CacheUse unchanged); a cache directory that cannot be
     written does not stop the engine, and is said where the operator reads (`warn`: the
-    report's warnings, hence the verdict screen), not only in vLLM's log (status off)."""
+    report's warnings, hence the verdict screen), not only in vLLM's log (status off). `proof`:
+    the self-check's verdict, kept with the entry (a prove run's comparison is not)."""
     entry = CacheEntry(key=handle.key, facts=handle.facts, created_at=created_at, sweep=sweep,
                        workspace_slot_bytes=max((s.bytes_after for s in workspace.slots), default=0),
                        baseline_bytes=baseline, consumed_bytes=consumed, warmup=estimate,
-                       capacity_tokens=capacity_tokens, sweep_mode=sweep_mode)
+                       capacity_tokens=capacity_tokens, sweep_mode=sweep_mode,
+                       proof=proof if proof is not None and proof.method == "self-check" else None)
     try:
         path = handle.cache.store(entry)
         log.info("[wcprof] sweep cached at %s", path)

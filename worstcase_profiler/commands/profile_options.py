@@ -61,13 +61,15 @@ def add_profile_flags(p, title: str = "wcprof") -> None:
     g.add_argument("--exhaustive", action="store_true",
                    help="execute every rows value 1..max_num_batched_tokens instead of "
                         "certifying segments by chord (slower)")
-    g.add_argument("--sweep-depth", choices=("auto", "full", "cut-down", "prove"),
+    g.add_argument("--sweep-depth", choices=("auto", "full", "cut-down", "self-check", "prove"),
                    default=None,
                    help="cut-down: every shape on one decoder layer of each kind, the worst "
-                        "confirmed on the full model (cost independent of depth); full: every "
-                        "shape on the whole model; prove: both, the full one admitted, and the "
-                        "report says whether the cut-down one agreed; auto: cut-down where "
-                        "proven for the model family (on CUDA), else full (default: auto)")
+                        "confirmed on the full model (cost independent of depth); self-check: "
+                        "cut-down, then a sample of every shape class confirmed on the full "
+                        "model too, the full sweep where one disagrees; full: every shape on "
+                        "the whole model; prove: both, the full one admitted, and the report "
+                        "says whether the cut-down one agreed; auto: self-check on CUDA, full "
+                        "elsewhere (default: auto)")
     g.add_argument("--margin", metavar="SIZE", default=None,
                    help="safety margin subtracted from the KV budget, bytes or a unit such as "
                         "256MiB (default: 64MiB)")

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..atomic_write import write_atomically
 from .codec import decode, encode
-from .types import SweepResult, WarmupEstimate
+from .types import CutDownProof, SweepResult, WarmupEstimate
 
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
@@ -99,6 +99,11 @@ class CacheEntry:
     entry is found before vLLM's own profile; a start with another pool sweeps again."""
     sweep_mode: str = "full"
     """How the sweep ran (full, or cut down and confirmed), as the report shows it."""
+    proof: CutDownProof | None = None
+    """sweep_depth=auto's self-check verdict (kept the cut-down sweep, or fell back to the full
+    one, with the sampled differences): signed with the entry, so a restart or another host
+    reuses the verdict with the sweep and the report shows it again. None for other modes (a
+    prove run's comparison is one start's, not reused) and for entries written before it."""
     schema: int = SCHEMA
     mac: str | None = None
     """HMAC-SHA256 of the entry under the operator's secret ($WCPROF_CACHE_SECRET), when one is

@@ -32,12 +32,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import AbstractContextManager
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, NamedTuple, Protocol
 
 from . import shapes as plan
 from .cache_trust import reuse_transient
 from .coverage import cover_rows
-from .sweep_depth import judge_cut_down
+from .sweep_depth import judge_cut_down, judge_self_check, shape_class
 from .shapes import Limits
 from .types import CutDownProof, ProvisionalKV, Shape, StepResult, SweepResult
 
@@ -204,19 +204,89 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     allow it, not a confirmed shape raised by another shape's larger difference (on an H200,
     the 8B layout: +64 MiB). Shapes far below the worst are not confirmed one by one: the decode
     and mixed steps at full context cost seconds each on a deep model (6.3 of 11.8 s on the 8B layout)."""
-    result, depth, _ = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
-                                 context_ladder=context_ladder, attribute_ops=attribute_ops,
-                                 on_step=on_step, allocator_slack=allocator_slack)
-    return result, (f"cut-down: every shape on {depth}, the stock step and {result.confirmed} "
-                    f"worst confirmed on the full model (full minus cut-down peak: "
-                    f"+{result.depth_delta} B at most)")
+    cd = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
+                   context_ladder=context_ladder, attribute_ops=attribute_ops,
+                   on_step=on_step, allocator_slack=allocator_slack)
+    return cd.result, _cut_down_line(cd)
+
+
+def _cut_down_line(cd: "_CutDown") -> str:
+    return (f"cut-down: every shape on {cd.depth}, the stock step and {cd.result.confirmed} "
+            f"worst confirmed on the full model (full minus cut-down peak: "
+            f"+{cd.result.depth_delta} B at most)")
+
+
+SAMPLE_CLASSES = ("prefill", "decode", "verify", "mixed")
+"""The shape classes the self-check samples (sweep_depth.shape_class): each one that no
+confirmation covered gets one full-model measurement, its heaviest member on the cut decoder."""
+
+
+def class_samples(cut_steps: Iterable[StepResult], confirmed: Iterable[Shape]) -> list[Shape]:
+    """One shape per class of SAMPLE_CLASSES that none of `confirmed` belongs to: the class's
+    member with the largest cut-down need (then peak), in SAMPLE_CLASSES order."""
+    covered = {shape_class(sh) for sh in confirmed}
+    best: dict[str, StepResult] = {}
+    for r in cut_steps:
+        k = shape_class(r.shape)
+        if k in SAMPLE_CLASSES and k not in covered and (
+                k not in best or (r.need_bytes, r.peak_bytes) > (best[k].need_bytes,
+                                                                 best[k].peak_bytes)):
+            best[k] = r
+    return [best[k].shape for k in SAMPLE_CLASSES if k in best]
+
+
+def run_self_checked(driver: StepDriver, *, resolution: int, tolerance: int,
+                     exhaustive: bool = False, context_ladder: bool = True,
+                     attribute_ops: bool = True, on_step: StepCallback | None = None,
+                     allocator_slack: int = 0, stock_readings: int = 1
+                     ) -> tuple[SweepResult, str, CutDownProof]:
+    """sweep_depth=auto: the cut-down sweep (run_cut_down's), plus one full-model sample of every
+    shape class no confirmation covered (class_samples), judged by sweep_depth.judge_self_check
+    against the cut-down assumption at `resolution` (the meter's resolution or allocator slack,
+    whichever is larger). Proven: the cut-down sweep is admitted, the samples among its
+    confirmations (their full figures exact, their differences in depth_delta). Refuted: the
+    full sweep runs (run_sweep's, `stock_readings` as there) and is admitted, and the proof says
+    why (fell_back). A model that cannot be cut raises ValueError before anything ran."""
+    cd = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
+                   context_ladder=context_ladder, attribute_ops=attribute_ops, on_step=on_step,
+                   allocator_slack=allocator_slack, sample=True)
+    proof = judge_self_check(cd.result, cd.cut_figures, cd.samples, depth=cd.depth,
+                             resolution=resolution, base_delta=cd.base_delta,
+                             seconds=cd.result.seconds, unsampled_admitted=cd.base_peak)
+    line = _cut_down_line(cd) + f"; {len(cd.samples)} class sample(s) on the full model"
+    if proof.proven:
+        return cd.result, line + ": self-check proven", proof
+    full = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
+                     context_ladder=context_ladder, attribute_ops=attribute_ops, on_step=on_step,
+                     allocator_slack=allocator_slack, stock_readings=stock_readings)
+    proof = dataclasses.replace(
+        proof, fell_back=True, full_worst=full.worst.shape, full_peak_bytes=full.worst.peak_bytes,
+        full_admitted_bytes=full.peak_bytes, full_seconds=round(full.seconds, 3))
+    return full, (f"full: the cut-down sweep's self-check failed ({proof.verdict}), so the "
+                  f"full sweep ran and is admitted"), proof
+
+
+class _CutDown(NamedTuple):
+    result: SweepResult
+    depth: str
+    cut_stock: StepResult
+    """The stock step as measured on the cut decoder."""
+    cut_figures: dict[Shape, int]
+    """Each shape's cut-down peak (the stock step's included)."""
+    samples: tuple[StepResult, ...] = ()
+    """The self-check's class samples, measured on the full model (among result's confirmations)."""
+    base_delta: int = 0
+    """The largest full-minus-cut difference before the samples."""
+    base_peak: int = 0
+    """The admitted transient before the samples (what run_cut_down admits)."""
 
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
-              attribute_ops: bool, on_step: StepCallback | None, allocator_slack: int
-              ) -> tuple[SweepResult, str, StepResult]:
-    """run_cut_down's sweep, what the cut kept, and the stock step as measured on the cut
-    decoder."""
+              attribute_ops: bool, on_step: StepCallback | None, allocator_slack: int,
+              sample: bool = False) -> _CutDown:
+    """run_cut_down's sweep, what the cut kept, the cut decoder's figures; with `sample`, the
+    self-check's class samples measured on the full model after the confirmations (they count
+    as confirmations in the admitted figure)."""
     t_start = time.perf_counter()
     with driver.cut_down() as depth:
         cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
@@ -257,13 +327,33 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
             more += 1
             if on_step:
                 on_step(full)
-    peak_delta = delta()
+        base_delta = delta()
+        samples: list[StepResult] = []
+        if sample:
+            for shape in class_samples(cut.steps, (f.shape for f in confirmed)):
+                if cannot_build(driver, shape) is not None:
+                    continue
+                full = driver.measure(shape)
+                confirmed.append(full)
+                samples.append(full)
+                if on_step:
+                    on_step(full)
     chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
-    # A rows value the chord certified never ran, on either model: on the full model it is
-    # bounded by its segment's cut-down bound plus the difference, not by a confirmed
-    # neighbour's own full-model figure.
-    peak = max([top() + chord_slack, *(b + chord_slack for b in bounds().values()),
-                _certified_bound(cut, driver.limits) + peak_delta]) + max(0, allocator_slack)
+
+    def admitted() -> int:
+        # A rows value the chord certified never ran, on either model: on the full model it is
+        # bounded by its segment's cut-down bound plus the difference, not by a confirmed
+        # neighbour's own full-model figure.
+        return max([top() + chord_slack, *(b + chord_slack for b in bounds().values()),
+                    _certified_bound(cut, driver.limits) + delta()]) + max(0, allocator_slack)
+
+    peak_delta, peak = delta(), admitted()
+    if samples:  # what the cut-down sweep admitted before its samples (run_cut_down's figure)
+        del confirmed[len(confirmed) - len(samples):]
+        base_peak = admitted()
+        confirmed.extend(samples)
+    else:
+        base_peak = peak
     worst = max(confirmed, key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.
@@ -273,7 +363,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
         confirmed=len(confirmed) - 1, seconds=time.perf_counter() - t_start)
-    return result, depth, cut.stock
+    return _CutDown(result, depth, cut.stock, cut_peak, tuple(samples), base_delta, base_peak)
 
 
 def _certified_bound(sweep: SweepResult, limits: Limits) -> int:
@@ -297,9 +387,9 @@ def prove_cut_down(driver: StepDriver, *, resolution: int, **kw
     measurements of one step may read apart, the meter's resolution or allocator slack)."""
     # The cut-down one first: a model that cannot be cut raises (ValueError) before the full
     # sweep has run, and the caller sweeps it whole once.
-    cut, depth, cut_stock = _cut_down(driver, **{"exhaustive": False, "context_ladder": True,
-                                                 "on_step": None, "allocator_slack": 0, **kw,
-                                                 "attribute_ops": False})
+    cd = _cut_down(driver, **{"exhaustive": False, "context_ladder": True, "on_step": None,
+                              "allocator_slack": 0, **kw, "attribute_ops": False})
+    cut, depth, cut_stock = cd.result, cd.depth, cd.cut_stock
     full = run_sweep(driver, **kw)
     first: dict[Shape, StepResult] = {}
     for r in (cut_stock, *cut.cut_steps):  # a shape's first cut-down figure

@@ -6,15 +6,23 @@ against the full one on one engine (core/sweep.prove_cut_down runs both).
                       model class -> the committed results that prove it
   sweep_depth         whether the sweep runs cut down or on the full model
   judge_cut_down      whether a cut-down sweep admitted what the full sweep did (the proof)
+  shape_class         the class a shape is sampled for (prefill, decode, verify, mixed, stock)
+  judge_self_check    whether a cut-down sweep's own sampled confirmations bear out its
+                      assumption on this model (sweep_depth=auto), else it falls back to full
+
+auto on every family: the self-check, not the evidence tables, decides (docs/sweep.md
+"Self-checked cut-down sweep"). The tables stay the lab's record of the families where the
+cut-down sweep matched the full one, and still tell `sweep_depth=cut-down` on a compiled
+forward whether a proof covered it.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
-from .types import CutDownProof, SweepResult
+from .types import CutDownProof, Shape, StepResult, SweepResult
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "data" / "cut-down-proofs" / "proven.json"
 """The evidence tables, as data: {"eager": CUT_DOWN_PROVEN, "compiled": CUT_DOWN_PROVEN_COMPILED}.
@@ -38,42 +46,119 @@ stock step and the confirmations run compiled (the measured stock difference car
 Same form and check as CUT_DOWN_PROVEN. Scope: vLLM 0.32's V2 runner, TP=1, FA3 on sm_90."""
 
 
+SELF_CHECK_DEVICES = ("cuda", "cpu")
+"""The meters the self-check's resolution is known for (adapter/meters.py): CUDA's allocator
+counts (1 MiB resolution, 2 MiB allocator slack) and the CPU's RSS high-water mark (512 KiB, the
+mmap threshold's page granularity). sweep_depth=self-check runs on these; elsewhere (ROCm, ...)
+it sweeps the full model."""
+
+AUTO_SELF_CHECK_DEVICES = ("cuda",)
+"""Where auto self-checks. Not on the CPU: its meter reads the cut decoder's stock step 1-2 MB
+apart from one start to the next, and the cut-down figure raises every unconfirmed shape by that
+difference, so two starts of one configuration would admit different KV (a restart of the tiny
+model read 4,780,032 B against 6,836,224 B). The full sweep reads the stock step three times and
+admits the same figure; sweep_depth=self-check asks for the self-check there."""
+
+
 def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
                 device_kind: str = "cuda", runner: str = "v2",
                 tensor_parallel_size: int = 1) -> tuple[str, str]:
-    """("full" | "cut-down" | "prove", why). auto cuts down only proven families, on the kind of
-    device they were proven on (CUDA: their kernels set the peaks), and a compiled forward only
-    where the family's proof also ran compiled (CUT_DOWN_PROVEN_COMPILED: its cut steps run the
-    Python forward eagerly); cut-down and prove are taken as asked (prove runs both, the full
-    one admitted; cut-down on a compiled forward of another family says it is unproven).
-    `eager` is asked only when the answer involves a cut (it walks the model)."""
+    """("full" | "cut-down" | "prove" | "self-check", why). self-check: the self-checked cut-down
+    sweep on every family (core/sweep.run_self_checked: it falls back to the full sweep itself
+    when this model's samples contradict the cut-down assumption), on the devices whose meter
+    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES),
+    full elsewhere; cut-down and prove are taken as asked (prove runs
+    both, the full one admitted; cut-down on a compiled forward of a family no proof covered
+    compiled says it is unproven). `eager` is asked only for cut-down (it walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
-    if setting == "auto" and model_class not in CUT_DOWN_PROVEN:
-        return "full", (f"full: the cut-down sweep is not yet proven for {model_class} "
-                        "(sweep_depth=prove compares both on this model)")
-    if setting == "auto" and device_kind != "cuda":
-        return "full", (f"full: the cut-down sweep is proven for {model_class} on CUDA devices, "
-                        f"not on {device_kind} (sweep_depth=prove compares both here)")
+    if setting == "auto" and device_kind not in AUTO_SELF_CHECK_DEVICES:
+        why = ("its cut-down figure moves with the meter's noise between starts" if device_kind
+               in SELF_CHECK_DEVICES else "the meter's resolution is not known here")
+        return "full", (f"full: auto self-checks a cut-down sweep on "
+                        f"{' and '.join(AUTO_SELF_CHECK_DEVICES)} only, not on {device_kind} "
+                        f"({why}; sweep_depth=self-check or prove compares both)")
+    if setting == "self-check" and device_kind not in SELF_CHECK_DEVICES:
+        return "full", (f"full: the cut-down sweep's self-check runs on "
+                        f"{' and '.join(SELF_CHECK_DEVICES)} meters, not on {device_kind} "
+                        "(sweep_depth=prove compares both here)")
+    if setting in ("auto", "self-check"):
+        proven = CUT_DOWN_PROVEN.get(model_class)
+        return "self-check", ("cut-down, self-checked: the worst shapes and a sample of every "
+                              "shape class confirmed on the full model, the full sweep if they "
+                              "disagree" + (f" (lab-proven for {model_class}: {proven})"
+                                            if proven else ""))
     if setting == "prove":
         return "prove", "full, then cut-down to compare (sweep_depth=prove)"
     compiled_proof = CUT_DOWN_PROVEN_COMPILED.get(model_class)
     if compiled_proof and (runner != "v2" or tensor_parallel_size != 1):
         compiled_proof = None  # proven on the V2 runner at TP=1 only
-    if setting == "cut-down":
-        return "cut-down", "cut-down: asked for (sweep_depth=cut-down)" + (
-            "" if compiled_proof or eager() else
-            "; the model runs compiled, so its cut steps run eagerly, which no proof has covered "
-            "for this family (sweep_depth=prove compares both)")
-    if eager():
-        return "cut-down", f"cut-down: proven for {model_class} ({CUT_DOWN_PROVEN[model_class]})"
-    if compiled_proof:  # a compiled forward's cut steps run eagerly: proven for this family
-        return "cut-down", (f"cut-down: proven for {model_class} compiled, its cut steps run "
-                            f"eagerly ({compiled_proof})")
-    scope = "eager forwards only" if model_class not in CUT_DOWN_PROVEN_COMPILED else \
-        "compiled forwards only on the V2 runner at TP=1"
-    return "full", (f"full: the model runs compiled, and the cut-down sweep is proven for "
-                    f"{model_class} on {scope} (sweep_depth=prove compares both)")
+    return "cut-down", "cut-down: asked for (sweep_depth=cut-down)" + (
+        "" if compiled_proof or eager() else
+        "; the model runs compiled, so its cut steps run eagerly, which no proof has covered "
+        "for this family (sweep_depth=prove compares both)")
+
+
+def shape_class(shape: Shape) -> str:
+    """The class a shape stands for in the self-check's samples: its kind, except a decode step
+    whose requests schedule more than one row each, which is a drafter's verify step."""
+    if shape.kind == "decode" and shape.rows > shape.num_reqs:
+        return "verify"
+    return shape.kind
+
+
+def judge_self_check(cut: SweepResult, cut_figures: dict[Shape, int],
+                     samples: Iterable[StepResult], *, depth: str, resolution: int,
+                     base_delta: int, seconds: float,
+                     unsampled_admitted: int | None = None) -> CutDownProof:
+    """Whether a cut-down sweep's assumption holds on this model, from its own measurements.
+
+    `cut`: the cut-down sweep as admitted (its samples among the confirmations), `cut_figures`:
+    each shape's cut-down peak, `samples`: the full-model steps measured for a class no
+    confirmation covered (one member each), `base_delta`: the largest full-minus-cut difference
+    the confirmations (stock step included) measured before the samples, `unsampled_admitted`:
+    the transient the cut-down sweep admitted before them (recorded). The assumption: every
+    unconfirmed shape's full-model peak is at most its cut-down peak plus that difference. It is
+    refuted, and the full sweep must run, when a sample of class K
+      (a) gained more from depth than base_delta + resolution: depth affects K more than the
+          bound allowed, so K's unsampled members may too; or
+      (b) at its class's own difference, leaves an unconfirmed member of K whose bound (cut-down
+          peak + that difference) is above the admitted figure beyond the resolution.
+    (b) can only fire with (a) (the admitted figure holds every bound at base_delta); it is the
+    statement the admitted figure is checked by, kept so a change to the bounds cannot skip it."""
+    confirmed = {r.shape for r in cut.steps[len(cut.steps) - cut.confirmed:]} | {cut.stock.shape}
+    per_class: dict[str, int] = {}
+    deltas: dict[str, int] = {}
+    for r in (cut.stock, *cut.steps[len(cut.steps) - cut.confirmed:]):
+        if r.shape in cut_figures:
+            k = shape_class(r.shape)
+            deltas[k] = max(deltas.get(k, r.peak_bytes - cut_figures[r.shape]),
+                            r.peak_bytes - cut_figures[r.shape])
+    sampled = []
+    for r in samples:
+        k = shape_class(r.shape)
+        d = r.peak_bytes - cut_figures[r.shape]
+        per_class[k] = max(per_class.get(k, d), d)
+        sampled.append(r.shape)
+    why = []
+    for k, d in sorted(per_class.items()):
+        if d > base_delta + resolution:
+            why.append(f"a sampled {k} step gained {d} B from depth, more than the {base_delta} B "
+                       f"the confirmations measured and allowed (resolution {resolution} B)")
+            continue
+        over = [sh for sh, p in cut_figures.items() if shape_class(sh) == k
+                and sh not in confirmed and p + max(0, d) > cut.peak_bytes + resolution]
+        if over:
+            worst = max(over, key=lambda sh: cut_figures[sh])
+            why.append(f"{worst.label()} at its class's difference ({d} B) is bounded above the "
+                       f"admitted {cut.peak_bytes} B")
+    return CutDownProof(
+        verdict="proven" if not why else "; ".join(why), depth=depth, full_worst=None,
+        cut_worst=cut.worst.shape, full_peak_bytes=None, confirmed_peak_bytes=cut.worst.peak_bytes,
+        full_admitted_bytes=None, cut_admitted_bytes=cut.peak_bytes, resolution_bytes=resolution,
+        full_seconds=None, cut_seconds=round(seconds, 3), deltas=dict(sorted(deltas.items())),
+        depth_delta=base_delta, method="self-check", sampled=tuple(sampled),
+        unsampled_admitted_bytes=unsampled_admitted)
 
 
 def judge_cut_down(full: SweepResult, cut: SweepResult, *, depth: str, resolution: int,

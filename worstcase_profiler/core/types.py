@@ -157,29 +157,51 @@ class SweepResult:
 
 @dataclass(frozen=True, kw_only=True)
 class CutDownProof:
-    """`--sweep-depth prove`: the cut-down sweep beside the full one on the same engine (the
-    full one admitted). Proven when the cut-down sweep's worst shape is the full sweep's (or
-    needs the same on the full model within the resolution), its confirmed peak equals the full
-    sweep's within the resolution, and it admits no less."""
+    """The evidence a cut-down sweep rests on, from this model. `method` "prove" (`--sweep-depth
+    prove`): the cut-down sweep beside the full one on the same engine, the full one admitted;
+    proven when the cut-down sweep's worst shape is the full sweep's (or needs the same on the
+    full model within the resolution), its confirmed peak equals the full sweep's within the
+    resolution, and it admits no less. `method` "self-check" (`--sweep-depth self-check`, auto on CUDA): the
+    cut-down sweep, its worst shapes confirmed on the full model, and one sampled member of every
+    shape class no confirmation covered measured on the full model too
+    (sweep_depth.judge_self_check); proven when no sample's full-minus-cut difference exceeds
+    the difference the confirmations measured (depth_delta) beyond the resolution, else the full
+    sweep ran and is the one admitted (fell_back)."""
 
-    # One start's comparison (core/sweep.prove_cut_down), judged by sweep_depth.judge_cut_down;
-    # the report serves it as it is, so the fields stand in the report's order.
+    # One start's comparison (core/sweep.prove_cut_down or run_self_checked), judged by
+    # sweep_depth.judge_cut_down or judge_self_check; the report serves it as it is, so the fields
+    # stand in the report's order.
     verdict: str = doc('"proven", or why not')
     depth: str = doc('what the cut kept, e.g. "1 of 32 layers"')
-    full_worst: Shape
+    full_worst: Shape | None = doc("the full sweep's worst shape (None: no full sweep ran, the "
+                                   "self-check kept the cut-down sweep)")
     cut_worst: Shape
-    full_peak_bytes: int = doc("the full sweep's worst step on the full model")
+    full_peak_bytes: int | None = doc("the full sweep's worst step on the full model (None: no "
+                                      "full sweep ran)")
     confirmed_peak_bytes: int = doc("the cut-down sweep's worst step, confirmed on the full model")
-    full_admitted_bytes: int
+    full_admitted_bytes: int | None = doc("the full sweep's admitted transient (None: no full "
+                                          "sweep ran)")
     cut_admitted_bytes: int
     resolution_bytes: int
-    full_seconds: float
+    full_seconds: float | None = doc("the full sweep's time (None: no full sweep ran)")
     cut_seconds: float
     deltas: dict[str, int] = doc(
         "per step kind (stock included), the largest full-model minus cut-down peak over the "
-        "shapes both sweeps measured", default_factory=dict)
+        "shapes both sweeps measured (self-check: over the confirmations and the samples; "
+        "decode steps under a drafter are the verify class)", default_factory=dict)
     depth_delta: int = doc("the difference the cut-down sweep measured and raised unconfirmed "
-                           "shapes by", default=0)
+                           "shapes by (self-check: before the samples)", default=0)
+    method: Literal["prove", "self-check"] = doc(
+        '"prove": both sweeps compared (sweep_depth=prove); "self-check": the cut-down sweep '
+        "checked by sampled full-model steps of every shape class (sweep_depth=self-check, auto on CUDA)",
+        default="prove")
+    sampled: tuple[Shape, ...] = doc("self-check: the shapes sampled on the full model, one per "
+                                     "class no confirmation covered", default=())
+    fell_back: bool = doc("self-check: the verdict was not proven, so the full sweep ran and "
+                          "is the one admitted", default=False)
+    unsampled_admitted_bytes: int | None = doc(
+        "self-check: what the cut-down sweep admitted before its samples (sweep_depth=cut-down's "
+        "figure); cut_admitted_bytes counts the samples too", default=None)
 
     @property
     def proven(self) -> bool:

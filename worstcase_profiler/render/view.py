@@ -13,7 +13,7 @@ from ..core.coverage import certified_count
 from ..core.replay_rules import replay_reached, validation_exceeded
 from ..core.timing import profiler_phases
 from ..report import Report, Shape, StepResult, Verdict
-from ..sizes import fmt_bytes, fmt_tokens
+from ..sizes import fmt_bytes, fmt_deltas, fmt_tokens
 
 INFO, WARN, ERROR = 0, 1, 2
 MAX_SLOTS_SHOWN = 4
@@ -173,11 +173,8 @@ def details(report: Report) -> list[Detail]:
         out.append(Detail("sweep-mode", f"sweep mode: {wc.sweep_mode}"))
     proof = wc.cut_down_proof
     if proof is not None:
-        out.append(Detail("cut-down-proof", (
-            f"cut-down proof ({proof.depth}): {proof.verdict}; worst {proof.full_worst.label()} "
-            f"{fmt_bytes(proof.full_peak_bytes)} full, {proof.cut_worst.label()} "
-            f"{fmt_bytes(proof.confirmed_peak_bytes)} confirmed; sweep {proof.full_seconds:.1f}s "
-            f"full, {proof.cut_seconds:.1f}s cut down"), INFO if proof.verdict == "proven" else WARN))
+        out.append(Detail("cut-down-proof", proof_text(proof),
+                          INFO if proof.verdict == "proven" else WARN))
     if wc.cache is not None and wc.cache.status != "off":
         out.append(Detail("cache", cache_text(wc.cache),
                           WARN if wc.cache.status == "stale" else INFO))
@@ -467,3 +464,21 @@ def build_advice_view(report: Report) -> AdviceView | None:
               f"the sweep",)
     return AdviceView(rows=tuple(rows), headline=advice_headline(advice), rule=advice.rule,
                       notes=notes)
+
+
+def proof_text(proof) -> str:
+    """The cut-down proof's line: a prove run's comparison, or auto's self-check (kept, or
+    fallen back to the full sweep, with the sampled differences)."""
+    name = "cut-down self-check" if proof.method == "self-check" else "cut-down proof"
+    head = f"{name} ({proof.depth}): {proof.verdict}"
+    if proof.method == "self-check":
+        head += f"; full minus cut-down: {fmt_deltas(proof.deltas)}"
+        if not proof.fell_back:
+            return (head + f"; admitted {fmt_bytes(proof.cut_admitted_bytes)} from the cut-down "
+                    f"sweep ({proof.cut_seconds:.1f}s)")
+        head += (f"; fell back to the full sweep: admitted {fmt_bytes(proof.full_admitted_bytes)}"
+                 f" (the cut-down sweep's {fmt_bytes(proof.cut_admitted_bytes)})")
+    return (f"{head}; worst {proof.full_worst.label()} "
+            f"{fmt_bytes(proof.full_peak_bytes)} full, {proof.cut_worst.label()} "
+            f"{fmt_bytes(proof.confirmed_peak_bytes)} confirmed; sweep {proof.full_seconds:.1f}s "
+            f"full, {proof.cut_seconds:.1f}s cut down")

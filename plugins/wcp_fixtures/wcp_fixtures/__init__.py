@@ -7,7 +7,9 @@ Architectures (registered lazily as ``"module:Class"`` strings):
 * ``WcpScratchLlamaForCausalLM`` (``wcp_fixtures.scratch``): configs ``scratch``
   (linear rule), ``tile`` (tile rule; run with max_num_batched_tokens=512),
   ``decode`` (worst step: the widest full-context decode batch) and ``wide``
-  (worst step: a prefill spread over every request, each at full context).
+  (worst step: a prefill spread over every request, each at full context) and
+  ``deepdecode`` (a layer the cut-down sweep drops allocates a transient on wide
+  decode steps only: the cut-down sweep's adversary).
   Context-scaled attention workspace on two WorkspaceManager lanes (seed 002).
 * ``WcpOvercommitLlamaForCausalLM`` (``wcp_fixtures.overcommit``): configs
   ``overcommit`` and ``draftgroup``.  One visible attention layer per KV group
@@ -33,6 +35,7 @@ from pathlib import Path
 from .rules import (
     attention_page_bytes,
     brute_force_argmax,
+    deep_transient_bytes,
     linear_scratch_bytes,
     overcommit_expected_bytes,
     overcommit_num_blocks,
@@ -49,6 +52,7 @@ __all__ = [
     "CONFIG_NAMES",
     "attention_page_bytes",
     "brute_force_argmax",
+    "deep_transient_bytes",
     "linear_scratch_bytes",
     "model_dir",
     "overcommit_expected_bytes",
@@ -67,7 +71,8 @@ ARCHITECTURES: dict[str, str] = {
     "WcpOvercommitLlamaForCausalLM": "wcp_fixtures.overcommit:WcpOvercommitLlamaForCausalLM",
 }
 
-CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "decode", "wide", "overcommit", "draftgroup")
+CONFIG_NAMES: tuple[str, ...] = ("scratch", "tile", "decode", "wide", "deepdecode", "overcommit",
+                                 "draftgroup")
 
 _CONFIGS = Path(__file__).resolve().parent / "configs"
 

@@ -50,6 +50,21 @@ metadata (vLLM's stock profile step) the fixture calls it with
 
   Its worst step is a multi-request prefill with every request at full context.
 
+Deep-layer transient (config ``deepdecode``, any rule)
+-----------------------------------------------------
+``deep_transient_bytes(layer_index, query_lens, seq_lens, cfg)``: a layer at index
+``wcp_deep_from_layer`` or deeper (one a cut-down sweep's decoder drops: it keeps
+one layer of each kind, layer 0 here) allocates, writes and frees a plain tensor
+(transient memory, not workspace) on pure-decode steps of at least
+``wcp_deep_min_reqs`` requests only::
+
+      transient = sum(seq_lens) * wcp_deep_bytes_per_token
+                  if layer_index >= from_layer and max(query_lens) == 1
+                  and len(query_lens) >= min_reqs, else 0
+
+It is the adversary of the cut-down sweep's assumption (issue 34): the full
+model's worst step is a wide decode batch the cut decoder never sees as heavy.
+
 ``step_scratch_bytes(query_lens, seq_lens, cfg)`` is the per-request form every
 rule answers (linear and tile read ``rows = sum(query_lens)`` and ``kv_extent =
 max(seq_lens)``).
@@ -139,6 +154,18 @@ def step_scratch_bytes(query_lens: Sequence[int], seq_lens: Sequence[int],
         prefill = [s for n, s in zip(q, k) if n > 1]
         return len(prefill) * sum(prefill) * b if prefill else rows * b
     return scratch_bytes(rows, max(k), cfg)
+
+
+def deep_transient_bytes(layer_index: int, query_lens: Sequence[int],
+                         seq_lens: Sequence[int], cfg: Mapping[str, Any]) -> int:
+    """Transient bytes layer ``layer_index`` allocates (and frees) in one step: the
+    ``deepdecode`` rule (0 where ``wcp_deep_bytes_per_token`` is unset)."""
+    per_token = int(cfg.get("wcp_deep_bytes_per_token", 0))
+    q = [int(x) for x in query_lens]
+    if (per_token <= 0 or not q or int(layer_index) < int(cfg.get("wcp_deep_from_layer", 1))
+            or max(q) != 1 or len(q) < int(cfg.get("wcp_deep_min_reqs", 1))):
+        return 0
+    return sum(max(1, int(s)) for s in seq_lens) * per_token
 
 
 def brute_force_argmax(

@@ -32,6 +32,11 @@ Configs (``wcp_fixtures.model_dir(name)``):
 * ``wide``: rule ``wide``, 2 layers, 1024 B: ``n_prefill * sum(prefill
   seq_lens) * 1024`` (4 prefill requests at 2048 tokens: 32 MiB per lane; one
   request at 2048: 2 MiB).
+* ``deepdecode``: rule ``linear`` at 0 B (no workspace), 2 layers, plus the deep-layer
+  transient (``rules.deep_transient_bytes``): layer 1, the one a cut-down sweep drops,
+  allocates ``sum(seq_lens) * 4096`` bytes on pure-decode steps of at least 3 requests (4
+  requests at 2048 tokens: 32 MiB), nothing on any other step or in layer 0.  The cut-down
+  sweep's adversary (issue 34): its self-check must fall back to the full sweep.
 * ``tile``: rule ``tile`` (see ``wcp_fixtures.rules``), 2 layers, 32 B per row x
   token, tiers ``[[256, 64, 2], [288, 96, 3], [null, 32, 1]]``.  Meant to run
   with **max_num_batched_tokens = 512** and max_model_len = 2048.  The scratch
@@ -71,13 +76,15 @@ from vllm.model_executor.models.llama import (
 from vllm.model_executor.models.utils import extract_layer_index
 
 from . import _compat
-from .rules import step_scratch_bytes
+from .rules import deep_transient_bytes, step_scratch_bytes
 
 logger = init_logger(__name__)
 
 # Recent requests: (layer_index, lane, rows, kv_extent, nbytes, had_metadata).
 # Lane is the lane used (None = "current lane", the metadata-less path).
 SCRATCH_LOG: deque[tuple[int, int | None, int, int, int, bool]] = deque(maxlen=4096)
+# The deepdecode rule's transients: (layer_index, requests, nbytes).
+DEEP_LOG: deque[tuple[int, int, int]] = deque(maxlen=4096)
 
 
 def wcp_config_dict(hf_config: Any) -> dict[str, Any]:
@@ -114,6 +121,8 @@ class WcpScratchLlamaAttention(LlamaAttention):
             if per_request is None:  # linear/tile, or no per-request fields: the step's extent
                 per_request = ([rows], [kv_extent])
             nbytes = step_scratch_bytes(*per_request, self.wcp_cfg)
+            if self.wcp_cfg.get("wcp_deep_bytes_per_token"):
+                self._wcp_deep_transient(md, rows, hidden_states.device)
         SCRATCH_LOG.append((self.wcp_layer_index, lane, rows, kv_extent, nbytes, md is not None))
         if nbytes <= 0:
             return
@@ -122,6 +131,19 @@ class WcpScratchLlamaAttention(LlamaAttention):
         with _compat.lane_context(lane):
             (buf,) = current_workspace_manager().get_simultaneous(((nbytes,), torch.uint8))
             buf.fill_(self.wcp_fill_byte)  # real memory, not untouched pages
+
+    def _wcp_deep_transient(self, md: Any, rows: int, device: torch.device) -> None:
+        """The ``deepdecode`` rule: a layer the cut-down decoder drops allocates, writes and
+        frees a tensor on wide pure-decode steps (rules.deep_transient_bytes)."""
+        per_request = _compat.metadata_requests(md, rows)
+        if per_request is None:
+            return
+        nbytes = deep_transient_bytes(self.wcp_layer_index, *per_request, self.wcp_cfg)
+        DEEP_LOG.append((self.wcp_layer_index, len(per_request[0]), nbytes))
+        if nbytes > 0:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            buf.fill_(self.wcp_fill_byte)  # real memory, not untouched pages
+            del buf
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         self._wcp_take_scratch(hidden_states)
