@@ -127,7 +127,8 @@ class Ballast:
 class GpuSampler:
     """NVML, every 0.25 s while a server runs: the device's used bytes and each process's own
     (its CUDA context and allocations), by role (ballast, the API server: the process started,
-    engine: any other), with when each process first held memory. None where NVML is absent.
+    engine: its child, unmatched: a pid this namespace cannot place), with when each process
+    first held memory. None where NVML is absent.
     Tells a second CUDA context in the API server from growth inside the engine."""
 
     def __init__(self, roles: dict[int, str]):
@@ -157,19 +158,32 @@ class GpuSampler:
                 continue
             self.used_max = max(self.used_max, used)
             for app in apps:
-                mine = self.procs.setdefault(app.pid, {"role": self.roles.get(app.pid, "engine"),
-                                                       "first_s": round(t, 2), "max_bytes": 0})
-                mine["max_bytes"] = max(mine["max_bytes"], app.usedGpuMemory or 0)
+                mine = self.procs.setdefault(app.pid, {"role": self._role(app.pid),
+                                                       "first_s": round(t, 2), "max_bytes": None})
+                if app.usedGpuMemory is not None:  # None where the driver does not say
+                    mine["max_bytes"] = max(mine["max_bytes"] or 0, app.usedGpuMemory)
             if t - last >= 2.0 and len(self.timeline) < 400:
                 self.timeline.append([round(t, 1), used])
                 last = t
+
+    def _role(self, pid: int) -> str:
+        """ballast / api server by pid, "engine" for a child of the API server, else
+        "unmatched": inside a container NVML may report the host's pids, which this namespace
+        cannot see (then the count of processes still tells two CUDA contexts from three)."""
+        if pid in self.roles:
+            return self.roles[pid]
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return "unmatched"
+        return "engine" if self.roles.get(ppid) == "api server" else "unmatched"
 
     def close(self) -> dict | None:
         self._stop.set()
         if not self._nv:
             return None
         self._thread.join(timeout=5)
-        return {"device_used_max_bytes": self.used_max,
+        return {"device_used_max_bytes": self.used_max, "process_count": len(self.procs),
                 "processes": {str(k): v for k, v in self.procs.items()},
                 "timeline_s_used_bytes": self.timeline}
 

@@ -95,26 +95,28 @@ def _vllm():
 
 
 def _declared_but_absent(dist: str) -> list[str]:
-    """The distributions `dist` declares (extras left out) that no metadata on sys.path names:
-    what an operator's pip install would have and this stack does not (each imported only on
-    some paths; an import error names the one that matters)."""
+    """The requirements `dist` declares for this host (extras and other platforms' markers left
+    out) that the installed distributions do not meet: "name" where none is installed, "name
+    (have X, wants SPEC)" where the version is outside the pin. What an operator's pip install
+    would have and this stack does not (each imported only on some paths; an import error names
+    the one that matters)."""
     import importlib.metadata as md
-    import re
 
-    absent = []
-    for req in md.requires(dist) or []:
-        name = re.split(r"[<>=!~;\[ ]", req, maxsplit=1)[0]
-        if "extra ==" not in req and not _installed(md, name):
-            absent.append(name)
-    return absent
+    from packaging.requirements import Requirement
 
-
-def _installed(md, name: str) -> bool:
-    try:
-        md.version(name)
-        return True
-    except md.PackageNotFoundError:
-        return False
+    out = []
+    for line in md.requires(dist) or []:
+        req = Requirement(line)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            out.append(req.name)
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            out.append(f"{req.name} (have {have}, wants {req.specifier})")
+    return out
 
 
 @check("vllm moe kernels")

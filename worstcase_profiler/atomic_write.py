@@ -16,13 +16,15 @@ from .errors import OutputError
 from .interrupts import uninterrupted
 
 
-def write_atomically(path: Path, data: str | bytes) -> None:
+def write_atomically(path: Path, data: str | bytes, *, mode: int | None = None) -> None:
     """Temp file in the same directory, fsync, os.replace: the destination is either the old
-    file or the complete new one, never a prefix, and a Ctrl-C leaves no temp file behind."""
+    file or the complete new one, never a prefix, and a Ctrl-C leaves no temp file behind.
+    Its mode: `mode` where given (the sweep cache's entries: 0600), else the old file's, else
+    what open() would give a new file (0666 less the umask)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with uninterrupted():
-            _write_and_replace(path, data)
+            _write_and_replace(path, data, mode)
     except OutputError:
         raise
     except OSError as e:  # a full disk, a read-only mount: the operator's, naming the path
@@ -30,13 +32,20 @@ def write_atomically(path: Path, data: str | bytes) -> None:
     _fsync_dir(path.parent)
 
 
-def _write_and_replace(path: Path, data: str | bytes) -> None:
+def _umask() -> int:
+    old = os.umask(0o022)
+    os.umask(old)
+    return old
+
+
+def _write_and_replace(path: Path, data: str | bytes, mode: int | None) -> None:
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     binary = isinstance(data, bytes)
+    if mode is None:  # mkstemp makes the file 0600
+        mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as tmp:
-            # mkstemp makes the file 0600; keep the old file's mode, else the usual 0644.
-            os.fchmod(tmp.fileno(), path.stat().st_mode & 0o777 if path.exists() else 0o644)
+            os.fchmod(tmp.fileno(), mode)
             tmp.write(data)
             tmp.flush()
             os.fsync(tmp.fileno())

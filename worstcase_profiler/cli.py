@@ -2,7 +2,7 @@
 
   wcprof [profile] [ENGINE ARGS] [--json P] [--html P] [--png P] [--validate]
                                                      profile (bundled tiny model without --model)
-  wcprof demo {tiny,scratch,overcommit,tile}         bundled scenarios
+  wcprof demo {tiny,scratch,overcommit,tile,decode,wide}  bundled scenarios
   wcprof check REPORT.json --kv-cache-memory-bytes N is this flag value safe?
   wcprof diff OLD.json NEW.json [--max-increase 5%]  CI gate
   wcprof render REPORT.json [--html P] [--png P]     re-render a saved report

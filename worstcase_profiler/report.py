@@ -36,8 +36,8 @@ SCHEMA_VERSION = "1.9"
 # "quick" validation target (`--validate quick`); 1.8: kv_audit.groups' drafter_layers,
 # unplanned_layers, ratio and verdict (each KV group against its own plan); ChunkAdvice's derived
 # need_bytes and kv_cache_bytes no longer required; $defs Segment named CoveredSegment; 1.9:
-# cut_down_proof also carries sweep_depth=auto's self-check (method, sampled, fell_back; the
-# full_* figures null when no full sweep ran).
+# cut_down_proof also carries the self-check (sweep_depth=self-check; method, sampled,
+# fell_back; the full_* figures null when no full sweep ran).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

@@ -236,3 +236,29 @@ def test_the_self_checks_verdict_is_stored_signed_with_the_entry(tmp_path):
     data["proof"]["deltas"]["decode"] = 1 << 30
     cache.path(key).write_text(json.dumps(data))
     assert other_host.load(key) is None
+
+
+def test_an_entry_is_written_owner_only_and_a_report_with_the_umask(tmp_path):
+    """Review: folding the writers into atomic_write made cache entries 0644 (they were 0600:
+    an entry names the host's model paths) and gave every new file 0644 whatever the umask."""
+    import os
+
+    from worstcase_profiler.atomic_write import write_atomically
+
+    old = os.umask(0o077)
+    try:
+        write_atomically(tmp_path / "r.json", "{}")
+        assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+    os.umask(0o022)
+    try:
+        write_atomically(tmp_path / "p.json", "{}")
+        assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o644
+        write_atomically(tmp_path / "e.json", "{}", mode=0o600)
+        assert (tmp_path / "e.json").stat().st_mode & 0o777 == 0o600
+        (tmp_path / "p.json").chmod(0o640)  # an existing file keeps its mode
+        write_atomically(tmp_path / "p.json", "[]")
+        assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old)

@@ -60,12 +60,19 @@ def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
 
 
 def test_cut_down_on_a_compiled_forward_says_whether_a_proof_covered_it(monkeypatch):
-    """sweep_depth=cut-down keeps its message; auto self-checks compiled forwards too (the
-    samples run compiled on the full model, so their differences carry compiled-vs-eager)."""
+    """sweep_depth=cut-down keeps its message; auto self-checks a compiled forward only for a
+    family the lab proved compiled (V2 runner, TP=1), else sweeps it whole (no GPU run has shown
+    the self-check on another compiled family); self-check is taken as asked."""
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
-    for setting in ("cut-down", "prove"):
+    for setting in ("cut-down", "prove", "self-check"):
         assert sweep_depth(setting, "NewForCausalLM", eager=lambda: False)[0] == setting
+    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
+    assert depth == "full" and "runs compiled" in why
+    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: True)[0] == "self-check"
+    monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
     assert sweep_depth("auto", "NewForCausalLM", eager=lambda: False)[0] == "self-check"
+    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: False, runner="v1")[0] == "full"
+    monkeypatch.delitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM")
     assert "no proof has covered" in sweep_depth("cut-down", "NewForCausalLM",
                                                  eager=lambda: False)[1]
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
@@ -81,5 +88,5 @@ def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():
         raise AssertionError("asked whether the model runs eagerly")
 
     assert sweep_depth("full", "LlamaForCausalLM", eager=never)[0] == "full"
-    assert sweep_depth("auto", "NewForCausalLM", eager=never)[0] == "self-check"
+    assert sweep_depth("self-check", "NewForCausalLM", eager=never)[0] == "self-check"
     assert sweep_depth("prove", "NewForCausalLM", eager=never)[0] == "prove"

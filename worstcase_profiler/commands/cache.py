@@ -89,8 +89,9 @@ def run(argv: list[str]) -> int:
     dst.mkdir(parents=True, exist_ok=True)
     from ..atomic_write import write_atomically
 
+    mode = 0o600 if ns.verb == "import" else None  # into a cache: as the cache writes its own
     for path, _ in good:  # as written (its signature included), never half a file
-        write_atomically(dst / path.name, path.read_bytes())
+        write_atomically(dst / path.name, path.read_bytes(), mode=mode)
     print(f"{ns.verb}ed {len(good)} entr{'y' if len(good) == 1 else 'ies'} from {src} to {dst}")
     for line in bad:
         print(f"skipped {line}")

@@ -100,8 +100,8 @@ class CacheEntry:
     sweep_mode: str = "full"
     """How the sweep ran (full, or cut down and confirmed), as the report shows it."""
     proof: CutDownProof | None = None
-    """sweep_depth=auto's self-check verdict (kept the cut-down sweep, or fell back to the full
-    one, with the sampled differences): signed with the entry, so a restart or another host
+    """The self-check's verdict (sweep_depth=self-check, auto's on CUDA: kept the cut-down
+    sweep, or fell back to the full one, with the sampled differences): signed with the entry, so a restart or another host
     reuses the verdict with the sweep and the report shows it again. None for other modes (a
     prove run's comparison is one start's, not reused) and for entries written before it."""
     schema: int = SCHEMA
@@ -192,5 +192,6 @@ class SweepCache:
     def store(self, entry: CacheEntry) -> Path:
         entry = entry.signed(self.secret)
         target = self.path(entry.key)
-        write_atomically(target, entry.to_json())  # a Ctrl-C waits for the rename
+        # 0600 as before the one helper: an entry names the host's model paths and config
+        write_atomically(target, entry.to_json(), mode=0o600)  # a Ctrl-C waits for the rename
         return target

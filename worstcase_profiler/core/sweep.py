@@ -240,25 +240,37 @@ def run_self_checked(driver: StepDriver, *, resolution: int, tolerance: int,
                      attribute_ops: bool = True, on_step: StepCallback | None = None,
                      allocator_slack: int = 0, stock_readings: int = 1
                      ) -> tuple[SweepResult, str, CutDownProof]:
-    """sweep_depth=auto: the cut-down sweep (run_cut_down's), plus one full-model sample of every
-    shape class no confirmation covered (class_samples), judged by sweep_depth.judge_self_check
-    against the cut-down assumption at `resolution` (the meter's resolution or allocator slack,
-    whichever is larger). Proven: the cut-down sweep is admitted, the samples among its
-    confirmations (their full figures exact, their differences in depth_delta). Refuted: the
-    full sweep runs (run_sweep's, `stock_readings` as there) and is admitted, and the proof says
-    why (fell_back). A model that cannot be cut raises ValueError before anything ran."""
+    """sweep_depth=self-check (auto's on CUDA): the cut-down sweep (run_cut_down's), plus one
+    full-model sample of every shape class no confirmation covered (class_samples), judged by
+    sweep_depth.judge_self_check against the cut-down assumption at `resolution` (the meter's
+    resolution or allocator slack, whichever is larger); a class whose sample cannot be built
+    refutes it (the class would go unchecked). Proven: the cut-down sweep is admitted, the
+    samples among its confirmations (their full figures exact, their differences in
+    depth_delta). Refuted: the full sweep runs (run_sweep's, `stock_readings` as there) and is
+    admitted, never below a full-model step the self-check read, and the proof says why
+    (fell_back). The stock step is read `stock_readings` times on each model. A model that
+    cannot be cut raises ValueError before anything ran."""
     cd = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
                    context_ladder=context_ladder, attribute_ops=attribute_ops, on_step=on_step,
-                   allocator_slack=allocator_slack, sample=True)
+                   allocator_slack=allocator_slack, sample=True, stock_readings=stock_readings)
     proof = judge_self_check(cd.result, cd.cut_figures, cd.samples, depth=cd.depth,
                              resolution=resolution, base_delta=cd.base_delta,
                              seconds=cd.result.seconds, unsampled_admitted=cd.base_peak)
+    if cd.unbuilt:  # a class left unsampled: the argument needs every class measured
+        why = ", ".join(sh.label() for sh in cd.unbuilt)
+        proof = dataclasses.replace(proof, verdict=f"no full-model sample could be built for "
+                                                   f"{why}, so its class is unchecked")
     line = _cut_down_line(cd) + f"; {len(cd.samples)} class sample(s) on the full model"
     if proof.proven:
         return cd.result, line + ": self-check proven", proof
     full = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
                      context_ladder=context_ladder, attribute_ops=attribute_ops, on_step=on_step,
                      allocator_slack=allocator_slack, stock_readings=stock_readings)
+    # Nothing is admitted below a reading: the full-model steps the self-check measured (the
+    # sample that refuted it among them) count beside the full sweep's own.
+    measured = max((r.peak_bytes for r in cd.full_readings), default=0) + max(0, allocator_slack)
+    if measured > full.peak_bytes:
+        full = dataclasses.replace(full, peak_bytes=measured)
     proof = dataclasses.replace(
         proof, fell_back=True, full_worst=full.worst.shape, full_peak_bytes=full.worst.peak_bytes,
         full_admitted_bytes=full.peak_bytes, full_seconds=round(full.seconds, 3))
@@ -279,19 +291,26 @@ class _CutDown(NamedTuple):
     """The largest full-minus-cut difference before the samples."""
     base_peak: int = 0
     """The admitted transient before the samples (what run_cut_down admits)."""
+    unbuilt: tuple[Shape, ...] = ()
+    """Class samples the driver could not build (their classes unchecked)."""
+    full_readings: tuple[StepResult, ...] = ()
+    """Every full-model reading: the stock step's (each of them), confirmations, samples."""
 
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
               attribute_ops: bool, on_step: StepCallback | None, allocator_slack: int,
-              sample: bool = False) -> _CutDown:
+              sample: bool = False, stock_readings: int = 1) -> _CutDown:
     """run_cut_down's sweep, what the cut kept, the cut decoder's figures; with `sample`, the
     self-check's class samples measured on the full model after the confirmations (they count
-    as confirmations in the admitted figure)."""
+    as confirmations in the admitted figure). The stock step is read `stock_readings` times on
+    each model: the lowest readings give the full-minus-cut difference (like with like), the
+    highest full-model one counts for the worst step and the admitted figure."""
     t_start = time.perf_counter()
     with driver.cut_down() as depth:
         cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
-                        context_ladder=context_ladder, attribute_ops=False, on_step=on_step)
-    stock = driver.measure_stock()  # the full model's, outside the cut
+                        context_ladder=context_ladder, attribute_ops=False, on_step=on_step,
+                        stock_readings=stock_readings)
+    stock, stock_high = measure_stock_steady(driver, stock_readings)  # the full model's
     ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
     chosen: list[StepResult] = []
     for r in ranked:
@@ -308,7 +327,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         return {shape: p + d for shape, p in cut_peak.items() if shape not in exact}
 
     def top() -> int:
-        return max(f.peak_bytes for f in confirmed)
+        return max(stock_high.peak_bytes, *(f.peak_bytes for f in confirmed))
 
     more = 0
     with driver.provisional_kv():
@@ -329,9 +348,11 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                 on_step(full)
         base_delta = delta()
         samples: list[StepResult] = []
+        unbuilt: list[Shape] = []
         if sample:
             for shape in class_samples(cut.steps, (f.shape for f in confirmed)):
                 if cannot_build(driver, shape) is not None:
+                    unbuilt.append(shape)
                     continue
                 full = driver.measure(shape)
                 confirmed.append(full)
@@ -354,7 +375,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         confirmed.extend(samples)
     else:
         base_peak = peak
-    worst = max(confirmed, key=lambda r: (r.need_bytes, r.peak_bytes))
+    worst = max([*confirmed, stock_high], key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.
     curve = tuple(dataclasses.replace(r, peak_bytes=r.peak_bytes + peak_delta)
@@ -363,7 +384,8 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
         confirmed=len(confirmed) - 1, seconds=time.perf_counter() - t_start)
-    return _CutDown(result, depth, cut.stock, cut_peak, tuple(samples), base_delta, base_peak)
+    return _CutDown(result, depth, cut.stock, cut_peak, tuple(samples), base_delta, base_peak,
+                    tuple(unbuilt), (stock_high, *confirmed))
 
 
 def _certified_bound(sweep: SweepResult, limits: Limits) -> int:
