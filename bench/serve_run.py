@@ -158,8 +158,10 @@ class GpuSampler:
                 continue
             self.used_max = max(self.used_max, used)
             for app in apps:
-                mine = self.procs.setdefault(app.pid, {"role": self._role(app.pid),
-                                                       "first_s": round(t, 2), "max_bytes": None})
+                if app.pid not in self.procs:  # its role read once, when it first holds memory
+                    self.procs[app.pid] = {"role": self._role(app.pid), "first_s": round(t, 2),
+                                           "max_bytes": None}
+                mine = self.procs[app.pid]
                 if app.usedGpuMemory is not None:  # None where the driver does not say
                     mine["max_bytes"] = max(mine["max_bytes"] or 0, app.usedGpuMemory)
             if t - last >= 2.0 and len(self.timeline) < 400:

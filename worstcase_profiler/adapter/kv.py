@@ -308,7 +308,7 @@ def _group_page_bytes(spec, names) -> int:
     # vllm-touch: kv-holders
     inner = getattr(spec, "kv_cache_specs", None)
     if inner:
-        return sum(int(getattr(inner.get(n, spec), "page_size_bytes", 0)) for n in names
+        return sum(int(inner[n].page_size_bytes) for n in names
                    if n in inner) or int(getattr(spec, "page_size_bytes", 0))
     return int(getattr(spec, "page_size_bytes", 0)) * len(names)
 

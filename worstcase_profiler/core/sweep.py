@@ -346,7 +346,17 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
             more += 1
             if on_step:
                 on_step(full)
-        base_delta = delta()
+        chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
+
+        def admitted() -> int:
+            # A rows value the chord certified never ran, on either model: on the full model it
+            # is bounded by its segment's cut-down bound plus the difference, not by a confirmed
+            # neighbour's own full-model figure.
+            return max([top() + chord_slack, *(b + chord_slack for b in bounds().values()),
+                        _certified_bound(cut, driver.limits) + delta()]) + max(0, allocator_slack)
+
+        # what the cut-down sweep admits before any sample (run_cut_down's figure)
+        base_delta, base_peak = delta(), admitted()
         samples: list[StepResult] = []
         unbuilt: list[Shape] = []
         if sample:
@@ -359,22 +369,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                 samples.append(full)
                 if on_step:
                     on_step(full)
-    chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
-
-    def admitted() -> int:
-        # A rows value the chord certified never ran, on either model: on the full model it is
-        # bounded by its segment's cut-down bound plus the difference, not by a confirmed
-        # neighbour's own full-model figure.
-        return max([top() + chord_slack, *(b + chord_slack for b in bounds().values()),
-                    _certified_bound(cut, driver.limits) + delta()]) + max(0, allocator_slack)
-
     peak_delta, peak = delta(), admitted()
-    if samples:  # what the cut-down sweep admitted before its samples (run_cut_down's figure)
-        del confirmed[len(confirmed) - len(samples):]
-        base_peak = admitted()
-        confirmed.extend(samples)
-    else:
-        base_peak = peak
     worst = max([*confirmed, stock_high], key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.

@@ -69,9 +69,9 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     when this model's samples contradict the cut-down assumption), on the devices whose meter
     resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES)
     for an eager forward of any family and a compiled one of a family proven compiled
-    (CUT_DOWN_PROVEN_COMPILED, V2 runner, TP=1), full otherwise; cut-down and prove are taken as asked (prove runs
-    both, the full one admitted; cut-down on a compiled forward of a family no proof covered
-    compiled says it is unproven). `eager` is asked only where the answer depends on it (it walks
+    (CUT_DOWN_PROVEN_COMPILED, V2 runner, TP=1), full otherwise; cut-down and prove are taken
+    as asked (prove runs both, the full one admitted; cut-down on a compiled forward of a
+    family no proof covered compiled says it is unproven). `eager` is asked only where the answer depends on it (it walks
     the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
