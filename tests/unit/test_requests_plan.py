@@ -11,6 +11,7 @@ import pytest
 from worstcase_profiler.core.requests_plan import plan_for, quick_plan, token_ids
 from worstcase_profiler.core.shapes import Limits, decode_batch, mixed_step, prefill_chunk, split_prefills
 from worstcase_profiler.core.types import Shape
+from worstcase_profiler.errors import ConfigError
 
 LIMITS = Limits(max_model_len=4096, max_num_batched_tokens=512, max_num_seqs=8, block_size=16)
 
@@ -96,7 +97,7 @@ def test_token_ids_share_exactly_the_prefix():
 # vLLM 0.32 gives Qwen3.5 ("align" mode), with max_num_seqs 1024.
 DRAFT = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
                num_speculative_tokens=2, block_size=800, prefix_caching=True,
-               prefix_hit_min_rows=800)
+               prefix_hit_min_rows=800, prefix_hit_drop=800)
 
 
 def test_a_dropped_block_caps_the_requests_of_a_wide_prefill():
@@ -105,7 +106,7 @@ def test_a_dropped_block_caps_the_requests_of_a_wide_prefill():
     shapes = split_prefills(DRAFT, 8192)
     assert max(s.num_reqs for s in shapes) == 8 <= 8192 // 800
     assert all(s.rows // s.num_reqs >= DRAFT.prefix_hit_min_rows for s in shapes)
-    no_drop = split_prefills(dataclasses.replace(DRAFT, prefix_hit_min_rows=1), 8192)
+    no_drop = split_prefills(dataclasses.replace(DRAFT, prefix_hit_min_rows=1, prefix_hit_drop=0), 8192)
     assert max(s.num_reqs for s in no_drop) == 1024
     # without prefix caching nothing lines long requests up anyway: those stay over-estimates
     private = split_prefills(dataclasses.replace(DRAFT, prefix_caching=False), 8192)
@@ -143,13 +144,13 @@ def test_a_step_finer_than_the_dropped_block_is_measured_and_said_not_exact():
 
 
 def _config(method="mtp", caching=True, block=800, hybrid=True, mode="align", unit=None,
-            compress=None, threshold=0, connector=False):
+            compress=None, threshold=0, connector=False, draft=None, **text):
     from types import SimpleNamespace as NS
 
     spec = None if method is None else NS(
-        method=method, num_speculative_tokens=2,
+        method=method, num_speculative_tokens=2, draft_model_config=draft,
         use_eagle_block_drop=lambda: method in ("eagle", "eagle3", "mtp", "dflash", "dspark"))
-    hf = NS(compress_ratios=compress)
+    hf = NS(compress_ratios=compress, **text)
     return NS(speculative_config=spec,
               scheduler_config=NS(long_prefill_token_threshold=threshold),
               kv_transfer_config=NS(kv_connector="LMCacheConnectorV1") if connector else None,
@@ -158,22 +159,67 @@ def _config(method="mtp", caching=True, block=800, hybrid=True, mode="align", un
               model_config=NS(hf_config=hf, is_hybrid=hybrid, is_attention_free=False))
 
 
+def _draft(**text):
+    from types import SimpleNamespace as NS
+    return NS(hf_config=NS(**text), is_hybrid=False)
+
+
 @pytest.mark.parametrize("kwargs,expected", [
-    ({}, 800),                                   # Qwen3.5 + MTP, prefix caching, "align"
-    ({"hybrid": False, "block": 16}, 16),        # a Llama with EAGLE
-    ({"unit": 16}, 16),                          # a finer prefix_match_unit sets the hit unit
-    ({"threshold": 512}, 1),                     # long_prefill_token_threshold: short chunks
-    ({"connector": True}, 1),                    # LMCache / P-D: external hits drop nothing
-    ({"method": "ngram"}, 1),                    # a drafter that keeps every matched block
-    ({"method": None}, 1),                       # no drafter
-    ({"caching": False}, 1),                     # no prefix cache, no hit
-    ({"mode": "none"}, 1),                       # a hybrid outside "align": not modelled
-    ({"compress": [4, 128]}, 1),                 # DeepSeek-V4: KV groups of other block sizes
+    ({}, (800, 800)),                            # Qwen3.5 + MTP, prefix caching, "align"
+    ({"hybrid": False, "block": 16}, (17, 16)),  # a Llama with EAGLE: one KV group
+    ({"hybrid": False, "block": 16, "draft": _draft()}, (17, 16)),  # its draft: full attention
+    # a sliding window, beside full attention or in the draft: several groups, the block alone
+    ({"hybrid": False, "block": 16, "sliding_window": 4096}, (16, 16)),
+    ({"hybrid": False, "block": 16, "layer_types": ["full_attention", "sliding_attention"]},
+     (16, 16)),
+    ({"hybrid": False, "block": 16, "draft": _draft(sliding_window=2048)}, (16, 16)),
+    ({"hybrid": False, "block": 16, "index_topk": 2048}, (16, 16)),  # DSv3.2's indexer cache
+    ({"unit": 16}, (16, 16)),                    # a finer prefix_match_unit sets the hit unit
+    ({"threshold": 512}, (1, 0)),                # long_prefill_token_threshold: short chunks
+    ({"connector": True}, (1, 0)),               # LMCache / P-D: external hits drop nothing
+    ({"method": "ngram"}, (1, 0)),               # a drafter that keeps every matched block
+    ({"method": None}, (1, 0)),                  # no drafter
+    ({"caching": False}, (1, 0)),                # no prefix cache, no hit
+    ({"mode": "none"}, (1, 0)),                  # a hybrid outside "align": not modelled
+    ({"compress": [4, 128]}, (1, 0)),            # DeepSeek-V4: KV groups of other block sizes
 ])
 def test_the_rows_a_hit_leaves_follow_the_drafter_and_the_cache(kwargs, expected):
-    from worstcase_profiler.adapter.facts import prefix_hit_min_rows
+    from worstcase_profiler.adapter.facts import prefix_hit_rows
 
-    assert prefix_hit_min_rows(_config(**kwargs)) == expected
+    got = prefix_hit_rows(_config(**kwargs))
+    assert (got["prefix_hit_min_rows"], got["prefix_hit_drop"]) == expected
+
+
+# One KV group under EAGLE-3 (the Llama-3.1-8B layout, block 16, 512 sequences): a hit is capped
+# at the prompt's length minus one and then drops a block, so each request on a cached context
+# computes at least 17 rows (H200 run 35: a swept 512 x 16-row step on 131,056 cached tokens
+# could not be formed, and its validation measured an empty-context step at 0.44).
+EAGLE = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=512,
+               num_speculative_tokens=3, block_size=16, prefix_caching=True,
+               prefix_hit_min_rows=17, prefix_hit_drop=16)
+
+
+def test_one_kv_group_needs_a_block_and_a_token_per_hit_so_every_split_prefill_forms():
+    shapes = split_prefills(EAGLE, 8192)
+    assert shapes and max(s.num_reqs for s in shapes) <= 8192 // 17
+    for shape in shapes:
+        plan = plan_for(shape, EAGLE, prefix_caching=True)
+        assert plan.exact, (shape, plan.note)
+        (warm,), measured = [b for b in plan.batches if not b.measured], plan.batches[-1]
+        shared = warm.prompts[0].prefix_len
+        for p in measured.prompts:
+            hit = min((p.length - 1) // 16 * 16, shared) - 16  # unitary: cap, then drop
+            assert hit == plan.target.context_len and p.length - hit >= 17
+        assert sum(p.length - plan.target.context_len for p in measured.prompts) == 8192
+    # the same limits without the token: 512 x 16 rows, which no request forms
+    loose = dataclasses.replace(EAGLE, prefix_hit_min_rows=16)
+    widest = max(split_prefills(loose, 8192), key=lambda s: s.num_reqs)
+    assert widest.num_reqs == 512 and not plan_for(widest, loose, prefix_caching=True).exact
+
+
+def test_a_hit_cannot_drop_more_than_it_leaves():
+    with pytest.raises(ConfigError):
+        dataclasses.replace(EAGLE, prefix_hit_drop=18)
 
 
 # vLLM 0.32, a Mamba hybrid in "align" mode without a block-dropping drafter (H200 run 18,

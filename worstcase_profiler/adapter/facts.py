@@ -29,16 +29,18 @@ def limits_of(vllm_config, runner=None) -> Limits:
         num_speculative_tokens=k,
         block_size=int(vllm_config.cache_config.block_size or 16),
         prefix_caching=bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False)),
-        prefix_hit_min_rows=prefix_hit_min_rows(vllm_config),
+        **prefix_hit_rows(vllm_config),
     )
 
 
-def prefix_hit_min_rows(vllm_config) -> int:
-    """Limits.prefix_hit_min_rows: one cache block when the drafter makes vLLM drop a prefix
-    hit's last matched block (EAGLE, MTP, DFlash, DSpark: the drafter needs the target's hidden
-    states of the last tokens), else 1. One block, not one more: with several KV groups (a Mamba
-    hybrid, sliding window beside full attention) vLLM's hybrid coordinator lets a block-aligned,
-    fully cached prompt hit at its length minus one block, which leaves exactly one block.
+def prefix_hit_rows(vllm_config) -> dict[str, int]:
+    """Limits.prefix_hit_min_rows and prefix_hit_drop: under a drafter that makes vLLM drop a
+    prefix hit's last matched block (EAGLE, MTP, DFlash, DSpark: the drafter needs the target's
+    hidden states of the last tokens), the dropped block, and the fewest rows a hit leaves: that
+    block plus one token where the model has one KV group (vLLM's unitary coordinator caps a hit
+    at the prompt's length minus one, then drops a block: a prompt S + u on a cached S computes
+    u + block rows, u >= 1), the block alone where it may have several (the hybrid coordinator
+    lets a block-aligned, fully cached prompt hit at its length minus one block). Else 1 and 0.
 
     The block is the cache's hit unit: cache_config.block_size (for a Mamba hybrid in "align"
     mode, the block every group shares), or prefix_match_unit when that is smaller. It stays 1,
@@ -48,26 +50,65 @@ def prefix_hit_min_rows(vllm_config) -> int:
       - a KV connector (kv_transfer_config: LMCache, P/D disaggregation) adds external hits that
         need not drop anything;
       - KV groups of different block sizes (DeepSeek-V4's compressed attention), a hybrid not in
-        "align" mode, an attention-free model."""
+        "align" mode, an attention-free model.
+    One KV group is claimed only where neither the target's nor the draft's config names any
+    layer kind beside full attention (`_one_kv_group`); otherwise the block alone stands."""
     # vllm-touch: worker-config
+    none = {"prefix_hit_min_rows": 1, "prefix_hit_drop": 0}
     cache, spec = vllm_config.cache_config, vllm_config.speculative_config
     if not getattr(cache, "enable_prefix_caching", False) or not _drops_hit_block(spec):
-        return 1
+        return none
     scheduler = getattr(vllm_config, "scheduler_config", None)
     if int(getattr(scheduler, "long_prefill_token_threshold", 0) or 0) > 0:
-        return 1
+        return none
     if getattr(vllm_config, "kv_transfer_config", None) is not None:
-        return 1
+        return none
     model = vllm_config.model_config
-    text = model.hf_config.get_text_config() if hasattr(model.hf_config, "get_text_config") \
-        else model.hf_config
+    text = _text_config(model)
     if getattr(text, "compress_ratios", None) or getattr(model, "is_attention_free", False):
-        return 1
+        return none
     if getattr(model, "is_hybrid", False) and getattr(cache, "mamba_cache_mode", None) != "align":
-        return 1
+        return none
     block = int(cache.block_size or 16)
     unit = getattr(cache, "prefix_match_unit", None)
-    return min(block, int(unit)) if unit else block
+    drop = min(block, int(unit)) if unit else block
+    return {"prefix_hit_min_rows": drop + int(_one_kv_group(vllm_config)), "prefix_hit_drop": drop}
+
+
+_OTHER_LAYER_KINDS = ("sliding_window", "sliding_window_pattern", "interleaved_sliding_window",
+                      "attention_chunk_size", "index_topk", "compress_ratios", "layers_block_type",
+                      "full_attention_interval", "linear_attn_config")
+"""Config fields that name a layer kind beside full attention (each gives vLLM another KV group:
+sliding or chunked windows, DeepSeek's indexer cache, compressed attention, recurrent layers)."""
+
+
+def _text_config(model_config):
+    hf = model_config.hf_config
+    return hf.get_text_config() if hasattr(hf, "get_text_config") else hf
+
+
+def _one_kv_group(vllm_config) -> bool:
+    """Whether every KV layer is plain full attention, target and draft alike (then vLLM builds
+    one KV group, whatever the layers' sizes: UniformTypeKVCacheSpecs). False wherever a config
+    names another layer kind, or layer_types lists one, or the model is hybrid, or the draft's
+    config cannot be read."""
+    # vllm-touch: worker-config
+    configs = [vllm_config.model_config]
+    draft = getattr(vllm_config.speculative_config, "draft_model_config", None)
+    if draft is not None:
+        configs.append(draft)
+    for model in configs:
+        if getattr(model, "is_hybrid", False):
+            return False
+        try:
+            text = _text_config(model)
+        except Exception:  # noqa: BLE001 - unreadable: do not claim one group
+            return False
+        if any(getattr(text, name, None) for name in _OTHER_LAYER_KINDS):
+            return False
+        if any(t != "full_attention" for t in (getattr(text, "layer_types", None) or ())):
+            return False
+    return True
 
 
 def _drops_hit_block(spec) -> bool:

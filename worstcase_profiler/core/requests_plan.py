@@ -341,7 +341,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
             exact=kept == n and shape.context_len - ctx <= limits.block_size,
             note="; ".join(notes) or None)
     if n > 1:
-        why = (f"a prefix-cache hit leaves each request {limits.prefix_hit_min_rows} rows to "
+        why = (f"a prefix-cache hit leaves each request at least {dropped + 1} rows to "
                f"compute (the drafter drops the hit's last block), more than this step's "
                f"{rows // n}" if prefix_caching else
                "without prefix caching several requests each on a long context cannot be "

@@ -40,10 +40,16 @@ class Limits:
     prefix_caching: bool = False
     prefix_hit_min_rows: int = 1
     """With prefix caching, the fewest prompt tokens a request that hits the cache still computes
-    in its step: 1, or one cache block when the drafter (EAGLE, MTP, DFlash, DSpark) makes vLLM
-    drop the last matched block (`use_eagle_block_drop`). Requests on a long shared context
-    share a prefill step only through such hits, so at most rows // prefix_hit_min_rows of them
-    do. The adapter leaves it at 1 wherever another route exists (adapter/facts.py)."""
+    in its step: 1; under a drafter (EAGLE, MTP, DFlash, DSpark) that makes vLLM drop the last
+    matched block (`use_eagle_block_drop`), that block (prefix_hit_drop) plus the one token a
+    single KV group's hit always leaves (vLLM caps it at the prompt's length minus one), or the
+    block alone where several groups let a block-aligned, fully cached prompt hit at its length
+    minus one block. Requests on a long shared context share a prefill step only through such
+    hits, so at most rows // prefix_hit_min_rows of them do. The adapter leaves it at 1 wherever
+    another route exists (adapter/facts.py)."""
+    prefix_hit_drop: int = 0
+    """The rows a prefix-cache hit gives back to compute under such a drafter: the dropped block
+    (the cache's hit unit); 0 without one. Never more than prefix_hit_min_rows."""
     prefix_request_tokens: int | None = None
     """With prefix caching, the KV capacity (in kv_capacity_tokens' unit) each request beyond the
     first on one shared full-length prefix takes: one block when None. Where requests share a
@@ -73,18 +79,24 @@ class Limits:
                                              "full_request_tokens")) \
                     or f.name == "prefix_caching":
                 continue
-            floor = 0 if f.name in ("num_speculative_tokens", "state_request_tokens") else 1
+            floor = 0 if f.name in ("num_speculative_tokens", "state_request_tokens",
+                                    "prefix_hit_drop") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < floor:
                 raise ConfigError(
                     f"{f.name} must be an integer >= {floor}, got {value!r}",
                     hint=f"pass a {'non-negative' if floor == 0 else 'positive'} --"
                          f"{f.name.replace('_', '-')} (or fix the engine config)")
+        if self.prefix_hit_drop > self.prefix_hit_min_rows:
+            raise ConfigError(
+                f"prefix_hit_drop {self.prefix_hit_drop} exceeds prefix_hit_min_rows "
+                f"{self.prefix_hit_min_rows}: a hit that gives back a block leaves at least it",
+                hint="derive both from one config (adapter/facts.prefix_hit_rows)")
 
     @property
     def hit_drop(self) -> int:
         """Rows a prefix-cache hit gives back to compute: the dropped block
-        (prefix_hit_min_rows) under such a drafter, else 0."""
-        return self.prefix_hit_min_rows if self.prefix_hit_min_rows > 1 else 0
+        (prefix_hit_drop) under such a drafter, else 0."""
+        return self.prefix_hit_drop
 
     @property
     def rows_per_decode(self) -> int:
