@@ -270,3 +270,20 @@ def test_a_speculative_state_adds_its_blocks_to_every_request():
     assert windowed.tokens_per_full_request == 16384 + 9 * 1024
     zero = dataclasses.replace(base, state_request_tokens=0)
     assert zero == base and zero.tokens_per_full_request == base.tokens_per_full_request
+
+
+def test_requests_on_one_cached_prefix_each_hold_their_own_state_blocks():
+    """With prefix caching the siblings on one shared prefix share its attention blocks, not a
+    recurrent state: each holds its 1 + k state blocks beside its own block (H200 run 36: the
+    DFlash hybrid at 131k swept a 910-request decode batch that the pool held 181 of, the state
+    not counted per sibling)."""
+    base = Limits(131072, 8192, 1024, num_speculative_tokens=8, block_size=1024,
+                  kv_capacity_tokens=2000 * 1024, prefix_caching=True)
+    seed = dataclasses.replace(base, state_request_tokens=9 * 1024)
+    first = seed.tokens_per_full_request // 1024  # the shared prefix and the first state
+    assert seed.max_resident_requests == (2000 - first) // 10 + 1 < base.max_resident_requests
+    assert decode_batch(seed).num_reqs <= seed.max_resident_requests
+    # a distinct-hit request's own figure stands where it is more
+    wide = dataclasses.replace(seed, prefix_request_tokens=20 * 1024)
+    assert wide.max_distinct_hit_requests == (2000 - first) // 20 + 1
+    assert seed.max_distinct_hit_requests == seed.max_resident_requests

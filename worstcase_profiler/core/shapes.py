@@ -129,14 +129,22 @@ class Limits:
         group is charged the window a decoding request keeps, not vLLM's admission cap). With
         prefix caching they share one full-length prefix and each own one block per group
         (decoding siblings hold one block per group at most: the floor stays one block, which
-        is block_size capacity tokens over all groups together)."""
-        return self._resident(self.block_size)
+        is block_size capacity tokens over all groups together), plus their recurrent state's
+        blocks (state_request_tokens: a Mamba group's 1 + k, which no sibling shares)."""
+        return self._resident(self.sibling_tokens)
 
     @property
     def max_distinct_hit_requests(self) -> int | None:
         """max_resident_requests for a prefill step whose requests each hit a cached block of
-        their own (prefix_request_tokens each); only split prefills use it."""
-        return self._resident(self.prefix_request_tokens or self.block_size)
+        their own (prefix_request_tokens each, or sibling_tokens where that is more: both are
+        lower bounds on what such a request holds); only split prefills use it."""
+        return self._resident(max(self.prefix_request_tokens or 0, self.sibling_tokens))
+
+    @property
+    def sibling_tokens(self) -> int:
+        """The fewest capacity tokens a request beside others on one cached prefix holds: a
+        block of its own, and its recurrent state's blocks under speculative decoding."""
+        return self.block_size + self.state_request_tokens
 
     def _resident(self, own: int) -> int | None:
         if self.kv_capacity_tokens is None:
@@ -287,7 +295,7 @@ def _extent_for(limits: Limits, num_reqs: int) -> int:
     rounded, per_req = limits.rounded_model_len, limits.tokens_per_full_request
     extent = limits.kv_capacity_tokens * rounded // (num_reqs * per_req)
     if limits.prefix_caching:  # never below the private bound (both bound the same steps)
-        shared = limits.kv_capacity_tokens - (num_reqs - 1) * limits.block_size
+        shared = limits.kv_capacity_tokens - (num_reqs - 1) * limits.sibling_tokens
         extent = max(extent, shared * rounded // per_req)
     return max(1, min(limits.max_model_len, extent))
 
