@@ -15,6 +15,8 @@ import time
 import traceback
 
 RESULTS: list[dict] = []
+"""Each check runs where it is declared (`check` calls it at once): a helper it calls is defined
+above it."""
 
 
 def check(name):
@@ -86,14 +88,6 @@ def _compile():
     return {"ok": bool(torch.allclose(f(t), torch.nn.functional.silu(t) * 2))}
 
 
-@check("vllm")
-def _vllm():
-    import vllm
-    from vllm import _custom_ops  # noqa: F401 - _C_stable_libtorch
-    return {"version": vllm.__version__, "file": vllm.__file__,
-            "declared_but_absent": _declared_but_absent("vllm")}
-
-
 def _declared_but_absent(dist: str) -> list[str]:
     """The requirements `dist` declares for this host (extras and other platforms' markers left
     out) that the installed distributions do not meet: "name" where none is installed, "name
@@ -117,6 +111,14 @@ def _declared_but_absent(dist: str) -> list[str]:
         if req.specifier and not req.specifier.contains(have, prereleases=True):
             out.append(f"{req.name} (have {have}, wants {req.specifier})")
     return out
+
+
+@check("vllm")
+def _vllm():
+    import vllm
+    from vllm import _custom_ops  # noqa: F401 - _C_stable_libtorch
+    return {"version": vllm.__version__, "file": vllm.__file__,
+            "declared_but_absent": _declared_but_absent("vllm")}
 
 
 @check("vllm moe kernels")
