@@ -179,6 +179,17 @@ def state_request_tokens(runner, bytes_per_token: int) -> int:
     return blocks * block_bytes // max(1, bytes_per_token)
 
 
+def request_floor(kv_cache_config) -> dict[str, int]:
+    """core/audits.concurrency_note's pool facts from the KV cache config vLLM built: its blocks,
+    and the fewest a request holds (one in every device-pool group, plus a Mamba group's
+    speculative blocks, speculative_state_blocks)."""
+    # vllm-touch: kv-cache-config
+    groups = [g for g in kv_cache_config.kv_cache_groups if not getattr(g, "host_resident", False)]
+    state = sum(speculative_state_blocks(g.kv_cache_spec) for g in groups)
+    return {"pool_blocks": int(kv_cache_config.num_blocks), "request_blocks": len(groups) + state,
+            "state_blocks": state}
+
+
 def one_request_bytes(runner, vllm_config) -> int:
     """What one request at max_model_len needs, from each layer's own spec (vLLM's check)."""
     # vllm-touch: kv-holders

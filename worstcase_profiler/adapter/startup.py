@@ -29,7 +29,8 @@ from typing import NamedTuple
 
 from ..core import budget
 from ..core.advise import knee_line
-from ..core.audits import kv_audit_error, kv_audit_verdict, warmup_to_remember, warmup_verdict
+from ..core.audits import (concurrency_note, kv_audit_error, kv_audit_verdict, warmup_to_remember,
+                           warmup_verdict)
 from ..core.cache_trust import reuse_consumed
 from ..core.replay_rules import plan_agreement
 from ..core import shapes
@@ -512,6 +513,11 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
     session.record_kv_audit(audit)
     if audit.verdict != "ok" and settings.kv_audit == "warn":
         session.warn(audit.message)
+    note = concurrency_note(**kvmod.request_floor(kv_cache_config),
+                            max_num_seqs=int(worker.vllm_config.scheduler_config.max_num_seqs))
+    if note is not None:
+        session.warn(note)
+        log.warning("[wcprof] %s", note)
     write_report(session)
     error = kv_audit_error(audit, settings.kv_audit)
     if error is not None:
