@@ -287,3 +287,20 @@ def test_requests_on_one_cached_prefix_each_hold_their_own_state_blocks():
     wide = dataclasses.replace(seed, prefix_request_tokens=20 * 1024)
     assert wide.max_distinct_hit_requests == (2000 - first) // 20 + 1
     assert seed.max_distinct_hit_requests == seed.max_resident_requests
+
+
+def test_no_step_holds_more_requests_than_their_state_blocks_leave_room_for():
+    """Without prefix caching too: each request holds its 1 + k state blocks and a block of its
+    own, so no split prefill or wide decode batch plans more requests than the pool holds at once
+    (seed 000's 6 GiB at k=8: the sweep planned 32 requests, the H200 ran 26 at once)."""
+    from worstcase_profiler.core.shapes import split_prefills, wide_decode_batch
+
+    base = Limits(32768, 8192, 32, num_speculative_tokens=8, block_size=832,
+                  kv_capacity_tokens=270 * 832)
+    seed = dataclasses.replace(base, state_request_tokens=9 * 832)
+    assert seed.max_concurrent_requests == 27 and base.max_concurrent_requests == 270
+    assert max(s.num_reqs for s in split_prefills(base, 8192)) == 32  # no state: max_num_seqs
+    assert max(s.num_reqs for s in split_prefills(seed, 8192)) == 16  # 2, 4, 8, 16: 32 > 27
+    wide = wide_decode_batch(seed) or decode_batch(seed)
+    assert wide.num_reqs <= 27
+    assert dataclasses.replace(seed, kv_capacity_tokens=None).max_concurrent_requests is None

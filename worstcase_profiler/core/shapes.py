@@ -141,6 +141,17 @@ class Limits:
         return self._resident(max(self.prefix_request_tokens or 0, self.sibling_tokens))
 
     @property
+    def max_concurrent_requests(self) -> int | None:
+        """How many requests of any length the KV cache holds at once; None when capacity is
+        unknown. Each holds at least sibling_tokens (a block of its own and its recurrent
+        state's blocks), so this is an upper bound on any step's requests: where a state's 1 + k
+        blocks under speculative decoding make it fewer than max_num_seqs, wider steps are
+        never formed."""
+        if self.kv_capacity_tokens is None:
+            return None
+        return max(1, self.kv_capacity_tokens // self.sibling_tokens)
+
+    @property
     def sibling_tokens(self) -> int:
         """The fewest capacity tokens a request beside others on one cached prefix holds: a
         block of its own, and its recurrent state's blocks under speculative decoding."""
@@ -246,16 +257,16 @@ def prefill_chunk(limits: Limits, rows: int) -> Shape:
 
 
 def split_prefills(limits: Limits, rows: int) -> list[Shape]:
-    """The same R rows spread over n = 2, 4, 8, ... prefill requests (up to max_num_seqs), each
-    ending at max_model_len: the scheduler forms these when one request's last chunk and the
-    next one's first share a step. Per-request metadata and kernel splits scale with n. With
-    prefix caching, n stops at rows // prefix_hit_min_rows: each request on the shared context
-    reached it through a cache hit, which leaves that many rows to compute (without it the
-    shapes stay, over-estimates, since nothing else lines long requests up). When the KV pool
-    holds fewer full-length requests on the shared prefix than the largest n, that count is a
-    shape too: the most requests that can sit at the full extent at once."""
+    """The same R rows spread over n = 2, 4, 8, ... prefill requests (up to max_num_seqs and
+    max_concurrent_requests), each ending at max_model_len: the scheduler forms these when one
+    request's last chunk and the next one's first share a step. Per-request metadata and kernel
+    splits scale with n. With prefix caching, n stops at rows // prefix_hit_min_rows: each
+    request on the shared context reached it through a cache hit, which leaves that many rows to
+    compute (without it the shapes stay, over-estimates, since nothing else lines long requests
+    up). When the KV pool holds fewer full-length requests on the shared prefix than the largest
+    n, that count is a shape too: the most requests that can sit at the full extent at once."""
     _check_rows(limits, rows)
-    most = min(limits.max_num_seqs, rows)
+    most = min(limits.max_num_seqs, rows, limits.max_concurrent_requests or rows)
     if limits.prefix_caching:
         most = min(most, rows // limits.prefix_hit_min_rows)
     counts = []
@@ -305,7 +316,8 @@ def wide_decode_batch(limits: Limits) -> Shape | None:
     KV capacity lets that many be at once: more sampler rows and metadata than the full-context
     batch, which the capacity caps. None when it is the same shape as decode_batch."""
     per_req = limits.rows_per_decode
-    n = max(1, min(limits.max_num_seqs, limits.max_num_batched_tokens // per_req))
+    n = max(1, min(limits.max_num_seqs, limits.max_num_batched_tokens // per_req,
+                   limits.max_concurrent_requests or limits.max_num_seqs))
     shape = Shape(kind="decode", rows=n * per_req,
                   context_len=max(0, _extent_for(limits, n) - per_req), num_reqs=n)
     return None if shape == decode_batch(limits) else shape
