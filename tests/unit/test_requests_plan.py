@@ -144,7 +144,7 @@ def test_a_step_finer_than_the_dropped_block_is_measured_and_said_not_exact():
 
 
 def _config(method="mtp", caching=True, block=800, hybrid=True, mode="align", unit=None,
-            compress=None, threshold=0, connector=False, draft=None, **text):
+            compress=None, threshold=0, connector=False, draft=None, encdec=False, **text):
     from types import SimpleNamespace as NS
 
     spec = None if method is None else NS(
@@ -156,7 +156,8 @@ def _config(method="mtp", caching=True, block=800, hybrid=True, mode="align", un
               kv_transfer_config=NS(kv_connector="LMCacheConnectorV1") if connector else None,
               cache_config=NS(enable_prefix_caching=caching, block_size=block,
                               prefix_match_unit=unit, mamba_cache_mode=mode),
-              model_config=NS(hf_config=hf, is_hybrid=hybrid, is_attention_free=False))
+              model_config=NS(hf_config=hf, is_hybrid=hybrid, is_attention_free=False,
+                              is_encoder_decoder=encdec))
 
 
 def _draft(**text):
@@ -174,6 +175,7 @@ def _draft(**text):
      (16, 16)),
     ({"hybrid": False, "block": 16, "draft": _draft(sliding_window=2048)}, (16, 16)),
     ({"hybrid": False, "block": 16, "index_topk": 2048}, (16, 16)),  # DSv3.2's indexer cache
+    ({"hybrid": False, "block": 16, "draft": _draft(), "encdec": True}, (16, 16)),  # cross-attn
     ({"unit": 16}, (16, 16)),                    # a finer prefix_match_unit sets the hit unit
     ({"threshold": 512}, (1, 0)),                # long_prefill_token_threshold: short chunks
     ({"connector": True}, (1, 0)),               # LMCache / P-D: external hits drop nothing

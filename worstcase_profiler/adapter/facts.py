@@ -98,8 +98,8 @@ def _one_kv_group(vllm_config) -> bool:
     if draft is not None:
         configs.append(draft)
     for model in configs:
-        if getattr(model, "is_hybrid", False):
-            return False
+        if getattr(model, "is_hybrid", False) or getattr(model, "is_encoder_decoder", False):
+            return False  # recurrent state, or cross-attention KV: groups of their own
         try:
             text = _text_config(model)
         except Exception:  # noqa: BLE001 - unreadable: do not claim one group
