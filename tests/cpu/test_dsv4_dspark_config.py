@@ -29,7 +29,7 @@ import sys
 
 import pytest
 
-from tests.cpu.conftest import ROOT, engine_env
+from conftest import ROOT, engine_env
 
 pytest.importorskip("vllm")
 
