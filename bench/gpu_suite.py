@@ -19,6 +19,12 @@ Cases (models under tests/gpu/models/, config.json only, dummy weights, token-id
                 as dsv32_fp8 / dsv32_bf16 at tensor_parallel_size 2 (2 GPUs; named only: the
                 default list is the single-GPU cases): every rank sweeps, the same steps in the
                 same order, and is validated in its own worker
+  dsv4_dspark_eager, dsv4_dspark_graphs
+                issue 32, seed 002's system on one H200 (TP=1; named only): DeepSeek-V4 (the
+                4-layer bf16 layout with its DSpark fields) with the DSpark drafter, k=3, at the
+                seed's limits: max_model_len 262144, 4 sequences, 4096-token steps, fp8_ds_mla KV,
+                block 256, prefix caching; eager, and FULL_AND_PIECEWISE CUDA graphs. Needs the
+                extra piece (TileLang) on the 0.32 stack (docs/gpu.md)
 The others at max_model_len 131072, max_num_batched_tokens 8192; all at gpu_memory_utilization 0.5.
 
 Writes DIR/<case>.json (wcprof's report), DIR/<case>.log, and, after every case, DIR/summary.json
@@ -67,6 +73,20 @@ DFLASH = ["--speculative-config", json.dumps({"method": "dflash", "model": str(Q
 # seed 000's launch: 32k context, 32 sequences, a 6 GiB KV flag held against the worst case
 SEED000 = ["--max-model-len", "32768", "--max-num-batched-tokens", "8192", "--max-num-seqs", "32",
            "--kv-cache-memory-bytes", str(6 << 30), "--no-enable-prefix-caching"]
+# issue 32: seed 002's launch, TP=1. DSpark (k=3, the seed's) drafts from the target's own
+# checkpoint (no "model"): 3 SWA-only draft layers (n_mtp_layers absent -> 3, nvidia/dspark.py).
+# fp8_ds_mla is what 0.32 forces for this layout anyway (auto -> fp8 -> fp8_ds_mla in
+# models/deepseek_v4/attention.py _resolve_dsv4_kv_cache_dtype); the flag is the seed's own.
+# Block 256 is the only kernel block size DSv4's sparse MLA and indexer backends take
+# (models/deepseek_v4/sparse_mla.py, v1/attention/backends/mla/indexer.py); the SWA caches keep
+# their own 64-token blocks, the compressor states 4 and 8.
+DSPARK_K, DSPARK_DRAFT_LAYERS = 3, 3
+DSPARK = ["--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": DSPARK_K})]
+SEED002 = ["--max-model-len", "262144", "--max-num-seqs", "4", "--max-num-batched-tokens", "4096",
+           "--kv-cache-dtype", "fp8_ds_mla", "--block-size", "256", "--enable-prefix-caching"]
+FULL_AND_PIECEWISE = ["--compilation-config", json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
+# vLLM logs every workspace resize and the lock (issue 32, point 2: none after the lock)
+WORKSPACE_DEBUG = {"VLLM_DEBUG_WORKSPACE": "1"}
 FIXTURES = ROOT / "plugins" / "wcp_fixtures"
 SCRATCH = FIXTURES / "wcp_fixtures" / "configs" / "scratch"
 COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--gpu-memory-utilization", "0.5",
@@ -145,17 +165,22 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "qwen35_dflash_long": (QWEN35, [*LONG, *GDN_TRITON, *DFLASH], {}, None),
     "qwen35_dflash_long_eager": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *DFLASH], {},
                                  None),
+    # issue 32: seed 002's system on one H200, eager and with FULL_AND_PIECEWISE graphs (V2 only:
+    # V1 refuses DSpark, config/vllm.py)
+    "dsv4_dspark_eager": (DSV4, [*SEED002, "--enforce-eager", *DSPARK], WORKSPACE_DEBUG, "v2"),
+    "dsv4_dspark_graphs": (DSV4, [*SEED002, *FULL_AND_PIECEWISE, *DSPARK], WORKSPACE_DEBUG, "v2"),
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
 DRAFTER_CASES = ("llama8b_eagle3", "llama8b_eagle3_eager", "qwen35_dflash", "qwen35_dflash_eager",
                  "qwen35_dflash_long", "qwen35_dflash_long_eager")
+DSPARK_CASES = ("dsv4_dspark_eager", "dsv4_dspark_graphs")
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
               "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
               "dsv4_mtp_fp8_short_quick",
               "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")),
-              *DRAFTER_CASES)
+              *DRAFTER_CASES, *DSPARK_CASES)
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]
 V2_EVIDENCE = "[wcprof] V2 context injected"
@@ -264,6 +289,8 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
         put("report_written", False, "no report JSON")
         return checks
     _check_report(report, name, put)
+    if name in DSPARK_CASES:
+        _check_dspark(report, name, log_text, put)
     tp = tp_size(name)
     if tp > 1:
         _check_ranks(report, tp, put)
@@ -352,6 +379,52 @@ def _check_drafter(report: dict, name: str, put) -> None:
             and adm.get("fits") is True and adm["budget_bytes"] >= explicit,
             f"explicit {adm.get('explicit_kv_cache_memory_bytes')} fits={adm.get('fits')} "
             f"budget {adm['budget_bytes']}")
+    worst = [v for v in report.get("validations") or [] if v.get("target") == "worst-step"]
+    put("worst_step_within_1.02", bool(worst) and all(
+        v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
+        and v["predicted_peak_bytes"] <= 1.02 * v["measured_peak_bytes"] for v in worst),
+        "; ".join(f"{v['ratio']:.4f}" for v in worst) or "no worst-step validation")
+
+
+RESIZED, LOCKED = "[WORKSPACE DEBUG] Resized workspace", "[WORKSPACE DEBUG] Workspace locked"
+
+
+def _check_dspark(report: dict, name: str, log_text: str, put) -> None:
+    """Issue 32: DeepSeek-V4 + DSpark at seed 002's limits. The drafter's verify steps carry 1 + k
+    tokens per request; max_model_len at least 262,144; the KV audit within budget, every group
+    within its plan, the 3 draft layers named; both workspace lanes (lane 1: the drafter's) in
+    every ubatch reserved to the same worst size and locked, and vLLM's workspace debug log shows
+    no resize after the lock; the worst step from real requests within 1.02 of the prediction."""
+    cfg = report["config"]
+    put("num_speculative_tokens", cfg.get("num_speculative_tokens") == DSPARK_K,
+        f"{cfg.get('num_speculative_tokens')} (want {DSPARK_K})")
+    put("max_model_len_ge_262144", cfg.get("max_model_len", 0) >= 262144, str(cfg.get("max_model_len")))
+    decodes = [s["shape"] for s in report["worstcase"]["steps"] if s["shape"]["kind"] == "decode"]
+    put("decode_steps_one_plus_k", bool(decodes) and all(
+        s["rows"] == s["num_reqs"] * (1 + DSPARK_K) for s in decodes),
+        f"{len(decodes)} decode steps; rows/reqs {sorted({(s['rows'], s['num_reqs']) for s in decodes})[:4]}")
+    audit = report.get("kv_audit") or {}
+    planned = [g for g in audit.get("groups") or [] if g.get("declared_bytes", 0) > 0]
+    put("kv_audit_ok", audit.get("verdict") == "ok", str(audit.get("message"))[:400])
+    put("every_group_within_its_plan", bool(planned) and all(
+        g.get("ratio") is not None and g["ratio"] <= 1.0 for g in planned),
+        "; ".join(f"{g['name']} x{g.get('ratio')}" for g in planned))
+    named = sum(len(g.get("drafter_layers") or []) for g in planned)
+    put("drafter_layers_audited", named == DSPARK_DRAFT_LAYERS,
+        f"{named} drafter layer(s) in the audit (DSpark builds {DSPARK_DRAFT_LAYERS})")
+    slots = report["worstcase"].get("workspace_slots") or []
+    top = max((s["bytes_after"] for s in slots), default=0)
+    put("both_lanes_reserved", {s["lane"] for s in slots} >= {0, 1} and top > 0
+        and all(s["bytes_after"] == top for s in slots),
+        "; ".join(f"u{s['ubatch']}/l{s['lane']}: {s['bytes_before']} -> {s['bytes_after']}" for s in slots)
+        or "no workspace slots")
+    put("workspace_locked", report["worstcase"].get("workspace_locked") is True,
+        str(report["worstcase"].get("workspace_locked")))
+    lock_at = log_text.rfind(LOCKED)
+    late = [ln for ln in log_text[lock_at:].splitlines() if RESIZED in ln] if lock_at >= 0 else []
+    put("no_workspace_resize_after_lock", lock_at >= 0 and not late,
+        "no lock line in the log (VLLM_DEBUG_WORKSPACE unset?)" if lock_at < 0
+        else (late[0][:300] if late else "no resize after the lock"))
     worst = [v for v in report.get("validations") or [] if v.get("target") == "worst-step"]
     put("worst_step_within_1.02", bool(worst) and all(
         v["measured_peak_bytes"] <= v["predicted_peak_bytes"]

@@ -8,8 +8,28 @@
 #
 #   bash staging/build_torch_stack.sh                 # vLLM 0.32.0 -> .stage213/ (git-ignored)
 #   VLLM=0.33.0 bash staging/build_torch_stack.sh     # vLLM 0.33.0 -> .stage214/
+#   ONLY=extra bash staging/build_torch_stack.sh      # only the extra piece (.extra213/), below
 # torch, torchvision, CuTe-DSL and quack are the versions the vLLM wheel pins; triton and NCCL
 # the ones that torch wheel pins (read from their METADATA). ~10-20 min here, mostly downloads.
+#
+# The extra piece, beside the stream ($EXTRA, default .extra$TAG/: tilelang.tar.xz, SHA256SUMS,
+# stage_extra.sh): TileLang at the vLLM wheel's pin (0.32: tilelang==0.1.12; DeepSeek-V4 binds its
+# mHC ops to TileLang alone on CUDA, `ImportError("tilelang is required for mhc")` without it)
+# and z3-solver, the newest release within tilelang's own bound (libtvm_compiler.so NEEDS
+# libz3.so.4.15; 0.1.12 declares z3-solver<4.15.5,>=4.13.0: 4.15.4.0). It is one xz tar of its
+# own (not a piece of the stream), so the stream's pieces and SHA256SUMS stay as they are, and a
+# stack already built or staged gains it without a rebuild: `ONLY=extra` builds it alone (~4 min
+# here, xz -9e), and staging/stage_extra.sh unpacks it into $SITE on the host, in any call before
+# or after the stream's (no file of it is in the stream: checked below). Left out of it:
+# tilelang's 3rdparty/composable_kernel (ROCm headers, 44 MB raw; an empty include dir stays so
+# that tilelang does not warn) and z3's bin/z3 (the CLI); libz3.so.4.15 is a hard link to
+# libz3.so (byte-identical in the wheel). tilelang's other requirements: apache-tvm-ffi (the
+# stream carries vLLM's pin, checked against tilelang's bound below), typing-extensions (in the
+# stream), cloudpickle, ml-dtypes, numpy, psutil, tqdm (the host image has them:
+# /work/.library/device/KINDS.md), torch-c-dlpack-ext (tvm-ffi's fallback for a torch without
+# `torch.Tensor.__dlpack_c_exchange_api__`; torch 2.13 has it: checked below) and the `nvcc`
+# extra (the host's CUDA 13 nvcc serves: TileLang compiles each kernel with it at first use and
+# finds it through CUDA_HOME, which staging/env32.sh sets).
 #
 # What the host's own libraries decide (checked here with nm/readelf, no device time):
 #   - libtorch_cuda.so of torch 2.13.0 needs 8 NCCL symbols that the host's NCCL 2.28.9 lacks
@@ -38,9 +58,10 @@ for t in manylinux1 manylinux2010 manylinux2014 manylinux_2_17 manylinux_2_18 ma
          manylinux_2_26 manylinux_2_27 manylinux_2_28 manylinux_2_31 manylinux_2_34 manylinux_2_35; do
   PLAT+=(--platform "${t}_x86_64")
 done
-req() {  # req WHEEL DIST: the requirement WHEEL's METADATA declares on DIST (e.g. triton~=3.8.0)
+req() {  # req WHEEL DIST: the requirement WHEEL's METADATA declares on DIST (e.g. triton~=3.8.0,
+         # z3-solver<4.15.5,>=4.13.0)
   local r
-  r=$(unzip -p "$1" '*.dist-info/METADATA' | sed -n "s/^Requires-Dist: \($2[=~][^; ]*\).*/\1/p" | head -1)
+  r=$(unzip -p "$1" '*.dist-info/METADATA' | sed -n "s/^Requires-Dist: \($2[<>=~!][^; ]*\).*/\1/p" | head -1)
   [ -n "$r" ] || { echo "ERROR: $(basename "$1") declares no version of $2" >&2; return 1; }
   echo "$r"
 }
@@ -62,7 +83,11 @@ TRITON=$(req "$TW" triton)
 NCCL=$(pin "$TW" nvidia-nccl-cu13)
 TAG=$(echo "$TORCH" | cut -d. -f1,2 | tr -d .)
 STAGE=${STAGE:-$REPO/.stage$TAG}
+EXTRA=${EXTRA:-$REPO/.extra$TAG}
+TILELANG=$(pin "$VW" tilelang)
+TVMFFI=$(pin "$VW" apache-tvm-ffi)
 echo "vLLM $VLLM: torch $TORCH ($TRITON, NCCL $NCCL, torchvision $VISION, CuTe-DSL $CDSL) -> $STAGE"
+echo "extra: tilelang $TILELANG -> $EXTRA"
 PINS=("$TRITON" "nvidia-nccl-cu13==$NCCL"
       "nvidia-cutlass-dsl==$CDSL" "nvidia-cutlass-dsl-libs-base==$CDSL"
       "nvidia-cutlass-dsl-libs-core==$CDSL" "nvidia-cutlass-dsl-libs-cu13==$CDSL"
@@ -73,8 +98,57 @@ PINS=("$TRITON" "nvidia-nccl-cu13==$NCCL"
       # orjson: declared from 0.33 on
       "torchvision==$VISION" model-hosting-container-standards==0.1.16
       jmespath==1.1.0 supervisor==4.3.0 orjson==3.13.0)
-mkdir -p "$REPO/.git/info" "$STAGE"
-grep -qxF "/.stage$TAG/" "$REPO/.git/info/exclude" 2>/dev/null || echo "/.stage$TAG/" >>"$REPO/.git/info/exclude"
+ignore() {  # ignore DIR: keep a built folder out of git (in a worktree, .git is a file)
+  git -C "$REPO" check-ignore -q "$1/" 2>/dev/null && return 0
+  local ex
+  ex=$(git -C "$REPO" rev-parse --git-path info/exclude 2>/dev/null || echo "$REPO/.git/info/exclude")
+  case "$ex" in /*) ;; *) ex=$REPO/$ex ;; esac
+  mkdir -p "$(dirname "$ex")" && echo "/$1/" >>"$ex"
+}
+
+build_extra() {  # the extra piece: tilelang + z3-solver, one tar.xz beside the stream
+  local tlw z3spec z3w t
+  $PIP download "${PLAT[@]}" -d "$WORK/whl" "tilelang==$TILELANG"
+  tlw=$(ls "$WORK"/whl/tilelang-"$TILELANG"-*.whl)
+  z3spec=$(req "$tlw" z3-solver)
+  # tilelang's bound on apache-tvm-ffi must admit the version the stream carries (vLLM's pin)
+  t=$(req "$tlw" apache-tvm-ffi)
+  python3 -c 'import sys; from packaging.specifiers import SpecifierSet as S
+sys.exit(0 if sys.argv[2] in S(sys.argv[1].split("apache-tvm-ffi", 1)[1]) else 1)' "$t" "$TVMFFI" ||
+    { echo "ERROR: tilelang $TILELANG wants $t, the stack carries apache-tvm-ffi $TVMFFI" >&2; return 1; }
+  # torch-c-dlpack-ext is only tvm-ffi's fallback for a torch without the DLPack exchange API
+  unzip -p "$TW" torch/_tensor.py | grep '__dlpack_c_exchange_api__' >/dev/null ||
+    { echo "ERROR: torch $TORCH lacks __dlpack_c_exchange_api__: carry torch-c-dlpack-ext too" >&2; return 1; }
+  $PIP download "${PLAT[@]}" -d "$WORK/whl" "$z3spec"
+  z3w=$(ls -t "$WORK"/whl/z3_solver-*.whl | head -1)
+  echo "extra: $(basename "$tlw") ($t: $TVMFFI carried), $(basename "$z3w") ($z3spec)"
+  rm -rf "$WORK/extra" && mkdir -p "$WORK/extra" "$EXTRA"
+  unzip -q -o "$tlw" -d "$WORK/extra" -x 'tilelang/3rdparty/composable_kernel/*'
+  unzip -q -o "$z3w" -d "$WORK/extra" -x '*.data/*'
+  mkdir -p "$WORK/extra/tilelang/3rdparty/composable_kernel/include"
+  cmp "$WORK/extra/z3/lib/libz3.so" "$WORK/extra/z3/lib/libz3.so.4.15"
+  ln -f "$WORK/extra/z3/lib/libz3.so" "$WORK/extra/z3/lib/libz3.so.4.15"
+  if [ -d "$WORK/site" ]; then  # no file of the extra may be one of the stream's
+    t=$(comm -12 <(cd "$WORK/extra" && find . ! -type d | sort) <(cd "$WORK/site" && find . ! -type d | sort) | head -5)
+    [ -z "$t" ] || { echo "ERROR: the extra would overwrite files of the stack: $t" >&2; return 1; }
+  fi
+  rm -f "$EXTRA/tilelang.tar.xz" "$EXTRA/SHA256SUMS"
+  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=2026-01-01 -C "$WORK/extra" -cf - . |
+    xz -9e -T2 >"$EXTRA/tilelang.tar.xz"   # 176 MB raw -> ~32 MB in ~4 min here
+  t=$(stat -c %s "$EXTRA/tilelang.tar.xz")
+  [ "$t" -le "$PIECE" ] || { echo "ERROR: $EXTRA/tilelang.tar.xz is $t bytes > 52 MiB" >&2; return 1; }
+  (cd "$EXTRA" && sha256sum tilelang.tar.xz >SHA256SUMS)
+  cp "$HERE/stage_extra.sh" "$EXTRA/"
+  ls -l "$EXTRA"
+}
+
+ignore ".extra$TAG"
+if [ "${ONLY:-}" = extra ]; then
+  build_extra
+  exit 0
+fi
+mkdir -p "$STAGE"
+ignore ".stage$TAG"
 
 $PIP download "${PLAT[@]}" -d "$WORK/whl" "${PINS[@]}"
 $PIP download "${PLAT[@]}" -d "$WORK/whl" -r "$HERE/requirements-vllm-0.32.txt"
@@ -103,7 +177,9 @@ rm -f "$STAGE/stack.tar.zst"
 cp "$HERE/stage_stack.sh" "$STAGE/"
 # The host may have no zstd: python's zstandard travels with the last piece (.whl213/).
 mkdir -p "$REPO/.whl213"
-grep -qxF "/.whl213/" "$REPO/.git/info/exclude" || echo "/.whl213/" >>"$REPO/.git/info/exclude"
+ignore .whl213
 $PIP download "${PLAT[@]}" -d "$REPO/.whl213" zstandard==0.25.0
+build_extra
 ls -l "$STAGE"
 echo "$(ls "$STAGE"/piece?? | wc -l) pieces; carry 1 a call (staging/stage_stack.sh names the calls)"
+echo "and $EXTRA/ (tilelang, z3-solver): bash $EXTRA/stage_extra.sh $EXTRA/tilelang.tar.xz in any call"

@@ -147,6 +147,36 @@ def _cutedsl():
     return {"version": getattr(cutlass, "__version__", None)}
 
 
+@check("tilelang")
+def _tilelang():
+    """The extra piece (.extra213/, staging/stage_extra.sh): import and version only, nothing
+    JIT-compiled. Importing loads libtvm_compiler.so, which NEEDS z3's libz3.so.4.15 and the
+    stream's tvm_ffi. The first kernel compile (DeepSeek-V4's mHC kernels, at the engine's first
+    step with --enforce-eager, else in its JIT warm-up) needs nvcc, found through CUDA_HOME
+    (staging/env32.sh sets it): reported here, not exercised."""
+    import os
+    import shutil
+
+    import tilelang
+    import z3
+    from tilelang import env as tl_env
+    cuda_home = getattr(tl_env, "CUDA_HOME", None) or os.environ.get("CUDA_HOME")
+    nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else shutil.which("nvcc")
+    return {"version": getattr(tilelang, "__version__", None), "file": tilelang.__file__,
+            "z3": z3.get_version_string(), "cuda_home": cuda_home,
+            "nvcc": nvcc if nvcc and os.path.exists(nvcc) else None,
+            "cache_dir": os.environ.get("TILELANG_CACHE_DIR")}
+
+
+@check("vllm mhc tilelang kernels")
+def _mhc_tilelang():
+    """What DeepSeek-V4 imports on CUDA (its mHC ops are bound to these alone): vllm.tilelang_utils
+    raises `ImportError("tilelang is required for mhc")` without tilelang. Defines the kernels,
+    compiles none."""
+    from vllm.model_executor.kernels.mhc import tilelang_kernels as k
+    return {"kernels": sorted(n for n in dir(k) if n.endswith("_tilelang"))[:20]}
+
+
 @check("flash attention 3")
 def _fa3():
     from vllm.vllm_flash_attn import flash_attn_interface as fa

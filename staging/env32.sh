@@ -24,3 +24,42 @@ unset _wcp_dsl
 export CUTE_DSL_CACHE_DIR=${CUTE_DSL_CACHE_DIR:-/tmp/cute_dsl_cache}
 export QUACK_CACHE_DIR=${QUACK_CACHE_DIR:-/tmp/quack_cache}
 export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-/tmp/fa_cute_dsl_cache}
+# TileLang (DeepSeek-V4's mHC kernels; the extra piece .extra213/, staging/stage_extra.sh): it
+# compiles each kernel with nvcc at first use and finds it through CUDA_HOME / CUDA_PATH, `nvcc`
+# on PATH, then /usr/local/cuda (tilelang/env.py _find_cuda_home). A candidate counts only with
+# bin/nvcc and include/cuda.h (an `nvcc` on PATH may be a wrapper outside the toolkit). Its JIT
+# caches go to /tmp (their defaults are under $HOME). A TileLang cache brought back from an
+# earlier host (`tar -czf $OUT/tilelang-cache.tgz -C /tmp tilelang_cache`, kept here as
+# .extra213/tilelang-cache*.tgz and carried) is unpacked once, so those kernels do not compile
+# again (they are keyed by their source and compile arguments).
+if [ -d "$SITE/tilelang" ]; then
+  _wcp_ok() { [ -n "$1" ] && [ -x "$1/bin/nvcc" ] && [ -f "$1/include/cuda.h" ]; }
+  if ! _wcp_ok "${CUDA_HOME:-}"; then
+    _wcp_nvcc=$(command -v nvcc 2>/dev/null || true)
+    _wcp_nvcc=${_wcp_nvcc:+$(readlink -f "$_wcp_nvcc")}
+    unset CUDA_HOME
+    for _wcp_c in "${CUDA_PATH:-}" ${_wcp_nvcc:+"$(dirname "$(dirname "$_wcp_nvcc")")"} /usr/local/cuda \
+                  /usr/local/cuda-13.0 /usr/local/cuda-13* /opt/cuda; do
+      if _wcp_ok "$_wcp_c"; then export CUDA_HOME=$_wcp_c; break; fi
+    done
+    unset _wcp_nvcc _wcp_c
+  fi
+  if _wcp_ok "${CUDA_HOME:-}"; then
+    export CUDA_PATH=$CUDA_HOME
+    case ":$PATH:" in *":$CUDA_HOME/bin:"*) ;; *) export PATH=$PATH:$CUDA_HOME/bin ;; esac
+  else
+    echo "env.sh: no CUDA toolkit (bin/nvcc + include/cuda.h) found; set CUDA_HOME: TileLang cannot compile" >&2
+  fi
+  unset -f _wcp_ok
+  export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
+  export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/tvm_ffi_cache}
+  for _wcp_jit in .extra*/tilelang-cache*.tgz; do
+    [ -f "$_wcp_jit" ] || continue
+    _wcp_mark="$TILELANG_CACHE_DIR/.from-$(basename "$_wcp_jit")"
+    if [ ! -f "$_wcp_mark" ]; then
+      mkdir -p "$TILELANG_CACHE_DIR" && tar -xzf "$_wcp_jit" -C "$TILELANG_CACHE_DIR" --strip-components=1 \
+        && touch "$_wcp_mark" && echo "env.sh: TileLang cache from $_wcp_jit" >&2
+    fi
+  done
+  unset _wcp_jit _wcp_mark
+fi
