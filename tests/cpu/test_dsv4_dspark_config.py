@@ -69,7 +69,8 @@ for name in gpu_suite.DSPARK_CASES:
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
     out[name] = {"seen": seen, "error": error}
-print("PROBE", json.dumps(out))
+vc.VllmConfig.__post_init__ = real
+print("PROBE config", json.dumps(out))
 """
 
 KV_PROBE = r"""
@@ -159,22 +160,29 @@ while done < S:  # the prefix's chunked prefill, 4,096 tokens a step, cached as 
     m.cache_blocks(r, done)
 m.free(r)
 _, hit, *_ = m.get_computed_blocks(make(prefix + [(50000 + 13 * i) % 120000 + 100 for i in range(N)]))
-print("PROBE", json.dumps({"one_request": one, "pages": pages, "groups": groups,
+print("PROBE kv", json.dumps({"one_request": one, "pages": pages, "groups": groups,
                            "concurrency_at_50gib": conc, "scheduler_block": sbs,
                            "hash_block": hbs, "hit": hit, "to_compute": S + N - hit}))
 """
 
 
-def _probe(code: str, *args: str) -> dict:
-    p = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                       timeout=600, cwd=ROOT, env=engine_env(PYTHONPATH=str(ROOT)))
-    line = next((ln for ln in p.stdout.splitlines() if ln.startswith("PROBE ")), None)
-    assert line, (p.returncode, p.stderr[-3000:])
-    return json.loads(line[len("PROBE "):])
+@pytest.fixture(scope="module")
+def probes() -> dict[str, dict]:
+    """Both probes in one interpreter (one vLLM import): {"config": ..., "kv": ...}."""
+    p = subprocess.run([sys.executable, "-c", CONFIG_PROBE + KV_PROBE, str(ROOT)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env=engine_env(PYTHONPATH=str(ROOT)))
+    out = {}
+    for ln in p.stdout.splitlines():
+        if ln.startswith("PROBE "):
+            kind, payload = ln[len("PROBE "):].split(" ", 1)
+            out[kind] = json.loads(payload)
+    assert set(out) == {"config", "kv"}, (p.returncode, p.stderr[-3000:])
+    return out
 
 
-def test_the_dspark_cases_build_their_speculative_config_and_stop_at_the_v1_refusal():
-    got = _probe(CONFIG_PROBE, str(ROOT))
+def test_the_dspark_cases_build_their_speculative_config_and_stop_at_the_v1_refusal(probes):
+    got = probes["config"]
     assert set(got) == {"dsv4_dspark_eager", "dsv4_dspark_graphs"}
     for name, r in got.items():
         assert r["error"] is not None and (
@@ -192,8 +200,8 @@ def test_the_dspark_cases_build_their_speculative_config_and_stop_at_the_v1_refu
     assert "FULL_AND_PIECEWISE" in got["dsv4_dspark_graphs"]["seen"]["cudagraph_mode"]
 
 
-def test_one_request_at_a_million_tokens_fits_and_the_seed_step_forms_from_requests():
-    got = _probe(KV_PROBE)
+def test_one_request_at_a_million_tokens_fits_and_the_seed_step_forms_from_requests(probes):
+    got = probes["kv"]
     total = sum(got["one_request"].values())
     assert total == 349_391_232, got["one_request"]  # 333.21 MiB at max_model_len 1,048,576
     assert got["concurrency_at_50gib"] > 100
