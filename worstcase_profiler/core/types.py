@@ -624,8 +624,9 @@ class FitCandidate:
                                "its steps ask)")
     worst_shape: Shape = doc("the candidate's own step whose bound is the largest")
     bounded_by: Shape | None = doc(
-        "the measured step that set worst_shape's bound, where it is not worst_shape itself (a "
-        "longer context or more requests: the safe direction); null when it is", default=None)
+        "the measured step that set worst_shape's bound, where it is not worst_shape itself: the "
+        "next measured point above it (a longer context, more requests), or one under it that "
+        "read more; null when it is", default=None)
     budget_bytes: int = doc("requested - consumed - transient - warm-up reserve - margin at this "
                             "candidate")
     kv_cache_bytes: int = doc("the KV cache it is given: --kv-cache-memory-bytes when given, "
