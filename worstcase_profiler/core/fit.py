@@ -50,7 +50,8 @@ start measured, with the workspace scaled to the candidate's steps as the adviso
 warm-up reserve and margin as admitted; one request's KV at L' (whole blocks, plus whatever
 per-request state one at L held beyond its tokens). Its KV cache: --kv-cache-memory-bytes when
 given, else the budget rounded down to a whole MiB, the value fit recommends passing. Its
-concurrency: whole requests at L' in that KV cache, at most S'. A candidate with the swept chunk
+concurrency: whole requests at L' in that KV cache less the one block vLLM's block pool holds
+back (its null block), at most S'. A candidate with the swept chunk
 and max_num_seqs is never given less transient or workspace than that start admitted.
 
 The objective (`RULES`) picks among the feasible candidates (fits, concurrency >= N); the frontier
@@ -301,9 +302,11 @@ class _Weigher:
         explicit = adm.explicit_kv_cache_memory_bytes
         kv = explicit if explicit is not None else a.recommended_kv_cache_memory_bytes
         tokens = kv_tokens(kv, adm.bytes_per_token, lim.block_size)
-        usable = tokens * adm.bytes_per_token if adm.bytes_per_token else kv
+        # vLLM's block pool holds one block back (its null block) from every request
+        usable = max(0, tokens - lim.block_size) * adm.bytes_per_token if adm.bytes_per_token \
+            else kv
         held = usable // one if one else seqs
-        fits = a.fits and kv >= one
+        fits = a.fits and held >= 1
         concurrency = min(seqs, held) if fits else 0
         return FitCandidate(
             max_model_len=max_model_len, max_num_batched_tokens=chunk, max_num_seqs=seqs,

@@ -634,10 +634,10 @@ class FitCandidate:
     kv_tokens: int = doc("tokens that KV cache holds (whole blocks)")
     one_request_bytes: int = doc("KV one request at this max_model_len needs (whole blocks, "
                                  "plus any per-request state the swept one needed)")
-    concurrency: int = doc("requests at this max_model_len the KV cache holds at once, at most "
-                           "max_num_seqs")
-    fits: bool = doc("the budget holds one request at max_model_len, and an explicit "
-                     "--kv-cache-memory-bytes is within it")
+    concurrency: int = doc("requests at this max_model_len the KV cache holds at once (less the "
+                           "block vLLM's block pool holds back), at most max_num_seqs")
+    fits: bool = doc("the budget holds one request at max_model_len (beside the block vLLM "
+                     "holds back), and an explicit --kv-cache-memory-bytes is within it")
     feasible: bool = doc("fits, and concurrency is at least the fit's min_concurrency")
     min_gpu_memory_utilization: float | None = doc(
         "the smallest --gpu-memory-utilization (hundredths, rounded up) at which this candidate "
