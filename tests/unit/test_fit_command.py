@@ -84,3 +84,31 @@ def test_bad_fit_flags_are_exit_2_before_anything_loads(argv, needle, capsys):
 
 def test_fit_help_is_its_own():
     assert main(["fit", "--help"]) == 0
+
+
+def test_a_swept_configuration_refused_after_the_profile_still_yields_its_fit(make_report,
+                                                                                tmp_path,
+                                                                                monkeypatch, capsys):
+    """vLLM refusing the swept max_model_len (one request does not fit its KV cache) happens
+    after the profile wrote the report with the fit: the fit is what the operator asked for."""
+    from worstcase_profiler.commands import profile
+    from worstcase_profiler.errors import ConfigError
+
+    report, _ = _report(make_report)
+
+    def refused(argv, sizes, section, tmp, status, tune=None):
+        get_reporter("json").write(report, tmp / "report.json")
+        raise ConfigError("vLLM refused the configuration: To serve at least one request ...")
+
+    monkeypatch.setattr(profile, "start", refused)
+    ours = type("Ours", (), {"quiet": False})()
+    got = fit_command._fit([], ours, {}, {}, tmp_path, None)
+    assert got.fit == report.fit
+    assert "the swept configuration itself did not start" in capsys.readouterr().err
+
+    def early(argv, sizes, section, tmp, status, tune=None):  # no report yet: the error stands
+        raise ConfigError("bad flag")
+
+    monkeypatch.setattr(profile, "start", early)
+    with pytest.raises(ConfigError, match="bad flag"):
+        fit_command._fit([], ours, {}, {}, tmp_path / "none", None)

@@ -107,8 +107,12 @@ def _device_share() -> float:
 
 
 def _fit(argv: list[str], ours, sizes: dict, section: dict, tmp: Path, tune):
-    """The engine's report (its fit section), also when the profiler refused the swept
-    configuration itself: a shorter one may still fit, and the report was written first."""
+    """The engine's report (its fit section), also when the swept configuration itself was
+    refused after the profile (the profiler's DOES NOT FIT, or vLLM's own check that one request
+    at max_model_len fits the KV cache): a shorter one may still fit, and the report with the fit
+    was written before either refusal."""
+    from rich.console import Console
+
     from ..render.json_report import load_report
     from . import profile
 
@@ -118,12 +122,15 @@ def _fit(argv: list[str], ours, sizes: dict, section: dict, tmp: Path, tune):
             _, llm, report, _ = profile.start(argv, sizes, section, tmp, profile.status_of(ours),
                                               tune)
             del llm
-    except DoesNotFit:
+    except WcprofError as e:
         profile.show_log_tail(log_path)
         path = tmp / "report.json"
         report = load_report(path) if path.exists() else None
         if report is None or report.fit is None:
             raise
+        Console(stderr=True, soft_wrap=True).print(
+            f"wcprof fit: the swept configuration itself did not start ({e.message}); the fit "
+            f"below was measured before that", style="yellow", highlight=False)
     except BaseException:
         profile.show_log_tail(log_path)
         raise
