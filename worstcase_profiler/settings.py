@@ -9,7 +9,8 @@ Sources, lowest precedence first (a later one overrides an earlier one, key by k
   3. WCPROF_PROFILER=worstcase|default (the switch alone)
   4. --additional-config '{"worstcase_profiler": {...}}' (or '{"worstcase_profiler": "worstcase"}')
   5. command-line flags: `vllm serve --profiler/--profiler-report`; `wcprof --margin, --kv-cap,
-     --kv-audit, --sweep-depth, --exhaustive, --no-lock-workspace, --no-cache, --advise*`
+     --kv-audit, --sweep-depth, --exhaustive, --no-lock-workspace, --no-cache, --advise*`;
+     `wcprof fit --min-concurrency, --objective` (settings fit_min_concurrency, fit_objective)
 (not VLLM_-prefixed: vLLM warns about unknown VLLM_ variables). Every source is validated by
 the same code (from_mapping): an unknown key or a bad value is a ConfigError naming the source,
 under `wcprof` and `vllm serve` alike (exit 2). Disabled means the plugin changes nothing.

@@ -15,9 +15,7 @@ from worstcase_profiler.adapter.advice import measure_candidates
 from worstcase_profiler.adapter.fitting import measure, measure_fit
 from worstcase_profiler.core import advise as core_advise
 from worstcase_profiler.core import fit as core
-from worstcase_profiler.core import shapes as plan
 from worstcase_profiler.core.admission import compute_admission
-from worstcase_profiler.core.shapes import Limits
 from worstcase_profiler.core.sweep import run_sweep
 from worstcase_profiler.core.types import Shape, StepResult, Workspace
 from worstcase_profiler.settings import ConfigError, from_mapping
@@ -290,7 +288,6 @@ def test_every_shape_a_candidate_forms_is_covered_after_the_fits_own_steps():
 def test_the_decision_carries_the_fit_and_the_report_serves_it(tmp_path):
     from worstcase_profiler.core import budget
     from worstcase_profiler.core.types import WarmupEstimate
-    from worstcase_profiler.render.json_report import load_report
     from worstcase_profiler.report import SCHEMA_VERSION
 
     drv = FakeDriver(LIMITS)
