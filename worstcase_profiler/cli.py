@@ -7,6 +7,7 @@
   wcprof diff OLD.json NEW.json [--max-increase 5%]  CI gate
   wcprof render REPORT.json [--html P] [--png P]     re-render a saved report
   wcprof advise REPORT.json                          the chunk advisor's table (--advise)
+  wcprof fit [ENGINE ARGS] [--min-concurrency N]     what fits: max_model_len, chunk, seqs
   wcprof guard http://HOST:PORT                      did the profile hold on a running server?
 
 This module is the entry point only: it reads the command word, runs the command from the

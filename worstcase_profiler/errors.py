@@ -83,7 +83,8 @@ EXIT_CODES = {
     2: "bad input or a host problem you can fix: a flag, a setting, a path, a model without "
        "weights, vLLM refusing the configuration, a full disk",
     3: "does not fit: after the worst step not even one request at max_model_len fits, or the "
-       "given --kv-cache-memory-bytes is outside what fits",
+       "given --kv-cache-memory-bytes is outside what fits; for fit: no candidate holds "
+       "--min-concurrency requests at full length",
     4: "unsupported model: an architecture this vLLM lacks, or one the sweep cannot drive",
     5: "KV over-commit: KV initialisation allocated more than the budget (start refused)",
     70: "internal error: not your input; rerun with --debug and report it",

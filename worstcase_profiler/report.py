@@ -22,13 +22,13 @@ from pydantic import BaseModel, Field, TypeAdapter
 # serialises them like its models, and the descriptions in their fields' metadata (core.types.doc)
 # go into the JSON schema.
 from .core.types import (Admission, Advice, CacheUse, CoveredSegment,  # noqa: E402
-                         CutDownProof, DeviceInfo, EngineConfig, KVAudit, Shape, StepResult,
-                         Validation, WarmupAudit, WorkspaceSlot)
+                         CutDownProof, DeviceInfo, EngineConfig, Fit, KVAudit, Shape,
+                         StepResult, Validation, WarmupAudit, WorkspaceSlot)
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.9"
+SCHEMA_VERSION = "1.10"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -37,7 +37,8 @@ SCHEMA_VERSION = "1.9"
 # unplanned_layers, ratio and verdict (each KV group against its own plan); ChunkAdvice's derived
 # need_bytes and kv_cache_bytes no longer required; $defs Segment named CoveredSegment; 1.9:
 # cut_down_proof also carries the self-check (sweep_depth=self-check; method, sampled,
-# fell_back; the full_* figures null when no full sweep ran).
+# fell_back; the full_* figures null when no full sweep ran); 1.10: fit (`wcprof fit`: the
+# candidates weighed, the recommendation and the frontier).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -140,6 +141,9 @@ class Report(BaseModel):
     advice: Advice | None = Field(
         None, description="the chunk advisor's table, when the start ran it (`wcprof --advise`, "
                           "setting advise)")
+    fit: Fit | None = Field(
+        None, description="the configurations this sweep bounds, the recommendation and the "
+                          "frontier, when the start weighed them (`wcprof fit`, setting fit)")
 
     @property
     def verdict(self) -> "Verdict":
@@ -229,7 +233,8 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         kv_audit=phases.kv_audit, warmup_audit=warm.audit if warm is not None else None,
         validation=gating_validation(validations),
         validations=validations, startup_seconds=dict(session.clock.seconds),
-        warnings=list(phases.warnings), advice=getattr(prof, "advice", None))
+        warnings=list(phases.warnings), advice=getattr(prof, "advice", None),
+        fit=getattr(prof, "fit", None))
 
 
 def gating_validation(validations: list[Validation]) -> Validation | None:

@@ -9,7 +9,8 @@ Sources, lowest precedence first (a later one overrides an earlier one, key by k
   3. WCPROF_PROFILER=worstcase|default (the switch alone)
   4. --additional-config '{"worstcase_profiler": {...}}' (or '{"worstcase_profiler": "worstcase"}')
   5. command-line flags: `vllm serve --profiler/--profiler-report`; `wcprof --margin, --kv-cap,
-     --kv-audit, --sweep-depth, --exhaustive, --no-lock-workspace, --no-cache, --advise*`
+     --kv-audit, --sweep-depth, --exhaustive, --no-lock-workspace, --no-cache, --advise*`;
+     `wcprof fit --min-concurrency, --objective` (settings fit_min_concurrency, fit_objective)
 (not VLLM_-prefixed: vLLM warns about unknown VLLM_ variables). Every source is validated by
 the same code (from_mapping): an unknown key or a bad value is a ConfigError naming the source,
 under `wcprof` and `vllm serve` alike (exit 2). Disabled means the plugin changes nothing.
@@ -68,6 +69,15 @@ class ProfilerSettings:
     """Candidate chunks beyond the powers of two from 256 up to the configured one."""
     advise_within: float = 0.05
     """The knee rule's X: prefill throughput within this fraction of the best candidate's."""
+    fit: bool = False
+    """Weigh the configurations this sweep bounds (core/fit.py, `wcprof fit`): max_model_len,
+    max_num_batched_tokens and max_num_seqs up to the engine's, each candidate's worst step, KV
+    and concurrency, the recommendation and the frontier (the report's `fit` section)."""
+    fit_min_concurrency: int = 1
+    """The fit's constraint: requests at full length the KV cache must hold at once."""
+    fit_objective: Literal["context", "concurrency", "throughput"] = "context"
+    """What the fit recommends: the longest max_model_len (context), the most requests at the
+    engine's max_model_len (concurrency), or the fastest prefill there (throughput)."""
     guard: Literal["auto", "on", "off"] = "auto"
     """The production guard (adapter/guard.py): each served step's allocator peak against the
     prediction, exported on /metrics. auto: on under `vllm serve`, off in-process (LLM(...),
@@ -84,7 +94,8 @@ class ProfilerSettings:
 
 
 _BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops", "progress",
-              "advise"}
+              "advise", "fit"}
+FIT_OBJECTIVES = ("context", "concurrency", "throughput")
 GUARD_CHOICES = ("auto", "on", "off")
 
 
@@ -126,6 +137,16 @@ def parse_within(value: Any, what: str = f"{CONFIG_KEY}.advise_within") -> float
     return fraction
 
 
+def parse_concurrency(value: Any, what: str = f"{CONFIG_KEY}.fit_min_concurrency") -> int:
+    """A whole number of requests, at least 1 (3, "3"; not 0, 2.5, 3.0 or true)."""
+    text = str(value).strip()
+    n = int(text) if text.isdigit() else 0
+    if isinstance(value, bool) or n < 1:
+        raise ConfigError(f"{what}: {value!r} is not a whole number of requests >= 1",
+                          hint="pass how many requests at full length must fit at once, e.g. 4")
+    return n
+
+
 def _coerce(key: str, value: Any) -> Any:
     if key in ("margin_bytes", "tolerance_bytes", "kv_cap_bytes"):
         try:
@@ -145,6 +166,11 @@ def _coerce(key: str, value: Any) -> Any:
         return parse_chunks(value)
     if key == "advise_within":
         return parse_within(value)
+    if key == "fit_min_concurrency":
+        return parse_concurrency(value)
+    if key == "fit_objective" and value not in FIT_OBJECTIVES:
+        raise ConfigError(f"{CONFIG_KEY}.fit_objective must be context, concurrency or "
+                          f"throughput, got {value!r}")
     if key == "guard":
         if isinstance(value, bool):
             return "on" if value else "off"

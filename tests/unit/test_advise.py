@@ -332,7 +332,7 @@ def test_after_a_cut_down_sweep_reused_figures_are_raised_to_the_full_model():
                         workspace=Workspace(), measured=measured)
     assert all(b.transient_bytes <= a.transient_bytes
                for a, b in zip(advice.candidates, blind.candidates))
-    cut_only = core._raiser(sweep, 3 * MiB)(sweep.steps[:1])[0]  # the first step: a cut figure
+    cut_only = core.raiser(sweep, 3 * MiB)(sweep.steps[:1])[0]  # the first step: a cut figure
     assert cut_only.peak_bytes == sweep.steps[0].peak_bytes + 3 * MiB
 
 

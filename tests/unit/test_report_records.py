@@ -31,6 +31,7 @@ SERVED = {
     ("WorstCase", "cache"): types.CacheUse,
     ("Coverage", "segments"): types.CoveredSegment,
     ("Report", "advice"): types.Advice,
+    ("Report", "fit"): types.Fit,
 }
 
 

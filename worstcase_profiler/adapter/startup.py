@@ -47,7 +47,7 @@ from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
 from . import kv as kvmod
-from . import advice, guard, sweep_cache, warmup
+from . import advice, fitting, guard, sweep_cache, warmup
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sibling_hits_serialize, world_rank)
@@ -94,11 +94,17 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     decided = budget.decide(measured.facts, mode=settings.mode,
                             margin_bytes=settings.margin_bytes, kv_cap_bytes=settings.kv_cap_bytes,
                             advise_within=settings.advise_within,
-                            context_ladder=settings.context_ladder)
+                            context_ladder=settings.context_ladder,
+                            fit_min_concurrency=settings.fit_min_concurrency,
+                            fit_objective=settings.fit_objective)
     for note in decided.warnings:
         session.warn(note)
     if (line := knee_line(decided.advice)) is not None:
         log.info("[wcprof] %s", line)
+    if decided.fit is not None:
+        log.info("[wcprof] fit (%s, at least %d request(s) at full length): %s",
+                 decided.fit.objective, decided.fit.min_concurrency,
+                 " ".join(decided.fit.flags) or "no candidate holds them")
     facts, sweep = measured.facts, measured.facts.sweep
     with session.clock("plan_check"):
         fingerprints = gather_plan_fingerprints(sweep.steps)
@@ -106,7 +112,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         sweep=sweep, cache=measured.cache, workspace=facts.workspace, warmup=facts.warmup,
         held=facts.held, admission=decided.admission, budget=decided.budget,
         plan_fingerprints=tuple(fingerprints), sweep_mode=facts.sweep_mode,
-        advice=decided.advice, cut_down_proof=measured.proof))
+        advice=decided.advice, cut_down_proof=measured.proof, fit=decided.fit))
     write_report(session)
     error = plan_agreement(fingerprints, rank=session.facts.rank,
                            steps=len(sweep.steps)) or decided.budget.error
@@ -174,6 +180,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
             driver, limits, tolerance, clock, handle, entry,
             full_sweep=lambda: _full_sweep(driver, limits, settings, tolerance, clock))
         measured_advice = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
+        measured_fit = fitting.measure(driver, limits, sweep, measured_advice, settings,
+                                       clock)  # wcprof fit
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
             if graphs.bytes is not None:
@@ -209,7 +217,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
         one_request_bytes=kvmod.one_request_bytes(runner, vllm_config), explicit_kv_bytes=explicit,
         tolerance_bytes=tolerance, sweep_mode=sweep_mode,
         allocator_slack_bytes=getattr(meter, "allocator_slack_bytes", 0),
-        advice_measurements=measured_advice, device_kind=meter.device_kind)
+        advice_measurements=measured_advice, device_kind=meter.device_kind,
+        fit_measurements=measured_fit, device_total_bytes=session.facts.device.total_bytes,
+        gpu_memory_utilization=session.facts.config.gpu_memory_utilization)
     return StartMeasurement(facts=facts, cache=use, proof=proof)
 
 

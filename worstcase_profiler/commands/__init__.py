@@ -8,6 +8,7 @@ and its `run(argv) -> int` (an exit code of errors.EXIT_CODES; a WcprofError for
   render.py   re-render a saved report
   gate.py     profile a file of configurations against their baselines (CI)
   advise.py   the chunk advisor's table from a saved report
+  fit.py      which max_model_len, chunk and max_num_seqs fit, from one sweep at the largest
   guard.py    did the profile hold on a running server? (/metrics)
   cache.py    list, export or import sweep-cache entries
 
@@ -49,6 +50,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
                     "its baseline"),
     Command("advise", "the chunk advisor's table from a saved report (profile with --advise): KV "
                       "tokens vs prefill throughput per max_num_batched_tokens, and the knee"),
+    Command("fit", "which max_model_len, max_num_batched_tokens and max_num_seqs fit with at "
+                   "least N requests at full length (--min-concurrency N, --objective "
+                   "context|concurrency|throughput), from one sweep at the largest limits"),
     Command("guard", "read a running `vllm serve --profiler worstcase`'s /metrics: did the "
                      "profile hold over the steps served so far? (exit 1 when a step exceeded "
                      "it)"),

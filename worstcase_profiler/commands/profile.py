@@ -40,6 +40,19 @@ def run(argv: list[str]) -> int:
             return engine_help(f"{a}={argv[i + 1]}")
         if a == HELP_ENGINE or a.startswith(HELP_ENGINE + "=") or a.startswith("--help="):
             return engine_help(a)
+    argv, ours, sizes, advice = prepare(argv)
+    # From here torch and vLLM import and the engine runs: Ctrl-C stops without raising into
+    # them (interrupts.py says why), taking the engine's processes and the directory with it.
+    with interrupts.exit_at_once(INTERRUPTED_LINE, EXIT_INTERRUPTED), \
+            interrupts.temporary_directory("wcprof-") as tmp:
+        return _profile(argv, ours, sizes, advice, tmp)
+
+
+def prepare(argv: list[str]):
+    """What every command that profiles checks before vLLM loads (preflight.py: paths, output
+    files, sizes, weights, the picture's support, the advise flags) and the environment the
+    engine starts in: (argv with --kv-cache-memory-bytes in bytes, wcprof's own flags,
+    preflight's sizes, the advise settings)."""
     from .. import preflight
 
     ours = parse_ours(argv)
@@ -57,11 +70,49 @@ def run(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if ours.quiet:
         quiet_env()
-    # From here torch and vLLM import and the engine runs: Ctrl-C stops without raising into
-    # them (interrupts.py says why), taking the engine's processes and the directory with it.
-    with interrupts.exit_at_once(INTERRUPTED_LINE, EXIT_INTERRUPTED), \
-            interrupts.temporary_directory("wcprof-") as tmp:
-        return _profile(argv, ours, sizes, advice, tmp)
+    return argv, ours, sizes, advice
+
+
+def status_of(ours):
+    """A status line on stderr while `text`'s work runs (nothing under --quiet)."""
+    from rich.console import Console
+
+    err = Console(stderr=True)
+
+    def status(text: str):
+        return contextlib.nullcontext() if ours.quiet else err.status(text)
+
+    return status
+
+
+def start(argv: list[str], sizes: dict, section: dict, tmp: Path, status, tune=None):
+    """Start the engine with the profiler: vLLM's flags and ours parsed (engine_boot), the
+    profiler's section of --additional-config from wcprof's flags and `section` (more settings:
+    profile's advise settings, fit's), checked by the loader the plugin reads it with; `tune`
+    (engine_args, platform) may adjust vLLM's flags first. Returns (the parsed flags, the LLM,
+    the report, the start's seconds). A start the profiler refuses raises its error after the
+    report up to the refusal was written to tmp/report.json."""
+    report_path = tmp / "report.json"
+    with status("loading vLLM…"):
+        ns, engine_args = build_engine_args(argv)
+    one_line_tracebacks()
+    from vllm.platforms import current_platform
+
+    from ..settings import CONFIG_KEY, given_keys, load
+
+    if tune is not None:
+        tune(engine_args, current_platform)
+    extra = dict(engine_args.additional_config or {})
+    given = given_keys(extra)
+    extra[CONFIG_KEY] = _settings(ns, str(report_path), current_platform.is_cpu(), sizes,
+                                  section, given)
+    load(additional_config=extra)  # what the engine's plugin will read: checked here
+    engine_args.additional_config = extra
+
+    t0 = time.perf_counter()
+    llm = start_engine(engine_args)
+    boot_s = time.perf_counter() - t0
+    return ns, llm, _read_report(report_path, tmp), boot_s
 
 
 def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int:
@@ -71,43 +122,24 @@ def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int
     quiet = ours.quiet
     log_path = tmp / "engine.log" if quiet else None
     report_path = tmp / "report.json"
-
-    def status(text: str):
-        return contextlib.nullcontext() if quiet else err.status(text)
+    status = status_of(ours)
 
     try:
         with engine_output(log_path):
-            with status("loading vLLM…"):
-                ns, engine_args = build_engine_args(argv)
-            one_line_tracebacks()
-            from vllm.platforms import current_platform
-
-            from ..settings import CONFIG_KEY, given_keys, load
-
-            extra = dict(engine_args.additional_config or {})
-            given = given_keys(extra)
-            extra[CONFIG_KEY] = _settings(ns, str(report_path), current_platform.is_cpu(),
-                                          sizes, advice, given)
-            load(additional_config=extra)  # what the engine's plugin will read: checked here
-            engine_args.additional_config = extra
-
-            t0 = time.perf_counter()
-            llm = start_engine(engine_args)
-            boot_s = time.perf_counter() - t0
-            report = _read_report(report_path, tmp)
+            ns, llm, report, boot_s = start(argv, sizes, advice, tmp, status)
             if ns.validate:
                 with status("validating: the worst step from real requests, then generic "
                             "traffic…"):
                     report = with_validations(report, validate(llm, report, ns.validate))
     except WcprofError:
-        _show_log_tail(log_path)
+        show_log_tail(log_path)
         if report_path.exists():  # the report up to the refusal: show what was seen
             from ..render.json_report import load_report
 
             _emit(load_report(report_path), ours)
         raise
     except BaseException:
-        _show_log_tail(log_path)
+        show_log_tail(log_path)
         raise
     _emit(report, ours)
     if not quiet:
@@ -175,7 +207,7 @@ def advise_settings(ns, max_num_batched_tokens=None) -> dict:
     return out
 
 
-def _show_log_tail(log_path: Path | None) -> None:
+def show_log_tail(log_path: Path | None) -> None:
     if not (debugging() and log_path and log_path.exists()):
         return
     lines = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-LOG_TAIL_LINES:]

@@ -61,6 +61,7 @@ examples:
   wcprof --model M --max-model-len 131072 --max-num-batched-tokens 8192 --json r.json --quiet
   wcprof render r.json --html r.html       the picture from a saved report
   wcprof check r.json --kv-cache-memory-bytes 60GiB
+  wcprof fit --model M --max-model-len 131072 --min-concurrency 8   the longest context for 8
 """
 
 

@@ -169,7 +169,7 @@ def rows_bound(sweep: SweepResult, chunk: int, own: StepResult | None = None) ->
     return bound, worst
 
 
-def _full_extent_rows(limits: Limits, sweep: SweepResult, chunk: int) -> list[StepResult]:
+def full_extent_rows(limits: Limits, sweep: SweepResult, chunk: int) -> list[StepResult]:
     """The sweep's prefill chunks at full extent with rows <= chunk (the rows coverage)."""
     out = []
     for r in sweep.steps:
@@ -201,7 +201,7 @@ def confirmation_delta(sweep: SweepResult) -> int:
     return max(delta, sweep.depth_delta)
 
 
-def _raiser(sweep: SweepResult, delta: int):
+def raiser(sweep: SweepResult, delta: int):
     """Raise a cut-down figure by `delta`: every step that ran on the cut decoder
     (SweepResult.cut_steps; the confirmations and the stock step ran on the full model)."""
     cut = {id(r) for r in sweep.cut_steps}
@@ -227,7 +227,7 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
     if not 0 <= within < 1:
         raise ValueError(f"within must be a fraction in [0, 1), got {within}")
     configured = limits.max_num_batched_tokens
-    raised = _raiser(sweep, confirmation_delta(sweep) if cut_down else 0)
+    raised = raiser(sweep, confirmation_delta(sweep) if cut_down else 0)
     known = {shape: raised(found) for shape, found in known_steps(sweep).items()}
     unbuildable = dict(sweep.skipped)
     unbuildable.update(measured.skipped)
@@ -257,7 +257,7 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
         if chunk not in sweep.coverage.peaks:
             own = max(extra.get(cp.timing, []) or known.get(cp.timing, []),
                       key=lambda r: r.need_bytes, default=None)
-        steps = [*raised(_full_extent_rows(limits, sweep, chunk)), *found]
+        steps = [*raised(full_extent_rows(limits, sweep, chunk)), *found]
         bound, worst_need = rows_bound(sweep, chunk, own)
         worst = max(steps, key=lambda r: (r.need_bytes, r.peak_bytes))
         transient = max(r.peak_bytes for r in steps) + max(0, bound - worst_need) \

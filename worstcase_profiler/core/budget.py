@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 from .admission import compute_admission, decide_budget, host_memory_note
 from .advise import DEFAULT_WITHIN, advise
+from .fit import FitFacts, fit
 from .shapes import Limits
-from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, HeldMemory,
-                    SweepResult, WarmupEstimate, Workspace)
+from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, Fit, FitMeasurements,
+                    HeldMemory, SweepResult, WarmupEstimate, Workspace)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,12 @@ class Measured:
     """The advisor's steps (None unless the advise setting is on)."""
     device_kind: str = "cuda"
     """The meter's device: on the CPU the budget follows the host's free memory."""
+    fit_measurements: FitMeasurements | None = None
+    """The fit's own steps (None unless the fit setting is on)."""
+    device_total_bytes: int = 0
+    """The device's size (host memory on the CPU): what --gpu-memory-utilization is a share of."""
+    gpu_memory_utilization: float | None = None
+    """The share of it this engine runs with."""
 
 
 @dataclass(frozen=True)
@@ -57,15 +64,19 @@ class Decided:
     admission: Admission
     budget: BudgetDecision
     advice: Advice | None = None
+    fit: Fit | None = None
     warnings: tuple[str, ...] = ()
     """What the report's warnings carry (admission.host_memory_note)."""
 
 
 def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | None = None,
-           advise_within: float = DEFAULT_WITHIN, context_ladder: bool = True) -> Decided:
+           advise_within: float = DEFAULT_WITHIN, context_ladder: bool = True,
+           fit_min_concurrency: int = 1, fit_objective: str = "context") -> Decided:
     """Admission from the measured facts, the advice over the advisor's measurements (when
-    there are any), the budget decision (admission.decide_budget: enforce, report, kv_cap), and
-    the warnings the report carries (on the CPU, a budget that follows free host memory)."""
+    there are any), the fit over the fit's (when there are any: core/fit.py, from the same
+    admission and advice), the budget decision (admission.decide_budget: enforce, report,
+    kv_cap), and the warnings the report carries (on the CPU, a budget that follows free host
+    memory)."""
     sweep, limits = m.sweep, m.limits
     admission = compute_admission(
         requested=m.held.requested_bytes, consumed=m.held.consumed_bytes,
@@ -84,10 +95,20 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
                         context_ladder=context_ladder,
                         cut_down=str(m.sweep_mode).startswith("cut-down"),
                         allocator_slack=m.allocator_slack_bytes)
+    fitted = None
+    if m.fit_measurements is not None:
+        fitted = fit(FitFacts(limits=limits, sweep=sweep, held=m.held, admission=admission,
+                              workspace=m.workspace, measured=m.fit_measurements, advice=advice,
+                              cut_down=str(m.sweep_mode).startswith("cut-down"),
+                              allocator_slack=m.allocator_slack_bytes,
+                              device_total_bytes=m.device_total_bytes,
+                              gpu_memory_utilization=m.gpu_memory_utilization),
+                     min_concurrency=fit_min_concurrency,
+                     objective=fit_objective)
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
                            worst_label=sweep.worst.shape.label(),
                            max_model_len=limits.max_model_len)
     note = host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
                             admission=admission)
-    return Decided(admission=admission, budget=budget, advice=advice,
+    return Decided(admission=admission, budget=budget, advice=advice, fit=fitted,
                    warnings=(note,) if note else ())

@@ -470,6 +470,7 @@ class ProfileResult:
     sweep_mode: str = "full"
     advice: "Advice | None" = None
     cut_down_proof: CutDownProof | None = None
+    fit: "Fit | None" = None
 
 
 @dataclass(frozen=True)
@@ -579,3 +580,114 @@ class Advice:
 
     def candidate(self, chunk: int | None) -> ChunkAdvice | None:
         return next((c for c in self.candidates if c.chunk == chunk), None)
+
+
+# --- the fit (core/fit.py, `wcprof fit`) -----------------------------------------------------
+
+FitObjective = Literal["context", "concurrency", "throughput"]
+
+
+@dataclass(frozen=True)
+class FitMeasurements:
+    """What the adapter measured for the fit beyond the sweep and the advisor: one step per
+    shape family some candidate forms that no measurement covered (core/fit.missing_shapes),
+    each at the longest context and the most requests any candidate needs of it."""
+
+    chunks: tuple[int, ...]
+    seqs: tuple[int, ...]
+    steps: tuple[StepResult, ...] = ()
+    seconds: float = 0.0
+    skipped: tuple[tuple[Shape, str], ...] = ()
+    """Shapes a candidate forms that this runner cannot build (the driver's cannot_build), and
+    why: left out as the sweep leaves them out, and said so on the candidate."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FitCandidate:
+    """One configuration fit weighed: its limits, what its worst step needs (bounded from the
+    sweep's measurements: core/fit.py says how), the KV it admits and how many requests at full
+    length that holds at once."""
+
+    # The report serves this record as it is, so the fields stand in the report's order; need_bytes
+    # is derived in __post_init__ (recomputed from the others whatever is passed for it).
+    max_model_len: int = doc("the candidate --max-model-len")
+    max_num_batched_tokens: int = doc("the candidate --max-num-batched-tokens")
+    max_num_seqs: int = doc("the candidate --max-num-seqs")
+    need_bytes: int = doc("transient_bytes + workspace_bytes (derived: recomputed when read)",
+                          default=0)
+    transient_bytes: int = doc(
+        "bound on the worst transient of every step the candidate forms: rows 1..chunk from the "
+        "sweep's coverage at the swept max_model_len (chord slack included), every other shape "
+        "from the measurement of its family at the next context (and request count) at or "
+        "above its own, never below one measured under it; the meter's allocator slack added")
+    workspace_bytes: int = doc("workspace the candidate holds (every slot grown to the largest "
+                               "its steps ask)")
+    worst_shape: Shape = doc("the candidate's own step whose bound is the largest")
+    bounded_by: Shape | None = doc(
+        "the measured step that set worst_shape's bound, where it is not worst_shape itself: the "
+        "next measured point above it (a longer context, more requests), or one under it that "
+        "read more; null when it is", default=None)
+    budget_bytes: int = doc("requested - consumed - transient - warm-up reserve - margin at this "
+                            "candidate")
+    kv_cache_bytes: int = doc("the KV cache it is given: --kv-cache-memory-bytes when given, "
+                              "else the budget rounded down to a whole MiB (0 if negative)")
+    kv_tokens: int = doc("tokens that KV cache holds (whole blocks)")
+    one_request_bytes: int = doc("KV one request at this max_model_len needs (whole blocks, "
+                                 "plus any per-request state the swept one needed)")
+    concurrency: int = doc("requests at this max_model_len the KV cache holds at once (less the "
+                           "block vLLM's block pool holds back), at most max_num_seqs")
+    fits: bool = doc("the budget holds one request at max_model_len (beside the block vLLM "
+                     "holds back), and an explicit --kv-cache-memory-bytes is within it")
+    feasible: bool = doc("fits, and concurrency is at least the fit's min_concurrency")
+    min_gpu_memory_utilization: float | None = doc(
+        "the smallest --gpu-memory-utilization (hundredths, rounded up) at which this candidate "
+        "still holds min_concurrency requests at full length (an explicit KV size: holds it); "
+        "null when the device size is unknown", default=None)
+    prefill_tokens_per_s: float | None = doc(
+        "the chunk's prefill throughput at the swept context (the advisor's timed step: chunk C "
+        "on swept max_model_len - C cached tokens); null when not timed", default=None)
+    frontier: bool = doc("on the trade-off frontier: no other feasible candidate has at least "
+                         "its max_model_len, concurrency and prefill throughput, and more of one",
+                         default=False)
+    note: str | None = doc("what the operator should know about this candidate", default=None)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "need_bytes", self.transient_bytes + self.workspace_bytes)
+
+    @property
+    def limits(self) -> tuple[int, int, int]:
+        return (self.max_model_len, self.max_num_batched_tokens, self.max_num_seqs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fit:
+    """`wcprof fit` (core/fit.py): configurations whose worst step fits and whose KV holds at
+    least min_concurrency requests at full length, derived from one sweep at the largest limits
+    allowed; the recommendation under the objective, and the trade-off frontier."""
+
+    # The report serves this record as it is: the fields stand in the report's order.
+    objective: FitObjective = doc(
+        "context: the longest max_model_len; concurrency: the most requests at the swept "
+        "max_model_len; throughput: the fastest prefill at the swept max_model_len")
+    min_concurrency: int = doc("requests at full length the KV cache must hold at once")
+    swept: tuple[int, int, int] = doc("(max_model_len, max_num_batched_tokens, max_num_seqs) the "
+                                      "sweep ran at: the largest any candidate has")
+    gpu_memory_utilization: float | None = doc(
+        "the share of device memory the sweep's engine ran with, which every candidate's budget "
+        "is computed at (the recommended flag)", default=None)
+    recommended: FitCandidate | None = doc("the candidate the objective picks; null when none "
+                                           "is feasible", default=None)
+    flags: tuple[str, ...] = doc("the recommended engine flags, in order (empty when none)",
+                                 default=())
+    rule: str = doc("how the recommendation is chosen")
+    bound: str = doc("how a figure between measured points is bounded")
+    candidates: tuple[FitCandidate, ...] = doc(
+        "every candidate weighed, by max_model_len, chunk and max_num_seqs, descending")
+    notes: tuple[str, ...] = doc("what the fit left out, and why", default=())
+    steps: tuple[StepResult, ...] = doc("the steps run for the fit beyond the sweep's and the "
+                                        "advisor's", default=())
+    seconds: float = doc("wall time of the fit's own steps", default=0.0)
+
+    @property
+    def frontier(self) -> tuple[FitCandidate, ...]:
+        return tuple(c for c in self.candidates if c.frontier)

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..report import Report, Verdict
-from .view import AdviceView, View, build_view
+from .view import AdviceView, FitView, View, build_view
 
 VERDICT_STYLES = {
     Verdict.SAFE: "bold green",
@@ -46,6 +46,8 @@ def render(report: Report, console: Console) -> None:
     console.print(comparison_table(view))
     if view.advice is not None:
         console.print(advice_table(view.advice))
+    if view.fit is not None:
+        console.print(fit_table(view.fit))
     for line in detail_lines(view):
         console.print(line, soft_wrap=True, highlight=False)
 
@@ -60,6 +62,46 @@ def render_advice(report: Report, console: Console) -> None:
     console.print(Text(view.advice.headline, style="bold"), soft_wrap=True, highlight=False)
     for note in (view.advice.rule, *view.advice.notes):
         console.print(Text(note, style="dim"), soft_wrap=True, highlight=False)
+
+
+def render_fit(report: Report, console: Console) -> None:
+    """`wcprof fit`: the recommended flags first, then the trade-off table, the rule and notes."""
+    view = build_view(report)
+    text = Text(" FIT ", style="bold green" if view.fit.flags else "bold white on red")
+    text.append(f"  {view.model}  swept {view.limits_text}", style="bold")
+    text.append(f"  ({view.where_text})", style="dim")
+    console.print(text, soft_wrap=True, highlight=False)
+    fit = view.fit
+    if fit.flags:
+        line = Text("recommended: ")
+        line.append(fit.flags, style="bold")
+        console.print(line, soft_wrap=True, highlight=False)
+    console.print(Text(fit.headline, style="" if fit.flags else "red"), soft_wrap=True,
+                  highlight=False)
+    console.print(fit_table(fit))
+    for note in (fit.rule, fit.bound, *fit.notes):
+        console.print(Text(note, style="dim"), soft_wrap=True, highlight=False)
+
+
+FIT_COLUMNS = ("context", "chunk", "seqs", "worst need", "KV cache", "requests", "tok/s",
+               "min util", "")
+
+
+def fit_table(fit: FitView) -> Table:
+    title = ("fit: the frontier" if fit.flags else
+             "fit: the candidates closest to it, then the frontier") + \
+        (" (context: --max-model-len, chunk: --max-num-batched-tokens, seqs: --max-num-seqs; "
+         "requests: at full length at once; tok/s: prefill at the swept context; min util: the "
+         "least --gpu-memory-utilization that still holds them)")
+    table = Table(title=title, title_justify="left", expand=False)
+    for name in FIT_COLUMNS:
+        table.add_column(name, justify="left" if name == "" else "right", no_wrap=True)
+    for r in fit.rows:
+        table.add_row(r.max_model_len, r.chunk, r.seqs, r.need, r.kv_bytes, r.requests,
+                      r.prefill, r.share, r.mark,
+                      style=("bold" if "recommended" in r.mark else SEVERITY_STYLES[r.severity])
+                      or None)
+    return table
 
 
 ADVICE_COLUMNS = ("chunk", "worst need", "KV cache", "KV tokens", "Δ tokens", "tok/s", "Δ tok/s",

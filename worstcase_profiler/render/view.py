@@ -58,6 +58,33 @@ class AdviceView:
 
 
 @dataclass(frozen=True)
+class FitRow:
+    max_model_len: str
+    chunk: str
+    seqs: str
+    need: str
+    kv_bytes: str
+    requests: str
+    prefill: str
+    share: str
+    mark: str
+    severity: int = INFO
+
+
+@dataclass(frozen=True)
+class FitView:
+    """The fit (report.fit): the recommended flags, its line, the trade-off table (the frontier,
+    or without a recommendation the candidates that came closest), the rule, bound and notes."""
+
+    flags: str | None
+    headline: str
+    rows: tuple[FitRow, ...]
+    rule: str
+    bound: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class View:
     verdict: Verdict
     model: str
@@ -69,6 +96,7 @@ class View:
     details: tuple[Detail, ...]
     summary: str
     advice: AdviceView | None = None
+    fit: FitView | None = None
     flag_fits: bool = True
     """The recommended value holds one request at max_model_len (else there is none to paste)."""
 
@@ -144,7 +172,7 @@ def build_view(report: Report) -> View:
                 flag_bytes=adm.recommended_kv_cache_memory_bytes, flag_note=flag_note(report),
                 flag_fits=budget_holds_one_request(report), rows=tuple(rows),
                 details=tuple(details(report)), summary=summary,
-                advice=build_advice_view(report))
+                advice=build_advice_view(report), fit=build_fit_view(report))
 
 
 def details(report: Report) -> list[Detail]:
@@ -193,6 +221,9 @@ def details(report: Report) -> list[Detail]:
                           else WARN if replay_reached(v) is False else INFO))
     if report.advice is not None:
         out.append(Detail("advice", advice_headline(report.advice)))
+    if report.fit is not None:
+        out.append(Detail("fit", fit_headline(report.fit),
+                          INFO if report.fit.recommended is not None else ERROR))
     if report.ranks:
         out.append(Detail("ranks", ranks_text(report)))
     if report.startup_seconds:
@@ -464,6 +495,78 @@ def build_advice_view(report: Report) -> AdviceView | None:
               f"the sweep",)
     return AdviceView(rows=tuple(rows), headline=advice_headline(advice), rule=advice.rule,
                       notes=notes)
+
+
+# --- the fit ------------------------------------------------------------------------------------
+
+MAX_FIT_ROWS = 12
+
+
+def fit_headline(fit) -> str:
+    """One line: what the recommendation holds, or that no candidate holds enough."""
+    r = fit.recommended
+    n = fit.min_concurrency
+    if r is None:
+        most = max(_fit_pool(fit), key=lambda c: (c.concurrency, c.max_model_len), default=None)
+        best = "" if most is None else (
+            f": the most any holds is {most.concurrency} (max_model_len "
+            f"{fmt_tokens(most.max_model_len)}, chunk {fmt_tokens(most.max_num_batched_tokens)},"
+            f" max_num_seqs {most.max_num_seqs})")
+        where = "" if fit.objective == "context" else \
+            f" at the swept max_model_len {fmt_tokens(fit.swept[0])}"
+        return f"fit: no candidate holds {n} request(s) at full length at once{where}{best}"
+    return (f"fit ({fit.objective}): {r.concurrency} request(s) of {fmt_tokens(r.max_model_len)} "
+            f"tokens at once (at least {n} asked), chunk {fmt_tokens(r.max_num_batched_tokens)}, "
+            f"max_num_seqs {r.max_num_seqs}; worst need {fmt_bytes(r.need_bytes)}, KV cache "
+            f"{fmt_bytes(r.kv_cache_bytes)} ({fmt_tokens(r.kv_tokens)} tokens)"
+            + (f", prefill {_rate(r.prefill_tokens_per_s)} at long context"
+               if r.prefill_tokens_per_s else ""))
+
+
+def _fit_pool(fit) -> list:
+    """The candidates the objective chooses among: every one for context, those at the swept
+    max_model_len for concurrency and throughput."""
+    return [c for c in fit.candidates
+            if fit.objective == "context" or c.max_model_len == fit.swept[0]]
+
+
+def build_fit_view(report: Report) -> FitView | None:
+    fit = report.fit
+    if fit is None:
+        return None
+    shown = list(fit.frontier)
+    if fit.recommended is None:  # the closest the objective came, then the frontier elsewhere
+        closest = sorted(_fit_pool(fit), key=lambda c: (-c.concurrency, -c.max_model_len))
+        shown = closest[:MAX_FIT_ROWS // 2] + [c for c in shown if c not in closest]
+    left = max(0, len(shown) - MAX_FIT_ROWS)
+    shown = sorted(shown[:MAX_FIT_ROWS], key=lambda c: (-c.max_model_len, -c.concurrency,
+                                                        -(c.prefill_tokens_per_s or 0)))
+    rows = []
+    for c in shown:
+        marks = []
+        if fit.recommended is not None and c.limits == fit.recommended.limits:
+            marks.append("recommended")
+        if not c.fits:
+            marks.append("does not fit")
+        elif not c.feasible:
+            marks.append(f"holds fewer than {fit.min_concurrency}")
+        rows.append(FitRow(
+            max_model_len=fmt_tokens(c.max_model_len), chunk=fmt_tokens(c.max_num_batched_tokens),
+            seqs=str(c.max_num_seqs), need=fmt_bytes(c.need_bytes),
+            kv_bytes=fmt_bytes(c.kv_cache_bytes), requests=str(c.concurrency),
+            prefill=f"{c.prefill_tokens_per_s:,.0f}" if c.prefill_tokens_per_s else "n/a",
+            share=f"{c.min_gpu_memory_utilization:.2f}"
+            if c.min_gpu_memory_utilization is not None else "n/a",
+            mark=", ".join(marks), severity=INFO if c.feasible else ERROR))
+    model = short_model(report.config.model)
+    flags = f"vllm serve {model} " + " ".join(fit.flags) if fit.flags else None
+    notes = [f"measured for the fit in {fit.seconds:.1f}s: {len(fit.steps)} step(s) the sweep "
+             f"and the advisor had not run; {len(fit.candidates)} candidate(s) weighed"]
+    if left:
+        notes.append(f"{left} more not shown: the report's fit section lists every candidate")
+    notes += list(fit.notes)
+    return FitView(flags=flags, headline=fit_headline(fit), rows=tuple(rows),
+                   rule=f"rule: {fit.rule}", bound=f"bound: {fit.bound}", notes=tuple(notes))
 
 
 def proof_text(proof) -> str:
