@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from worstcase_profiler.core.requests_plan import plan_for, token_ids
+from worstcase_profiler.core.requests_plan import plan_for, token_ids, validation_target
 from worstcase_profiler.core.shapes import Limits, split_prefills
 
 torch = pytest.importorskip("torch")
@@ -81,9 +81,15 @@ def test_a_hit_under_a_block_dropping_drafter_leaves_a_block_and_the_own_tokens(
 def test_every_planned_split_prefill_hits_its_context_in_vllms_manager():
     """The plans `--validate` builds for the sweep's split prefills: after the warm batch, vLLM's
     manager leaves each measured prompt exactly its planned rows on the planned context."""
-    shapes = split_prefills(LIMITS, LIMITS.max_num_batched_tokens)
-    assert max(s.num_reqs for s in shapes) <= LIMITS.max_num_batched_tokens // (BLOCK + 1)
+    rows = LIMITS.max_num_batched_tokens
+    shapes = split_prefills(LIMITS, rows)
+    widest = max(shapes, key=lambda s: s.num_reqs)  # one beyond the hits, on a short last chunk
+    assert widest.num_reqs == 1 + (rows - 1) // (BLOCK + 1)
+    assert validation_target(widest, 1, [(s, 1) for s in shapes], LIMITS).num_reqs == \
+        rows // (BLOCK + 1)  # --validate builds the widest that prompts form instead
     for shape in shapes:
+        if shape is widest:
+            continue
         plan = plan_for(shape, LIMITS, prefix_caching=True)
         assert plan.exact, plan.note
         manager, reqs, salt = _manager(True), _Requests(), iter(range(1, 1 << 20))

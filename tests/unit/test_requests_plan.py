@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from worstcase_profiler.core.requests_plan import plan_for, quick_plan, token_ids
+from worstcase_profiler.core.requests_plan import plan_for, quick_plan, token_ids, validation_target
 from worstcase_profiler.core.shapes import Limits, decode_batch, mixed_step, prefill_chunk, split_prefills
 from worstcase_profiler.core.types import Shape
 from worstcase_profiler.errors import ConfigError
@@ -104,8 +104,12 @@ def test_a_dropped_block_caps_the_requests_of_a_wide_prefill():
     """H200 run 13: 1,024 requests x 8 rows on 131k was swept but the scheduler ran ~10 at a time
     (each hit recomputed its last 800-token block); such a step is never formed."""
     shapes = split_prefills(DRAFT, 8192)
-    assert max(s.num_reqs for s in shapes) == 8 <= 8192 // 800
-    assert all(s.rows // s.num_reqs >= DRAFT.prefix_hit_min_rows for s in shapes)
+    # every request on the shared context through a hit (10 = 8192 // 800), and one beyond them
+    # whose prompt's last chunk is short: 11, never 1,024
+    assert max(s.num_reqs for s in shapes) == 1 + 8191 // 800 == 11
+    assert 10 in {s.num_reqs for s in shapes}
+    assert all(s.rows // s.num_reqs >= DRAFT.prefix_hit_min_rows for s in shapes
+               if s.num_reqs < 11)
     no_drop = split_prefills(dataclasses.replace(DRAFT, prefix_hit_min_rows=1, prefix_hit_drop=0), 8192)
     assert max(s.num_reqs for s in no_drop) == 1024
     # without prefix caching nothing lines long requests up anyway: those stay over-estimates
@@ -114,7 +118,7 @@ def test_a_dropped_block_caps_the_requests_of_a_wide_prefill():
 
 
 def test_with_a_dropped_block_the_prompts_still_form_the_step():
-    shape = split_prefills(DRAFT, 8192)[-1]  # 8 requests x 1024 rows
+    shape = next(s for s in split_prefills(DRAFT, 8192) if s.num_reqs == 8)  # 8 x 1024 rows
     plan = plan_for(shape, DRAFT, prefix_caching=True)
     warm, measured = plan.batches
     ctx, block = plan.target.context_len, DRAFT.block_size
@@ -132,6 +136,8 @@ def test_with_a_dropped_block_the_prompts_still_form_the_step():
 def test_the_warm_prompt_leaves_a_drafter_room_and_fits_max_model_len():
     lim = dataclasses.replace(DRAFT, num_speculative_tokens=3)
     for shape in split_prefills(lim, 8192):
+        if shape.rows // shape.num_reqs <= lim.hit_drop:  # the widest: not formed by prompts
+            continue
         plan = plan_for(shape, lim, prefix_caching=True)
         (warm,) = [b for b in plan.batches if not b.measured]
         assert warm.prompts[0].suffix_len == 4  # 1 + k: vLLM leaves the last k - 1 uncached
@@ -203,8 +209,17 @@ EAGLE = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=5
 
 def test_one_kv_group_needs_a_block_and_a_token_per_hit_so_every_split_prefill_forms():
     shapes = split_prefills(EAGLE, 8192)
-    assert shapes and max(s.num_reqs for s in shapes) <= 8192 // 17
+    counts = {s.num_reqs for s in shapes}
+    # the widest: 481 requests on the shared context with 17 rows each, plus one more whose last
+    # chunk is short; 481 itself, the widest the prompts form; never a power of two short of it
+    assert max(counts) == 1 + 8191 // 17 == 482 and 481 in counts and 256 in counts
+    widest = max(shapes, key=lambda s: s.num_reqs)
+    assert not plan_for(widest, EAGLE, prefix_caching=True).exact
+    steps = [(s, 1) for s in shapes]
+    assert validation_target(widest, 1, steps, EAGLE).num_reqs == 481
     for shape in shapes:
+        if shape is widest:
+            continue
         plan = plan_for(shape, EAGLE, prefix_caching=True)
         assert plan.exact, (shape, plan.note)
         (warm,), measured = [b for b in plan.batches if not b.measured], plan.batches[-1]
@@ -217,6 +232,16 @@ def test_one_kv_group_needs_a_block_and_a_token_per_hit_so_every_split_prefill_f
     loose = dataclasses.replace(EAGLE, prefix_hit_min_rows=16)
     widest = max(split_prefills(loose, 8192), key=lambda s: s.num_reqs)
     assert widest.num_reqs == 512 and not plan_for(widest, loose, prefix_caching=True).exact
+
+
+def test_a_cap_that_is_not_a_power_of_two_is_swept_itself():
+    """The pool's concurrency (26 requests at seed 000's 6 GiB with k=8 on the H200) is swept,
+    not only the 16 below it: the widest reachable step sets the envelope."""
+    lim = Limits(max_model_len=32768, max_num_batched_tokens=8192, max_num_seqs=32,
+                 num_speculative_tokens=8, block_size=832, kv_capacity_tokens=270 * 832,
+                 state_request_tokens=9 * 832)
+    assert lim.max_concurrent_requests == 27
+    assert max(s.num_reqs for s in split_prefills(lim, 8192)) == 27
 
 
 def test_a_hit_cannot_drop_more_than_it_leaves():

@@ -300,7 +300,7 @@ def test_no_step_holds_more_requests_than_their_state_blocks_leave_room_for():
     seed = dataclasses.replace(base, state_request_tokens=9 * 832)
     assert seed.max_concurrent_requests == 27 and base.max_concurrent_requests == 270
     assert max(s.num_reqs for s in split_prefills(base, 8192)) == 32  # no state: max_num_seqs
-    assert max(s.num_reqs for s in split_prefills(seed, 8192)) == 16  # 2, 4, 8, 16: 32 > 27
+    assert max(s.num_reqs for s in split_prefills(seed, 8192)) == 27  # the cap itself, not 32
     wide = wide_decode_batch(seed) or decode_batch(seed)
     assert wide.num_reqs <= 27
     assert dataclasses.replace(seed, kv_capacity_tokens=None).max_concurrent_requests is None

@@ -103,7 +103,20 @@ def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> S
     peak (`steps`: (Shape, peak bytes) pairs). Both are one token layout; the prefill one needs
     every request to hit the prefix cache up to its last 1 + k tokens, which caches of mixed
     block sizes and drafters can rule out (DeepSeek-V4 with MTP: every hit leaves at least 65
-    tokens to compute), while a decode batch forms from any long prompts."""
+    tokens to compute), while a decode batch forms from any long prompts.
+
+    Under a drafter that drops a hit's last block, a prefill step of more requests than its
+    rows leave each room for the dropped block and a row (split_prefills' widest: one request
+    beyond the hits, on a short last chunk) is not formed by prompts on a cached prefix: the
+    target is then the swept prefill of the same rows with the most requests that do form, and
+    the validation holds its measurement against the worst step's prediction all the same."""
+    if (worst.kind == "prefill" and limits.prefix_caching and limits.hit_drop
+            and worst.num_reqs > 1 and worst.rows // worst.num_reqs <= limits.hit_drop):
+        formed = [shape for shape, _ in steps
+                  if shape.kind == "prefill" and shape.rows == worst.rows
+                  and 1 < shape.num_reqs < worst.num_reqs
+                  and shape.rows // shape.num_reqs > limits.hit_drop]
+        return max(formed, key=lambda s: (s.num_reqs, s.context_len), default=worst)
     if worst.kind != "prefill" or worst.rows != worst.num_reqs * limits.rows_per_decode:
         return worst
     for shape, peak in steps:

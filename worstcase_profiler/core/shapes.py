@@ -264,19 +264,30 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     request on the shared context reached it through a cache hit, which leaves that many rows to
     compute (without it the shapes stay, over-estimates, since nothing else lines long requests
     up). When the KV pool holds fewer full-length requests on the shared prefix than the largest
-    n, that count is a shape too: the most requests that can sit at the full extent at once."""
+    n, that count is a shape too: the most requests that can sit at the full extent at once.
+
+    The largest n itself is always a shape, not only the powers of two below it: a cap that is
+    not a power of two (the pool's concurrency, the rows a hit leaves) would otherwise leave the
+    widest reachable step unswept. With prefix caching, that n is 1 + (R - 1) // m (m =
+    prefix_hit_min_rows): the hits' requests plus one more whose prompt's last chunk is shorter
+    than m; R // m, where every request is on the shared context through a hit (the widest step
+    `--validate`'s prompts form), is a shape too."""
     _check_rows(limits, rows)
     most = min(limits.max_num_seqs, rows, limits.max_concurrent_requests or rows)
+    formable = None
     if limits.prefix_caching:
-        most = min(most, rows // limits.prefix_hit_min_rows)
+        formable = rows // limits.prefix_hit_min_rows
+        most = min(most, 1 + (rows - 1) // limits.prefix_hit_min_rows)
     counts = []
     n = 2
     while n <= most:
         counts.append(n)
         n *= 2
     resident = limits.max_distinct_hit_requests if limits.prefix_caching else None
-    if resident is not None and 2 <= resident < most and resident not in counts:
-        counts = sorted([*counts, resident])
+    for extra in (most, formable if formable is not None and formable < most else None,
+                  resident if resident is not None and resident < most else None):
+        if extra is not None and extra >= 2 and extra not in counts:
+            counts = sorted([*counts, extra])
     out = []
     for n in counts:
         largest = -(-rows // n)
