@@ -695,3 +695,29 @@ def test_a_step_of_max_model_len_rows_is_planned_within_max_model_len(shape, cac
         (measured,) = _measured(plan)
         assert [p.length for p in measured.prompts] == [2047] and plan.target.rows == 2047
         assert not plan.exact and "max_model_len - 1 = 2047" in plan.note, plan
+
+
+def test_the_workers_own_kv_groups_decide_one_group():
+    """On the worker, vLLM's own grouping decides (kv.kv_group_count): a config whose fields say
+    nothing of a second layer kind still gets the block alone when vLLM built two groups, and
+    one group gets the block and a token whatever its fields say."""
+    from worstcase_profiler.adapter.facts import prefix_hit_rows
+
+    plain = _config(hybrid=False, block=16)
+    assert prefix_hit_rows(plain, 2)["prefix_hit_min_rows"] == 16
+    assert prefix_hit_rows(plain, 1)["prefix_hit_min_rows"] == 17
+    assert prefix_hit_rows(_config(hybrid=False, block=16, sliding_window=64), 1)[
+        "prefix_hit_min_rows"] == 17
+    assert prefix_hit_rows(plain, None)["prefix_hit_min_rows"] == 17  # unknown: the configs
+
+
+@pytest.mark.parametrize("draft", [
+    {"dflash_config": {"use_swa": True, "swa_window_size": 2048}},   # a DFlash draft with SWA
+    {"sliding_window_size": 128, "hybrid_layer_pattern": [0, 1]},     # MiMo-V2's own names
+    {"loop_window_size": 64},                                         # IQuest LoopCoder
+])
+def test_other_names_of_a_window_keep_the_block_alone(draft):
+    from worstcase_profiler.adapter.facts import prefix_hit_rows
+
+    got = prefix_hit_rows(_config(hybrid=False, block=16, draft=_draft(**draft)))
+    assert got["prefix_hit_min_rows"] == 16

@@ -13,12 +13,16 @@ from .. import __version__
 from ..core.shapes import Limits
 from ..core.types import DeviceInfo, EngineConfig, EngineFacts
 from ..errors import WcprofError
+from . import kv as kvmod
 from .versions import vllm_version
 
 log = logging.getLogger("vllm.wcprof")
 
 
 def limits_of(vllm_config, runner=None) -> Limits:
+    """The scheduler limits of this engine. With the worker's `runner`, whether the model has
+    one KV group is read from vLLM's own grouping of its layers (kv.kv_group_count); without
+    it (a front-end process), from the configs (`_one_kv_group`)."""
     # vllm-touch: worker-config
     spec = vllm_config.speculative_config
     k = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
@@ -29,11 +33,11 @@ def limits_of(vllm_config, runner=None) -> Limits:
         num_speculative_tokens=k,
         block_size=int(vllm_config.cache_config.block_size or 16),
         prefix_caching=bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False)),
-        **prefix_hit_rows(vllm_config),
+        **prefix_hit_rows(vllm_config, None if runner is None else kvmod.kv_group_count(runner)),
     )
 
 
-def prefix_hit_rows(vllm_config) -> dict[str, int]:
+def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]:
     """Limits.prefix_hit_min_rows and prefix_hit_drop: under a drafter that makes vLLM drop a
     prefix hit's last matched block (EAGLE, MTP, DFlash, DSpark: the drafter needs the target's
     hidden states of the last tokens), the dropped block, and the fewest rows a hit leaves: that
@@ -51,8 +55,9 @@ def prefix_hit_rows(vllm_config) -> dict[str, int]:
         need not drop anything;
       - KV groups of different block sizes (DeepSeek-V4's compressed attention), a hybrid not in
         "align" mode, an attention-free model.
-    One KV group is claimed only where neither the target's nor the draft's config names any
-    layer kind beside full attention (`_one_kv_group`); otherwise the block alone stands."""
+    One KV group: `kv_groups` == 1 where the worker counted vLLM's own groups (None: unknown),
+    else only where neither the target's nor the draft's config names any layer kind beside
+    full attention (`_one_kv_group`); otherwise the block alone stands."""
     # vllm-touch: worker-config
     none = {"prefix_hit_min_rows": 1, "prefix_hit_drop": 0}
     cache, spec = vllm_config.cache_config, vllm_config.speculative_config
@@ -72,10 +77,13 @@ def prefix_hit_rows(vllm_config) -> dict[str, int]:
     block = int(cache.block_size or 16)
     unit = getattr(cache, "prefix_match_unit", None)
     drop = min(block, int(unit)) if unit else block
-    return {"prefix_hit_min_rows": drop + int(_one_kv_group(vllm_config)), "prefix_hit_drop": drop}
+    one = kv_groups == 1 if kv_groups is not None else _one_kv_group(vllm_config)
+    return {"prefix_hit_min_rows": drop + int(one), "prefix_hit_drop": drop}
 
 
 _OTHER_LAYER_KINDS = ("sliding_window", "sliding_window_pattern", "interleaved_sliding_window",
+                      "sliding_window_size", "sliding_windows", "hybrid_layer_pattern",
+                      "swa_window_size", "use_swa", "loop_window_size",
                       "attention_chunk_size", "index_topk", "compress_ratios", "layers_block_type",
                       "full_attention_interval", "linear_attn_config")
 """Config fields that name a layer kind beside full attention (each gives vLLM another KV group:
@@ -104,7 +112,10 @@ def _one_kv_group(vllm_config) -> bool:
             text = _text_config(model)
         except Exception:  # noqa: BLE001 - unreadable: do not claim one group
             return False
-        if any(getattr(text, name, None) for name in _OTHER_LAYER_KINDS):
+        nested = [getattr(text, "dflash_config", None), getattr(text, "eagle_config", None)]
+        if any(getattr(text, name, None) for name in _OTHER_LAYER_KINDS) or any(
+                isinstance(d, dict) and any(d.get(name) for name in _OTHER_LAYER_KINDS)
+                for d in nested):
             return False
         if any(t != "full_attention" for t in (getattr(text, "layer_types", None) or ())):
             return False

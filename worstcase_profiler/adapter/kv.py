@@ -190,6 +190,16 @@ def request_floor(kv_cache_config) -> dict[str, int]:
             "state_blocks": state}
 
 
+def kv_group_count(runner) -> int | None:
+    """How many KV groups vLLM makes of this runner's layers (its own grouping, as KV
+    initialisation will build it); None where that cannot be built here."""
+    # vllm-touch: kv-cache-config
+    try:
+        return len(kv_cache_config_with_blocks(runner, 2).kv_cache_groups)
+    except Exception:  # noqa: BLE001 - unknown: the configs decide (facts._one_kv_group)
+        return None
+
+
 def one_request_bytes(runner, vllm_config) -> int:
     """What one request at max_model_len needs, from each layer's own spec (vLLM's check)."""
     # vllm-touch: kv-holders

@@ -154,7 +154,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
 
     # A cached sweep decides how much of the start is measured (ranks agree: captures run
     # collectives). Its capacity bucket is checked once vLLM's own figure is known.
-    limits = limits_of(vllm_config)
+    limits = limits_of(vllm_config, worker.model_runner)
     with clock("cache_lookup"):
         handle, entry = sweep_cache.lookup(worker, session.facts, limits, settings)
     first_start = agree(int(entry is None)) == 1
