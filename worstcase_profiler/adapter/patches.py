@@ -242,6 +242,30 @@ REGISTRY: tuple[Touch, ...] = (
           "into a throwaway pool, measures and discards them (what 0.29's estimator does)",
           run="0.32 read; the 0.26-0.28 path is read, not run",
           retire="an exact V2 CUDA-graph estimate"),
+    # -- multimodal encoders (adapter/multimodal.py) ---------------------------------------------
+    Touch("mm-budget", "private-read",
+          "ModelConfig.supports_multimodal_inputs (is_multimodal_model before it), "
+          "model_config.multimodal_config.skip_mm_profiling / limit_per_prompt / "
+          "get_limit_per_prompt, scheduler_config.disable_chunked_mm_input / "
+          "max_num_encoder_input_tokens / encoder_cache_size; the V1 runner's mm_budget, or "
+          "vllm.multimodal.encoder_budget.MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY, "
+          "enable_cache=False) as the V2 runner's profile_run builds it: mm_limits, "
+          "mm_max_toks_per_item, mm_max_items_per_prompt, mm_max_items_per_batch, "
+          "encoder_compute_budget, encoder_cache_size",
+          "a model with a multimodal encoder runs encoder forwards, caches their outputs and "
+          "reads them in prefill chunks, none of which the text sweep covers: the report names "
+          "every multimodal limit the worst case does not cover (core/multimodal.py)",
+          run="0.32 (CPU: tests/cpu/test_multimodal_cpu.py, Idefics3 layout, V1 runner)",
+          read="0.32 (V1 gpu_model_runner.profile_run, V2 gpu/model_runner.profile_run, "
+               "multimodal/encoder_budget.py); 0.26 unread",
+          retire="a profile that measures the encoder step at max_model_len KV extent"),
+    Touch("mm-stock-encoder", "instance-swap",
+          "model.embed_multimodal (on the model instance, during vLLM's own profile only)",
+          "whether vLLM's own profile ran the encoder at this start (profile_run does, on "
+          "max_items_per_batch dummy items; the CPU worker runs no profile in eager mode), so the "
+          "report says whether stock's figure covered the encoder",
+          run="0.32 (CPU)", read="0.32 (V1 and V2 profile_run call model.embed_multimodal)",
+          retire="a profile result that names the steps it ran"),
     # -- the production guard (adapter/guard.py) -------------------------------------------------
     Touch("guard-step-hook", "instance-swap",
           "Worker.execute_model, Worker.sample_tokens on the one worker object, from the end of "

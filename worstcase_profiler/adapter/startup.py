@@ -32,6 +32,7 @@ from ..core.advise import knee_line
 from ..core.audits import (concurrency_note, kv_audit_error, kv_audit_verdict, warmup_to_remember,
                            warmup_verdict)
 from ..core.cache_trust import reuse_consumed
+from ..core.multimodal import EncoderStep, MultimodalFacts, unprofiled_note
 from ..core.replay_rules import plan_agreement
 from ..core import shapes
 from ..core.cache import CacheEntry, pool_capacity_tokens
@@ -48,6 +49,7 @@ from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
 from . import kv as kvmod
 from . import advice, guard, sweep_cache, warmup
+from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sibling_hits_serialize, world_rank)
@@ -83,6 +85,10 @@ class StartMeasurement(NamedTuple):
     facts: budget.Measured
     cache: CacheUse
     proof: CutDownProof | None
+    multimodal: MultimodalFacts | None = None
+    """A model with a multimodal encoder: its limits (adapter/multimodal.facts_of)."""
+    encoder: EncoderStep | None = None
+    """The encoder step measured in the sweep, where it ran."""
 
 
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
@@ -97,6 +103,9 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                             context_ladder=settings.context_ladder)
     for note in decided.warnings:
         session.warn(note)
+    if (note := unprofiled_note(measured.multimodal, measured.encoder)) is not None:
+        session.warn(note)  # never a silent figure: the multimodal limits not covered
+        log.warning("[wcprof] %s", note)
     if (line := knee_line(decided.advice)) is not None:
         log.info("[wcprof] %s", line)
     facts, sweep = measured.facts, measured.facts.sweep
@@ -154,9 +163,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
     first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
-        with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs:
+        with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs, \
+                mm.counting_encoder(runner) as stock_encoder:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
+        mm_facts = mm.facts_of(worker, stock_encoder.calls)
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
@@ -210,7 +221,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         tolerance_bytes=tolerance, sweep_mode=sweep_mode,
         allocator_slack_bytes=getattr(meter, "allocator_slack_bytes", 0),
         advice_measurements=measured_advice, device_kind=meter.device_kind)
-    return StartMeasurement(facts=facts, cache=use, proof=proof)
+    return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts)
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,
