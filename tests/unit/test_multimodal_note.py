@@ -67,6 +67,9 @@ def test_a_measured_encoder_step_covers_its_items_and_nothing_more():
         "the encoder cache (8,192 tokens of encoder outputs resident across steps; 2,873 held "
         "in the measured step)"]
     note = unprofiled_note(big_cache, step())
+    assert "vLLM's own profile did not run the encoder at this start." in note
+    ran = MultimodalFacts((IMAGE,), 2873, 8192, True, stock_encoder_calls=1)
+    assert "(1 image item(s) of 2,873 tokens) too." in unprofiled_note(ran, step())
     assert note.startswith("multimodal steps are only partly in the worst case; the encoder "
                            "step measured 54.00 MiB (1 image item(s) of 2,873 tokens")
 

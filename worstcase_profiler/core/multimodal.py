@@ -147,10 +147,11 @@ def unprofiled_note(facts: MultimodalFacts | None, encoder: EncoderStep | None =
     elif facts.stock_encoder_calls:
         big = facts.largest
         stock = (f"vLLM's own profile ran the encoder at this start ({_n(big.max_items_per_batch)}"
-                 f" {big.modality} item(s) of {_n(big.max_tokens_per_item)} tokens), but its "
-                 f"figure is not in this budget")
+                 f" {big.modality} item(s) of {_n(big.max_tokens_per_item)} tokens)"
+                 + (", but its figure is not in this budget" if encoder is None else " too"))
     else:
-        stock = "vLLM's own profile did not run the encoder at this start either"
+        stock = ("vLLM's own profile did not run the encoder at this start"
+                 + (" either" if encoder is None else ""))
     head = ("multimodal steps are only partly in the worst case" if encoder is not None else
             "multimodal steps are not in the worst case: the sweep ran text steps only"
             + (f" (no encoder step: {why_not})" if why_not else ""))
