@@ -24,11 +24,12 @@ from pydantic import BaseModel, Field, TypeAdapter
 from .core.types import (Admission, Advice, CacheUse, CoveredSegment,  # noqa: E402
                          CutDownProof, DeviceInfo, EngineConfig, Fit, KVAudit, Shape,
                          StepResult, Validation, WarmupAudit, WorkspaceSlot)
+from .core.multimodal import EncoderStep  # noqa: E402
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.10"
+SCHEMA_VERSION = "1.11"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -38,7 +39,8 @@ SCHEMA_VERSION = "1.10"
 # need_bytes and kv_cache_bytes no longer required; $defs Segment named CoveredSegment; 1.9:
 # cut_down_proof also carries the self-check (sweep_depth=self-check; method, sampled,
 # fell_back; the full_* figures null when no full sweep ran); 1.10: fit (`wcprof fit`: the
-# candidates weighed, the recommendation and the frontier).
+# candidates weighed, the recommendation and the frontier); 1.11: worstcase.encoder_step (a
+# model with a multimodal encoder: the encoder step measured beside the sweep).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -97,6 +99,12 @@ class WorstCase(BaseModel):
         None, description="--sweep-depth prove: the cut-down sweep compared with the full one; "
         "--sweep-depth self-check (auto on CUDA): the cut-down sweep's self-check (kept, or fell "
         "back to the full sweep), also on a start that reused it from the sweep cache")
+    encoder_step: EncoderStep | None = Field(
+        None, description="a model with a multimodal encoder: the encoder forward on vLLM's own "
+        "dummy items (as many as one step's encoder budget runs) then the worst text step with "
+        "their outputs held, measured on every start beside the sweep; `peak_activation_bytes` "
+        "holds it (`sets_transient`). null for a text-only model, or where it was not built "
+        "(the report's warnings say why and which multimodal limits were not profiled)")
 
     @property
     def need_bytes(self) -> int:
@@ -217,7 +225,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         cache=prof.cache,
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
-        cut_down_proof=prof.cut_down_proof)
+        cut_down_proof=prof.cut_down_proof, encoder_step=getattr(prof, "encoder", None))
     # the core Admission with what warm-up was expected to keep, and where that figure came from
     admission = dataclasses.replace(adm, warmup_graphs_bytes=prof.warmup.graphs_bytes,
                                     warmup_source=prof.warmup.source)

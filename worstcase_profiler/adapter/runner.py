@@ -148,6 +148,17 @@ class DriverBase:
     def measure(self, shape: Shape, attribute: bool = False) -> StepResult:
         return self._measured(shape, lambda: self._at_depth(lambda: self.run(shape)), attribute)
 
+    def measure_after(self, shape: Shape, prelude) -> StepResult:
+        """`shape` measured as `measure` measures it, with `prelude()` run first inside the same
+        measurement and what it returns held until the step is done: an encoder forward whose
+        outputs the chunk reads (adapter/multimodal.encoder_step)."""
+        def body() -> None:
+            held = prelude()
+            self._at_depth(lambda: self.run(shape))
+            del held
+
+        return self._measured(shape, body, attribute=False)
+
     _cut = None
 
     @contextlib.contextmanager

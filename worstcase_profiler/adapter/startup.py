@@ -32,6 +32,7 @@ from ..core.advise import knee_line
 from ..core.audits import (concurrency_note, kv_audit_error, kv_audit_verdict, warmup_to_remember,
                            warmup_verdict)
 from ..core.cache_trust import reuse_consumed
+from ..core.multimodal import EncoderStep, MultimodalFacts, admit, encoder_line, unprofiled_note
 from ..core.replay_rules import plan_agreement
 from ..core import shapes
 from ..core.cache import CacheEntry, pool_capacity_tokens
@@ -48,6 +49,7 @@ from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
 from . import kv as kvmod
 from . import advice, fitting, guard, sweep_cache, warmup
+from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sibling_hits_serialize, world_rank)
@@ -83,6 +85,12 @@ class StartMeasurement(NamedTuple):
     facts: budget.Measured
     cache: CacheUse
     proof: CutDownProof | None
+    multimodal: MultimodalFacts | None = None
+    """A model with a multimodal encoder: its limits (adapter/multimodal.facts_of)."""
+    encoder: EncoderStep | None = None
+    """The encoder step measured in the sweep, where it ran."""
+    encoder_why_not: str = ""
+    """Why no encoder step was measured, for a model with a multimodal encoder."""
 
 
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
@@ -99,6 +107,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                             fit_objective=settings.fit_objective)
     for note in decided.warnings:
         session.warn(note)
+    if (note := unprofiled_note(measured.multimodal, measured.encoder,
+                                measured.encoder_why_not)) is not None:
+        session.warn(note)  # never a silent figure: the multimodal limits not covered
+        log.warning("[wcprof] %s", note)
     if (line := knee_line(decided.advice)) is not None:
         log.info("[wcprof] %s", line)
     if decided.fit is not None:
@@ -112,7 +124,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         sweep=sweep, cache=measured.cache, workspace=facts.workspace, warmup=facts.warmup,
         held=facts.held, admission=decided.admission, budget=decided.budget,
         plan_fingerprints=tuple(fingerprints), sweep_mode=facts.sweep_mode,
-        advice=decided.advice, cut_down_proof=measured.proof, fit=decided.fit))
+        advice=decided.advice, cut_down_proof=measured.proof, fit=decided.fit,
+        encoder=measured.encoder))
     write_report(session)
     error = plan_agreement(fingerprints, rank=session.facts.rank,
                            steps=len(sweep.steps)) or decided.budget.error
@@ -160,9 +173,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
     first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
-        with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs:
+        with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs, \
+                mm.counting_encoder(runner) as stock_encoder:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
+        mm_facts = mm.facts_of(worker, stock_encoder.calls)
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
@@ -179,6 +194,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
         sweep, use, entry, sweep_mode, proof = sweep_cache.sweep_or_reuse(
             driver, limits, tolerance, clock, handle, entry,
             full_sweep=lambda: _full_sweep(driver, limits, settings, tolerance, clock))
+        encoder, encoder_why_not = None, ""
+        if mm_facts is not None and mm_facts.modalities:
+            with clock("encoder_step"):  # every start: it is not kept in the sweep cache
+                encoder, encoder_why_not = mm.encoder_step(driver, mm_facts, sweep.worst.shape)
         measured_advice = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         measured_fit = fitting.measure(driver, limits, sweep, measured_advice, settings,
                                        clock)  # wcprof fit
@@ -211,8 +230,12 @@ def measure_start(worker, original, settings: ProfilerSettings,
                              weights_bytes=int(getattr(runner, "model_memory_usage", 0) or 0),
                              non_torch_bytes=non_torch(meter, held_now),
                              residue_bytes=max(0, consumed - held_now))
+    # the admitted transient holds the encoder step too (the cache keeps the text sweep)
+    admitted, encoder = admit(sweep, encoder, getattr(meter, "allocator_slack_bytes", 0))
+    if encoder is not None:
+        log.info("[wcprof] %s", encoder_line(encoder))
     facts = budget.Measured(
-        limits=limits, sweep=sweep, held=held_memory, workspace=workspace, warmup=estimate,
+        limits=limits, sweep=admitted, held=held_memory, workspace=workspace, warmup=estimate,
         stock_kv_bytes=stock_kv, bytes_per_token=bpt,
         one_request_bytes=kvmod.one_request_bytes(runner, vllm_config), explicit_kv_bytes=explicit,
         tolerance_bytes=tolerance, sweep_mode=sweep_mode,
@@ -220,7 +243,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
         advice_measurements=measured_advice, device_kind=meter.device_kind,
         fit_measurements=measured_fit, device_total_bytes=session.facts.device.total_bytes,
         gpu_memory_utilization=session.facts.config.gpu_memory_utilization)
-    return StartMeasurement(facts=facts, cache=use, proof=proof)
+    return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
+                            encoder=encoder, encoder_why_not=encoder_why_not)
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,

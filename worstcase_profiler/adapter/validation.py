@@ -502,7 +502,10 @@ def worker_rpc(worker, op: str, payload=None):
         target = validation_target(sweep.worst.shape, sweep.worst.peak_bytes,
                                    [(r.shape, r.peak_bytes) for r in sweep.steps],
                                    limits_of(worker.vllm_config))
-        return {"rank": world_rank(), "peak": sweep.peak_bytes, "worst": codec.encode(target)}
+        from ..core.multimodal import text_prediction
+
+        peak = text_prediction(sweep.peak_bytes, getattr(session.profile, "encoder", None))
+        return {"rank": world_rank(), "peak": peak, "worst": codec.encode(target)}
     if op == "record":
         mine = [v for v in (payload or []) if v.get("rank") == world_rank()]
         if session is not None and mine and not session.phases.validation:

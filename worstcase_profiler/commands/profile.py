@@ -219,10 +219,13 @@ def validate(llm, report, which: str = "all") -> list:
     """--validate: the report's worst step from real requests, then generic traffic, per rank."""
     from ..adapter.facts import limits_of
     from ..adapter.validation import validate_traffic, validate_worst_step
+    from ..core.multimodal import text_prediction
     from ..core.requests_plan import validation_target
 
     limits = limits_of(llm.llm_engine.vllm_config)
-    predicted = {r.rank: r.worstcase.peak_activation_bytes for r in (report.ranks or [report])}
+    # text replays against the text sweep's figure, where an encoder step set the admitted one
+    predicted = {r.rank: text_prediction(r.worstcase.peak_activation_bytes, r.worstcase.encoder_step)
+                 for r in (report.ranks or [report])}
     w = report.worstcase.worst_shape  # the report's Shape is the core's
     steps = [(r.shape, r.peak_bytes) for r in report.worstcase.steps]
     target = validation_target(w, max((p for s, p in steps if s == w),

@@ -7,6 +7,8 @@ the adapter (worstcase_profiler/adapter) measures, this decides, report.py proje
   coverage     the chord certificate that covers every rows value 1..N
   sweep        the sweep's order of work over a StepDriver, and a cached sweep's replay
   admission    the budget arithmetic and the budget decision
+  multimodal   a multimodal encoder's limits, its encoder step in the admitted transient, and
+               the report's warning for the limits not profiled
   cache_trust  whether a cached sweep, replayed now, may stand in for a full one
   audits       what KV initialisation and warm-up kept, against what admission set aside
   replay_rules rank agreement, the step a replay formed, when it stops, when it fails

@@ -471,6 +471,9 @@ class ProfileResult:
     advice: "Advice | None" = None
     cut_down_proof: CutDownProof | None = None
     fit: "Fit | None" = None
+    encoder: "EncoderStep | None" = None  # core/multimodal.EncoderStep (it imports this module)
+    """A model with a multimodal encoder: the encoder step measured beside the sweep
+    (core/multimodal.py)."""
 
 
 @dataclass(frozen=True)

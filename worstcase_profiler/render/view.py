@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.coverage import certified_count
+from ..core.multimodal import encoder_line
 from ..core.replay_rules import replay_reached, validation_exceeded
 from ..core.timing import profiler_phases
 from ..report import Report, Shape, StepResult, Verdict
@@ -180,6 +181,8 @@ def details(report: Report) -> list[Detail]:
     out = [Detail("worst-step", f"worst step: {shape_text(wc.worst_shape)}; peak set in "
                                 f"{wc.worst_op or 'unknown op'} (stock profiles "
                                 f"{shape_text(report.stock.shape)})")]
+    if wc.encoder_step is not None:
+        out.append(Detail("encoder-step", encoder_line(wc.encoder_step)))
     if wc.workspace_bytes or any(s.bytes_after for s in wc.workspace_slots):
         out.append(Detail("workspace", workspace_text(report)))
     warmup = f"cudagraphs {fmt_bytes(adm.cudagraph_bytes)}"

