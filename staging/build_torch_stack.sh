@@ -3,7 +3,7 @@
 # host: vLLM 0.32.0 on the torch it pins (2.13.0) and the triton that torch declares (3.7.1), with
 # DeepGEMM as vLLM ships it (its extension links torch 2.13's C++ ABI), the MoE kernels, the API
 # server's packages (`vllm serve`), torchvision 0.28.0 and CuTe-DSL (sparse MLA). Output: $STAGE/piece00 .. pieceNN,
-# byte pieces (each <= 52 MiB: one transfer carries 64 MiB, the working tree ~10 MiB of it) of ONE tar.zst stream, SHA256SUMS
+# byte pieces (each <= 44 MiB: one transfer carries 64 MiB, the working tree ~12 MB of it) of ONE tar.zst stream, SHA256SUMS
 # (the pieces and the whole stream), and staging/stage_stack.sh to carry with them.
 #
 #   bash staging/build_torch_stack.sh                 # vLLM 0.32.0 -> .stage213/ (git-ignored)
@@ -51,7 +51,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 VLLM=${VLLM:-0.32.0}
 WORK=${WORK:-/tmp/wcprof-vllm-$VLLM-build}
-PIECE=$((52 * 1024 * 1024))   # + the ~10 MiB working tree + this script: < 64 MiB a call
+PIECE=$((44 * 1024 * 1024))   # + the working tree (12 MB at 2026-12-02) + this script: < 64 MiB a call
 PIP=${PIP:-"python3 -m pip"}
 PLAT=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp)
 for t in manylinux1 manylinux2010 manylinux2014 manylinux_2_17 manylinux_2_18 manylinux_2_24 \
@@ -136,7 +136,7 @@ sys.exit(0 if sys.argv[2] in S(sys.argv[1].split("apache-tvm-ffi", 1)[1]) else 1
   tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=2026-01-01 -C "$WORK/extra" -cf - . |
     xz -9e -T2 >"$EXTRA/tilelang.tar.xz"   # 176 MB raw -> ~32 MB in ~4 min here
   t=$(stat -c %s "$EXTRA/tilelang.tar.xz")
-  [ "$t" -le "$PIECE" ] || { echo "ERROR: $EXTRA/tilelang.tar.xz is $t bytes > 52 MiB" >&2; return 1; }
+  [ "$t" -le "$PIECE" ] || { echo "ERROR: $EXTRA/tilelang.tar.xz is $t bytes > $PIECE bytes" >&2; return 1; }
   (cd "$EXTRA" && sha256sum tilelang.tar.xz >SHA256SUMS)
   cp "$HERE/stage_extra.sh" "$EXTRA/"
   ls -l "$EXTRA"
