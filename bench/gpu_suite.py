@@ -346,13 +346,10 @@ def speculative(name: str) -> dict | None:
         if "--speculative-config" in extra else None
 
 
-def _check_drafter(report: dict, name: str, put) -> None:
-    """Issue 33: a drafter with its own model. Its decode/verify steps carry 1 + k tokens per
-    request; the KV audit lists every group, the drafter's layers named, each within its own
-    plan (ratio <= 1.000); a hybrid's GDN state group is there; an explicit KV flag is held;
-    the worst step built from real requests is within 1.02 of the prediction."""
-    spec = speculative(name)
-    k = spec["num_speculative_tokens"]
+def _drafter_steps_and_groups(report: dict, k: int, draft_layers: int, whose: str, put) -> list:
+    """The checks every drafter case shares: k as configured, decode/verify steps of 1 + k
+    tokens per request, the KV audit ok with every planned group within its plan, and the
+    draft's `draft_layers` layers named in the groups. Returns the planned groups."""
     put("num_speculative_tokens", report["config"].get("num_speculative_tokens") == k,
         f"{report['config'].get('num_speculative_tokens')} (want {k})")
     decodes = [s["shape"] for s in report["worstcase"]["steps"] if s["shape"]["kind"] == "decode"]
@@ -365,10 +362,21 @@ def _check_drafter(report: dict, name: str, put) -> None:
     put("every_group_within_its_plan", bool(planned) and all(
         g.get("ratio") is not None and g["ratio"] <= 1.0 for g in planned),
         "; ".join(f"{g['name']} x{g.get('ratio')}" for g in planned))
-    draft_layers = json.loads((Path(spec["model"]) / "config.json").read_text())["num_hidden_layers"]
     named = sum(len(g.get("drafter_layers") or []) for g in planned)
     put("drafter_layers_audited", named == draft_layers,
-        f"{named} drafter layer(s) in the audit (the draft has {draft_layers})")
+        f"{named} drafter layer(s) in the audit ({whose} {draft_layers})")
+    return planned
+
+
+def _check_drafter(report: dict, name: str, put) -> None:
+    """Issue 33: a drafter with its own model. Its decode/verify steps carry 1 + k tokens per
+    request; the KV audit lists every group, the drafter's layers named, each within its own
+    plan (ratio <= 1.000); a hybrid's GDN state group is there; an explicit KV flag is held;
+    the worst step built from real requests is within 1.02 of the prediction."""
+    spec = speculative(name)
+    draft_layers = json.loads((Path(spec["model"]) / "config.json").read_text())["num_hidden_layers"]
+    planned = _drafter_steps_and_groups(report, spec["num_speculative_tokens"], draft_layers,
+                                        "the draft has", put)
     if spec["method"] == "dflash":
         put("gdn_state_group", any("Mamba" in g["name"] for g in planned),
             ", ".join(g["name"] for g in planned))
@@ -396,22 +404,8 @@ def _check_dspark(report: dict, name: str, log_text: str, put) -> None:
     every ubatch reserved to the same worst size and locked, and vLLM's workspace debug log shows
     no resize after the lock; the worst step from real requests within 1.02 of the prediction."""
     cfg = report["config"]
-    put("num_speculative_tokens", cfg.get("num_speculative_tokens") == DSPARK_K,
-        f"{cfg.get('num_speculative_tokens')} (want {DSPARK_K})")
     put("max_model_len_ge_262144", cfg.get("max_model_len", 0) >= 262144, str(cfg.get("max_model_len")))
-    decodes = [s["shape"] for s in report["worstcase"]["steps"] if s["shape"]["kind"] == "decode"]
-    put("decode_steps_one_plus_k", bool(decodes) and all(
-        s["rows"] == s["num_reqs"] * (1 + DSPARK_K) for s in decodes),
-        f"{len(decodes)} decode steps; rows/reqs {sorted({(s['rows'], s['num_reqs']) for s in decodes})[:4]}")
-    audit = report.get("kv_audit") or {}
-    planned = [g for g in audit.get("groups") or [] if g.get("declared_bytes", 0) > 0]
-    put("kv_audit_ok", audit.get("verdict") == "ok", str(audit.get("message"))[:400])
-    put("every_group_within_its_plan", bool(planned) and all(
-        g.get("ratio") is not None and g["ratio"] <= 1.0 for g in planned),
-        "; ".join(f"{g['name']} x{g.get('ratio')}" for g in planned))
-    named = sum(len(g.get("drafter_layers") or []) for g in planned)
-    put("drafter_layers_audited", named == DSPARK_DRAFT_LAYERS,
-        f"{named} drafter layer(s) in the audit (DSpark builds {DSPARK_DRAFT_LAYERS})")
+    _drafter_steps_and_groups(report, DSPARK_K, DSPARK_DRAFT_LAYERS, "DSpark builds", put)
     slots = report["worstcase"].get("workspace_slots") or []
     top = max((s["bytes_after"] for s in slots), default=0)
     put("both_lanes_reserved", {s["lane"] for s in slots} >= {0, 1} and top > 0
