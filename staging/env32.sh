@@ -33,24 +33,7 @@ export FLASH_ATTENTION_CUTE_DSL_CACHE_DIR=${FLASH_ATTENTION_CUTE_DSL_CACHE_DIR:-
 # .extra213/tilelang-cache*.tgz and carried) is unpacked once, so those kernels do not compile
 # again (they are keyed by their source and compile arguments).
 if [ -d "$SITE/tilelang" ]; then
-  _wcp_ok() { [ -n "$1" ] && [ -x "$1/bin/nvcc" ] && [ -f "$1/include/cuda.h" ]; }
-  if ! _wcp_ok "${CUDA_HOME:-}"; then
-    _wcp_nvcc=$(command -v nvcc 2>/dev/null || true)
-    _wcp_nvcc=${_wcp_nvcc:+$(readlink -f "$_wcp_nvcc")}
-    unset CUDA_HOME
-    for _wcp_c in "${CUDA_PATH:-}" ${_wcp_nvcc:+"$(dirname "$(dirname "$_wcp_nvcc")")"} /usr/local/cuda \
-                  /usr/local/cuda-13.0 /usr/local/cuda-13* /opt/cuda; do
-      if _wcp_ok "$_wcp_c"; then export CUDA_HOME=$_wcp_c; break; fi
-    done
-    unset _wcp_nvcc _wcp_c
-  fi
-  if _wcp_ok "${CUDA_HOME:-}"; then
-    export CUDA_PATH=$CUDA_HOME
-    case ":$PATH:" in *":$CUDA_HOME/bin:"*) ;; *) export PATH=$PATH:$CUDA_HOME/bin ;; esac
-  else
-    echo "env.sh: no CUDA toolkit (bin/nvcc + include/cuda.h) found; set CUDA_HOME: TileLang cannot compile" >&2
-  fi
-  unset -f _wcp_ok
+  _WCP_WHO="env.sh" source "$(dirname "${BASH_SOURCE[0]}")/cuda_home.sh"
   export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
   export TVM_FFI_CACHE_DIR=${TVM_FFI_CACHE_DIR:-/tmp/tvm_ffi_cache}
   for _wcp_jit in .extra*/tilelang-cache*.tgz; do

@@ -30,24 +30,7 @@ unset _wcp_dsl
 # nvcc: TileLang compiles its kernels with it at first use (DeepGEMM too); TileLang looks at
 # CUDA_HOME, CUDA_PATH, `nvcc` on PATH, then /usr/local/cuda. A candidate counts only with
 # bin/nvcc and include/cuda.h (an `nvcc` on PATH may be a wrapper script outside the toolkit).
-_wcp_ok() { [ -n "$1" ] && [ -x "$1/bin/nvcc" ] && [ -f "$1/include/cuda.h" ]; }
-if ! _wcp_ok "${CUDA_HOME:-}"; then
-  _wcp_nvcc=$(command -v nvcc 2>/dev/null || true)
-  _wcp_nvcc=${_wcp_nvcc:+$(readlink -f "$_wcp_nvcc")}
-  unset CUDA_HOME
-  for _wcp_c in "${CUDA_PATH:-}" ${_wcp_nvcc:+"$(dirname "$(dirname "$_wcp_nvcc")")"} /usr/local/cuda \
-                /usr/local/cuda-13.0 /usr/local/cuda-13* /usr/local/cuda-1[0-9]* /opt/cuda; do
-    if _wcp_ok "$_wcp_c"; then export CUDA_HOME=$_wcp_c; break; fi
-  done
-  unset _wcp_nvcc _wcp_c
-fi
-if _wcp_ok "${CUDA_HOME:-}"; then
-  export CUDA_PATH=$CUDA_HOME
-  case ":$PATH:" in *":$CUDA_HOME/bin:"*) ;; *) export PATH=$PATH:$CUDA_HOME/bin ;; esac
-else
-  echo "dsv4 env.sh: no CUDA toolkit (bin/nvcc + include/cuda.h) found; set CUDA_HOME: TileLang cannot compile the mHC kernels" >&2
-fi
-unset -f _wcp_ok
+_WCP_WHO="dsv4 env.sh" source staging/cuda_home.sh  # from the repository root, as every call runs
 
 # JIT caches under /tmp (their defaults are under $HOME or need a user name).
 export TILELANG_CACHE_DIR=${TILELANG_CACHE_DIR:-/tmp/tilelang_cache}
