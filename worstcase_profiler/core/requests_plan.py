@@ -111,11 +111,11 @@ def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> S
     target is then the swept prefill of the same rows with the most requests that do form, and
     the validation holds its measurement against the worst step's prediction all the same."""
     if (worst.kind == "prefill" and limits.prefix_caching and limits.hit_drop
-            and worst.num_reqs > 1 and worst.rows // worst.num_reqs <= limits.hit_drop):
+            and worst.num_reqs > 1 and not _hits_leave_room(worst.rows, worst.num_reqs, limits)):
         formed = [shape for shape, _ in steps
                   if shape.kind == "prefill" and shape.rows == worst.rows
                   and 1 < shape.num_reqs < worst.num_reqs
-                  and shape.rows // shape.num_reqs > limits.hit_drop]
+                  and _hits_leave_room(shape.rows, shape.num_reqs, limits)]
         return max(formed, key=lambda s: (s.num_reqs, s.context_len), default=worst)
     if worst.kind != "prefill" or worst.rows != worst.num_reqs * limits.rows_per_decode:
         return worst
@@ -124,6 +124,12 @@ def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> S
                 and shape.context_len >= worst.context_len and peak >= worst_peak):
             return shape
     return worst
+
+
+def _hits_leave_room(rows: int, num_reqs: int, limits: Limits) -> bool:
+    """Whether `rows` over `num_reqs` prompts on a cached prefix leave each the block a drafter's
+    hit drops (hit_drop) and a row of its own: the prefill steps such prompts form."""
+    return rows // num_reqs > limits.hit_drop
 
 
 def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
@@ -325,7 +331,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
     dropped = limits.hit_drop
-    if prefix_caching and rows // n > dropped:
+    if prefix_caching and _hits_leave_room(rows, n, limits):
         # A drafter that drops a hit's last block (dropped > 0) leaves each prompt computing
         # that block again: the shared prefix is one block longer and each tail one block
         # shorter, so the step still holds `rows` on `ctx`.
