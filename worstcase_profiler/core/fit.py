@@ -65,7 +65,7 @@ import dataclasses
 from typing import Callable, Iterable
 
 from . import shapes as plan
-from .admission import bytes_for_one_request, compute_admission, kv_tokens
+from .admission import bytes_for_one_request, compute_admission, kv_tokens, usable_kv_bytes
 from .advise import confirmation_delta, full_extent_rows, plan_candidate, raiser, rows_bound
 from .shapes import Limits
 from .types import (Admission, Advice, Fit, FitCandidate, FitMeasurements, FitObjective,
@@ -298,13 +298,13 @@ class _Weigher:
             stock_kv=adm.stock_kv_cache_bytes, cudagraph=adm.cudagraph_bytes,
             margin=adm.margin_bytes, bytes_per_token=adm.bytes_per_token,
             block_size=lim.block_size, max_model_len=max_model_len, one_request=one,
-            explicit_kv=adm.explicit_kv_cache_memory_bytes)
+            explicit_kv=adm.explicit_kv_cache_memory_bytes, pool_block_bytes=adm.pool_block_bytes)
         explicit = adm.explicit_kv_cache_memory_bytes
         kv = explicit if explicit is not None else a.recommended_kv_cache_memory_bytes
         tokens = kv_tokens(kv, adm.bytes_per_token, lim.block_size)
         # vLLM's block pool holds one block back (its null block) from every request
-        usable = max(0, tokens - lim.block_size) * adm.bytes_per_token if adm.bytes_per_token \
-            else kv
+        usable = usable_kv_bytes(kv, bytes_per_token=adm.bytes_per_token,
+                                 block_size=lim.block_size, pool_block_bytes=adm.pool_block_bytes)
         held = usable // one if one else seqs
         fits = a.fits and held >= 1
         concurrency = min(seqs, held) if fits else 0
