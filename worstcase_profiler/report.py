@@ -29,7 +29,7 @@ from .core.multimodal import EncoderStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.11"
+SCHEMA_VERSION = "1.12"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -40,7 +40,8 @@ SCHEMA_VERSION = "1.11"
 # cut_down_proof also carries the self-check (sweep_depth=self-check; method, sampled,
 # fell_back; the full_* figures null when no full sweep ran); 1.10: fit (`wcprof fit`: the
 # candidates weighed, the recommendation and the frontier); 1.11: worstcase.encoder_step (a
-# model with a multimodal encoder: the encoder step measured beside the sweep).
+# model with a multimodal encoder: the encoder step measured beside the sweep); 1.12: admission's
+# least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

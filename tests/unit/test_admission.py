@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from worstcase_profiler.core.admission import (
-    bytes_for_one_request, compute_admission, kv_tokens, stock_oom_context_len)
+    bytes_for_one_request, compute_admission, decide_budget, kv_tokens, least_kv_cache_bytes,
+    stock_oom_context_len, usable_kv_bytes)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -71,19 +72,82 @@ def test_negative_budget_does_not_fit():
     assert not adm.fits
 
 
-def test_budget_must_hold_one_request_at_max_model_len():
+def test_budget_must_hold_one_request_at_max_model_len_and_the_null_block():
+    # vLLM 0.32 (get_kv_cache_configs, check_enough_kv_cache_memory) checks one request against
+    # the available memory less one pool block, the null block its BlockPool holds back: a
+    # budget of exactly one request's blocks is refused at start
     one = bytes_for_one_request(BPT, BLOCK, 4096)
     assert one == 4096 * BPT
     base = 20 * GiB - 4 * GiB - 3 * GiB  # budget = base - margin
-    assert admission(margin=base - one).fits
-    assert not admission(margin=base - one + 1).fits
+    exact = admission(margin=base - one - BLOCK_BYTES)
+    assert exact.budget_bytes == one + BLOCK_BYTES == exact.least_kv_cache_bytes
+    assert exact.fits
+    assert not admission(margin=base - one - BLOCK_BYTES + 1).fits  # a byte short of a block
+    assert not admission(margin=base - one).fits  # one request, no null block: vLLM refuses
+    assert exact.pool_block_bytes == BLOCK_BYTES
 
 
 def test_one_request_rounds_up_to_whole_blocks():
     assert bytes_for_one_request(BPT, BLOCK, 4097) == 4112 * BPT
     base = 20 * GiB - 4 * GiB - 3 * GiB  # budget = base - margin
-    assert not admission(max_model_len=4097, margin=base - 4097 * BPT).fits
-    assert admission(max_model_len=4097, margin=base - 4112 * BPT).fits
+    assert not admission(max_model_len=4097, margin=base - 4097 * BPT - BLOCK_BYTES).fits
+    assert not admission(max_model_len=4097, margin=base - 4112 * BPT).fits
+    assert admission(max_model_len=4097, margin=base - 4112 * BPT - BLOCK_BYTES).fits
+
+
+def test_explicit_kv_at_the_null_block_boundary():
+    one = 4096 * BPT
+    assert admission(explicit_kv=one + BLOCK_BYTES).fits
+    assert not admission(explicit_kv=one + BLOCK_BYTES - 1).fits
+    assert not admission(explicit_kv=one).fits
+
+
+def test_usable_and_least_are_vllms_rule_in_whole_pool_blocks():
+    # what vLLM checks: need <= available - bytes_per_block, need a whole number of blocks
+    assert usable_kv_bytes(10 * BLOCK_BYTES, bytes_per_token=BPT, block_size=BLOCK) \
+        == 9 * BLOCK_BYTES
+    assert usable_kv_bytes(10 * BLOCK_BYTES - 1, bytes_per_token=BPT, block_size=BLOCK) \
+        == 8 * BLOCK_BYTES
+    assert usable_kv_bytes(BLOCK_BYTES, bytes_per_token=BPT, block_size=BLOCK) == 0
+    assert usable_kv_bytes(-GiB, bytes_per_token=BPT, block_size=BLOCK) == 0
+    assert usable_kv_bytes(GiB, bytes_per_token=0, block_size=BLOCK) == GiB  # no KV to block
+    for one in (1, BLOCK_BYTES, 5 * BLOCK_BYTES + 1):
+        least = least_kv_cache_bytes(one, bytes_per_token=BPT, block_size=BLOCK)
+        assert usable_kv_bytes(least, bytes_per_token=BPT, block_size=BLOCK) >= one
+        assert usable_kv_bytes(least - 1, bytes_per_token=BPT, block_size=BLOCK) < one
+
+
+def test_several_kv_groups_hold_back_one_pool_block():
+    # Two KV groups of equal layers: a pool block serves one group (vLLM's _pool_bytes_per_block
+    # is the largest group's bytes per block), one request draws its blocks in both groups, and
+    # the null block is one pool block, not one per group
+    pool = BLOCK_BYTES // 2
+    one = 2 * (4096 // BLOCK) * pool  # 256 blocks in each group
+    assert one == 4096 * BPT
+    base = 20 * GiB - 4 * GiB - 3 * GiB
+    exact = admission(margin=base - one - pool, pool_block_bytes=pool)
+    assert exact.fits and exact.least_kv_cache_bytes == one + pool
+    assert not admission(margin=base - one - pool + 1, pool_block_bytes=pool).fits
+    # without the plan's pool block, a block of every layer is held back: never less
+    assert not admission(margin=base - one - pool).fits
+    assert admission(margin=base - one - BLOCK_BYTES).fits
+
+
+def test_refusals_name_the_least_kv_cache_vllm_starts_with():
+    one = 4096 * BPT
+    small = admission(explicit_kv=one)
+    d = decide_budget(small, mode="enforce", kv_cap=None, worst_label="w", max_model_len=4096)
+    assert d.error is not None
+    assert f"--kv-cache-memory-bytes {one + BLOCK_BYTES} or more" in d.error.hint
+    assert "null block" in str(d.error)
+    base = 20 * GiB - 4 * GiB - 3 * GiB
+    short = admission(margin=0, worst_peak=3 * GiB + base - one)  # budget: one request exactly
+    assert short.budget_bytes == one and not short.fits
+    d = decide_budget(short, mode="enforce", kv_cap=None, worst_label="w", max_model_len=4096)
+    assert d.error is not None and "null block" in str(d.error)
+    capped = decide_budget(admission(), mode="enforce", kv_cap=1, worst_label="w",
+                           max_model_len=4096)
+    assert capped.budget_bytes == one + BLOCK_BYTES  # kv_cap never below what vLLM starts with
 
 
 def test_explicit_kv_within_budget():
@@ -104,6 +168,7 @@ def test_explicit_kv_larger_than_budget_does_not_fit():
 
 def test_explicit_kv_too_small_for_one_request_does_not_fit():
     assert not admission(explicit_kv=4096 * BPT - 1).fits
+    assert not admission(explicit_kv=4096 * BPT).fits  # vLLM's null block
 
 
 def test_stock_kv_never_negative():

@@ -72,7 +72,7 @@ def test_kv_cap_limits_the_budget_but_never_below_one_request():
     d = decide(a, kv_cap=GiB)
     assert d.budget_bytes == GiB and d.reason.endswith("capped by kv_cap")
     d = decide(a, kv_cap=1)
-    assert d.budget_bytes == a.one_request_bytes
+    assert d.budget_bytes == a.least_kv_cache_bytes == a.one_request_bytes + a.pool_block_bytes
     assert decide(a, kv_cap=100 * GiB).budget_bytes == a.budget_bytes  # cap above: no change
 
 
@@ -90,7 +90,7 @@ def test_an_explicit_kv_below_one_request_is_named_not_the_budget():
     text = str(d.error)
     assert "--kv-cache-memory-bytes 1048576" in text and "less than one" in text
     assert "KV budget is" not in text
-    assert f"--kv-cache-memory-bytes {a.one_request_bytes} or more" in d.error.hint
+    assert f"--kv-cache-memory-bytes {a.least_kv_cache_bytes} or more" in d.error.hint
     assert str(a.recommended_kv_cache_memory_bytes) in d.error.hint
 
 
@@ -100,8 +100,8 @@ def test_a_margin_that_alone_leaves_no_room_is_named_as_the_cause():
     d = decide(a)
     assert isinstance(d.error, DoesNotFit)
     assert "margin" in d.error.message and "100.00 GiB" in d.error.message
-    room = 20 * GiB - 4 * GiB - 3 * GiB - a.one_request_bytes
-    assert d.error.hint == f"lower the margin to at most 12.88 GiB (--margin {room})"
+    room = 20 * GiB - 4 * GiB - 3 * GiB - a.least_kv_cache_bytes
+    assert d.error.hint == f"lower the margin to at most 12.87 GiB (--margin {room})"
 
 
 def test_the_host_memory_note_is_for_a_cpu_budget_without_an_explicit_size():

@@ -211,7 +211,8 @@ def test_the_context_objective_finds_the_longest_max_model_len_holding_n_request
     assert not any(c.feasible for c in f.candidates if c.max_model_len > 2720)
     assert f.flags[:2] == ("--max-model-len", "2720")
     assert f.flags[-2:] == ("--kv-cache-memory-bytes", str(explicit))
-    assert "--gpu-memory-utilization" in f.flags
+    # CUDA at 0.5, below vLLM's default 0.92: the share still gates the start (request_memory)
+    assert f.flags[-4:-2] == ("--gpu-memory-utilization", "0.5")
     # the fastest chunk: every chunk holds the same explicit KV, the advisor timed them
     best_rate = max(c.prefill_tokens_per_s for c in f.candidates if c.max_model_len == 2720)
     assert r.prefill_tokens_per_s == best_rate
@@ -302,3 +303,21 @@ def test_the_decision_carries_the_fit_and_the_report_serves_it(tmp_path):
     assert d.fit is not None and d.fit.recommended is not None and d.fit.min_concurrency == 2
     assert all(c.prefill_tokens_per_s is None for c in d.fit.candidates)  # no advisor: untimed
     assert tuple(map(int, SCHEMA_VERSION.split("."))) >= (1, 10)  # fit arrived in 1.10
+
+
+@pytest.mark.parametrize("kind, share, shown", [
+    ("cuda", 0.5, True),    # below vLLM's default: its start check differs from the default's
+    ("cuda", 0.92, False),  # the default itself: changes nothing
+    ("cuda", 0.95, False),  # above: with an explicit KV size only a stricter start check
+    ("cpu", 0.5, False),    # the CPU worker skips its utilization check with an explicit size
+    ("cuda", None, False),
+])
+def test_the_serve_line_names_the_utilization_only_where_it_takes_effect(kind, share, shown):
+    f, facts, _ = _fit()
+    facts = dataclasses.replace(facts, gpu_memory_utilization=share, device_kind=kind)
+    flags = core.fit(facts).flags
+    assert flags[-2] == "--kv-cache-memory-bytes"  # the KV size is always explicit
+    assert ("--gpu-memory-utilization" in flags) == shown
+    if shown:
+        assert flags[flags.index("--gpu-memory-utilization") + 1] == f"{share:g}"
+    assert core.recommended_flags(f.recommended, share, kind) == flags

@@ -12,6 +12,7 @@ import pytest
 from test_fit import BPT, _fit
 from worstcase_profiler.cli import main
 from worstcase_profiler.commands import fit as fit_command
+from worstcase_profiler.core import fit as fit_core
 from worstcase_profiler.errors import DoesNotFit
 from worstcase_profiler.render import get_reporter
 from worstcase_profiler.render.json_report import load_report
@@ -42,6 +43,24 @@ def test_the_screen_puts_the_recommended_flags_first_then_the_frontier(make_repo
     view = build_view(report).fit
     assert view.rows and len(view.rows) == len(f.frontier)
     assert "…" not in text.split("fit: the frontier")[1].split("rule:")[0]  # nothing truncated
+
+
+@pytest.mark.parametrize("kind, share, expected", [
+    ("cpu", 0.92, "--max-num-seqs 8 --kv-cache-memory-bytes 33554432"),
+    ("cuda", 0.92, "--max-num-seqs 8 --kv-cache-memory-bytes 33554432"),
+    ("cuda", 0.5, "--max-num-seqs 8 --gpu-memory-utilization 0.5 --kv-cache-memory-bytes 33554432"),
+])
+def test_the_printed_serve_line_carries_only_flags_that_take_effect(make_report, kind, share,
+                                                                    expected):
+    """With --kv-cache-memory-bytes vLLM sizes the KV cache from it alone: the utilization is
+    printed beside it only on CUDA below vLLM's default, where it still gates the start."""
+    f, facts, _ = _fit(n=3, explicit_kv=8192 * BPT)
+    f = fit_core.fit(dataclasses.replace(facts, device_kind=kind, gpu_memory_utilization=share),
+                     min_concurrency=3)
+    report = make_report(fit=json.loads(json.dumps(dataclasses.asdict(f))))
+    line = next(ln for ln in _screen(report).splitlines() if "recommended: vllm serve" in ln)
+    assert line.rstrip().endswith(expected)
+    assert ("--gpu-memory-utilization" in line) == (kind == "cuda" and share < 0.92)
 
 
 def test_the_report_carries_the_fit_section_through_json(make_report, tmp_path):

@@ -93,6 +93,18 @@ def _pool_block(runner):
     return cfg, declared_bytes(cfg) // max(1, int(cfg.num_blocks))
 
 
+def pool_block_bytes(runner) -> int | None:
+    """One block of vLLM's KV pool as its plan lays it out (the largest KV group's bytes per
+    block, aligned: what vLLM's BlockPool holds back as its null block and what its
+    get_kv_cache_configs subtracts before checking one request); None where the plan cannot be
+    built here (the admission then counts one block of every attention layer)."""
+    # vllm-touch: kv-cache-config
+    try:
+        return _pool_block(runner)[1] or None
+    except Exception:  # noqa: BLE001 - the admission's default is the safe direction
+        return None
+
+
 def is_spec(spec, name: str) -> bool:
     """Whether `spec` is a vLLM `name` spec (by class name through the MRO: SlidingWindowMLASpec
     is a SlidingWindowSpec; a vLLM that moves the classes does not break every start)."""

@@ -242,7 +242,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
         allocator_slack_bytes=getattr(meter, "allocator_slack_bytes", 0),
         advice_measurements=measured_advice, device_kind=meter.device_kind,
         fit_measurements=measured_fit, device_total_bytes=session.facts.device.total_bytes,
-        gpu_memory_utilization=session.facts.config.gpu_memory_utilization)
+        gpu_memory_utilization=session.facts.config.gpu_memory_utilization,
+        pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not)
 

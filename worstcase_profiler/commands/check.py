@@ -20,9 +20,13 @@ from .diff import load
 
 
 def one_request_bytes(report: Report) -> int:
-    """KV bytes one request at max_model_len needs (whole blocks when the block size is known),
-    as the admission computes it."""
+    """The least KV cache one request at max_model_len needs to start: the admission's
+    least_kv_cache_bytes (whole blocks plus the block vLLM's block pool holds back, its null
+    block); for a report without it (schema 1.11 or older), the request's whole blocks from
+    its bytes per token, as the admission then computed it."""
     adm, cfg = report.admission, report.config
+    if adm.least_kv_cache_bytes is not None:
+        return adm.least_kv_cache_bytes
     return bytes_for_one_request(adm.bytes_per_token, cfg.block_size or 1, cfg.max_model_len)
 
 
@@ -78,7 +82,7 @@ def run(argv: list[str]) -> int:
         return 1
     if value < need_one:
         console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(need_one - value)} short of one "
-                      f"request at {mml} ({fmt_bytes(need_one)}); use at least "
+                      f"request at {mml} with vLLM's null block ({fmt_bytes(need_one)}); use at least "
                       f"--kv-cache-memory-bytes {need_one}, at most {recommended} ({where}).")
         return 1
     console.print(f"[bold green]safe[/]: {shown} is within the worst-case budget "

@@ -32,6 +32,39 @@ def bytes_for_one_request(bytes_per_token: int, block_size: int, max_model_len: 
     return blocks * block_size * bytes_per_token
 
 
+def pool_block(bytes_per_token: int, block_size: int, pool_block_bytes: int | None = None) -> int:
+    """The bytes of one block of vLLM's KV pool: `pool_block_bytes` when the adapter read it from
+    vLLM's own plan (vLLM's _pool_bytes_per_block: the largest KV group's bytes per block, every
+    group drawing its blocks from the one pool), else one block of every attention layer
+    (bytes_per_token x block_size: exact with one KV group, a whole block per group with several,
+    which holds back more than vLLM does: the safe direction). 0: no per-token KV."""
+    if pool_block_bytes is not None and pool_block_bytes > 0:
+        return pool_block_bytes
+    return bytes_per_token * block_size
+
+
+def usable_kv_bytes(num_bytes: int, *, bytes_per_token: int, block_size: int,
+                    pool_block_bytes: int | None = None) -> int:
+    """What requests can hold of a KV cache of `num_bytes`: whole pool blocks, less the one
+    vLLM's BlockPool keeps as its null block (vLLM 0.32 get_kv_cache_configs and
+    check_enough_kv_cache_memory check one request against available memory minus one pool
+    block; allocation still uses it all). No per-token KV (bytes_per_token 0): all of it."""
+    block = pool_block(bytes_per_token, block_size, pool_block_bytes)
+    if block <= 0:
+        return max(0, num_bytes)
+    return max(0, num_bytes // block - 1) * block
+
+
+def least_kv_cache_bytes(one_request: int, *, bytes_per_token: int, block_size: int,
+                         pool_block_bytes: int | None = None) -> int:
+    """The smallest KV cache vLLM starts with: the whole pool blocks that hold `one_request`
+    (one request at max_model_len) plus the null block (usable_kv_bytes' inverse)."""
+    block = pool_block(bytes_per_token, block_size, pool_block_bytes)
+    if block <= 0:
+        return one_request
+    return (-(-one_request // block) + 1) * block
+
+
 def stock_oom_context_len(context_curve: Iterable[tuple[int, int]], *, stock_need: int,
                           slack: int) -> int | None:
     """Smallest KV extent whose measured need outgrows what stock admission reserved (its own
@@ -45,7 +78,7 @@ def compute_admission(*, requested: int, consumed: int, weights: int, non_torch:
                       worst_transient: int, stock_need: int, stock_kv: int, cudagraph: int = 0,
                       margin: int, bytes_per_token: int, block_size: int, max_model_len: int,
                       one_request: int | None = None, explicit_kv: int | None = None,
-                      noise: int = 0,
+                      noise: int = 0, pool_block_bytes: int | None = None,
                       context_curve: Iterable[tuple[int, int]] = ()) -> Admission:
     """budget = requested - consumed - worst_transient - cudagraph - margin (may go negative).
 
@@ -53,9 +86,12 @@ def compute_admission(*, requested: int, consumed: int, weights: int, non_torch:
     will keep once the budget is fixed (graphs and other buffers). `one_request` is the KV one
     request at max_model_len needs (default: from bytes_per_token, in whole blocks).
 
-    The configuration fits when the budget holds one request at max_model_len and, with an
-    explicit --kv-cache-memory-bytes, when that explicit size is within the budget and itself
-    holds one such request. The stock shortfall is how much more than stock reserved the worst
+    The configuration fits when the KV cache it gives vLLM (the budget, or the explicit
+    --kv-cache-memory-bytes, which must then be within the budget) holds one request at
+    max_model_len besides the block vLLM's block pool holds back (usable_kv_bytes: vLLM's own
+    check, which refuses the start otherwise); `least_kv_cache_bytes` is that smallest size.
+    `pool_block_bytes`: one block of vLLM's pool, as its plan lays it out (default: one block
+    of every attention layer). The stock shortfall is how much more than stock reserved the worst
     step at long context needs (0 when stock holds up to max_model_len)."""
     _check_positive(block_size=block_size, max_model_len=max_model_len)
     _check_non_negative(bytes_per_token=bytes_per_token)
@@ -64,7 +100,10 @@ def compute_admission(*, requested: int, consumed: int, weights: int, non_torch:
     recommended = (max(budget, 0) // MiB) * MiB
     if one_request is None:
         one_request = bytes_for_one_request(bytes_per_token, block_size, max_model_len)
-    fits = budget >= one_request and kv_cache >= one_request
+    blocks = dict(bytes_per_token=bytes_per_token, block_size=block_size,
+                  pool_block_bytes=pool_block_bytes)
+    least = least_kv_cache_bytes(one_request, **blocks)
+    fits = budget >= least and usable_kv_bytes(kv_cache, **blocks) >= one_request
     if explicit_kv is not None:
         fits = fits and explicit_kv <= budget
     block_bytes = bytes_per_token * block_size
@@ -86,48 +125,49 @@ def compute_admission(*, requested: int, consumed: int, weights: int, non_torch:
         kv_tokens_stock=kv_tokens(stock_kv, bytes_per_token, block_size),
         kv_tokens_worstcase=kv_tokens(kv_cache, bytes_per_token, block_size),
         stock_oom_context_len=oom_ctx, stock_shortfall_bytes=shortfall,
-        one_request_bytes=one_request, fits=fits)
+        one_request_bytes=one_request, least_kv_cache_bytes=least,
+        pool_block_bytes=pool_block(bytes_per_token, block_size, pool_block_bytes), fits=fits)
 
 
 def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label: str,
                   max_model_len: int) -> BudgetDecision:
     """enforce: the worst-case budget (or the explicit --kv-cache-memory-bytes when it fits);
     report: vLLM's own figure, measured and reported only. kv_cap limits what is allocated
-    (never below one request at max_model_len). A configuration that does not fit is refused
+    (never below one request at max_model_len and vLLM's null block). A configuration that does not fit is refused
     in enforce mode, with the flag value that would fit when an explicit one is too large."""
     error = None
+    least = least_of(adm)
     if not adm.fits and mode == "enforce":
         explicit = adm.explicit_kv_cache_memory_bytes
         worst = f"{fmt_bytes(adm.transient_bytes)} at {worst_label}"
         if explicit is not None and explicit > max(adm.budget_bytes, 0) \
-                and adm.budget_bytes >= adm.one_request_bytes:
+                and adm.budget_bytes >= least:
             error = DoesNotFit(
                 f"--kv-cache-memory-bytes {explicit} ({fmt_bytes(explicit)}) leaves no room for "
                 f"the worst-case step ({worst})",
                 hint=f"use --kv-cache-memory-bytes {adm.recommended_kv_cache_memory_bytes} or less")
-        elif explicit is not None and explicit < adm.one_request_bytes \
-                and adm.budget_bytes >= adm.one_request_bytes:
+        elif explicit is not None and explicit < least and adm.budget_bytes >= least:
             error = DoesNotFit(
                 f"--kv-cache-memory-bytes {explicit} ({fmt_bytes(explicit)}) holds less than one "
                 f"request at max_model_len={max_model_len}, which needs "
-                f"{fmt_bytes(adm.one_request_bytes)} of KV cache",
-                hint=f"use --kv-cache-memory-bytes {adm.one_request_bytes} or more, up to "
+                f"{fmt_bytes(adm.one_request_bytes)} of KV cache{null_block_text(adm)}",
+                hint=f"use --kv-cache-memory-bytes {least} or more, up to "
                      f"{adm.recommended_kv_cache_memory_bytes} (the worst-case budget), or lower "
                      f"--max-model-len")
-        elif adm.margin_bytes and adm.budget_bytes + adm.margin_bytes >= adm.one_request_bytes:
-            room = adm.budget_bytes + adm.margin_bytes - adm.one_request_bytes
+        elif adm.margin_bytes and adm.budget_bytes + adm.margin_bytes >= least:
+            room = adm.budget_bytes + adm.margin_bytes - least
             error = DoesNotFit(
                 f"the margin ({fmt_bytes(adm.margin_bytes)}, --margin / margin_bytes) leaves a "
                 f"KV budget of {fmt_bytes(adm.budget_bytes)}; without it "
                 f"{fmt_bytes(adm.budget_bytes + adm.margin_bytes)} remain after the worst-case "
                 f"step ({worst}), and one request at max_model_len={max_model_len} needs "
-                f"{fmt_bytes(adm.one_request_bytes)}",
+                f"{fmt_bytes(adm.one_request_bytes)}{null_block_text(adm)}",
                 hint=f"lower the margin to at most {fmt_bytes(room)} (--margin {room})")
         else:
             error = DoesNotFit(
                 f"after the worst-case step ({worst}) the KV budget is "
                 f"{fmt_bytes(adm.budget_bytes)}; one request at max_model_len={max_model_len} "
-                f"needs {fmt_bytes(adm.one_request_bytes)}",
+                f"needs {fmt_bytes(adm.one_request_bytes)}{null_block_text(adm)}",
                 hint="lower --max-model-len or --max-num-batched-tokens, or give the engine more "
                      "memory")
     if mode == "report":
@@ -136,9 +176,27 @@ def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label:
         budget, reason = adm.explicit_kv_cache_memory_bytes, "explicit --kv-cache-memory-bytes"
     else:
         budget, reason = max(0, adm.budget_bytes), "worst-case budget"
-    if kv_cap is not None and budget > max(kv_cap, adm.one_request_bytes):
-        budget, reason = max(kv_cap, adm.one_request_bytes), f"{reason}, capped by kv_cap"
+    if kv_cap is not None and budget > max(kv_cap, least):
+        budget, reason = max(kv_cap, least), f"{reason}, capped by kv_cap"
     return BudgetDecision(budget_bytes=int(budget), reason=reason, error=error)
+
+
+def least_of(adm: Admission) -> int:
+    """The admission's least_kv_cache_bytes; for a record without one (a report of schema 1.11
+    or older, which knew no null block), its one-request figure."""
+    if adm.least_kv_cache_bytes is not None:
+        return adm.least_kv_cache_bytes
+    return adm.one_request_bytes or 0
+
+
+def null_block_text(adm: Admission) -> str:
+    """', plus the block vLLM's block pool holds back (X): Y in all', where there is one."""
+    least = least_of(adm)
+    one = adm.one_request_bytes or 0
+    if least <= one:
+        return ""
+    return (f" in whole blocks plus the one vLLM's block pool holds back (its null block), "
+            f"{fmt_bytes(least)} in all")
 
 
 def host_memory_note(*, device_kind: str, explicit_kv: int | None,

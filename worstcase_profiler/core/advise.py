@@ -281,7 +281,8 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
                 margin=admission.margin_bytes, bytes_per_token=admission.bytes_per_token,
                 block_size=limits.block_size, max_model_len=limits.max_model_len,
                 one_request=admission.one_request_bytes,
-                explicit_kv=admission.explicit_kv_cache_memory_bytes)
+                explicit_kv=admission.explicit_kv_cache_memory_bytes,
+                pool_block_bytes=admission.pool_block_bytes)
             row = ChunkAdvice(chunk=chunk, transient_bytes=transient, workspace_bytes=ws,
                               worst_shape=worst.shape, budget_bytes=adm.budget_bytes,
                               kv_tokens=adm.kv_tokens_worstcase, fits=adm.fits,

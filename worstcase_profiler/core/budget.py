@@ -57,6 +57,9 @@ class Measured:
     """The device's size (host memory on the CPU): what --gpu-memory-utilization is a share of."""
     gpu_memory_utilization: float | None = None
     """The share of it this engine runs with."""
+    pool_block_bytes: int | None = None
+    """One block of vLLM's KV pool as its plan lays it out (the null block its block pool holds
+    back); None: one block of every attention layer (bytes_per_token x block_size)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,7 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
         bytes_per_token=m.bytes_per_token, block_size=limits.block_size,
         max_model_len=limits.max_model_len, one_request=m.one_request_bytes,
         explicit_kv=m.explicit_kv_bytes, noise=m.tolerance_bytes,
+        pool_block_bytes=m.pool_block_bytes,
         # The stock-OOM question is about everything non-KV a step needs, workspace included.
         context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
     advice = None
@@ -102,7 +106,8 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
                               cut_down=str(m.sweep_mode).startswith("cut-down"),
                               allocator_slack=m.allocator_slack_bytes,
                               device_total_bytes=m.device_total_bytes,
-                              gpu_memory_utilization=m.gpu_memory_utilization),
+                              gpu_memory_utilization=m.gpu_memory_utilization,
+                              device_kind=m.device_kind),
                      min_concurrency=fit_min_concurrency,
                      objective=fit_objective)
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,

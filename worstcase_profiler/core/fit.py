@@ -65,7 +65,7 @@ import dataclasses
 from typing import Callable, Iterable
 
 from . import shapes as plan
-from .admission import bytes_for_one_request, compute_admission, kv_tokens
+from .admission import bytes_for_one_request, compute_admission, kv_tokens, usable_kv_bytes
 from .advise import confirmation_delta, full_extent_rows, plan_candidate, raiser, rows_bound
 from .shapes import Limits
 from .types import (Admission, Advice, Fit, FitCandidate, FitMeasurements, FitObjective,
@@ -222,6 +222,8 @@ class FitFacts:
     allocator_slack: int = 0
     device_total_bytes: int = 0
     gpu_memory_utilization: float | None = None
+    device_kind: str = "cuda"
+    """The meter's device (recommended_flags: the utilization gates a start on CUDA only)."""
 
 
 class _Weigher:
@@ -298,13 +300,13 @@ class _Weigher:
             stock_kv=adm.stock_kv_cache_bytes, cudagraph=adm.cudagraph_bytes,
             margin=adm.margin_bytes, bytes_per_token=adm.bytes_per_token,
             block_size=lim.block_size, max_model_len=max_model_len, one_request=one,
-            explicit_kv=adm.explicit_kv_cache_memory_bytes)
+            explicit_kv=adm.explicit_kv_cache_memory_bytes, pool_block_bytes=adm.pool_block_bytes)
         explicit = adm.explicit_kv_cache_memory_bytes
         kv = explicit if explicit is not None else a.recommended_kv_cache_memory_bytes
         tokens = kv_tokens(kv, adm.bytes_per_token, lim.block_size)
         # vLLM's block pool holds one block back (its null block) from every request
-        usable = max(0, tokens - lim.block_size) * adm.bytes_per_token if adm.bytes_per_token \
-            else kv
+        usable = usable_kv_bytes(kv, bytes_per_token=adm.bytes_per_token,
+                                 block_size=lim.block_size, pool_block_bytes=adm.pool_block_bytes)
         held = usable // one if one else seqs
         fits = a.fits and held >= 1
         concurrency = min(seqs, held) if fits else 0
@@ -382,11 +384,26 @@ def frontier(candidates: Iterable[FitCandidate], objective: str = "context") -> 
     return {best[p].limits for p in kept}
 
 
-def recommended_flags(c: FitCandidate, gpu_memory_utilization: float | None) -> tuple[str, ...]:
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+"""vLLM's CacheConfig.gpu_memory_utilization default (0.26-0.32)."""
+
+
+def recommended_flags(c: FitCandidate, gpu_memory_utilization: float | None,
+                      device_kind: str = "cuda") -> tuple[str, ...]:
+    """The `vllm serve` flags of candidate `c`: its limits and its KV cache, always as
+    --kv-cache-memory-bytes. With that flag vLLM sizes the KV cache from it alone (0.32:
+    Worker.determine_available_memory returns it after the profile run, without reading the
+    utilization; the CPU worker returns it too and skips its utilization check), so
+    --gpu-memory-utilization is printed only where it still takes effect: on CUDA, vLLM's
+    init_device refuses a start whose device has less free than utilization x total
+    (worker/utils.request_memory, explicit size or not), and a share below vLLM's default is one
+    the default's check would refuse where this share's passes. At or above the default, or on
+    the CPU, the flag changes nothing that runs and is left out."""
     flags = ["--max-model-len", str(c.max_model_len),
              "--max-num-batched-tokens", str(c.max_num_batched_tokens),
              "--max-num-seqs", str(c.max_num_seqs)]
-    if gpu_memory_utilization is not None:
+    if device_kind == "cuda" and gpu_memory_utilization is not None \
+            and gpu_memory_utilization < VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:
         flags += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     return (*flags, "--kv-cache-memory-bytes", str(c.kv_cache_bytes))
 
@@ -445,7 +462,8 @@ def fit(facts: FitFacts, *, min_concurrency: int = 1, objective: FitObjective = 
     return Fit(objective=objective, min_concurrency=min_concurrency,
                swept=(lim.max_model_len, lim.max_num_batched_tokens, lim.max_num_seqs),
                gpu_memory_utilization=facts.gpu_memory_utilization, recommended=best,
-               flags=recommended_flags(best, facts.gpu_memory_utilization) if best else (),
+               flags=recommended_flags(best, facts.gpu_memory_utilization, facts.device_kind)
+               if best else (),
                rule=RULES[objective].format(n=min_concurrency,
                                             mml=fmt_tokens(lim.max_model_len)),
                bound=BOUND, candidates=tuple(candidates), notes=tuple(dict.fromkeys(notes)),

@@ -325,9 +325,15 @@ class Admission:
         "how much more than stock reserved the worst step at long context needs (0 when stock "
         "holds)", default=None)
     one_request_bytes: int | None = doc("KV one request at max_model_len needs", default=None)
+    least_kv_cache_bytes: int | None = doc(
+        "the smallest KV cache vLLM starts with: one request at max_model_len in whole blocks "
+        "plus the block vLLM's block pool holds back (its null block)", default=None)
+    pool_block_bytes: int | None = doc(
+        "one block of vLLM's KV pool (what its block pool holds back as the null block)",
+        default=None)
     fits: bool = doc(
-        "the budget holds one request at max_model_len (whole blocks), and an explicit "
-        "--kv-cache-memory-bytes is within the budget and holds one too")
+        "the KV cache given (the budget, or an explicit --kv-cache-memory-bytes within it) holds "
+        "one request at max_model_len besides vLLM's null block (least_kv_cache_bytes or more)")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.admission import least_of, null_block_text
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
 from ..core.replay_rules import replay_reached, validation_exceeded
@@ -262,11 +263,11 @@ def warmup_source_text(report: Report) -> str:
 
 
 def budget_holds_one_request(report: Report) -> bool:
-    """The recommended value (the budget, whole MiB) holds one request at max_model_len."""
+    """The recommended value (the budget, whole MiB) holds one request at max_model_len besides
+    the block vLLM's block pool holds back (admission.least_of)."""
     adm = report.admission
-    one = adm.one_request_bytes or 0
     return adm.recommended_kv_cache_memory_bytes > 0 and \
-        adm.recommended_kv_cache_memory_bytes >= one
+        adm.recommended_kv_cache_memory_bytes >= least_of(adm)
 
 
 def flag_note(report: Report) -> str:
@@ -277,9 +278,9 @@ def flag_note(report: Report) -> str:
     explicit = adm.explicit_kv_cache_memory_bytes
     if explicit is not None:
         note += f"; explicit setting {fmt_bytes(explicit)}"
-        if adm.one_request_bytes and explicit < adm.one_request_bytes:
-            note += (f", less than the {fmt_bytes(adm.one_request_bytes)} one request at "
-                     f"max_model_len needs")
+        if adm.one_request_bytes and explicit < least_of(adm):
+            note += (f", less than the {fmt_bytes(least_of(adm))} one request at "
+                     f"max_model_len needs (with vLLM's null block)")
         elif explicit > adm.budget_bytes:
             note += ", more than the worst-case budget"
     return note
@@ -291,8 +292,8 @@ def no_fit_text(report: Report) -> str:
     adm, cfg = report.admission, report.config
     text = (f"(no value is safe: the budget, {fmt_bytes(adm.budget_bytes)}, does not hold one "
             f"request at max_model_len={fmt_tokens(cfg.max_model_len)}, "
-            f"{fmt_bytes(adm.one_request_bytes)}")
-    if adm.margin_bytes and adm.budget_bytes + adm.margin_bytes >= (adm.one_request_bytes or 0):
+            f"{fmt_bytes(adm.one_request_bytes)}{null_block_text(adm)}")
+    if adm.margin_bytes and adm.budget_bytes + adm.margin_bytes >= least_of(adm):
         text += f"; the margin ({fmt_bytes(adm.margin_bytes)}, --margin) is the cause: lower it"
     else:
         text += "; lower --max-model-len or --max-num-batched-tokens, or give the engine more memory"
