@@ -306,13 +306,14 @@ def test_the_decision_carries_the_fit_and_the_report_serves_it(tmp_path):
 
 
 @pytest.mark.parametrize("kind, share, shown", [
-    ("cuda", 0.5, True),    # below vLLM's default: its start check differs from the default's
+    ("cuda", 0.5, True),    # below vLLM's default: the plugin's budget and the start check
     ("cuda", 0.92, False),  # the default itself: changes nothing
-    ("cuda", 0.95, False),  # above: with an explicit KV size only a stricter start check
-    ("cpu", 0.5, False),    # the CPU worker skips its utilization check with an explicit size
+    ("cuda", 0.95, True),   # above: the plugin would start at 0.92, under the fitted budget
+    ("cpu", 0.5, True),     # the plugin's CPU budget is the requested share too
+    ("cpu", 0.92, False),
     ("cuda", None, False),
 ])
-def test_the_serve_line_names_the_utilization_only_where_it_takes_effect(kind, share, shown):
+def test_the_serve_line_names_the_utilization_wherever_it_is_not_the_default(kind, share, shown):
     f, facts, _ = _fit()
     facts = dataclasses.replace(facts, gpu_memory_utilization=share, device_kind=kind)
     flags = core.fit(facts).flags

@@ -213,10 +213,23 @@ def kv_group_count(runner) -> int | None:
 
 
 def one_request_bytes(runner, vllm_config) -> int:
-    """What one request at max_model_len needs, from each layer's own spec (vLLM's check)."""
+    """What one request at max_model_len needs in the check vLLM's engine core runs
+    (get_kv_cache_configs, 0.32: `_max_memory_usage_bytes_from_groups`): the pool block times
+    every KV group's blocks, so a group of fewer layers than the largest is charged the largest
+    group's block (a hybrid's padding). Never below the sum of each layer's own spec, which is
+    the figure where that function or vLLM's grouping is not there (0.26)."""
     # vllm-touch: kv-holders
-    return sum(spec.max_memory_usage_bytes(vllm_config)
-               for spec in runner.get_kv_cache_spec().values())
+    per_layer = sum(spec.max_memory_usage_bytes(vllm_config)
+                    for spec in runner.get_kv_cache_spec().values())
+    try:
+        try:
+            from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups as need
+        except ImportError:  # 0.33 moved the planning helpers
+            from vllm.v1.core.kv_cache_planning import _max_memory_usage_bytes_from_groups as need
+        groups = kv_cache_config_with_blocks(runner, 2).kv_cache_groups
+        return max(per_layer, int(need(vllm_config, groups)))
+    except Exception:  # noqa: BLE001 - no grouped figure here: the per-layer sum (vLLM's older check)
+        return per_layer
 
 
 def kv_cache_config_with_blocks(runner, num_blocks: int):

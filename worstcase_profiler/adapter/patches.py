@@ -138,7 +138,8 @@ REGISTRY: tuple[Touch, ...] = (
     Touch("kv-holders", "private-read",
           "compilation_config.static_forward_context[*].kv_cache, model modules' kv_cache, "
           "runner.kv_caches, kv_cache_config.kv_cache_groups / kv_cache_tensors, spec "
-          "page_size_bytes / block_size / max_memory_usage_bytes; runner.kv_cache_config."
+          "page_size_bytes / block_size / max_memory_usage_bytes, kv_cache_utils."
+          "_max_memory_usage_bytes_from_groups (0.33: kv_cache_planning; vLLM's one-request need); runner.kv_cache_config."
           "num_blocks and its groups' spec types; spec classes named SlidingWindowSpec / "
           "ChunkedLocalAttentionSpec (by name, through the MRO) and their sliding_window, "
           "UniformTypeKVCacheSpecs.kv_cache_specs, a group's host_resident; "

@@ -323,12 +323,13 @@ class _Weigher:
 
     def _least_share(self, a: Admission, one: int, n: int) -> float | None:
         """The smallest share of the device (hundredths, up) whose requested memory still leaves
-        this candidate's KV: the explicit size, else n requests at full length."""
+        this candidate's KV: the explicit size, else n requests at full length and the null
+        block vLLM's pool holds back (admission.usable_kv_bytes)."""
         total = self.facts.device_total_bytes
         if total <= 0:
             return None
         explicit = a.explicit_kv_cache_memory_bytes
-        kv = explicit if explicit is not None else n * one
+        kv = explicit if explicit is not None else n * one + (a.pool_block_bytes or 0)
         needed = a.consumed_bytes + (a.transient_bytes or 0) + a.cudagraph_bytes \
             + a.margin_bytes + kv
         return -(-needed * 100 // total) / 100
@@ -391,19 +392,18 @@ VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 def recommended_flags(c: FitCandidate, gpu_memory_utilization: float | None,
                       device_kind: str = "cuda") -> tuple[str, ...]:
     """The `vllm serve` flags of candidate `c`: its limits and its KV cache, always as
-    --kv-cache-memory-bytes. With that flag vLLM sizes the KV cache from it alone (0.32:
-    Worker.determine_available_memory returns it after the profile run, without reading the
-    utilization; the CPU worker returns it too and skips its utilization check), so
-    --gpu-memory-utilization is printed only where it still takes effect: on CUDA, vLLM's
-    init_device refuses a start whose device has less free than utilization x total
-    (worker/utils.request_memory, explicit size or not), and a share below vLLM's default is one
-    the default's check would refuse where this share's passes. At or above the default, or on
-    the CPU, the flag changes nothing that runs and is left out."""
+    --kv-cache-memory-bytes. With that flag stock vLLM sizes the KV cache from it alone (0.32:
+    Worker.determine_available_memory returns it after the profile run), but the line is also
+    run with `--profiler worstcase`, whose budget starts from the worker's requested memory,
+    utilization x total on CUDA and on the CPU alike (adapter/facts): the KV size was fitted
+    against that share, so --gpu-memory-utilization is printed whenever it is not vLLM's default,
+    on any device (leaving out 0.95 would start the plugin at 0.92, below the fitted budget, and
+    enforce mode would refuse the start). CUDA's init_device also checks free memory against it."""
     flags = ["--max-model-len", str(c.max_model_len),
              "--max-num-batched-tokens", str(c.max_num_batched_tokens),
              "--max-num-seqs", str(c.max_num_seqs)]
-    if device_kind == "cuda" and gpu_memory_utilization is not None \
-            and gpu_memory_utilization < VLLM_DEFAULT_GPU_MEMORY_UTILIZATION:
+    if gpu_memory_utilization is not None \
+            and abs(gpu_memory_utilization - VLLM_DEFAULT_GPU_MEMORY_UTILIZATION) > 1e-9:
         flags += ["--gpu-memory-utilization", f"{gpu_memory_utilization:g}"]
     return (*flags, "--kv-cache-memory-bytes", str(c.kv_cache_bytes))
 
