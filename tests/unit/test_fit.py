@@ -315,10 +315,10 @@ def test_the_decision_carries_the_fit_and_the_report_serves_it(tmp_path):
 ])
 def test_the_serve_line_names_the_utilization_wherever_it_is_not_the_default(kind, share, shown):
     f, facts, _ = _fit()
-    facts = dataclasses.replace(facts, gpu_memory_utilization=share, device_kind=kind)
+    facts = dataclasses.replace(facts, gpu_memory_utilization=share)
     flags = core.fit(facts).flags
     assert flags[-2] == "--kv-cache-memory-bytes"  # the KV size is always explicit
     assert ("--gpu-memory-utilization" in flags) == shown
     if shown:
         assert flags[flags.index("--gpu-memory-utilization") + 1] == f"{share:g}"
-    assert core.recommended_flags(f.recommended, share, kind) == flags
+    assert core.recommended_flags(f.recommended, share) == flags

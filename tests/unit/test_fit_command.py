@@ -55,7 +55,7 @@ def test_the_printed_serve_line_carries_only_flags_that_take_effect(make_report,
     """With --kv-cache-memory-bytes vLLM sizes the KV cache from it alone: the utilization is
     printed beside it only on CUDA below vLLM's default, where it still gates the start."""
     f, facts, _ = _fit(n=3, explicit_kv=8192 * BPT)
-    f = fit_core.fit(dataclasses.replace(facts, device_kind=kind, gpu_memory_utilization=share),
+    f = fit_core.fit(dataclasses.replace(facts, gpu_memory_utilization=share),
                      min_concurrency=3)
     report = make_report(fit=json.loads(json.dumps(dataclasses.asdict(f))))
     line = next(ln for ln in _screen(report).splitlines() if "recommended: vllm serve" in ln)

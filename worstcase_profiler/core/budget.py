@@ -106,8 +106,7 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
                               cut_down=str(m.sweep_mode).startswith("cut-down"),
                               allocator_slack=m.allocator_slack_bytes,
                               device_total_bytes=m.device_total_bytes,
-                              gpu_memory_utilization=m.gpu_memory_utilization,
-                              device_kind=m.device_kind),
+                              gpu_memory_utilization=m.gpu_memory_utilization),
                      min_concurrency=fit_min_concurrency,
                      objective=fit_objective)
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,

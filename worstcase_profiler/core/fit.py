@@ -65,7 +65,8 @@ import dataclasses
 from typing import Callable, Iterable
 
 from . import shapes as plan
-from .admission import bytes_for_one_request, compute_admission, kv_tokens, usable_kv_bytes
+from .admission import (bytes_for_one_request, compute_admission, kv_tokens, least_kv_cache_bytes,
+                        usable_kv_bytes)
 from .advise import confirmation_delta, full_extent_rows, plan_candidate, raiser, rows_bound
 from .shapes import Limits
 from .types import (Admission, Advice, Fit, FitCandidate, FitMeasurements, FitObjective,
@@ -222,8 +223,6 @@ class FitFacts:
     allocator_slack: int = 0
     device_total_bytes: int = 0
     gpu_memory_utilization: float | None = None
-    device_kind: str = "cuda"
-    """The meter's device (recommended_flags: the utilization gates a start on CUDA only)."""
 
 
 class _Weigher:
@@ -329,7 +328,9 @@ class _Weigher:
         if total <= 0:
             return None
         explicit = a.explicit_kv_cache_memory_bytes
-        kv = explicit if explicit is not None else n * one + (a.pool_block_bytes or 0)
+        kv = explicit if explicit is not None else least_kv_cache_bytes(
+            n * one, bytes_per_token=a.bytes_per_token, block_size=self.facts.limits.block_size,
+            pool_block_bytes=a.pool_block_bytes)
         needed = a.consumed_bytes + (a.transient_bytes or 0) + a.cudagraph_bytes \
             + a.margin_bytes + kv
         return -(-needed * 100 // total) / 100
@@ -389,8 +390,7 @@ VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 """vLLM's CacheConfig.gpu_memory_utilization default (0.26-0.32)."""
 
 
-def recommended_flags(c: FitCandidate, gpu_memory_utilization: float | None,
-                      device_kind: str = "cuda") -> tuple[str, ...]:
+def recommended_flags(c: FitCandidate, gpu_memory_utilization: float | None) -> tuple[str, ...]:
     """The `vllm serve` flags of candidate `c`: its limits and its KV cache, always as
     --kv-cache-memory-bytes. With that flag stock vLLM sizes the KV cache from it alone (0.32:
     Worker.determine_available_memory returns it after the profile run), but the line is also
@@ -462,7 +462,7 @@ def fit(facts: FitFacts, *, min_concurrency: int = 1, objective: FitObjective = 
     return Fit(objective=objective, min_concurrency=min_concurrency,
                swept=(lim.max_model_len, lim.max_num_batched_tokens, lim.max_num_seqs),
                gpu_memory_utilization=facts.gpu_memory_utilization, recommended=best,
-               flags=recommended_flags(best, facts.gpu_memory_utilization, facts.device_kind)
+               flags=recommended_flags(best, facts.gpu_memory_utilization)
                if best else (),
                rule=RULES[objective].format(n=min_concurrency,
                                             mml=fmt_tokens(lim.max_model_len)),
