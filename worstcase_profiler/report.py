@@ -29,7 +29,7 @@ from .core.multimodal import EncoderStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.12"
+SCHEMA_VERSION = "1.13"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -41,7 +41,8 @@ SCHEMA_VERSION = "1.12"
 # fell_back; the full_* figures null when no full sweep ran); 1.10: fit (`wcprof fit`: the
 # candidates weighed, the recommendation and the frontier); 1.11: worstcase.encoder_step (a
 # model with a multimodal encoder: the encoder step measured beside the sweep); 1.12: admission's
-# least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does).
+# least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does);
+# 1.13: worstcase.stock_excluded (why the stock step is left out of the worst case).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -96,6 +97,10 @@ class WorstCase(BaseModel):
     sweep_mode: str = Field("full", description="full: every shape ran on the whole model")
     skipped_shapes: list[str] = Field(
         default_factory=list, description="shapes this runner cannot build, each with why")
+    stock_excluded: str | None = Field(
+        None, description="why the stock step (vLLM's profile shape) is left out of worst_shape "
+        "and peak_activation_bytes: it runs only before the KV cache exists and the pool holds "
+        "fewer requests at once than it has; null where it counts (the usual case)")
     cut_down_proof: CutDownProof | None = Field(
         None, description="--sweep-depth prove: the cut-down sweep compared with the full one; "
         "--sweep-depth self-check (auto on CUDA): the cut-down sweep's self-check (kept, or fell "
@@ -226,6 +231,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         cache=prof.cache,
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
+        stock_excluded=sweep.stock_excluded,
         cut_down_proof=prof.cut_down_proof, encoder_step=getattr(prof, "encoder", None))
     # the core Admission with what warm-up was expected to keep, and where that figure came from
     admission = dataclasses.replace(adm, warmup_graphs_bytes=prof.warmup.graphs_bytes,

@@ -14,6 +14,7 @@ from ..core.shapes import Limits
 from ..core.types import DeviceInfo, EngineConfig, EngineFacts
 from ..errors import WcprofError
 from . import kv as kvmod
+from .runner import is_v2_runner
 from .versions import vllm_version
 
 log = logging.getLogger("vllm.wcprof")
@@ -33,8 +34,36 @@ def limits_of(vllm_config, runner=None) -> Limits:
         num_speculative_tokens=k,
         block_size=int(vllm_config.cache_config.block_size or 16),
         prefix_caching=bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False)),
+        stock_reruns_with_kv=stock_reruns_with_kv(vllm_config, runner),
         **prefix_hit_rows(vllm_config, None if runner is None else kvmod.kv_group_count(runner)),
     )
+
+
+def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
+    """Whether vLLM runs its own profile step again once the KV cache exists (Limits'
+    `stock_reruns_with_kv`), read from vLLM 0.32's worker warm-ups (`compile_or_warm_up_model`):
+
+    * the CPU worker warms the model up only when it has no KV cache: False;
+    * the GPU worker with the V1 runner warms its sampler up over min(max_num_seqs,
+      max_num_batched_tokens) requests after the KV cache exists: True;
+    * with the V2 runner, a compiled model (CompilationMode.VLLM_COMPILE; any mode but NONE is
+      taken as compiled) is warmed up at max_num_batched_tokens, over min(rows, max_num_seqs)
+      requests: True; eager (mode NONE, as --enforce-eager sets it), only the kernel
+      warm-up runs (`v1/worker/gpu/warmup._warmup_kernels`), its requests capped at what the
+      pool holds ((num_blocks - 1) // blocks per request): False.
+
+    True without the worker's runner (a front-end process) and wherever the device is neither:
+    the stock step then stays in the worst case."""
+    # vllm-touch: worker-config
+    if runner is None:
+        return True
+    device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "")
+    if device == "cpu":
+        return False
+    if device != "cuda" or not is_v2_runner(runner):
+        return True
+    mode = getattr(vllm_config.compilation_config, "mode", None)
+    return getattr(mode, "name", str(mode)) != "NONE"  # any compiled mode: warmed up as compiled
 
 
 def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]:

@@ -72,12 +72,22 @@ class Limits:
     fewer requests sit at the full extent at once; a request at extent E still costs at least E
     * tokens_per_full_request / rounded_model_len (the fixed blocks cost no less when shorter)."""
 
+    stock_reruns_with_kv: bool = True
+    """Whether vLLM runs its own profile step (stock_shape) again once the KV cache exists, so
+    that it shares the device with the pool. On vLLM 0.32's GPU worker the V1 runner does (its
+    sampler warm-up over min(max_num_seqs, max_num_batched_tokens) requests), and so does a
+    compiled model's warm-up at max_num_batched_tokens; an eager V2 runner's kernel warm-up caps
+    its requests at what the pool holds, and the CPU worker warms up before the KV cache only
+    (adapter/facts.stock_reruns_with_kv). True unless the adapter knows otherwise: where it is
+    False and the pool holds fewer requests at once than stock's, no step vLLM or its
+    scheduler runs beside the KV cache has stock's shape (stock_excluded_why)."""
+
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
             if (value is None and f.name in ("kv_capacity_tokens", "prefix_request_tokens",
                                              "full_request_tokens")) \
-                    or f.name == "prefix_caching":
+                    or f.name in ("prefix_caching", "stock_reruns_with_kv"):
                 continue
             floor = 0 if f.name in ("num_speculative_tokens", "state_request_tokens",
                                     "prefix_hit_drop") else 1
@@ -241,6 +251,24 @@ def stock_shape(limits: Limits) -> Shape:
     requests, no KV."""
     rows = limits.max_num_batched_tokens
     return Shape(kind="stock", rows=rows, context_len=0, num_reqs=min(limits.max_num_seqs, rows))
+
+
+def stock_excluded_why(limits: Limits) -> str | None:
+    """Why the worst case need not hold vLLM's own profile step, or None where it must.
+
+    The stock step always runs once, in vLLM's profile, before the KV cache exists. Beside the
+    pool it can only come back two ways: vLLM runs it again after allocating the KV cache
+    (limits.stock_reruns_with_kv), or the scheduler forms it from real requests, which needs
+    stock's request count resident at once. Where neither can happen (a pool of fewer requests
+    than stock's, e.g. a recurrent state holding 1 + k blocks of each request under speculative
+    decoding), the figure vLLM's profile read is not a step of serving; the stock step is still
+    measured and reported, and its verdict compared, as before."""
+    cap, reqs = limits.max_concurrent_requests, stock_shape(limits).num_reqs
+    if limits.stock_reruns_with_kv or cap is None or reqs <= cap:
+        return None
+    return (f"vLLM's profile step ({stock_shape(limits).label()}) runs only before the KV "
+            f"cache exists, and the pool holds at most {cap} requests at once, so neither "
+            f"vLLM nor its scheduler runs a step of {reqs} requests beside it")
 
 
 def prefill_chunk(limits: Limits, rows: int) -> Shape:

@@ -106,7 +106,8 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
               stock_readings: int = 1) -> SweepResult:
     """Every step the scheduler can form, at its longest KV extent (see the module docstring).
     Returns the admitted transient `peak_bytes`: the largest measured transient (stock step
-    included: vLLM runs it) plus the chord certificate's slack plus `allocator_slack` (the
+    included: vLLM runs it, unless it never runs beside the KV cache: `stock_excluded` says
+    why) plus the chord certificate's slack plus `allocator_slack` (the
     meter's: how far the same step can read apart under another allocator history).
     `stock_readings`: measure the stock step that many times (STOCK_READINGS); `stock` is the
     lowest reading, the highest counts for the worst step and the admitted transient."""
@@ -153,8 +154,11 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
                 shape = plan.prefill_chunk(limits, wr).with_context(ctx)
                 curve.append(by_rows[wr] if shape == by_rows[wr].shape else step(shape))
 
-        # The stock step is a step vLLM itself runs: the worst case is never below it.
-        worst = max([*log, stock_high], key=lambda r: (r.need_bytes, r.peak_bytes))
+        # The stock step is a step vLLM itself runs: the worst case is never below it, unless
+        # it never runs beside the KV cache (plan.stock_excluded_why).
+        excluded = plan.stock_excluded_why(limits)
+        stock_counts = () if excluded else (stock, stock_high)
+        worst = max([*log, *stock_counts[1:]], key=lambda r: (r.need_bytes, r.peak_bytes))
         worst_op = None
         if attribute_ops and worst.shape.kind != "stock":
             worst_op = step(worst.shape, attribute=True).top_op
@@ -163,11 +167,11 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
     chord_slack = max(0, rows_cov.bound - rows_cov.worst_peak)
     return SweepResult(
         stock=stock, steps=tuple(log), worst=worst, worst_op=worst_op,
-        peak_bytes=max(r.peak_bytes for r in [*log, stock, stock_high]) + chord_slack
+        peak_bytes=max(r.peak_bytes for r in [*log, *stock_counts]) + chord_slack
         + max(0, allocator_slack),
         coverage=rows_cov, context_curve=tuple(curve), rows_max=hi,
         post_profile_bytes=provisional.post_profile_bytes,
-        seconds=time.perf_counter() - t_start, skipped=tuple(skipped))
+        seconds=time.perf_counter() - t_start, skipped=tuple(skipped), stock_excluded=excluded)
 
 
 def largest_peaks(steps: Iterable[StepResult]) -> dict[Shape, int]:
@@ -324,10 +328,16 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
 
     def bounds() -> dict:
         exact, d = {f.shape for f in confirmed}, delta()
-        return {shape: p + d for shape, p in cut_peak.items() if shape not in exact}
+        return {shape: p + d for shape, p in cut_peak.items()
+                if shape not in exact and not (excluded and shape.kind == "stock")}
+
+    excluded = cut.stock_excluded  # the same limits on both models
+
+    def counted(results) -> list[StepResult]:  # the readings the admitted figure holds
+        return [r for r in results if not (excluded and r.shape.kind == "stock")]
 
     def top() -> int:
-        return max(stock_high.peak_bytes, *(f.peak_bytes for f in confirmed))
+        return max((f.peak_bytes for f in counted([stock_high, *confirmed])), default=0)
 
     more = 0
     with driver.provisional_kv():
@@ -370,7 +380,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                 if on_step:
                     on_step(full)
     peak_delta, peak = delta(), admitted()
-    worst = max([*confirmed, stock_high], key=lambda r: (r.need_bytes, r.peak_bytes))
+    worst = max(counted([*confirmed, stock_high]), key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: raised to full-model figures.
     curve = tuple(dataclasses.replace(r, peak_bytes=r.peak_bytes + peak_delta)
@@ -470,7 +480,8 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     full model counts at that figure, any other at its cut figure plus depth_delta); a
     re-checked shape the cached sweep never ran (the full chunk's widest split, say, where the
     worst rows were smaller) counts at what it measured now plus the meter's `allocator_slack`
-    (cache_trust.reuse_transient); the stock step and provisional KV are this start's.
+    (cache_trust.reuse_transient); the stock step and provisional KV are this start's (the stock
+    step drifts nothing where the cached sweep left it out: SweepResult.stock_excluded).
     A stock step read several times (stock_readings) is compared like with like: the cached
     worst, when it is the stock step, is its highest reading, as the replay's step is."""
     if cached.depth_delta or cached.confirmed:  # a cut-down sweep
@@ -486,7 +497,9 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
             return cached.peak_bytes + max(0, r.peak_bytes - before[r.shape])
         return r.peak_bytes + max(0, allocator_slack)
 
-    replayed = max(bound(r) for r in (check.step, *check.others, check.stock))
+    # the stock step drifts the figure only where it counts (SweepResult.stock_excluded)
+    stock = () if cached.stock_excluded else (check.stock,)
+    replayed = max(bound(r) for r in (check.step, *check.others, *stock))
     peak = reuse_transient(cached.peak_bytes, replayed, resolution)
     return dataclasses.replace(cached, stock=check.stock, peak_bytes=peak,
                                post_profile_bytes=check.provisional.post_profile_bytes)

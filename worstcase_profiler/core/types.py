@@ -147,6 +147,9 @@ class SweepResult:
     confirmed: int = 0
     """A cut-down sweep's: how many of the last `steps` ran on the full model (its
     confirmations; the ones before ran on the cut decoder). 0 after a full sweep."""
+    stock_excluded: str | None = None
+    """Why the stock step is left out of `worst` and `peak_bytes` (shapes.stock_excluded_why:
+    it never runs beside the KV cache); None where it counts. `stock` is measured either way."""
 
     @property
     def cut_steps(self) -> tuple[StepResult, ...]:

@@ -201,6 +201,9 @@ def details(report: Report) -> list[Detail]:
     out.append(Detail("coverage", coverage_text(report)))
     for skipped in wc.skipped_shapes:
         out.append(Detail("skipped", f"not run: {skipped}", WARN))
+    if wc.stock_excluded:
+        out.append(Detail("stock-excluded", f"stock step not in the worst case: "
+                                            f"{wc.stock_excluded}"))
     if wc.sweep_mode not in ("full", ""):
         out.append(Detail("sweep-mode", f"sweep mode: {wc.sweep_mode}"))
     proof = wc.cut_down_proof

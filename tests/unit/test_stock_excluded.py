@@ -1,0 +1,94 @@
+"""The stock step leaves the worst case only where it never runs beside the KV cache
+(shapes.stock_excluded_why): vLLM runs it again after allocating the pool on neither path, and
+the pool holds fewer requests at once than it has. h200-run37 (qwen3.5 + DFlash k=8, 131k, eager
+V2): vLLM's profile step of 8,192 rows over 1,024 requests was admitted at 4.06 GiB while the
+pool held 225 requests, and the largest step real requests formed needed 2.03 GiB."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from worstcase_profiler.core.shapes import Limits, stock_excluded_why, stock_shape
+from worstcase_profiler.core.sweep import Replay, reused, run_cut_down, run_sweep
+from worstcase_profiler.core.types import ProvisionalKV
+
+from test_sweep import CutDriver, FakeDriver
+
+MiB = 1 << 20
+# 64 rows over up to 64 requests; a recurrent state of 112 tokens beside each request's block:
+# the pool of 1,024 tokens holds 1024 // (16 + 112) = 8 requests at once
+POOL = Limits(max_model_len=256, max_num_batched_tokens=64, max_num_seqs=64, block_size=16,
+              kv_capacity_tokens=1024, state_request_tokens=112, stock_reruns_with_kv=False)
+f = lambda s: s.rows * 100 * 1024 + s.context_len * 1024  # noqa: E731
+BIG_STOCK = 40 * MiB  # stock's 64 requests' sampling, far above every formable step
+
+
+def test_the_rule_needs_both_no_rerun_and_a_pool_too_small_for_stocks_requests():
+    assert stock_shape(POOL).num_reqs == 64 and POOL.max_concurrent_requests == 8
+    why = stock_excluded_why(POOL)
+    assert why and "64 requests" in why and "at most 8" in why
+    assert stock_excluded_why(dataclasses.replace(POOL, stock_reruns_with_kv=True)) is None
+    assert stock_excluded_why(dataclasses.replace(POOL, kv_capacity_tokens=None)) is None
+    roomy = dataclasses.replace(POOL, state_request_tokens=0, kv_capacity_tokens=64 * 16)
+    assert roomy.max_concurrent_requests == 64 and stock_excluded_why(roomy) is None
+    assert Limits(max_model_len=8, max_num_batched_tokens=8, max_num_seqs=1).stock_reruns_with_kv
+
+
+def test_a_sweep_leaves_out_a_stock_step_no_one_runs_beside_the_pool():
+    out = run_sweep(FakeDriver(POOL, transient=f, stock_transient=BIG_STOCK), tolerance=0,
+                    attribute_ops=False)
+    assert out.stock.peak_bytes == BIG_STOCK  # still measured and reported
+    assert out.stock_excluded == stock_excluded_why(POOL)
+    assert out.worst.shape.kind != "stock"
+    assert out.peak_bytes == max(r.peak_bytes for r in out.steps) < BIG_STOCK
+    kept = run_sweep(FakeDriver(dataclasses.replace(POOL, stock_reruns_with_kv=True),
+                                transient=f, stock_transient=BIG_STOCK),
+                     tolerance=0, attribute_ops=False)
+    assert kept.stock_excluded is None and kept.worst.shape.kind == "stock"
+    assert kept.peak_bytes == BIG_STOCK
+
+
+def test_a_cut_down_sweep_leaves_it_out_the_same_way():
+    gap = lambda s: MiB  # noqa: E731
+    cut, _ = run_cut_down(CutDriver(POOL, f, gap, stock_transient=BIG_STOCK), tolerance=0,
+                          attribute_ops=False)
+    full = run_sweep(FakeDriver(POOL, transient=f, stock_transient=BIG_STOCK), tolerance=0,
+                     attribute_ops=False)
+    assert cut.stock_excluded and cut.worst.shape.kind != "stock"
+    assert cut.peak_bytes < BIG_STOCK and cut.peak_bytes >= full.worst.peak_bytes
+
+
+def test_a_replay_whose_stock_step_drifted_keeps_the_cached_figure_where_it_does_not_count():
+    cached = run_sweep(FakeDriver(POOL, transient=f, stock_transient=BIG_STOCK), tolerance=0,
+                       attribute_ops=False)
+    drifted = dataclasses.replace(cached.stock, peak_bytes=BIG_STOCK + 8 * MiB)
+    check = Replay(stock=drifted, step=cached.worst, others=(), seconds=0.0,
+                   provisional=ProvisionalKV(num_blocks=5, kv_bytes=10, post_profile_bytes=7))
+    assert reused(cached, check, MiB).peak_bytes == cached.peak_bytes
+    counted = dataclasses.replace(cached, stock_excluded=None)
+    assert reused(counted, check, MiB).peak_bytes > cached.peak_bytes
+
+
+def _worker(device: str, module: str, mode: str):
+    runner = type("Runner", (), {"__module__": module})()
+    cfg = SimpleNamespace(device_config=SimpleNamespace(device_type=device),
+                          compilation_config=SimpleNamespace(mode=SimpleNamespace(name=mode)))
+    return cfg, runner
+
+
+@pytest.mark.parametrize("device, module, mode, reruns", [
+    ("cpu", "vllm.v1.worker.cpu.model_runner", "NONE", False),  # warms up before the KV only
+    ("cuda", "vllm.v1.worker.gpu_model_runner", "NONE", True),  # V1: the sampler warm-up
+    ("cuda", "vllm.v1.worker.gpu.model_runner", "NONE", False),  # eager V2: capped kernel warm-up
+    ("cuda", "vllm.v1.worker.gpu.model_runner", "VLLM_COMPILE", True),  # compiled warm-up sizes
+    ("xpu", "vllm.v1.worker.gpu.model_runner", "NONE", True),  # not read: the stock step stays
+])
+def test_which_workers_run_the_stock_step_again_once_the_pool_exists(device, module, mode, reruns):
+    from worstcase_profiler.adapter.facts import stock_reruns_with_kv
+
+    cfg, runner = _worker(device, module, mode)
+    assert stock_reruns_with_kv(cfg, runner) is reruns
+    assert stock_reruns_with_kv(cfg, None) is True  # no runner (a front end): it stays
