@@ -202,6 +202,23 @@ def test_check_below_one_request_is_unsafe(capsys):
     assert f"use at least --kv-cache-memory-bytes {one}" in out
 
 
+def test_check_never_suggests_a_range_that_is_empty(capsys, tmp_path):
+    """A budget less than a MiB above one request: its whole-MiB figure is under one request,
+    so check suggests the budget itself as the most, never an upper end below the lower one."""
+    report = load_report(FP8)
+    one = check.one_request_bytes(report) + (512 << 10)  # not a whole MiB
+    narrow = edited(tmp_path, FP8, "narrow.json", admission__least_kv_cache_bytes=one,
+                    admission__budget_bytes=one + 4096,
+                    admission__recommended_kv_cache_memory_bytes=(one // (1 << 20)) << 20)
+    assert check.one_request_bytes(load_report(narrow)) == one
+    code, out, _ = run(capsys, "check", narrow, "--kv-cache-memory-bytes", str(one - 1))
+    assert code == 1 and f"at least --kv-cache-memory-bytes {one}, at most {one + 4096} " in out
+    code, out, _ = run(capsys, "check", narrow, "--kv-cache-memory-bytes", str(one + 8192))
+    assert code == 1 and f"use --kv-cache-memory-bytes {one + 4096} (" in out
+    code, out, _ = run(capsys, "check", narrow, "--kv-cache-memory-bytes", str(one + 4096))
+    assert code == 0 and out.startswith("safe:")
+
+
 def test_check_when_nothing_fits(capsys, tmp_path):
     tiny = edited(tmp_path, FP8, "tiny.json", admission__budget_bytes=100 << 20,
                   admission__fits=False)

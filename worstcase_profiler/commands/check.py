@@ -1,8 +1,9 @@
 """`wcprof check REPORT.json --kv-cache-memory-bytes N`: is this value safe for the engine the
 report describes? It reads the report only (no engine, no vLLM, no torch).
 
-Exit codes: 0 the value is safe (one request at max_model_len <= value <= the worst-case
-budget); 1 the value is over the budget, below one request at max_model_len, the configuration
+Exit codes: 0 the value is safe (the least KV cache vLLM starts with, one request at
+max_model_len plus the null block its block pool holds back, <= value <= the worst-case budget);
+1 the value is over the budget, below that least size, the configuration
 does not fit at all, or the report's KV audit found the engine allocating more KV than it is
 given (the flag alone then bounds nothing); 2 bad input: a missing file, a file that is not a
 wcprof report, a bad size (errors.ConfigError).
@@ -45,9 +46,9 @@ def parser() -> ArgParser:
 def run(argv: list[str]) -> int:
     """wcprof check REPORT.json --kv-cache-memory-bytes N   (or --kv-cache-memory 60GiB)
 
-    Safe (exit 0) when one request at max_model_len <= N <= the report's worst-case budget
-    (admission.budget_bytes). Otherwise exit 1, saying by how much N is off and what to pass
-    instead. Exit 2: bad input."""
+    Safe (exit 0) when the least KV cache vLLM starts with (one_request_bytes) <= N <= the
+    report's worst-case budget (admission.budget_bytes). Otherwise exit 1, saying by how much N
+    is off and what to pass instead (a range that is never empty). Exit 2: bad input."""
     ns = parser().parse_args(argv)
     from ..preflight import kv_bytes_as_vllm_reads
 
@@ -56,6 +57,9 @@ def run(argv: list[str]) -> int:
     adm, cfg = report.admission, report.config
     budget, recommended = adm.budget_bytes, adm.recommended_kv_cache_memory_bytes
     need_one = one_request_bytes(report)
+    # the largest value to suggest: the admission's whole-MiB figure, unless rounding it down
+    # to a MiB would put it under one request (a budget < 1 MiB above it): then the budget itself
+    upper = recommended if recommended >= need_one else budget
     console = Console(soft_wrap=True, highlight=False)
     shown = f"--kv-cache-memory-bytes {value} ({fmt_bytes(value)})"
     mml = f"max_model_len={fmt_tokens(cfg.max_model_len)}"
@@ -78,12 +82,12 @@ def run(argv: list[str]) -> int:
     if value > budget:
         console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(value - budget)} over the "
                       f"worst-case budget {fmt_bytes(budget)}; use --kv-cache-memory-bytes "
-                      f"{recommended} ({fmt_bytes(recommended)}) or less ({where}).")
+                      f"{upper} ({fmt_bytes(upper)}) or less, at least {need_one} ({where}).")
         return 1
     if value < need_one:
         console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(need_one - value)} short of one "
                       f"request at {mml} with vLLM's null block ({fmt_bytes(need_one)}); use at least "
-                      f"--kv-cache-memory-bytes {need_one}, at most {recommended} ({where}).")
+                      f"--kv-cache-memory-bytes {need_one}, at most {upper} ({where}).")
         return 1
     console.print(f"[bold green]safe[/]: {shown} is within the worst-case budget "
                   f"{fmt_bytes(budget)} ({fmt_bytes(budget - value)} to spare) and holds one "
