@@ -45,8 +45,11 @@ demo: $(STAMP)
 
 # WCPROF_TEST_FULL=1: in this venv (vLLM, torch, every extra) a test skipped because an import
 # failed is a failure (tests/conftest.py), so nothing skips silently here.
+# -n 2 --dist loadfile: two pytest-xdist workers, a test file's tests on one worker (module
+# fixtures start their engines once); each worker's engines bind to a CPU of their own
+# (tests/conftest.py). loadgroup would ignore xdist_group marks under pytest 9.2.
 test: $(STAMP) chromium lint-workflows
-	WCPROF_TEST_FULL=1 ACTIONLINT=$(ACTIONLINT) $(VPY) -m pytest -q -ra
+	WCPROF_TEST_FULL=1 ACTIONLINT=$(ACTIONLINT) $(VPY) -m pytest -q -ra -n 2 --dist loadfile
 
 lint-workflows: $(STAMP)
 	@if ! command -v "$(ACTIONLINT)" >/dev/null 2>&1 && [ "$$(uname -sm)" != "Linux x86_64" ]; then \

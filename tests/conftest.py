@@ -10,7 +10,13 @@ wants its sweeps kept across runs (a GPU box) names a directory in WCPROF_TEST_C
 WCPROF_TEST_FULL=1 (`make test`, whose venv has vLLM, torch and every extra): a test skipped
 because an import failed (pytest.importorskip) fails instead, so a missing dependency there
 cannot pass as a skip. `make test-unit`'s light venv leaves it unset: there the vLLM and torch
-tests skip, each naming the import."""
+tests skip, each naming the import.
+
+Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) each worker binds the vLLM CPU
+engines it starts to a CPU of its own through VLLM_CPU_OMP_THREADS_BIND (gw0 -> the first CPU
+this process may use, gw1 -> the second, ...): vLLM's "auto" binding puts every engine on CPU 0,
+so two workers' engines would share one core. Set in os.environ at import, before any engine
+subprocess starts, so they all inherit it; a binding the caller set is kept."""
 
 from __future__ import annotations
 
@@ -21,6 +27,22 @@ from pathlib import Path
 import pytest
 
 _KEYS = ("WCPROF_CACHE_DIR", "XDG_CACHE_HOME", "HF_HOME", "VLLM_CACHE_ROOT")
+
+
+def _worker_cpu_bind() -> str | None:
+    """This xdist worker's own CPU for VLLM_CPU_OMP_THREADS_BIND, or None outside xdist (or on
+    a single-CPU host, where there is nothing to split)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if not worker.startswith("gw") or not worker[2:].isdigit():
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return str(cpus[int(worker[2:]) % len(cpus)])
+
+
+if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ and (_bind := _worker_cpu_bind()) is not None:
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _bind
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -68,6 +68,93 @@ def run_python(code: str, *, timeout: int = 600, env: dict | None = None) -> Run
     return Run(p.returncode, p.stdout, p.stderr, None)
 
 
+@dataclass
+class Pair:
+    """A cold start (sweep stored) and a restart on the same cache (sweep reused) of one
+    configuration: `cold`/`warm` ran in dir/"cold" and dir/"warm" (their report.json there),
+    the cache in dir/"cache". Shared by every test file and xdist worker of a session
+    (shared_pair), so a test that edits the entry works on its own copy (`cache_copy`)."""
+
+    dir: Path
+    args: list[str]
+    cold: Run
+    warm: Run
+    cold_entry_text: str  # the entry as the cold start stored it ("" if it stored none)
+
+    def cache_copy(self, dest: Path) -> Path:
+        import shutil
+
+        shutil.copytree(self.dir / "cache", dest)
+        return dest
+
+
+def _shared_root(tmp_path_factory) -> Path:
+    """A directory every xdist worker of this session sees (their basetemps' common parent,
+    unique to the session), or this session's basetemp outside xdist."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-engine-runs"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _load_run(d: Path) -> Run:
+    saved = json.loads((d / "run.json").read_text())
+    report = d / "report.json"
+    return Run(saved["rc"], saved["out"], saved["err"],
+               json.loads(report.read_text()) if report.exists() else None)
+
+
+def shared_pair(tmp_path_factory, name: str, args: list[str]) -> Pair:
+    """The cold start + cached restart of `wcprof *args` (WCPROF_CACHE_DIR its own), run once
+    per test session under a file lock and read back by every other caller, whichever file or
+    xdist worker it is in (one pair of engine starts, not one per file). `name` keys the
+    configuration: one name, one argument list."""
+    from filelock import FileLock
+
+    root = _shared_root(tmp_path_factory)
+    d = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        done = d / "done.json"
+        if done.exists():
+            assert json.loads(done.read_text())["args"] == args, (name, args)
+        else:
+            if d.exists():  # a caller that died half-way: start over
+                import shutil
+
+                shutil.rmtree(d)
+            env = engine_env(WCPROF_CACHE_DIR=str(d / "cache"))
+            for phase in ("cold", "warm"):
+                (d / phase).mkdir(parents=True)
+                run = run_wcprof(args, d / phase, env=env)
+                (d / phase / "run.json").write_text(json.dumps(
+                    {"rc": run.rc, "out": run.out, "err": run.err}))
+                if phase == "cold":
+                    key = ((run.report or {}).get("worstcase") or {}).get("cache", {}).get("key")
+                    entry = d / "cache" / f"{key}.json"
+                    (d / "cold_entry.json").write_text(
+                        entry.read_text() if key and entry.exists() else "")
+            done.write_text(json.dumps({"args": args}))
+    return Pair(d, list(args), _load_run(d / "cold"), _load_run(d / "warm"),
+                (d / "cold_entry.json").read_text())
+
+
+@pytest.fixture(scope="session")
+def tile_pair(tmp_path_factory) -> Pair:
+    """`wcprof demo tile`'s configuration: a cold start and a cached restart, once a session."""
+    from worstcase_profiler.commands.demo import scenario_args
+
+    return shared_pair(tmp_path_factory, "tile", scenario_args("tile"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory) -> Pair:
+    """`wcprof` with no arguments, which is `demo tiny` (scenario_args("tiny") == [])."""
+    from worstcase_profiler.commands.demo import scenario_args
+
+    assert scenario_args("tiny") == []
+    return shared_pair(tmp_path_factory, "tiny", [])
+
+
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     return TINY

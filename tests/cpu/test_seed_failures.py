@@ -104,8 +104,8 @@ def test_overcommit_starts_with_warning_flag(tmp_path):
     assert "KV OVER-COMMIT" in run.out
 
 
-def test_tile_peak_found_exactly(tmp_path):
-    run = run_wcprof(["demo", "tile"], tmp_path)
+def test_tile_peak_found_exactly(tile_pair):
+    run = tile_pair.cold  # `wcprof demo tile`'s start, shared with tests/cpu/test_sweep_cache.py
     assert run.rc == 0, run.text[-3000:]
     r = run.report
     cfg = _cfg("tile")

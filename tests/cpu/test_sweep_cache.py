@@ -15,18 +15,13 @@ from worstcase_profiler.core.cache_trust import cache_verdict as verdict
 pytestmark = pytest.mark.engine
 
 
-def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
-    env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
-    (tmp_path / "a").mkdir()
-    first = run_wcprof([], tmp_path / "a", env=env)
+def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path, tiny_pair):
+    first, second = tiny_pair.cold, tiny_pair.warm
     assert first.rc == 0, first.text[-3000:]
     wc1 = first.report["worstcase"]
     assert wc1["cache"]["status"] == "stored"
-    entry = tmp_path / "cache" / f"{wc1['cache']['key']}.json"
-    assert json.loads(entry.read_text())["sweep"]["peak_bytes"] == wc1["peak_activation_bytes"]
+    assert json.loads(tiny_pair.cold_entry_text)["sweep"]["peak_bytes"] == wc1["peak_activation_bytes"]
 
-    (tmp_path / "b").mkdir()
-    second = run_wcprof([], tmp_path / "b", env=env)
     assert second.rc == 0, second.text[-3000:]
     wc2 = second.report["worstcase"]
     use = wc2["cache"]
@@ -36,10 +31,19 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
                    wc1["coverage"]["tolerance_bytes"]) == (True, use["allowed_drift_bytes"])
     assert wc2["peak_activation_bytes"] >= wc1["peak_activation_bytes"]
     assert wc2["worst_shape"] == wc1["worst_shape"]
-    assert use["replay_seconds"] < wc1["seconds"]
+    # The restart skipped the sweep: the cold start's phases hold one, the restart's only the
+    # replay; and the replay took less than the sweep it replaced (a sweep executes many steps,
+    # the replay a few; the margin absorbs a loaded host slowing the later start).
+    assert "sweep" in first.report["startup_seconds"], first.report["startup_seconds"]
+    assert "sweep" not in second.report["startup_seconds"], second.report["startup_seconds"]
+    assert "replay" in second.report["startup_seconds"], second.report["startup_seconds"]
+    assert use["replay_seconds"] < 1.5 * first.report["startup_seconds"]["sweep"] + 1.0
     assert "sweep reused" in second.out
 
-    # An entry that under-states its worst step (another build wrote it, say) must not be used.
+    # An entry that under-states its worst step (another build wrote it, say) must not be used:
+    # on a copy of the shared cache (the other tests read the pair's own).
+    env = engine_env(WCPROF_CACHE_DIR=str(tiny_pair.cache_copy(tmp_path / "cache")))
+    entry = tmp_path / "cache" / f"{wc1['cache']['key']}.json"
     data = json.loads(entry.read_text())
     sweep = data["sweep"]
     worst = sweep["worst"]["shape"]
@@ -65,24 +69,19 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path):
 
 
 @pytest.mark.parametrize("demo", ["tiny", "tile"])
-def test_a_cached_restart_admits_what_the_cold_start_admitted(tmp_path, demo):
+def test_a_cached_restart_admits_what_the_cold_start_admitted(request, demo):
     """The same configuration gets the same admission whether the sweep ran or came from the
     cache: `wcprof diff` at 0% passes both ways (the tile demo once recommended 7% more KV on a
     cached restart, because the held memory was read after a one-step replay)."""
     from conftest import BIN
     import subprocess
 
-    from worstcase_profiler.commands.demo import scenario_args
-
-    env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
-    args = scenario_args(demo)
-    (tmp_path / "cold").mkdir()
-    (tmp_path / "warm").mkdir()
-    cold = run_wcprof(args, tmp_path / "cold", env=env)
-    warm = run_wcprof(args, tmp_path / "warm", env=env)
+    pair = request.getfixturevalue(f"{demo}_pair")
+    env = engine_env(WCPROF_CACHE_DIR=str(pair.dir / "cache"))
+    cold, warm = pair.cold, pair.warm
     assert cold.rc == 0 and warm.rc == 0, (cold.text + warm.text)[-3000:]
     assert warm.report["worstcase"]["cache"]["status"] == "hit"
-    a, b = tmp_path / "cold" / "report.json", tmp_path / "warm" / "report.json"
+    a, b = pair.dir / "cold" / "report.json", pair.dir / "warm" / "report.json"
     for old, new in ((a, b), (b, a)):
         p = subprocess.run([str(BIN / "wcprof"), "diff", str(old), str(new), "--max-increase", "0%"],
                            capture_output=True, text=True, env=env)
@@ -91,20 +90,16 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(tmp_path, demo):
         assert p.returncode == 0, p.stdout + p.stderr + f"\ncold/warm admission: {figures}"
 
 
-def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path):
+def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path, tile_pair):
     """A shared cache is a trust boundary: an entry whose worst shape and need were both swapped
     for one of its own small steps (a self-consistent pair that passes its own replay), and whose
     workspace was shrunk to match, must not be reused: the plan's heaviest shapes, re-measured on
     reuse, beat it, so the full sweep runs and the engine admits the honest figure."""
-    from worstcase_profiler.commands.demo import scenario_args
-
-    env = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
-    args = scenario_args("tile")
-    (tmp_path / "honest").mkdir()
-    honest = run_wcprof(args, tmp_path / "honest", env=env)
+    honest, args = tile_pair.cold, tile_pair.args  # the shared cold start; its cache copied
     assert honest.rc == 0, honest.text[-3000:]
+    env = engine_env(WCPROF_CACHE_DIR=str(tile_pair.cache_copy(tmp_path / "cache")))
     entry = tmp_path / "cache" / f"{honest.report['worstcase']['cache']['key']}.json"
-    data = json.loads(entry.read_text())
+    data = json.loads(tile_pair.cold_entry_text)
     sweep = data["sweep"]
     small = min((s for s in sweep["steps"] if s["shape"]["kind"] == "prefill"),
                 key=lambda s: s["shape"]["rows"])
