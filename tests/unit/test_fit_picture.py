@@ -39,7 +39,7 @@ def test_the_view_gives_one_labelled_point_per_frontier_candidate_the_recommende
     rec = next(p for p in view.points if p.kind == "recommended")
     assert (rec.max_model_len, rec.requests) == (2720, 3) == \
         (f.recommended.max_model_len, f.recommended.concurrency)
-    assert rec.label.startswith("recommended: 2,720 tokens × 3 requests\nchunk 1,024, seqs 8")
+    assert rec.label.startswith("recommended\n2,720 tokens × 3 requests\nchunk 1,024, seqs 8")
     # the swept max_model_len holds one request only: weighed, infeasible, drawn apart
     assert any(p.kind == "infeasible" and (p.max_model_len, p.requests) == (4096, 1)
                for p in view.points)
@@ -80,7 +80,7 @@ def test_the_html_carries_the_serve_line_the_table_and_the_chart(make_report):
     # the frontier is in the figure: its title, every frontier point, the star's label
     svg = page[page.index("<svg"):page.index("</svg>")]
     assert "on the frontier of 28 candidate(s) weighed" in svg
-    assert "recommended: 2,720 tokens × 3 requests" in svg
+    assert "2,720 tokens × 3 requests" in svg
     assert "1,024 tokens × 7 requests" in svg and "512 tokens × 8 requests" in svg
     assert visible.index('id="fit-flags"') < visible.index('<table id="fit">') < \
         visible.index('<ul class="details">')

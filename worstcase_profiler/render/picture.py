@@ -24,6 +24,7 @@ no display needed.
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -541,6 +542,26 @@ FIT_STYLES = {  # kind -> marker, colour, size, legend label
 }
 
 
+def _shell_lines(line: str, width: int = 120) -> str:
+    """A serve line broken between flags (a flag stays with its value), each break a shell
+    continuation, so a long one wraps where it can still be pasted."""
+    words, out, current = line.split(" "), [], ""
+    groups = []
+    for w in words:
+        if groups and not w.startswith("--") and groups[-1].startswith("--") \
+                and " " not in groups[-1]:
+            groups[-1] += " " + w
+        else:
+            groups.append(w)
+    for g in groups:
+        if current and len(current) + 1 + len(g) > width:
+            out.append(current + " \\")
+            current = "    " + g
+        else:
+            current = f"{current} {g}" if current else g
+    return "\n".join(out + [current])
+
+
 def _draw_fit(ax, fit) -> None:
     """The fit's frontier (view.FitView): max_model_len (log 2) against the requests at full
     length held at once, the frontier's staircase, its candidates labelled (chunk, max_num_seqs,
@@ -553,30 +574,36 @@ def _draw_fit(ax, fit) -> None:
                 color="#0072B2", linewidth=1.4, alpha=0.6, zorder=2,
                 label="frontier: the most requests at that context or longer")
     shown = set()
-    for i, p in enumerate(fit.points):
+    for p in fit.points:
         marker, colour, size, label = FIT_STYLES[p.kind]
         ax.plot([p.max_model_len], [p.requests], marker=marker, color=colour,
                 markersize=size, linestyle="none", markeredgewidth=1.8 if marker == "x" else 1,
                 zorder={"infeasible": 3, "feasible": 3, "frontier": 4}.get(p.kind, 5),
                 label=None if p.kind in shown else label)
         shown.add(p.kind)
-        if p.label:
-            ax.annotate(p.label, (p.max_model_len, p.requests), xytext=(10, 6 if i % 2 else -6),
-                        textcoords="offset points", ha="left", va="bottom" if i % 2 else "top",
-                        fontsize=8.5, color="black" if p.kind == "recommended" else "#0072B2",
-                        fontweight="bold" if p.kind == "recommended" else "normal", zorder=6,
-                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85,
-                              "pad": 1.5})
     ax.axhline(fit.min_concurrency, color="#b2182b", linestyle="--", linewidth=1.2, zorder=1,
                label=f"requests asked: at least {fit.min_concurrency} (--min-concurrency)")
     lengths = sorted({p.max_model_len for p in fit.points})
     ax.set_xscale("log", base=2)
-    ax.set_xlim(lengths[0] / 1.25, lengths[-1] * 1.6)  # room for the labels on the right
+    # room right of the longest for its label: a fifth of the axis, at least 0.68 octave
+    left = lengths[0] / 1.25
+    right = lengths[-1] * 2 ** max(0.68, math.log2(lengths[-1] / left) / 4)
+    ax.set_xlim(left, right)
     ticks = [2 ** k for k in range(lengths[0].bit_length() - 1, lengths[-1].bit_length() + 1)
-             if lengths[0] / 1.25 <= 2 ** k <= lengths[-1] * 1.6]
+             if left <= 2 ** k <= right]
     ax.xaxis.set_major_locator(FixedLocator(sorted(set(ticks) | {lengths[-1]})))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt_tokens(int(round(v)))))
+    # labels above and right of their point, clear of the staircase (which runs right of a
+    # point at the next one's height, lower)
+    for p in fit.points:
+        if p.label:
+            ax.annotate(p.label, (p.max_model_len, p.requests), xytext=(8, 7),
+                        textcoords="offset points", ha="left", va="bottom", fontsize=8.5,
+                        color="black" if p.kind == "recommended" else "#0072B2",
+                        fontweight="bold" if p.kind == "recommended" else "normal", zorder=6,
+                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85,
+                              "pad": 1.5})
     top = max([p.requests for p in fit.points] + [fit.min_concurrency])
     ax.set_ylim(0, top * 1.3 + 1)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt_tokens(int(round(v)))))
@@ -586,7 +613,7 @@ def _draw_fit(ax, fit) -> None:
     ax.set_axisbelow(True)
     ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=3, fontsize=8.5,
               frameon=False)
-    line = f"recommended: {fit.flags}" if fit.flags else fit.headline
+    line = _shell_lines(f"recommended: {fit.flags}") if fit.flags else fit.headline
     ax.set_title(f"{line}\n{fit.chart_title}", loc="left", fontsize=11, wrap=True,
                  color="black" if fit.flags else "#b2182b")
     ax.spines[["top", "right"]].set_visible(False)

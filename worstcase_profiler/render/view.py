@@ -614,7 +614,7 @@ def fit_points(fit) -> tuple[FitPoint, ...]:
         if kind in ("recommended", "frontier"):
             rate = f"\n{_rate(c.prefill_tokens_per_s)} prefill" if c.prefill_tokens_per_s \
                 else ""
-            head = "recommended: " if kind == "recommended" else ""
+            head = "recommended\n" if kind == "recommended" else ""
             labelled.append(FitPoint(
                 c.max_model_len, c.concurrency, kind,
                 f"{head}{fmt_tokens(c.max_model_len)} tokens × {c.concurrency} "
