@@ -9,7 +9,7 @@ the device that is free now (core/fit.share_of). It runs the sweep once, the chu
 the fit's own few steps (settings advise, fit, fit_min_concurrency, fit_objective); the report's
 fit section (core/fit.py: how every candidate is derived, and how a figure between measured points
 is bounded) is printed: the recommended flags first, then the trade-off table. --json, --html and
---png write the report as the profile command writes it (the picture has no frontier yet).
+--png write the report as the profile command writes it, the picture with the frontier drawn.
 
 Exit codes: 0 with a recommendation; 3 when no candidate holds N requests at full length (the
 line names the most any holds); 2 for bad input (--min-concurrency below 1 or above
@@ -30,12 +30,14 @@ from .profile_options import dashes
 OBJECTIVES = ("context", "concurrency", "throughput")
 
 FIT_HELP = """usage: wcprof fit [--model M] [ENGINE ARGS] [--min-concurrency N]
-                  [--objective context|concurrency|throughput] [--json P] [profile options]
+                  [--objective context|concurrency|throughput] [--json P] [--html P]
+                  [--png P] [profile options]
 
 What fits on this device, safely: max_model_len, max_num_batched_tokens and max_num_seqs (and,
 on CUDA, gpu_memory_utilization up to what the device has free) whose worst step fits and whose
 KV cache holds at least N requests at full length at once, from one sweep at the largest limits
-the engine flags allow. Prints the recommended flags, then the trade-off frontier.
+the engine flags allow. Prints the recommended flags, then the trade-off frontier; --html and
+--png draw the frontier below the profile's picture.
 
 fit options:
   --min-concurrency N   requests at full length the KV cache must hold at once (default 1)

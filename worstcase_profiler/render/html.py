@@ -35,6 +35,13 @@ figure { margin: 1em 0; }
 figure svg { width: 100%; height: auto; }
 footer { color: #777; font-size: .85em; margin-top: 1.5em; }
 """
+FIT_CSS = """tr.recommended td { font-weight: bold; background: #eef6ec; }
+table#fit td { white-space: nowrap; }
+table#fit caption { caption-side: top; text-align: left; color: #555; font-size: .9em;
+                    padding-bottom: .3em; }
+p.error { color: #b2182b; }
+"""
+"""Added only to a page with a fit section, so one without renders as it did."""
 SEVERITY_CLASSES = ("info", "warn", "error")
 
 
@@ -79,6 +86,41 @@ def advice_html(view) -> str:
 """
 
 
+def fit_html(view) -> str:
+    """The fit's recommended serve line, its line, the trade-off table, the rule, bound and
+    notes (empty without report.fit); the frontier is drawn in the figure below."""
+    f = view.fit
+    if f is None:
+        return ""
+    head = ("context", "chunk", "seqs", "worst need", "KV cache", "requests", "tok/s",
+            "min util", "")
+    body = "\n".join(
+        f'<tr class="{SEVERITY_CLASSES[r.severity]}'
+        f'{" recommended" if "recommended" in r.mark else ""}">'
+        + "".join(f"<td>{escape(c)}</td>" for c in (
+            r.max_model_len, r.chunk, r.seqs, r.need, r.kv_bytes, r.requests, r.prefill,
+            r.share, r.mark)) + "</tr>" for r in f.rows)
+    flags = (f'<div>recommended by the fit:</div>\n<div class="flag"><code id="fit-flags">'
+             f"{escape(f.flags)}</code></div>\n" if f.flags else "")
+    line = (f'<p id="fit-line"><strong>{escape(f.headline)}</strong></p>' if f.flags else
+            f'<p id="fit-line" class="error"><strong>{escape(f.headline)}</strong></p>')
+    title = ("the frontier" if f.flags else "the candidates closest to it, then the frontier")
+    notes = "".join(f"<li>{escape(n)}</li>" for n in (f.rule, f.bound, *f.notes))
+    return f"""<h2>Fit: {title}</h2>
+{flags}{line}
+<table id="fit">
+<caption>context: --max-model-len, chunk: --max-num-batched-tokens, seqs: --max-num-seqs;
+requests: at full length at once; tok/s: prefill at the swept context; min util: the least
+--gpu-memory-utilization that still holds them</caption>
+<thead><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr></thead>
+<tbody>
+{body}
+</tbody>
+</table>
+<ul class="details">{notes}</ul>
+"""
+
+
 def render_html(report: Report) -> str:
     view = build_view(report)
     cfg = report.config
@@ -97,7 +139,7 @@ def render_html(report: Report) -> str:
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="generator" content="wcprof {escape(report.tool_version)}">
 <title>{escape(title)}</title>
-<style>{CSS}</style>
+<style>{CSS}{FIT_CSS if view.fit is not None else ""}</style>
 </head>
 <body>
 <h1><span class="verdict" id="verdict" style="background:{colour}">{escape(str(view.verdict))}</span>
@@ -112,7 +154,7 @@ def render_html(report: Report) -> str:
 {table}
 </tbody>
 </table>
-{advice_html(view)}<ul class="details">
+{fit_html(view)}{advice_html(view)}<ul class="details">
 {details}
 </ul>
 <figure>

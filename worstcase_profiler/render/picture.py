@@ -10,7 +10,11 @@ Four panels, all from the report alone (no engine):
             reservation as a horizontal line;
   context   the worst rows value at growing KV extent, where stock runs out;
   advice    (only with report.advice) KV tokens admitted and prefill throughput per candidate
-            max_num_batched_tokens, the configured chunk and the knee marked.
+            max_num_batched_tokens, the configured chunk and the knee marked;
+  fit       (only with report.fit) the trade-off frontier: max_model_len against requests held
+            at once, one labelled point per frontier candidate, the recommendation starred, the
+            other candidates weighed under them (infeasible ones as red crosses), the
+            recommended flags above it.
 
 The bar arithmetic (`card_bars`) is pure Python so it is tested without drawing. Matplotlib is
 imported lazily, through the object API (Figure + Agg canvas), never pyplot: no global state and
@@ -20,6 +24,7 @@ no display needed.
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError
@@ -209,12 +214,17 @@ def _token_axis(axis, xmax: int) -> None:
 def build_figure(report: Report):
     """The matplotlib Figure (no pyplot)."""
     Figure = _matplotlib()
+    view = build_view(report)  # the value to paste, as the terminal and HTML show it
     advice = report.advice is not None and bool(report.advice.candidates)
-    fig = Figure(figsize=(14, 18 if advice else 13.5), dpi=100, layout="constrained")
-    grid = fig.add_gridspec(4 if advice else 3, 2,
-                            height_ratios=[1.0, 1.9, 2.1, 1.8] if advice else [1.0, 1.9, 2.1])
+    fit = view.fit is not None and bool(view.fit.points)
+    ratios = [1.0, 1.9, 2.1] + ([1.8] if advice else []) + ([2.0] if fit else [])
+    fig = Figure(figsize=(14, (18 if advice else 13.5) + (5.5 if fit else 0)), dpi=100,
+                 layout="constrained")
+    grid = fig.add_gridspec(len(ratios), 2, height_ratios=ratios)
     if advice:
         _draw_advice(fig.add_subplot(grid[3, :]), report)
+    if fit:
+        _draw_fit(fig.add_subplot(grid[len(ratios) - 1, :]), view.fit)
     ax_card = fig.add_subplot(grid[0, :])
     ax_fall = fig.add_subplot(grid[1, :])
     ax_rows = fig.add_subplot(grid[2, 0])
@@ -222,7 +232,6 @@ def build_figure(report: Report):
 
     cfg = report.config
     verdict = report.verdict
-    view = build_view(report)  # the value to paste, as the terminal and HTML show it
     fig.suptitle(f"{verdict}  —  {short_model(cfg.model)}   "
                  f"max_model_len={fmt_tokens(cfg.max_model_len)}"
                  f"  max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}"
@@ -523,6 +532,91 @@ def _draw_advice(ax, report: Report) -> None:
     ax.set_title(advice_headline(advice), loc="left", fontsize=11, wrap=True)
     ax.spines[["top"]].set_visible(False)
     rate.spines[["top"]].set_visible(False)
+
+
+FIT_STYLES = {  # kind -> marker, colour, size, legend label
+    "infeasible": ("x", "#b2182b", 8, "weighed: does not fit, or holds fewer than asked"),
+    "feasible": ("o", "#bbbbbb", 6, "weighed: feasible, off the frontier"),
+    "frontier": ("o", "#0072B2", 9, "on the frontier"),
+    "recommended": ("*", "black", 18, "recommended"),
+}
+
+
+def _shell_lines(line: str, width: int = 120) -> str:
+    """A serve line broken between flags (a flag stays with its value), each break a shell
+    continuation, so a long one wraps where it can still be pasted."""
+    words, out, current = line.split(" "), [], ""
+    groups = []
+    for w in words:
+        if groups and not w.startswith("--") and groups[-1].startswith("--") \
+                and " " not in groups[-1]:
+            groups[-1] += " " + w
+        else:
+            groups.append(w)
+    for g in groups:
+        if current and len(current) + 1 + len(g) > width:
+            out.append(current + " \\")
+            current = "    " + g
+        else:
+            current = f"{current} {g}" if current else g
+    return "\n".join(out + [current])
+
+
+def _draw_fit(ax, fit) -> None:
+    """The fit's frontier (view.FitView): max_model_len (log 2) against the requests at full
+    length held at once, the frontier's staircase, its candidates labelled (chunk, max_num_seqs,
+    prefill rate), the recommendation starred, the others weighed beneath, the requests asked as
+    a dashed line; the recommended serve line (or why there is none) in the title."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    if fit.staircase:
+        ax.step([p[0] for p in fit.staircase], [p[1] for p in fit.staircase], where="pre",
+                color="#0072B2", linewidth=1.4, alpha=0.6, zorder=2,
+                label="frontier: the most requests at that context or longer")
+    shown = set()
+    for p in fit.points:
+        marker, colour, size, label = FIT_STYLES[p.kind]
+        ax.plot([p.max_model_len], [p.requests], marker=marker, color=colour,
+                markersize=size, linestyle="none", markeredgewidth=1.8 if marker == "x" else 1,
+                zorder={"infeasible": 3, "feasible": 3, "frontier": 4}.get(p.kind, 5),
+                label=None if p.kind in shown else label)
+        shown.add(p.kind)
+    ax.axhline(fit.min_concurrency, color="#b2182b", linestyle="--", linewidth=1.2, zorder=1,
+               label=f"requests asked: at least {fit.min_concurrency} (--min-concurrency)")
+    lengths = sorted({p.max_model_len for p in fit.points})
+    ax.set_xscale("log", base=2)
+    # room right of the longest for its label: a fifth of the axis, at least 0.68 octave
+    left = lengths[0] / 1.25
+    right = lengths[-1] * 2 ** max(0.68, math.log2(lengths[-1] / left) / 4)
+    ax.set_xlim(left, right)
+    ticks = [2 ** k for k in range(lengths[0].bit_length() - 1, lengths[-1].bit_length() + 1)
+             if left <= 2 ** k <= right]
+    ax.xaxis.set_major_locator(FixedLocator(sorted(set(ticks) | {lengths[-1]})))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt_tokens(int(round(v)))))
+    # labels above and right of their point, clear of the staircase (which runs right of a
+    # point at the next one's height, lower)
+    for p in fit.points:
+        if p.label:
+            ax.annotate(p.label, (p.max_model_len, p.requests), xytext=(8, 7),
+                        textcoords="offset points", ha="left", va="bottom", fontsize=8.5,
+                        color="black" if p.kind == "recommended" else "#0072B2",
+                        fontweight="bold" if p.kind == "recommended" else "normal", zorder=6,
+                        bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85,
+                              "pad": 1.5})
+    top = max([p.requests for p in fit.points] + [fit.min_concurrency])
+    ax.set_ylim(0, top * 1.3 + 1)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _p: fmt_tokens(int(round(v)))))
+    ax.set_xlabel("max_model_len (tokens, log scale)")
+    ax.set_ylabel("requests at full length at once")
+    ax.grid(color="#e5e5e5", linewidth=0.8)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=3, fontsize=8.5,
+              frameon=False)
+    line = _shell_lines(f"recommended: {fit.flags}") if fit.flags else fit.headline
+    ax.set_title(f"{line}\n{fit.chart_title}", loc="left", fontsize=11, wrap=True,
+                 color="black" if fit.flags else "#b2182b")
+    ax.spines[["top", "right"]].set_visible(False)
 
 
 def _find_step(steps: list[StepResult], shape: Shape) -> StepResult | None:

@@ -74,9 +74,25 @@ class FitRow:
 
 
 @dataclass(frozen=True)
+class FitPoint:
+    """One point of the frontier chart: a max_model_len against the requests at full length its
+    KV cache holds at once. kind: "recommended", "frontier" (one point per frontier candidate,
+    labelled with its chunk, max_num_seqs and prefill rate), "feasible" (weighed, off the
+    frontier) or "infeasible" (does not fit, or holds fewer than min_concurrency); off the
+    frontier, one point per position and kind, unlabelled."""
+
+    max_model_len: int
+    requests: int
+    kind: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
 class FitView:
     """The fit (report.fit): the recommended flags, its line, the trade-off table (the frontier,
-    or without a recommendation the candidates that came closest), the rule, bound and notes."""
+    or without a recommendation the candidates that came closest), the rule, bound and notes;
+    the chart's points and its staircase (the most requests any frontier candidate holds at
+    each max_model_len or longer, as (max_model_len, requests) from the shortest)."""
 
     flags: str | None
     headline: str
@@ -84,6 +100,10 @@ class FitView:
     rule: str
     bound: str
     notes: tuple[str, ...] = ()
+    points: tuple[FitPoint, ...] = ()
+    staircase: tuple[tuple[int, int], ...] = ()
+    min_concurrency: int = 1
+    chart_title: str = ""
 
 
 @dataclass(frozen=True)
@@ -573,7 +593,63 @@ def build_fit_view(report: Report) -> FitView | None:
         notes.append(f"{left} more not shown: the report's fit section lists every candidate")
     notes += list(fit.notes)
     return FitView(flags=flags, headline=fit_headline(fit), rows=tuple(rows),
-                   rule=f"rule: {fit.rule}", bound=f"bound: {fit.bound}", notes=tuple(notes))
+                   rule=f"rule: {fit.rule}", bound=f"bound: {fit.bound}", notes=tuple(notes),
+                   points=fit_points(fit), staircase=fit_staircase(fit),
+                   min_concurrency=fit.min_concurrency, chart_title=fit_chart_title(fit))
+
+
+def fit_point_kind(fit, c) -> str:
+    if fit.recommended is not None and c.limits == fit.recommended.limits:
+        return "recommended"
+    if c.frontier:
+        return "frontier"
+    return "feasible" if c.feasible else "infeasible"
+
+
+def fit_points(fit) -> tuple[FitPoint, ...]:
+    """Every candidate weighed, as the chart draws it: each frontier candidate (and the
+    recommendation) its own labelled point; the rest one unlabelled point per (max_model_len,
+    requests, kind), drawn under the frontier. Frontier candidates never share a position (one
+    with more prefill at the same context and requests would beat the other)."""
+    labelled, rest = [], {}
+    for c in fit.candidates:
+        kind = fit_point_kind(fit, c)
+        if kind in ("recommended", "frontier"):
+            rate = f"\n{_rate(c.prefill_tokens_per_s)} prefill" if c.prefill_tokens_per_s \
+                else ""
+            head = "recommended\n" if kind == "recommended" else ""
+            labelled.append(FitPoint(
+                c.max_model_len, c.concurrency, kind,
+                f"{head}{fmt_tokens(c.max_model_len)} tokens × {c.concurrency} "
+                f"request{'' if c.concurrency == 1 else 's'}\nchunk "
+                f"{fmt_tokens(c.max_num_batched_tokens)}, seqs {c.max_num_seqs}{rate}"))
+        else:
+            rest.setdefault((c.max_model_len, c.concurrency, kind),
+                            FitPoint(c.max_model_len, c.concurrency, kind))
+    order = {"infeasible": 0, "feasible": 1}
+    background = sorted(rest.values(), key=lambda p: (order[p.kind], p.max_model_len,
+                                                      p.requests))
+    return tuple(background) + tuple(sorted(labelled, key=lambda p: (p.max_model_len,
+                                                                      p.requests)))
+
+
+def fit_staircase(fit) -> tuple[tuple[int, int], ...]:
+    """The frontier's outline: at each frontier max_model_len (shortest first) the most requests
+    a frontier candidate of that max_model_len or longer holds: what a longer context costs."""
+    best: dict[int, int] = {}
+    for c in fit.frontier:
+        best[c.max_model_len] = max(best.get(c.max_model_len, 0), c.concurrency)
+    out, most = [], 0
+    for length in sorted(best, reverse=True):
+        most = max(most, best[length])
+        out.append((length, most))
+    return tuple(reversed(out))
+
+
+def fit_chart_title(fit) -> str:
+    what = f"{len(fit.frontier)} on the frontier of {len(fit.candidates)} candidate(s) weighed"
+    return (f"fit ({fit.objective}): max_model_len against requests held at once at full "
+            f"length, at least {fit.min_concurrency} asked; {what}")
 
 
 def proof_text(proof) -> str:
