@@ -1,7 +1,7 @@
 """The picture shared by the html and png reporters: where the card's memory goes under stock
 admission and under the worst case, and the measured steps behind the difference.
 
-Four panels, all from the report alone (no engine):
+Four panels, and two more with the advice or the fit, all from the report alone (no engine):
   card      the requested memory as two stacked bars, stock vs worst-case, to scale;
   non-KV    the same reservations without the KV cache, as a waterfall, so the small parts
             (workspace per slot, transient, CUDA graphs, margin) stay readable;
