@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 # The records are the core's own frozen dataclasses, served as they are: pydantic validates and
 # serialises them like its models, and the descriptions in their fields' metadata (core.types.doc)
 # go into the JSON schema.
-from .core.types import (Admission, Advice, CacheUse, CoveredSegment,  # noqa: E402
+from .core.types import (Admission, Advice, CacheUse, ChunkCap, CoveredSegment,  # noqa: E402
                          CutDownProof, DeviceInfo, EngineConfig, Fit, KVAudit, Shape,
                          StepResult, Validation, WarmupAudit, WorkspaceSlot)
 from .core.multimodal import EncoderStep  # noqa: E402
@@ -42,7 +42,8 @@ SCHEMA_VERSION = "1.13"
 # candidates weighed, the recommendation and the frontier); 1.11: worstcase.encoder_step (a
 # model with a multimodal encoder: the encoder step measured beside the sweep); 1.12: admission's
 # least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does);
-# 1.13: worstcase.stock_excluded (why the stock step is left out of the worst case).
+# 1.13: worstcase.stock_excluded (why the stock step is left out of the worst case); chunk_cap
+# (the context-aware chunk cap: its levels, the KV gained, the throughput lost).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -158,6 +159,11 @@ class Report(BaseModel):
     fit: Fit | None = Field(
         None, description="the configurations this sweep bounds, the recommendation and the "
                           "frontier, when the start weighed them (`wcprof fit`, setting fit)")
+    chunk_cap: ChunkCap | None = Field(
+        None, description="the context-aware chunk cap, when the start ran it (setting "
+                          "chunk_cap): rows allowed per context, the KV gained and the prefill "
+                          "throughput lost at long context, beside the advisor's static choice; "
+                          "`admission` is then the capped one")
 
     @property
     def verdict(self) -> "Verdict":
@@ -249,7 +255,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         validation=gating_validation(validations),
         validations=validations, startup_seconds=dict(session.clock.seconds),
         warnings=list(phases.warnings), advice=getattr(prof, "advice", None),
-        fit=getattr(prof, "fit", None))
+        fit=getattr(prof, "fit", None), chunk_cap=getattr(prof, "chunk_cap", None))
 
 
 def gating_validation(validations: list[Validation]) -> Validation | None:

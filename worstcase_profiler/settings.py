@@ -69,6 +69,14 @@ class ProfilerSettings:
     """Candidate chunks beyond the powers of two from 256 up to the configured one."""
     advise_within: float = 0.05
     """The knee rule's X: prefill throughput within this fraction of the best candidate's."""
+    chunk_cap: int | None = None
+    """Opt-in context-aware chunk cap (core/chunk_cap.py): at long context a step holds at most
+    this many tokens (a chunk an engine could be started with: at least max_num_seqs, below
+    max_num_batched_tokens), while at the measured contexts where the full chunk needs no more
+    than that engine's worst step the full max_num_batched_tokens stays. The admission uses the
+    capped worst step (more KV), the scheduler clamps every step to the cap at its longest
+    request's context, the guard counts steps above it. None (default): no cap, nothing
+    changes."""
     fit: bool = False
     """Weigh the configurations this sweep bounds (core/fit.py, `wcprof fit`): max_model_len,
     max_num_batched_tokens and max_num_seqs up to the engine's, each candidate's worst step, KV
@@ -147,6 +155,16 @@ def parse_concurrency(value: Any, what: str = f"{CONFIG_KEY}.fit_min_concurrency
     return n
 
 
+def parse_cap(value: Any, what: str = f"{CONFIG_KEY}.chunk_cap") -> int:
+    """The chunk cap's rows at long context: a whole number of tokens >= 1 (256, "256")."""
+    text = str(value).strip()
+    n = int(text) if text.isdigit() else 0
+    if isinstance(value, bool) or n < 1:
+        raise ConfigError(f"{what}: {value!r} is not a whole number of tokens >= 1",
+                          hint="pass the rows a step may hold at long context, e.g. 1024")
+    return n
+
+
 def _coerce(key: str, value: Any) -> Any:
     if key in ("margin_bytes", "tolerance_bytes", "kv_cap_bytes"):
         try:
@@ -168,6 +186,8 @@ def _coerce(key: str, value: Any) -> Any:
         return parse_within(value)
     if key == "fit_min_concurrency":
         return parse_concurrency(value)
+    if key == "chunk_cap":
+        return None if value is None else parse_cap(value)
     if key == "fit_objective" and value not in FIT_OBJECTIVES:
         raise ConfigError(f"{CONFIG_KEY}.fit_objective must be context, concurrency or "
                           f"throughput, got {value!r}")

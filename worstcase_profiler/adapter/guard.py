@@ -54,8 +54,8 @@ import tempfile
 from pathlib import Path
 
 from ..core.guard import (ABOVE, HEADROOM, HELP, LARGEST_CTX, LARGEST_REQS, LARGEST_ROWS,
-                          OBSERVED, PREDICTED, PREFIX, STEPS, StepLedger, StepShape,
-                          warning_text)
+                          OBSERVED, OVER_CAP, PREDICTED, PREFIX, STEPS, StepLedger, StepShape,
+                          cap_rows, cap_warning_text, warning_text)
 from ..settings import ProfilerSettings, resolve
 from .meters import CpuMeter
 
@@ -65,7 +65,7 @@ ENV_DIR = "WCPROF_GUARD_DIR"
 GUARD_ATTR = "_wcprof_guard"  # the StepGuard kept on the worker it wraps
 
 FIELDS = ("magic", "version", "pid", "rank", "engine", "predicted", "available", "tolerance",
-          "steps", "above", "max_need", "max_rows", "max_reqs", "max_ctx")
+          "steps", "above", "max_need", "max_rows", "max_reqs", "max_ctx", "over_cap")
 SLOT = {name: i * 8 for i, name in enumerate(FIELDS)}
 SIZE = 128
 MAGIC = 0x47504357  # "WCPG"
@@ -212,6 +212,14 @@ def make_probe(device):
 
 # --- the step wrapper -------------------------------------------------------------------------
 
+def longest_context(scheduler_output) -> int:
+    """The longest cached context (num_computed_tokens) among the step's requests."""
+    # vllm-touch: guard-step-hook
+    ctx = [int(r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
+    ctx += [int(c) for c in scheduler_output.scheduled_cached_reqs.num_computed_tokens]
+    return max(ctx, default=0)
+
+
 def step_shape(scheduler_output) -> StepShape:
     """The step as the scheduler formed it (read only for the largest step and the first step
     above the prediction)."""
@@ -293,8 +301,18 @@ class StepGuard:
                 shape = ledger.first_above_was(need, ledger.max_shape if largest
                                                else step_shape(so))
                 log.warning(warning_text(need, ledger.predicted, shape, self._rank))
+            if ledger.cap:
+                self._check_cap(so)
         except Exception:  # noqa: BLE001 - the guard must never stop serving
             self._stop()
+
+    def _check_cap(self, so) -> None:
+        # vllm-touch: guard-step-hook
+        ledger, rows, ctx = self.ledger, int(so.total_num_scheduled_tokens), longest_context(so)
+        if ledger.record_cap(rows, ctx):
+            log.warning(cap_warning_text(rows, ctx, cap_rows(ledger.cap, ctx), self._rank))
+        if ledger.over_cap and self._channel is not None:
+            self._channel.put("over_cap", ledger.over_cap)
 
     def _stop(self) -> None:
         self._broken = True
@@ -352,9 +370,13 @@ def install(worker, session, settings: ProfilerSettings) -> StepGuard | None:
     adm = prof.admission
     kv = session.phases.kv_audit.allocated_bytes if session.phases.kv_audit is not None \
         else prof.budget.budget_bytes
-    ledger = StepLedger(predicted=prof.sweep.peak_bytes, tolerance=probe.tolerance,
+    cap = getattr(prof, "chunk_cap", None)
+    predicted = cap.plan.transient_bytes if cap is not None else prof.sweep.peak_bytes
+    ledger = StepLedger(predicted=predicted, tolerance=probe.tolerance,
                         available=adm.requested_bytes - adm.consumed_bytes
-                        - adm.cudagraph_bytes - kv)
+                        - adm.cudagraph_bytes - kv,
+                        cap=tuple((lv.up_to_context, lv.rows) for lv in cap.plan.levels)
+                        if cap is not None else ())
     rank = session.facts.rank
     vllm_config = worker.vllm_config
     engine = int(getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0)
@@ -410,7 +432,7 @@ class GuardCollector:
                   for name in (PREDICTED, HEADROOM, OBSERVED, LARGEST_ROWS, LARGEST_REQS,
                                LARGEST_CTX)}
         counters = {name: CounterMetricFamily(name, HELP[name], labels=labels)
-                    for name in (STEPS, ABOVE)}
+                    for name in (STEPS, ABOVE, OVER_CAP)}
         for v in records:
             lv = [str(v["rank"]), str(v["engine"])]
             gauges[PREDICTED].add_metric(lv, v["predicted"])
@@ -421,6 +443,7 @@ class GuardCollector:
             gauges[LARGEST_CTX].add_metric(lv, v["max_ctx"])
             counters[STEPS].add_metric(lv, v["steps"])
             counters[ABOVE].add_metric(lv, v["above"])
+            counters[OVER_CAP].add_metric(lv, v["over_cap"])
         yield from gauges.values()
         yield from counters.values()
 

@@ -279,6 +279,21 @@ REGISTRY: tuple[Touch, ...] = (
           "the text sweep admitted 2.01 MiB (tests/cpu/test_multimodal_cpu.py)",
           run="0.32 (CPU, V1 runner)", read="0.32 (V1 profile_run); V2's encoder runner not driven",
           retire="a profile that measures the encoder step at max_model_len KV extent"),
+    # -- the context-aware chunk cap (adapter/chunk_cap.py) --------------------------------------
+    Touch("scheduler-chunk-cap", "class-wrap",
+          "vllm.v1.core.sched.scheduler.Scheduler.__init__ (reads the cap the workers decided, "
+          "keeps it as Scheduler._wcprof_chunk_cap) and Scheduler._reserve_prefill_lookahead "
+          "(clamps each request's tokens; reads Scheduler.current_step and "
+          ".max_num_scheduled_tokens)",
+          "with the opt-in chunk_cap, a step whose longest request has ctx cached tokens holds at "
+          "most rows(ctx) tokens, so the admission can leave room for a smaller worst step; vLLM "
+          "calls _reserve_prefill_lookahead for every request it schedules (running and waiting) "
+          "with its num_computed_tokens, just before allocating its blocks: the smallest touch "
+          "that sees both (long_prefill_token_threshold caps every request alike, whatever its "
+          "context). Pass-through unless the profiler and chunk_cap are on",
+          run="0.32 (CPU: tests/cpu/test_chunk_cap_engine.py)",
+          read="0.32 (absent in 0.26: the start is refused, naming it)",
+          retire="a scheduler option bounding a step's tokens by its requests' context"),
     # -- the production guard (adapter/guard.py) -------------------------------------------------
     Touch("guard-step-hook", "instance-swap",
           "Worker.execute_model, Worker.sample_tokens on the one worker object, from the end of "
@@ -471,6 +486,12 @@ def _patch_cli() -> bool:
     return True
 
 
+def _patch_scheduler() -> bool:
+    from .chunk_cap import install
+
+    return install()
+
+
 def _patch_guard_export() -> bool:
     from .guard import install_metrics_export
 
@@ -487,6 +508,7 @@ INSTALLERS: dict[str, Callable[[], bool]] = {
     "worker-kv-init": _patch_workers,
     "worker-warm-up": _patch_workers,
     "guard-metrics-export": _patch_guard_export,
+    "scheduler-chunk-cap": _patch_scheduler,
 }
 
 

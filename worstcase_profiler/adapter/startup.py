@@ -28,6 +28,7 @@ import sys
 from typing import NamedTuple
 
 from ..core import budget
+from ..core import chunk_cap as core_cap
 from ..core.advise import knee_line
 from ..core.audits import (concurrency_note, kv_audit_error, kv_audit_verdict, warmup_to_remember,
                            warmup_verdict)
@@ -48,7 +49,7 @@ from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
 from . import kv as kvmod
-from . import advice, fitting, guard, sweep_cache, warmup
+from . import advice, chunk_cap, fitting, guard, sweep_cache, warmup
 from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
@@ -125,12 +126,15 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         held=facts.held, admission=decided.admission, budget=decided.budget,
         plan_fingerprints=tuple(fingerprints), sweep_mode=facts.sweep_mode,
         advice=decided.advice, cut_down_proof=measured.proof, fit=decided.fit,
-        encoder=measured.encoder))
+        encoder=measured.encoder, chunk_cap=decided.chunk_cap))
     write_report(session)
     error = plan_agreement(fingerprints, rank=session.facts.rank,
                            steps=len(sweep.steps)) or decided.budget.error
     if error is not None:
         raise error
+    if decided.chunk_cap is not None:
+        chunk_cap.publish(worker.vllm_config, core_cap.as_pairs(decided.chunk_cap.plan.levels),
+                          session.facts.rank)
     return apply_budget(worker, sweep, decided)
 
 
@@ -139,12 +143,12 @@ def apply_budget(worker, sweep: SweepResult, decided: budget.Decided) -> int:
     the two worker attributes set here, so they say the same."""
     adm = decided.admission
     # vllm-touch: worker-budget-attrs
-    worker.peak_activation_memory = sweep.peak_bytes
+    worker.peak_activation_memory = adm.transient_bytes
     worker.available_kv_cache_memory_bytes = decided.budget.budget_bytes
     log.info("[wcprof] stock KV %s (peak %s) -> worst-case KV %s (peak %s at %s%s); "
              "recommended --kv-cache-memory-bytes %d", fmt_bytes(adm.stock_kv_cache_bytes),
              fmt_bytes(sweep.stock.peak_bytes), fmt_bytes(adm.budget_bytes),
-             fmt_bytes(sweep.peak_bytes), sweep.worst.shape.label(),
+             fmt_bytes(adm.transient_bytes), sweep.worst.shape.label(),
              f", op {sweep.worst_op}" if sweep.worst_op else "",
              adm.recommended_kv_cache_memory_bytes)
     return decided.budget.budget_bytes
@@ -168,8 +172,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
     # A cached sweep decides how much of the start is measured (ranks agree: captures run
     # collectives). Its capacity bucket is checked once vLLM's own figure is known.
     limits = limits_of(vllm_config, worker.model_runner)
-    with clock("cache_lookup"):
-        handle, entry = sweep_cache.lookup(worker, session.facts, limits, settings)
+    chunk_cap.check_supported(settings)
+    with clock("cache_lookup"):  # the cap resizes the workspace: its starts are not cached
+        handle, entry = (None, None) if settings.chunk_cap is not None else \
+            sweep_cache.lookup(worker, session.facts, limits, settings)
     first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
@@ -201,6 +207,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         measured_advice = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         measured_fit = fitting.measure(driver, limits, sweep, measured_advice, settings,
                                        clock)  # wcprof fit
+        measured_cap = chunk_cap.measure(driver, limits, sweep, settings, clock)
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
             if graphs.bytes is not None:
@@ -211,6 +218,15 @@ def measure_start(worker, original, settings: ProfilerSettings,
             estimate = cached_warmup(worker, entry)
         with clock("workspace_grow"):
             workspace = reserve_workspace(entry.workspace_slot_bytes if entry else 0)
+            cap_plan = None
+            if measured_cap is not None:
+                cap_plan = core_cap.decide(
+                    limits, sweep, measured_cap,
+                    workspace_bytes=workspace.total_bytes,
+                    context_ladder=settings.context_ladder,
+                    cut_down=str(sweep_mode).startswith("cut-down"),
+                    allocator_slack=getattr(meter, "allocator_slack_bytes", 0))
+                workspace = chunk_cap.size_workspace(workspace, cap_plan)
         with clock("measure_held"):
             held_now = held("measure_held")
     consumed = held_now
@@ -234,6 +250,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
     admitted, encoder = admit(sweep, encoder, getattr(meter, "allocator_slack_bytes", 0))
     if encoder is not None:
         log.info("[wcprof] %s", encoder_line(encoder))
+    if cap_plan is not None and admitted.peak_bytes > sweep.peak_bytes:  # the encoder step's
+        cap_plan = dataclasses.replace(   # text step is uncapped: the cap credits nothing of it
+            cap_plan, transient_bytes=max(cap_plan.transient_bytes, admitted.peak_bytes),
+            uncapped_transient_bytes=admitted.peak_bytes)
     facts = budget.Measured(
         limits=limits, sweep=admitted, held=held_memory, workspace=workspace, warmup=estimate,
         stock_kv_bytes=stock_kv, bytes_per_token=bpt,
@@ -243,7 +263,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
         advice_measurements=measured_advice, device_kind=meter.device_kind,
         fit_measurements=measured_fit, device_total_bytes=session.facts.device.total_bytes,
         gpu_memory_utilization=session.facts.config.gpu_memory_utilization,
-        pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None)
+        pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None,
+        chunk_cap_measurements=measured_cap, chunk_cap_plan=cap_plan)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not)
 

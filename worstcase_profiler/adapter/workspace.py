@@ -60,6 +60,29 @@ def grow_all_slots(mgr, at_least: int = 0) -> list[WorkspaceSlot]:
     return out
 
 
+def resize_all_slots(mgr, size: int) -> list[WorkspaceSlot]:
+    """Every slot to exactly `size` bytes (the chunk cap's workspace: smaller than the sweep
+    grew), written so the memory is real on the CPU too; the larger tensors are released."""
+    # vllm-touch: workspace-slots
+    import contextlib
+
+    import torch
+
+    lanes = int(getattr(mgr, "_num_lanes", 1))
+    before = slot_sizes(mgr)
+    alloc_context = getattr(mgr, "_alloc_context", None) or contextlib.nullcontext
+    out = []
+    for i, was in enumerate(before):
+        if was != size:
+            mgr._current_workspaces[i] = None
+            with alloc_context():
+                mgr._current_workspaces[i] = torch.zeros(size, dtype=torch.uint8,
+                                                         device=mgr._device)
+        out.append(WorkspaceSlot(ubatch=i // lanes, lane=i % lanes, bytes_before=was,
+                                 bytes_after=_nbytes(mgr._current_workspaces[i])))
+    return out
+
+
 def total_bytes(mgr) -> int:
     return sum(slot_sizes(mgr)) if mgr is not None else 0
 

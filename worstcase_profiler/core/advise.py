@@ -237,33 +237,10 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
     ws_scale = max((r.workspace_bytes for r in everything), default=0)
     rows = []
     for chunk in measured.chunks:
-        cp = plan_candidate(limits, sweep, chunk, context_ladder=context_ladder)
-        reused = measured_n = 0
-        found: list[StepResult] = []
-        left_out: list[str] = []
-        for shape in cp.shapes:
-            if shape in unbuildable and shape not in known and shape not in extra:
-                left_out.append(f"{shape.label()} not run: {unbuildable[shape]}")
-            elif shape in known:
-                found += known[shape]
-                reused += 1
-            elif shape in extra:
-                found += extra[shape]
-                measured_n += 1
-            else:
-                raise ValueError(f"candidate {chunk}: {shape.label()} was neither in the sweep "
-                                 "nor measured (run missing_shapes first)")
-        own = None
-        if chunk not in sweep.coverage.peaks:
-            own = max(extra.get(cp.timing, []) or known.get(cp.timing, []),
-                      key=lambda r: r.need_bytes, default=None)
-        steps = [*raised(full_extent_rows(limits, sweep, chunk)), *found]
-        bound, worst_need = rows_bound(sweep, chunk, own)
-        worst = max(steps, key=lambda r: (r.need_bytes, r.peak_bytes))
-        transient = max(r.peak_bytes for r in steps) + max(0, bound - worst_need) \
-            + max(0, allocator_slack)
-        ws_need = max(r.workspace_bytes for r in steps)
-        ws = workspace.total_bytes if not ws_scale else -(-workspace.total_bytes * ws_need // ws_scale)
+        w = _worst(limits, sweep, chunk, known, extra, unbuildable, raised, ws_scale,
+                   workspace.total_bytes, allocator_slack, context_ladder)
+        transient, ws, worst, reused, measured_n, left_out = (
+            w.transient_bytes, w.workspace_bytes, w.worst, w.reused, w.measured, w.left_out)
         timing = timed.get(chunk)
         if chunk == configured:  # what this start admitted: the reference every delta is against
             row = ChunkAdvice(chunk=chunk, transient_bytes=sweep.peak_bytes,
@@ -296,6 +273,68 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
                   knee_chunk=knee(rows, within), within=within, rule=RULE.format(within=within),
                   excluded=tuple(ExcludedChunk(c, why) for c, why in measured.excluded),
                   steps=(*measured.steps, *measured.timings), seconds=measured.seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkWorst:
+    """What an engine started with one chunk needs at its worst (advise's figures per row)."""
+
+    transient_bytes: int
+    workspace_bytes: int
+    """The workspace that engine holds: the configured start's, scaled by its steps' largest
+    request against the largest any step made."""
+    worst: StepResult
+    reused: int
+    measured: int
+    left_out: tuple[str, ...]
+
+
+def chunk_worst(limits: Limits, sweep: SweepResult, chunk: int, steps: Iterable[StepResult], *,
+                workspace_bytes: int, skipped=(), context_ladder: bool = True,
+                cut_down: bool = False, allocator_slack: int = 0) -> ChunkWorst:
+    """The worst case of an engine started with `chunk` (advise's row, without its admission):
+    `steps` are the measurements beyond the sweep (missing_shapes' and the timing steps)."""
+    steps = tuple(steps)
+    raised = raiser(sweep, confirmation_delta(sweep) if cut_down else 0)
+    known = {shape: raised(found) for shape, found in known_steps(sweep).items()}
+    unbuildable = dict(sweep.skipped)
+    unbuildable.update(skipped)
+    ws_scale = max((r.workspace_bytes for r in [sweep.stock, *sweep.steps, *steps]), default=0)
+    return _worst(limits, sweep, chunk, known, _by_shape(steps), unbuildable, raised, ws_scale,
+                  workspace_bytes, allocator_slack, context_ladder)
+
+
+def _worst(limits, sweep, chunk, known, extra, unbuildable, raised, ws_scale, ws_total,
+           allocator_slack, context_ladder) -> ChunkWorst:
+    cp = plan_candidate(limits, sweep, chunk, context_ladder=context_ladder)
+    reused = measured_n = 0
+    found: list[StepResult] = []
+    left_out: list[str] = []
+    for shape in cp.shapes:
+        if shape in unbuildable and shape not in known and shape not in extra:
+            left_out.append(f"{shape.label()} not run: {unbuildable[shape]}")
+        elif shape in known:
+            found += known[shape]
+            reused += 1
+        elif shape in extra:
+            found += extra[shape]
+            measured_n += 1
+        else:
+            raise ValueError(f"candidate {chunk}: {shape.label()} was neither in the sweep "
+                             "nor measured (run missing_shapes first)")
+    own = None
+    if chunk not in sweep.coverage.peaks:
+        own = max(extra.get(cp.timing, []) or known.get(cp.timing, []),
+                  key=lambda r: r.need_bytes, default=None)
+    steps = [*raised(full_extent_rows(limits, sweep, chunk)), *found]
+    bound, worst_need = rows_bound(sweep, chunk, own)
+    worst = max(steps, key=lambda r: (r.need_bytes, r.peak_bytes))
+    transient = max(r.peak_bytes for r in steps) + max(0, bound - worst_need) \
+        + max(0, allocator_slack)
+    ws_need = max(r.workspace_bytes for r in steps)
+    ws = ws_total if not ws_scale else -(-ws_total * ws_need // ws_scale)
+    return ChunkWorst(transient_bytes=transient, workspace_bytes=ws, worst=worst,
+                      reused=reused, measured=measured_n, left_out=tuple(left_out))
 
 
 def knee(rows: Iterable[ChunkAdvice], within: float = DEFAULT_WITHIN) -> int | None:

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .admission import compute_admission, decide_budget, host_memory_note
+import dataclasses
+
+from .admission import compute_admission, decide_budget, host_memory_note, kv_tokens
 from .advise import DEFAULT_WITHIN, advise
+from .chunk_cap import tokens_per_s
 from .fit import FitFacts, fit
 from .shapes import Limits
-from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, Fit, FitMeasurements,
-                    HeldMemory, SweepResult, WarmupEstimate, Workspace)
+from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, ChunkCap,
+                    ChunkCapMeasurements, ChunkCapPlan, Fit, FitMeasurements, HeldMemory,
+                    SweepResult, WarmupEstimate, Workspace)
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,11 @@ class Measured:
     pool_block_bytes: int | None = None
     """One block of vLLM's KV pool as its plan lays it out (the null block its block pool holds
     back); None: one block of every attention layer (bytes_per_token x block_size)."""
+    chunk_cap_measurements: ChunkCapMeasurements | None = None
+    """The chunk cap's steps (None unless the chunk_cap setting is on)."""
+    chunk_cap_plan: ChunkCapPlan | None = None
+    """The cap the adapter decided from them (core/chunk_cap.decide); `held` and `workspace`
+    then count the capped workspace it sized."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +79,10 @@ class Decided:
     fit: Fit | None = None
     warnings: tuple[str, ...] = ()
     """What the report's warnings carry (admission.host_memory_note)."""
+    chunk_cap: ChunkCap | None = None
+    """The chunk cap's record; `admission` is then the capped one."""
+    predicted_transient_bytes: int | None = None
+    """The transient the admission left room for (the guard's prediction)."""
 
 
 def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | None = None,
@@ -81,10 +94,51 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
     kv_cap), and the warnings the report carries (on the CPU, a budget that follows free host
     memory)."""
     sweep, limits = m.sweep, m.limits
-    admission = compute_admission(
-        requested=m.held.requested_bytes, consumed=m.held.consumed_bytes,
-        weights=m.held.weights_bytes, non_torch=m.held.non_torch_bytes,
-        worst_transient=sweep.peak_bytes, stock_need=sweep.stock.need_bytes,
+    cap = m.chunk_cap_plan
+    held, workspace = m.held, m.workspace
+    if cap is not None:  # without the cap the sweep's grown workspace would be held
+        grown = cap.uncapped_workspace_bytes - m.workspace.total_bytes
+        held = dataclasses.replace(held, consumed_bytes=held.consumed_bytes + grown)
+        workspace = dataclasses.replace(workspace, total_bytes=cap.uncapped_workspace_bytes)
+    admission = _admit(m, held, sweep.peak_bytes, margin_bytes)
+    advice = None
+    if m.advice_measurements is not None:
+        advice = advise(limits, sweep, held=held, admission=admission, workspace=workspace,
+                        measured=m.advice_measurements, within=advise_within,
+                        context_ladder=context_ladder,
+                        cut_down=str(m.sweep_mode).startswith("cut-down"),
+                        allocator_slack=m.allocator_slack_bytes)
+    fitted = None
+    if m.fit_measurements is not None:
+        fitted = fit(FitFacts(limits=limits, sweep=sweep, held=held, admission=admission,
+                              workspace=workspace, measured=m.fit_measurements, advice=advice,
+                              cut_down=str(m.sweep_mode).startswith("cut-down"),
+                              allocator_slack=m.allocator_slack_bytes,
+                              device_total_bytes=m.device_total_bytes,
+                              gpu_memory_utilization=m.gpu_memory_utilization),
+                     min_concurrency=fit_min_concurrency,
+                     objective=fit_objective)
+    capped = None
+    if cap is not None:
+        uncapped = admission
+        admission = _admit(m, m.held, cap.transient_bytes, margin_bytes)
+        capped = cap_record(m, cap, admission, uncapped, advice)
+    budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
+                           worst_label=(cap.worst_shape if cap else sweep.worst.shape).label(),
+                           max_model_len=limits.max_model_len)
+    note = host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
+                            admission=admission)
+    return Decided(admission=admission, budget=budget, advice=advice, fit=fitted,
+                   warnings=(note,) if note else (), chunk_cap=capped,
+                   predicted_transient_bytes=admission.transient_bytes)
+
+
+def _admit(m: Measured, held: HeldMemory, transient: int, margin_bytes: int) -> Admission:
+    sweep, limits = m.sweep, m.limits
+    return compute_admission(
+        requested=held.requested_bytes, consumed=held.consumed_bytes,
+        weights=held.weights_bytes, non_torch=held.non_torch_bytes,
+        worst_transient=transient, stock_need=sweep.stock.need_bytes,
         stock_kv=m.stock_kv_bytes, cudagraph=m.warmup.total_bytes, margin=margin_bytes,
         bytes_per_token=m.bytes_per_token, block_size=limits.block_size,
         max_model_len=limits.max_model_len, one_request=m.one_request_bytes,
@@ -92,27 +146,32 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
         pool_block_bytes=m.pool_block_bytes,
         # The stock-OOM question is about everything non-KV a step needs, workspace included.
         context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
-    advice = None
-    if m.advice_measurements is not None:
-        advice = advise(limits, sweep, held=m.held, admission=admission, workspace=m.workspace,
-                        measured=m.advice_measurements, within=advise_within,
-                        context_ladder=context_ladder,
-                        cut_down=str(m.sweep_mode).startswith("cut-down"),
-                        allocator_slack=m.allocator_slack_bytes)
-    fitted = None
-    if m.fit_measurements is not None:
-        fitted = fit(FitFacts(limits=limits, sweep=sweep, held=m.held, admission=admission,
-                              workspace=m.workspace, measured=m.fit_measurements, advice=advice,
-                              cut_down=str(m.sweep_mode).startswith("cut-down"),
-                              allocator_slack=m.allocator_slack_bytes,
-                              device_total_bytes=m.device_total_bytes,
-                              gpu_memory_utilization=m.gpu_memory_utilization),
-                     min_concurrency=fit_min_concurrency,
-                     objective=fit_objective)
-    budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
-                           worst_label=sweep.worst.shape.label(),
-                           max_model_len=limits.max_model_len)
-    note = host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
-                            admission=admission)
-    return Decided(admission=admission, budget=budget, advice=advice, fit=fitted,
-                   warnings=(note,) if note else ())
+
+
+def cap_record(m: Measured, cap: ChunkCapPlan, capped: Admission, uncapped: Admission,
+               advice: Advice | None) -> ChunkCap:
+    """The chunk cap's record: both budgets from this start's sweep (the tokens each holds, in
+    whole blocks, whatever KV size is given explicitly), the timed prefill steps at long
+    context, and the advisor's static choice beside them."""
+    block = m.limits.block_size
+
+    def tokens(budget: int) -> int:
+        return kv_tokens(max(budget, 0), m.bytes_per_token, block)
+
+    timings = m.chunk_cap_measurements.timings if m.chunk_cap_measurements else ()
+    rate = [tokens_per_s(t) for t in timings] + [None, None]
+    lost = 1 - rate[0] / rate[1] if rate[0] and rate[1] else None
+    static = advice.candidate(advice.knee_chunk) if advice is not None else None
+    measured = m.chunk_cap_measurements
+    return ChunkCap(
+        plan=cap, budget_bytes=capped.budget_bytes, uncapped_budget_bytes=uncapped.budget_bytes,
+        kv_tokens=tokens(capped.budget_bytes), uncapped_kv_tokens=tokens(uncapped.budget_bytes),
+        gained_bytes=capped.budget_bytes - uncapped.budget_bytes,
+        gained_tokens=tokens(capped.budget_bytes) - tokens(uncapped.budget_bytes),
+        capped_prefill_tokens_per_s=rate[0], uncapped_prefill_tokens_per_s=rate[1],
+        prefill_throughput_lost=lost,
+        static_chunk=static.chunk if static else None,
+        static_kv_tokens=static.kv_tokens if static else None,
+        static_prefill_tokens_per_s=static.prefill_tokens_per_s if static else None,
+        steps=(*measured.steps, *measured.timings) if measured else (),
+        seconds=measured.seconds if measured else 0.0)

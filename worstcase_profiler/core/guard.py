@@ -19,6 +19,8 @@ Metric names (prefix `wcprof_guard_`, one series per rank, labels `rank` and `en
   largest_step_rows / _reqs / _context_tokens   gauges: that step's shape
   steps_total                   counter  forward steps observed
   steps_above_prediction_total  counter  steps whose transient exceeded the prediction
+  steps_over_chunk_cap_total    counter  with the chunk_cap setting: steps holding more tokens
+                                         than the cap allows at their longest request's context
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ LARGEST_REQS = PREFIX + "largest_step_reqs"
 LARGEST_CTX = PREFIX + "largest_step_context_tokens"
 STEPS = PREFIX + "steps"  # a counter: exposed as ..._total
 ABOVE = PREFIX + "steps_above_prediction"  # a counter: exposed as ..._total
+OVER_CAP = PREFIX + "steps_over_chunk_cap"  # a counter: exposed as ..._total
 
 HELP = {
     PREDICTED: "transient bytes the worst-case KV budget left room for (the sweep's worst peak)",
@@ -48,6 +51,8 @@ HELP = {
     LARGEST_CTX: "longest cached context among that step's requests (tokens)",
     STEPS: "forward steps the guard observed",
     ABOVE: "forward steps whose transient exceeded the prediction",
+    OVER_CAP: "forward steps holding more tokens than the chunk cap allows at their longest "
+              "request's context (only with the chunk_cap setting)",
 }
 
 
@@ -94,6 +99,16 @@ class StepLedger:
     max_need: int = 0
     max_shape: StepShape | None = None
     first_above: tuple[int, StepShape] | None = None
+    cap: tuple[tuple[int, int], ...] = ()
+    """The chunk cap's levels ((up_to_context, rows), ...); empty without the cap."""
+    over_cap: int = 0
+
+    def record_cap(self, rows: int, longest_context: int) -> bool:
+        """Count a step over the cap; True for the first one (the caller logs it)."""
+        if not self.cap or rows <= cap_rows(self.cap, longest_context):
+            return False
+        self.over_cap += 1
+        return self.over_cap == 1
 
     @property
     def headroom(self) -> int:
@@ -120,6 +135,19 @@ class StepLedger:
     def first_above_was(self, need: int, shape: StepShape) -> StepShape:
         self.first_above = (need, shape)
         return shape
+
+
+def cap_rows(levels, context: int) -> int:
+    """rows(ctx) of the chunk cap (core/chunk_cap.rows_at)."""
+    from .chunk_cap import rows_at
+
+    return rows_at(levels, context)
+
+
+def cap_warning_text(rows: int, context: int, allowed: int, rank: int = 0) -> str:
+    return (f"[wcprof] guard: a served step held {rows} tokens with a request at {context} "
+            f"cached tokens, where the chunk cap allows {allowed}, rank {rank}; later ones are "
+            f"counted in {OVER_CAP}_total, not logged")
 
 
 def warning_text(need: int, predicted: int, shape: StepShape | None, rank: int = 0) -> str:
@@ -162,6 +190,10 @@ class GuardFigures:
     @property
     def headroom(self) -> int:
         return self.get(HEADROOM)
+
+    @property
+    def over_cap(self) -> int:
+        return self.get(OVER_CAP + "_total")
 
     @property
     def ratio(self) -> float:
@@ -217,6 +249,10 @@ def verdict(figures: list[GuardFigures]) -> tuple[bool, str]:
                  f"ctx={fmt_tokens(top.get(LARGEST_CTX))}")
     if steps == 0:
         return True, "the guard has observed no steps yet"
+    over = sum(f.over_cap for f in figures)
+    if over:
+        return False, (f"the chunk cap did NOT hold: {over} step(s) over the cap over {steps} "
+                       f"steps; {largest}{shape}")
     if above:
         return False, (f"the profile did NOT hold: {above} step(s) above the prediction over "
                        f"{steps} steps; {largest}{shape}")

@@ -483,6 +483,8 @@ class ProfileResult:
     encoder: "EncoderStep | None" = None  # core/multimodal.EncoderStep (it imports this module)
     """A model with a multimodal encoder: the encoder step measured beside the sweep
     (core/multimodal.py)."""
+    chunk_cap: "ChunkCap | None" = None
+    """The context-aware chunk cap (setting chunk_cap): `admission` is then the capped one."""
 
 
 @dataclass(frozen=True)
@@ -703,3 +705,78 @@ class Fit:
     @property
     def frontier(self) -> tuple[FitCandidate, ...]:
         return tuple(c for c in self.candidates if c.frontier)
+
+
+# --- the context-aware chunk cap (core/chunk_cap.py, setting chunk_cap) ----------------------
+
+@dataclass(frozen=True)
+class ChunkCapMeasurements:
+    """What the adapter measured for the chunk cap on a provisional KV cache: the steps the
+    capped plan needs that the sweep did not run (`steps`), and one timed prefill step at the
+    capped rows and one at the full chunk, each on max_model_len - rows cached tokens
+    (`timings`: capped, then full)."""
+
+    rows: int
+    steps: tuple[StepResult, ...] = ()
+    timings: tuple[StepResult, ...] = ()
+    seconds: float = 0.0
+    skipped: tuple[tuple[Shape, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapLevel:
+    """One step of the cap: a step whose longest request has at most `up_to_context` cached
+    tokens (and more than the previous level's) holds at most `rows` tokens in all."""
+
+    up_to_context: int = doc("the longest cached context (num_computed_tokens) this level covers")
+    rows: int = doc("the most tokens a step at that context holds, every request's together")
+    need_bytes: int = doc("the largest need (transient + workspace) measured at this level's "
+                          "steps: at up_to_context for a full-chunk level, the capped chunk's "
+                          "whole worst case for the last")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkCapPlan:
+    """The cap as decided from the measurements, before the admission (the adapter sizes the
+    workspace from it)."""
+
+    rows: int = doc("the rows allowed at long context (setting chunk_cap)")
+    levels: tuple[CapLevel, ...] = doc("ascending by context; the last level also covers every "
+                                       "longer context, up to max_model_len")
+    transient_bytes: int = doc("the largest transient any step the cap allows needs (allocator "
+                               "slack included)")
+    workspace_bytes: int = doc("the workspace the capped engine holds (every slot sized to the "
+                               "largest its allowed steps ask, scaled as the advisor scales it)")
+    uncapped_transient_bytes: int = doc("the sweep's admitted transient, without the cap")
+    uncapped_workspace_bytes: int = doc("the workspace the sweep grew, without the cap")
+    worst_shape: Shape = doc("the allowed step of largest need")
+    bound: str = doc("how a context between measured points is bounded")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChunkCap:
+    """The context-aware chunk cap's record: the cap, the KV it gains and the prefill throughput
+    it costs at long context, both from this start's measurements, beside the advisor's static
+    choice."""
+
+    plan: ChunkCapPlan = doc("the cap and what the steps it allows need")
+    budget_bytes: int = doc("the KV budget with the cap (this start's admission)")
+    uncapped_budget_bytes: int = doc("the KV budget the same sweep gives without the cap")
+    kv_tokens: int = doc("tokens the capped budget holds (whole blocks)")
+    uncapped_kv_tokens: int = doc("tokens the uncapped budget holds (whole blocks)")
+    gained_bytes: int = doc("budget_bytes - uncapped_budget_bytes")
+    gained_tokens: int = doc("kv_tokens - uncapped_kv_tokens")
+    capped_prefill_tokens_per_s: float | None = doc(
+        "prefill throughput at long context at the capped rows (rows on max_model_len - rows "
+        "cached tokens, one timed step after an untimed one)", default=None)
+    uncapped_prefill_tokens_per_s: float | None = doc(
+        "the same at the full chunk", default=None)
+    prefill_throughput_lost: float | None = doc(
+        "1 - capped / uncapped prefill throughput at long context", default=None)
+    static_chunk: int | None = doc("the advisor's static choice (its knee), when it ran",
+                                   default=None)
+    static_kv_tokens: int | None = doc("KV tokens at that chunk, from the advisor", default=None)
+    static_prefill_tokens_per_s: float | None = doc("its prefill throughput at long context",
+                                                    default=None)
+    steps: tuple[StepResult, ...] = doc("the steps run for the cap (timings last)", default=())
+    seconds: float = doc("wall time of the cap's steps", default=0.0)
