@@ -29,7 +29,7 @@ from .core.multimodal import EncoderStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.12"
+SCHEMA_VERSION = "1.13"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -41,7 +41,8 @@ SCHEMA_VERSION = "1.12"
 # fell_back; the full_* figures null when no full sweep ran); 1.10: fit (`wcprof fit`: the
 # candidates weighed, the recommendation and the frontier); 1.11: worstcase.encoder_step (a
 # model with a multimodal encoder: the encoder step measured beside the sweep); 1.12: admission's
-# least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does).
+# least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does);
+# 1.13: fit.applied_max_model_len and fit.applied_why (the setting max_model_len: auto).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
