@@ -417,7 +417,9 @@ def check_serve_args(profiler: str | None, profiler_report: str | None,
 # --------------------------------------------------------------------------------------------
 
 # What wcprof itself decides in the --additional-config section, and what to use instead.
-WCPROF_OWNS = {"json_path": "wcprof writes the report with --json PATH"}
+WCPROF_OWNS = {"json_path": "wcprof writes the report with --json PATH",
+               "max_model_len": "wcprof profiles at --max-model-len; `wcprof fit` finds the "
+                                "longest that fits (max_model_len auto is vllm serve's)"}
 
 
 def check_wcprof_section(additional_config: Any,

@@ -43,7 +43,8 @@ SCHEMA_VERSION = "1.13"
 # model with a multimodal encoder: the encoder step measured beside the sweep); 1.12: admission's
 # least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does);
 # 1.13: worstcase.stock_excluded (why the stock step is left out of the worst case); chunk_cap
-# (the context-aware chunk cap: its levels, the KV gained, the throughput lost).
+# (the context-aware chunk cap: its levels, the KV gained, the throughput lost);
+# fit.applied_max_model_len and fit.applied_why (the setting max_model_len: auto).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

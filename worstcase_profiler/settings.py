@@ -86,6 +86,15 @@ class ProfilerSettings:
     fit_objective: Literal["context", "concurrency", "throughput"] = "context"
     """What the fit recommends: the longest max_model_len (context), the most requests at the
     engine's max_model_len (concurrency), or the fastest prefill there (throughput)."""
+    max_model_len: Literal["auto"] | None = None
+    """auto: the engine's max_model_len (--max-model-len, else the model's own) is an upper
+    bound, not the length served: the start sweeps at it, weighs the fit over max_model_len only
+    (the engine's max_num_batched_tokens and max_num_seqs, fit_min_concurrency requests at full
+    length: core/fit.apply_longest) and starts the engine at the longest max_model_len in whole
+    KV blocks whose worst step fits and whose KV cache holds them, logging why; no length fits:
+    the start is refused, naming what would. None: the engine's max_model_len, as given.
+    Under `vllm serve` and LLM(...) only: wcprof profiles at --max-model-len (`wcprof fit`
+    answers the same question, with the other limits too)."""
     guard: Literal["auto", "on", "off"] = "auto"
     """The production guard (adapter/guard.py): each served step's allocator peak against the
     prediction, exported on /metrics. auto: on under `vllm serve`, off in-process (LLM(...),
@@ -100,11 +109,17 @@ class ProfilerSettings:
     def enabled(self) -> bool:
         return self.mode != "off"
 
+    @property
+    def auto_max_model_len(self) -> bool:
+        """max_model_len: auto, on an enabled profiler."""
+        return self.enabled and self.max_model_len == MAX_MODEL_LEN_AUTO
+
 
 _BOOL_KEYS = {"exhaustive", "lock_workspace", "context_ladder", "attribute_ops", "progress",
               "advise", "fit"}
 FIT_OBJECTIVES = ("context", "concurrency", "throughput")
 GUARD_CHOICES = ("auto", "on", "off")
+MAX_MODEL_LEN_AUTO = "auto"
 
 
 def parse_chunks(value: Any, what: str = f"{CONFIG_KEY}.advise_chunks") -> tuple[int, ...]:
@@ -191,6 +206,10 @@ def _coerce(key: str, value: Any) -> Any:
     if key == "fit_objective" and value not in FIT_OBJECTIVES:
         raise ConfigError(f"{CONFIG_KEY}.fit_objective must be context, concurrency or "
                           f"throughput, got {value!r}")
+    if key == "max_model_len" and value not in (None, MAX_MODEL_LEN_AUTO):
+        raise ConfigError(f"{CONFIG_KEY}.max_model_len must be \"auto\" (or null), got {value!r}",
+                          hint="a fixed length is vLLM's own flag: pass --max-model-len N and "
+                               "drop max_model_len from the profiler's settings")
     if key == "guard":
         if isinstance(value, bool):
             return "on" if value else "off"
@@ -340,7 +359,25 @@ def load(*, additional_config: Any = None, flags: Mapping[str, Any] | None = Non
         raise ConfigError(f"{ADDITIONAL_CONFIG}: {e.message}", hint=e.hint) from e
     if flags:
         settings = from_mapping(dict(flags), settings)
+    check_together(settings)
     return settings
+
+
+def check_together(settings: ProfilerSettings) -> None:
+    """Settings each valid alone that contradict each other: max_model_len auto chooses the
+    length for the KV cache the start admits, which kv_cap_bytes would then cut, and chunk_cap's
+    levels are weighed at the swept length only."""
+    if settings.max_model_len == MAX_MODEL_LEN_AUTO and settings.kv_cap_bytes is not None:
+        raise ConfigError(f"{CONFIG_KEY}: max_model_len auto with kv_cap_bytes: the cap would "
+                          "give the engine less KV cache than its max_model_len was chosen for",
+                          hint="drop kv_cap_bytes (pin the KV cache with "
+                               "--kv-cache-memory-bytes instead), or max_model_len")
+    if settings.max_model_len == MAX_MODEL_LEN_AUTO and settings.chunk_cap is not None:
+        raise ConfigError(f"{CONFIG_KEY}: max_model_len auto with chunk_cap: the cap's levels "
+                          "and the KV it gains are weighed at the swept max_model_len, not at "
+                          "the length auto would choose",
+                          hint="drop one of them: choose the length first (`wcprof fit`), then "
+                               "pass it as --max-model-len beside chunk_cap")
 
 
 def given_keys(additional_config: Any = None,

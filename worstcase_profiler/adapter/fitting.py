@@ -26,7 +26,7 @@ from ..core.sweep import cannot_build
 from ..core.timing import PhaseTimer
 from ..core.types import AdviceMeasurements, FitMeasurements, SweepResult
 from ..errors import WcprofError
-from ..settings import ProfilerSettings
+from ..settings import MAX_MODEL_LEN_AUTO, ProfilerSettings
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -58,18 +58,25 @@ def measure(driver, limits: Limits, sweep: SweepResult, advice: AdviceMeasuremen
             settings: ProfilerSettings, clock: PhaseTimer | None = None
             ) -> FitMeasurements | None:
     """The fit's measurements when the `fit` setting asks for them, else None. Its chunks are
-    the advisor's (when it ran), else the same candidates the advisor would weigh."""
+    the advisor's (when it ran), else the same candidates the advisor would weigh. With
+    max_model_len auto alone (no `fit`): the engine's own chunk and max_num_seqs, the only ones
+    the choice of a max_model_len weighs (core/fit.apply_longest)."""
     if not settings.fit:
-        return None
-    chunks = advice.chunks if advice is not None else core_advise.candidate_chunks(
-        limits.max_num_batched_tokens, settings.advise_chunks,
-        max_num_seqs=limits.max_num_seqs)[0]
-    seqs = core.seqs_candidates(limits.max_num_seqs, settings.fit_min_concurrency)
+        if settings.max_model_len != MAX_MODEL_LEN_AUTO:
+            return None
+        chunks, seqs = (limits.max_num_batched_tokens,), (limits.max_num_seqs,)
+    else:
+        chunks = advice.chunks if advice is not None else core_advise.candidate_chunks(
+            limits.max_num_batched_tokens, settings.advise_chunks,
+            max_num_seqs=limits.max_num_seqs)[0]
+        seqs = core.seqs_candidates(limits.max_num_seqs, settings.fit_min_concurrency)
     try:
         return measure_fit(driver, limits, sweep, chunks, seqs, advice=advice, clock=clock)
     except WcprofError:
         raise
     except Exception:  # noqa: BLE001 - the fit is optional for the start: it goes on without it
-        log.warning("[wcprof] fit: measuring the candidates failed; this start goes on without "
-                    "a fit", exc_info=True)
+        log.warning("[wcprof] fit: measuring the candidates failed; %s",
+                    "max_model_len auto has no length to choose: the start is refused"
+                    if settings.max_model_len == MAX_MODEL_LEN_AUTO
+                    else "this start goes on without a fit", exc_info=True)
         return None

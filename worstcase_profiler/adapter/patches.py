@@ -71,6 +71,21 @@ REGISTRY: tuple[Touch, ...] = (
           "exact option argparse abbreviates --profiler to --profiler-config) and carries them to "
           "every process through additional_config",
           retire="a plugin API for CLI options"),
+    Touch("engine-max-model-len", "class-wrap",
+          "vllm.v1.executor.abstract.Executor.determine_available_memory (UniProcExecutor and "
+          "MultiprocExecutor inherit it; ExecutorWithExternalLauncher calls it through super); "
+          "then, in the engine core, vllm_config.model_config.max_model_len written and "
+          "collective_rpc('wcprof_rpc' / 'update_max_model_len')",
+          "max_model_len: auto: the workers' budget hook chose the longest safe max_model_len, "
+          "which the engine core must hold before get_kv_cache_configs checks one request "
+          "against the KV cache (where vLLM's own auto-fit, _auto_fit_max_model_len, sets the "
+          "same field in place); the core sends update_max_model_len only when the field "
+          "changed inside get_kv_cache_configs, so the wrap sends it (adapter/engine_len.py)",
+          run="0.32 (CPU: tests/cpu/test_max_model_len_auto.py, engine core in its own process)",
+          read="0.32 (v1/engine/core.py _initialize_kv_caches, v1/core/kv_cache_utils.py "
+               "get_kv_cache_configs, v1/engine/core_client.py _apply_ready_response)",
+          retire="a plugin hook that sets max_model_len from the KV budget, or an auto-fit that "
+                 "takes the worst step into account"),
     # -- worker state ---------------------------------------------------------------------------
     Touch("worker-session", "private-write", "Worker._wcprof_session",
           "the one attribute the profiler keeps on a worker: its StartupSession",
@@ -209,7 +224,8 @@ REGISTRY: tuple[Touch, ...] = (
     Touch("worker-rpc", "class-wrap", "Worker.wcprof_rpc, CPUWorker.wcprof_rpc (a method added)",
           "the API server's serving validation asks every worker, through vLLM's own "
           "collective_rpc by method name (no pickled callables), to start and read its meter and "
-          "to record the result in its report",
+          "to record the result in its report; the engine core under max_model_len: auto "
+          "asks each for the length it chose (adapter/engine_len.py)",
           retire="a plugin RPC hook on the worker"),
     Touch("serve-validate", "class-wrap",
           "vllm.entrypoints.launchers.api_server.entry.build_async_engine_client_from_engine_args "
@@ -411,9 +427,14 @@ def _patch_workers() -> bool:
 
 
 def _worker_rpc(self, op: str, payload=None):
-    """Worker.wcprof_rpc(op, payload): what the API server's serving validation asks a worker
-    (by name, so it crosses vLLM's msgpack RPC without pickled callables)."""
+    """Worker.wcprof_rpc(op, payload): what the API server's serving validation asks a worker,
+    and the engine core under max_model_len: auto (adapter/engine_len.py: the length this
+    worker chose); by name, so it crosses vLLM's msgpack RPC without pickled callables."""
+    from . import engine_len
     from .validation import worker_rpc
+
+    if op == engine_len.RPC_OP:
+        return engine_len.worker_choice(self)
 
     return worker_rpc(self, op, payload)
 
@@ -426,6 +447,15 @@ def _add_worker_rpc() -> bool:
             cls.wcprof_rpc = _worker_rpc
             changed = True
     return changed
+
+
+def _patch_executor() -> bool:
+    # vllm-touch: engine-max-model-len
+    from vllm.v1.executor.abstract import Executor
+
+    from .engine_len import executor_wrapper
+
+    return _wrap_method(Executor, "determine_available_memory", executor_wrapper)
 
 
 def _patch_serve_validation() -> bool:
@@ -507,6 +537,7 @@ INSTALLERS: dict[str, Callable[[], bool]] = {
     "worker-budget": _patch_workers,
     "worker-kv-init": _patch_workers,
     "worker-warm-up": _patch_workers,
+    "engine-max-model-len": _patch_executor,
     "guard-metrics-export": _patch_guard_export,
     "scheduler-chunk-cap": _patch_scheduler,
 }

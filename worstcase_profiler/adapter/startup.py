@@ -105,7 +105,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                             advise_within=settings.advise_within,
                             context_ladder=settings.context_ladder,
                             fit_min_concurrency=settings.fit_min_concurrency,
-                            fit_objective=settings.fit_objective)
+                            fit_objective=settings.fit_objective,
+                            auto_max_model_len=settings.auto_max_model_len)
     for note in decided.warnings:
         session.warn(note)
     if (note := unprofiled_note(measured.multimodal, measured.encoder,
@@ -118,6 +119,9 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         log.info("[wcprof] fit (%s, at least %d request(s) at full length): %s",
                  decided.fit.objective, decided.fit.min_concurrency,
                  " ".join(decided.fit.flags) or "no candidate holds them")
+    if decided.fit is not None and decided.fit.applied_why is not None:
+        (log.info if decided.fit.applied_max_model_len else log.error)(
+            "[wcprof] %s", decided.fit.applied_why)
     facts, sweep = measured.facts, measured.facts.sweep
     with session.clock("plan_check"):
         fingerprints = gather_plan_fingerprints(sweep.steps)

@@ -159,6 +159,7 @@ def _settings(ns, json_path: str, on_cpu: bool, sizes: dict, advice: dict,
 
     s = dict(sizes.get("section") or {})
     s["json_path"] = json_path
+    s["max_model_len"] = None  # wcprof runs at --max-model-len, whatever WCPROF_CONFIG says
     if ns.exhaustive:
         s["exhaustive"] = True
     if ns.no_lock_workspace:

@@ -13,14 +13,15 @@ a worker (tests/unit/test_budget.py). No vLLM, no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dataclasses
 
 from .admission import compute_admission, decide_budget, host_memory_note, kv_tokens
 from .advise import DEFAULT_WITHIN, advise
+from ..errors import DoesNotFit
 from .chunk_cap import tokens_per_s
-from .fit import FitFacts, fit
+from .fit import FitFacts, apply_longest, fit
 from .shapes import Limits
 from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, ChunkCap,
                     ChunkCapMeasurements, ChunkCapPlan, Fit, FitMeasurements, HeldMemory,
@@ -87,12 +88,19 @@ class Decided:
 
 def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | None = None,
            advise_within: float = DEFAULT_WITHIN, context_ladder: bool = True,
-           fit_min_concurrency: int = 1, fit_objective: str = "context") -> Decided:
+           fit_min_concurrency: int = 1, fit_objective: str = "context",
+           auto_max_model_len: bool = False) -> Decided:
     """Admission from the measured facts, the advice over the advisor's measurements (when
     there are any), the fit over the fit's (when there are any: core/fit.py, from the same
     admission and advice), the budget decision (admission.decide_budget: enforce, report,
     kv_cap), and the warnings the report carries (on the CPU, a budget that follows free host
-    memory)."""
+    memory).
+
+    auto_max_model_len (the setting max_model_len: auto): the swept max_model_len is an upper
+    bound; the fit weighed over max_model_len alone picks the longest feasible one
+    (fit.apply_longest), whose admission is the one decided, and the fit records it
+    (applied_max_model_len, applied_why). No length fits, or no fit ran: refused in enforce
+    mode, never a start at a length nobody weighed."""
     sweep, limits = m.sweep, m.limits
     cap = m.chunk_cap_plan
     held, workspace = m.held, m.workspace
@@ -109,15 +117,27 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
                         cut_down=str(m.sweep_mode).startswith("cut-down"),
                         allocator_slack=m.allocator_slack_bytes)
     fitted = None
+    max_model_len, refusal = limits.max_model_len, None
     if m.fit_measurements is not None:
-        fitted = fit(FitFacts(limits=limits, sweep=sweep, held=held, admission=admission,
-                              workspace=workspace, measured=m.fit_measurements, advice=advice,
-                              cut_down=str(m.sweep_mode).startswith("cut-down"),
-                              allocator_slack=m.allocator_slack_bytes,
-                              device_total_bytes=m.device_total_bytes,
-                              gpu_memory_utilization=m.gpu_memory_utilization),
-                     min_concurrency=fit_min_concurrency,
-                     objective=fit_objective)
+        facts = FitFacts(limits=limits, sweep=sweep, held=held, admission=admission,
+                         workspace=workspace, measured=m.fit_measurements, advice=advice,
+                         cut_down=str(m.sweep_mode).startswith("cut-down"),
+                         allocator_slack=m.allocator_slack_bytes,
+                         device_total_bytes=m.device_total_bytes,
+                         gpu_memory_utilization=m.gpu_memory_utilization)
+        fitted = fit(facts, min_concurrency=fit_min_concurrency, objective=fit_objective)
+        if auto_max_model_len:
+            applied = apply_longest(
+                facts, fitted, min_concurrency=fit_min_concurrency, noise=m.tolerance_bytes,
+                context_curve=[(r.shape.context_len, r.need_bytes) for r in sweep.context_curve])
+            fitted, refusal = applied.fit, applied.error
+            if applied.admission is not None:
+                admission, max_model_len = applied.admission, fitted.applied_max_model_len
+    elif auto_max_model_len:
+        refusal = DoesNotFit(
+            "max_model_len auto: the fit's steps did not run at this start (the log says why), "
+            "so no max_model_len was weighed",
+            hint="pass --max-model-len N (`wcprof fit` names one) and drop max_model_len: auto")
     capped = None
     if cap is not None:
         uncapped = admission
@@ -125,7 +145,9 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
         capped = cap_record(m, cap, admission, uncapped, advice)
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
                            worst_label=(cap.worst_shape if cap else sweep.worst.shape).label(),
-                           max_model_len=limits.max_model_len)
+                           max_model_len=max_model_len)
+    if refusal is not None and mode == "enforce":
+        budget = replace(budget, error=refusal)
     note = host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
                             admission=admission)
     return Decided(admission=admission, budget=budget, advice=advice, fit=fitted,

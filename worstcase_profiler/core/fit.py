@@ -62,7 +62,7 @@ and prefill throughput while beating it on one.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from . import shapes as plan
 from .admission import (bytes_for_one_request, compute_admission, kv_tokens, least_kv_cache_bytes,
@@ -71,7 +71,8 @@ from .advise import confirmation_delta, full_extent_rows, plan_candidate, raiser
 from .shapes import Limits
 from .types import (Admission, Advice, Fit, FitCandidate, FitMeasurements, FitObjective,
                     HeldMemory, Shape, StepResult, SweepResult, Workspace)
-from ..sizes import fmt_tokens
+from ..errors import DoesNotFit
+from ..sizes import MiB, fmt_bytes, fmt_tokens
 
 OBJECTIVES: tuple[str, ...] = ("context", "concurrency", "throughput")
 
@@ -291,15 +292,8 @@ class _Weigher:
             transient = max(transient, sweep.peak_bytes)
             ws = max(ws, f.workspace.total_bytes)
         one = self.one_request(max_model_len)
-        a = compute_admission(
-            requested=f.held.requested_bytes,
-            consumed=f.held.consumed_bytes - f.workspace.total_bytes + ws,
-            weights=f.held.weights_bytes, non_torch=f.held.non_torch_bytes,
-            worst_transient=transient, stock_need=sweep.stock.need_bytes,
-            stock_kv=adm.stock_kv_cache_bytes, cudagraph=adm.cudagraph_bytes,
-            margin=adm.margin_bytes, bytes_per_token=adm.bytes_per_token,
-            block_size=lim.block_size, max_model_len=max_model_len, one_request=one,
-            explicit_kv=adm.explicit_kv_cache_memory_bytes, pool_block_bytes=adm.pool_block_bytes)
+        a = admission_at(f, max_model_len=max_model_len, transient=transient, workspace=ws,
+                         one_request=one)
         explicit = adm.explicit_kv_cache_memory_bytes
         kv = explicit if explicit is not None else a.recommended_kv_cache_memory_bytes
         tokens = kv_tokens(kv, adm.bytes_per_token, lim.block_size)
@@ -334,6 +328,25 @@ class _Weigher:
         needed = a.consumed_bytes + (a.transient_bytes or 0) + a.cudagraph_bytes \
             + a.margin_bytes + kv
         return -(-needed * 100 // total) / 100
+
+
+def admission_at(facts: FitFacts, *, max_model_len: int, transient: int, workspace: int,
+                 one_request: int, noise: int = 0,
+                 context_curve: Iterable[tuple[int, int]] = ()) -> Admission:
+    """The start's admission (compute_admission) at a candidate: the held memory the start
+    measured with the workspace the candidate holds, its worst transient and one request at its
+    max_model_len; the stock figures, warm-up reserve and margin as that start admitted."""
+    f, adm, lim = facts, facts.admission, facts.limits
+    return compute_admission(
+        requested=f.held.requested_bytes,
+        consumed=f.held.consumed_bytes - f.workspace.total_bytes + workspace,
+        weights=f.held.weights_bytes, non_torch=f.held.non_torch_bytes,
+        worst_transient=transient, stock_need=f.sweep.stock.need_bytes,
+        stock_kv=adm.stock_kv_cache_bytes, cudagraph=adm.cudagraph_bytes,
+        margin=adm.margin_bytes, bytes_per_token=adm.bytes_per_token,
+        block_size=lim.block_size, max_model_len=max_model_len, one_request=one_request,
+        explicit_kv=adm.explicit_kv_cache_memory_bytes, pool_block_bytes=adm.pool_block_bytes,
+        noise=noise, context_curve=context_curve)
 
 
 def longest_context(feasible: Callable[[int], bool], *, lo: int, hi: int, block_size: int
@@ -468,6 +481,142 @@ def fit(facts: FitFacts, *, min_concurrency: int = 1, objective: FitObjective = 
                                             mml=fmt_tokens(lim.max_model_len)),
                bound=BOUND, candidates=tuple(candidates), notes=tuple(dict.fromkeys(notes)),
                steps=facts.measured.steps, seconds=facts.measured.seconds)
+
+
+class Applied(NamedTuple):
+    """What max_model_len: auto decides at one start (apply_longest)."""
+
+    fit: Fit
+    """The fit, its applied_max_model_len and applied_why filled in."""
+    admission: Admission | None
+    """The start's admission at the applied max_model_len; None when no length fits."""
+    error: DoesNotFit | None
+    """The refusal when no length fits: what would, named."""
+
+
+def apply_longest(facts: FitFacts, fitted: Fit, *, min_concurrency: int = 1, noise: int = 0,
+                  context_curve: Iterable[tuple[int, int]] = ()) -> Applied:
+    """max_model_len: auto (the setting; docs/fit.md): the longest max_model_len the engine
+    starts with, the fit weighed over max_model_len only. Its candidates have the engine's own
+    max_num_batched_tokens C and max_num_seqs S and a max_model_len from min(C, L) up to the swept
+    L, in whole blocks (or L itself), each weighed as every fit candidate is (its worst step
+    bounded from the sweep, its admission, the requests at full length its KV cache holds
+    beside vLLM's null block); the answer is the longest feasible one (fits, and holds
+    `min_concurrency` requests at once), found as `longest_context` finds it, so the next
+    length weighed above it (one block more) was weighed and is not feasible. Its admission
+    (admission_at, with the sweep's context curve up to it and the stock-OOM `noise`) is the one
+    the start then applies. None feasible: a DoesNotFit whose hint names the least that would
+    start. The same facts give the same answer."""
+    lim = facts.limits
+    top, chunk, seqs, block = (lim.max_model_len, lim.max_num_batched_tokens, lim.max_num_seqs,
+                               lim.block_size)
+    n = min_concurrency
+    weigh = _Weigher(facts)
+    seen: dict[int, FitCandidate | NotMeasured] = {}
+
+    def at(mml: int) -> FitCandidate | NotMeasured:
+        if mml not in seen:
+            try:
+                seen[mml] = weigh.candidate(mml, chunk, seqs, n)
+            except NotMeasured as e:
+                seen[mml] = e
+        return seen[mml]
+
+    def feasible(mml: int) -> bool:
+        c = at(mml)
+        return isinstance(c, FitCandidate) and c.feasible
+
+    lo = min(chunk, top)
+    where = (f"max_num_batched_tokens {fmt_tokens(chunk)}, max_num_seqs {seqs}, "
+             f"{n} request(s) at full length at once")
+    longest = longest_context(feasible, lo=lo, hi=top, block_size=block)
+    if longest is None:
+        why, hint = _refusal(facts, at(lo), lo=lo, n=n)
+        why = (f"max_model_len auto: no max_model_len from {fmt_tokens(lo)} to {fmt_tokens(top)} "
+               f"fits with {where}: {why}")
+        return Applied(dataclasses.replace(fitted, applied_max_model_len=None, applied_why=why),
+                       None, DoesNotFit(why, hint=hint))
+    c = at(longest)
+    assert isinstance(c, FitCandidate)
+    above = min(longest + block, top) if longest < top else None
+    if above is None:
+        beyond = "the engine's max_model_len, the longest weighed"
+    else:
+        nxt = at(above)
+        if isinstance(nxt, NotMeasured):
+            beyond = f"{fmt_tokens(above)} not bounded ({nxt})"
+        elif nxt.fits:
+            beyond = f"at {fmt_tokens(above)} it would hold {nxt.concurrency}"
+        elif nxt.kv_cache_bytes < least_kv_cache_bytes(
+                nxt.one_request_bytes, bytes_per_token=facts.admission.bytes_per_token,
+                block_size=block, pool_block_bytes=facts.admission.pool_block_bytes):
+            beyond = (f"at {fmt_tokens(above)} it would not hold one request of "
+                      f"{fmt_bytes(nxt.one_request_bytes)} beside the null block")
+        else:
+            beyond = (f"at {fmt_tokens(above)} its worst step would leave a budget of "
+                      f"{fmt_bytes(nxt.budget_bytes)}, below its KV cache")
+    why = (f"max_model_len auto: {fmt_tokens(longest)} (of {fmt_tokens(top)}), the longest in "
+           f"whole blocks of {block} with {where}: its KV cache {fmt_bytes(c.kv_cache_bytes)} "
+           f"({fmt_tokens(c.kv_tokens)} tokens) holds {c.concurrency} request(s) of "
+           f"{fmt_bytes(c.one_request_bytes)} beside vLLM's null block, its worst step "
+           f"{fmt_bytes(c.need_bytes)} at {c.worst_shape.label()} inside a budget of "
+           f"{fmt_bytes(c.budget_bytes)}; {beyond}")
+    admission = admission_at(facts, max_model_len=longest, transient=c.transient_bytes,
+                             workspace=c.workspace_bytes, one_request=c.one_request_bytes,
+                             noise=noise,
+                             context_curve=[(x, y) for x, y in context_curve if x <= longest])
+    return Applied(dataclasses.replace(fitted, applied_max_model_len=longest, applied_why=why),
+                   admission, None)
+
+
+def _refusal(facts: FitFacts, c: FitCandidate | NotMeasured, *, lo: int, n: int
+             ) -> tuple[str, str]:
+    """Why the shortest length weighed (`lo`) is not feasible, and the hint naming the least
+    that would start: more max_num_seqs, a smaller explicit KV size or a larger one, more
+    memory, a shorter chunk."""
+    lim, adm = facts.limits, facts.admission
+    shorter = (f"or lower --max-num-batched-tokens (no max_model_len below it, "
+               f"{fmt_tokens(lim.max_num_batched_tokens)}, is weighed)")
+    if isinstance(c, NotMeasured):
+        return (f"at {fmt_tokens(lo)} {c}",
+                f"pass --max-model-len N (`wcprof fit` weighs the lengths this sweep bounds) "
+                f"{shorter}")
+    if n > lim.max_num_seqs:
+        return (f"max_num_seqs {lim.max_num_seqs} admits fewer than {n} at once",
+                f"raise --max-num-seqs to {n} or lower fit_min_concurrency to "
+                f"{lim.max_num_seqs}")
+    blocks = dict(bytes_per_token=adm.bytes_per_token, block_size=lim.block_size,
+                  pool_block_bytes=adm.pool_block_bytes)
+    least = least_kv_cache_bytes(n * c.one_request_bytes, **blocks)
+    budget = max(0, c.budget_bytes) // MiB * MiB
+    worst = f"its worst step {fmt_bytes(c.need_bytes)} at {c.worst_shape.label()}"
+    explicit = adm.explicit_kv_cache_memory_bytes
+    state = (f"at {fmt_tokens(lo)} {worst} leaves a budget of {fmt_bytes(c.budget_bytes)} and its "
+             f"KV cache {fmt_bytes(c.kv_cache_bytes)} holds {c.concurrency}; {n} of "
+             f"{fmt_bytes(c.one_request_bytes)} and vLLM's null block need {fmt_bytes(least)}")
+    if explicit is not None and least <= budget:
+        return state, (f"use --kv-cache-memory-bytes {least} or more, up to {budget} (the "
+                       f"worst-case budget), {shorter}")
+    more = (f"at --gpu-memory-utilization {c.min_gpu_memory_utilization:g} or more"
+            if explicit is None and c.min_gpu_memory_utilization is not None
+            and c.min_gpu_memory_utilization <= 1
+            else f"{fmt_bytes(least - budget)} more memory")
+    instead = "drop --kv-cache-memory-bytes or " if explicit is not None and explicit > budget \
+        else ""
+    return state, (f"{instead}give the engine {more} (a KV cache of {least} bytes at "
+                   f"{fmt_tokens(lo)}), lower fit_min_concurrency, {shorter}")
+
+
+def agreed_max_model_len(configured: int, chosen: Iterable[int | None]) -> int:
+    """The max_model_len the engine core applies under max_model_len: auto: the least any
+    worker chose (each rank's budget is safe at any shorter length: its worst step bounds every
+    shorter candidate's), never above the configured one. A worker that chose none (its profile
+    has no applied length) is a ValueError: the engine must not start at a length nobody
+    weighed."""
+    values = list(chosen)
+    if not values or any(v is None or v < 1 for v in values):
+        raise ValueError(f"max_model_len auto: not every worker chose a max_model_len ({values})")
+    return min(configured, *values)
 
 
 def share_of(free_bytes: int, total_bytes: int) -> float:

@@ -701,6 +701,14 @@ class Fit:
     steps: tuple[StepResult, ...] = doc("the steps run for the fit beyond the sweep's and the "
                                         "advisor's", default=())
     seconds: float = doc("wall time of the fit's own steps", default=0.0)
+    applied_max_model_len: int | None = doc(
+        "the setting max_model_len: auto (vllm serve): the max_model_len this start was given, "
+        "the longest candidate at the engine's max_num_batched_tokens and max_num_seqs that is "
+        "feasible (core/fit.apply_longest); null when the setting is off or no length fits",
+        default=None)
+    applied_why: str | None = doc(
+        "max_model_len: auto: why that length (the line the start logged), or why none fits "
+        "(the refusal); null when the setting is off", default=None)
 
     @property
     def frontier(self) -> tuple[FitCandidate, ...]:

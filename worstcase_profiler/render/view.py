@@ -251,6 +251,9 @@ def details(report: Report) -> list[Detail]:
     if report.fit is not None:
         out.append(Detail("fit", fit_headline(report.fit),
                           INFO if report.fit.recommended is not None else ERROR))
+        if report.fit.applied_why:  # max_model_len: auto
+            out.append(Detail("max-model-len", report.fit.applied_why,
+                              INFO if report.fit.applied_max_model_len else ERROR))
     if report.ranks:
         out.append(Detail("ranks", ranks_text(report)))
     if report.startup_seconds:
