@@ -39,41 +39,29 @@ def grow_all_slots(mgr, at_least: int = 0) -> list[WorkspaceSlot]:
     """Every slot to the largest size any slot reached (or `at_least`, what a cached sweep's
     slots reached). Written (zeroed), so the memory is real on the CPU too and the consumed
     figure read afterwards includes it."""
-    # vllm-touch: workspace-slots
-    import torch
-
-    import contextlib
-
-    lanes = int(getattr(mgr, "_num_lanes", 1))
-    before = slot_sizes(mgr)
-    target = max([*before, at_least])
-    alloc_context = getattr(mgr, "_alloc_context", None) or contextlib.nullcontext
-    out = []
-    for i, size in enumerate(before):
-        if size < target:
-            mgr._current_workspaces[i] = None
-            with alloc_context():
-                mgr._current_workspaces[i] = torch.zeros(target, dtype=torch.uint8,
-                                                         device=mgr._device)
-        out.append(WorkspaceSlot(ubatch=i // lanes, lane=i % lanes, bytes_before=size,
-                                 bytes_after=_nbytes(mgr._current_workspaces[i])))
-    return out
+    target = max([*slot_sizes(mgr), at_least])
+    return _rewrite_slots(mgr, target, only_smaller=True)
 
 
 def resize_all_slots(mgr, size: int) -> list[WorkspaceSlot]:
     """Every slot to exactly `size` bytes (the chunk cap's workspace: smaller than the sweep
     grew), written so the memory is real on the CPU too; the larger tensors are released."""
+    return _rewrite_slots(mgr, size, only_smaller=False)
+
+
+def _rewrite_slots(mgr, size: int, *, only_smaller: bool) -> list[WorkspaceSlot]:
+    """Each slot of another size (with `only_smaller`, of a smaller one) replaced by a zeroed
+    tensor of `size` bytes in vLLM's allocation context; the slots as they were and are."""
     # vllm-touch: workspace-slots
     import contextlib
 
     import torch
 
     lanes = int(getattr(mgr, "_num_lanes", 1))
-    before = slot_sizes(mgr)
     alloc_context = getattr(mgr, "_alloc_context", None) or contextlib.nullcontext
     out = []
-    for i, was in enumerate(before):
-        if was != size:
+    for i, was in enumerate(slot_sizes(mgr)):
+        if was < size or (was != size and not only_smaller):
             mgr._current_workspaces[i] = None
             with alloc_context():
                 mgr._current_workspaces[i] = torch.zeros(size, dtype=torch.uint8,

@@ -61,6 +61,22 @@ def inline_svg(report: Report) -> str:
     return head + ' role="img" aria-label="wcprof memory picture"' + svg[head_end:]
 
 
+def _table(table_id: str, head, rows, notes, caption: str = "") -> str:
+    """One table of view rows: `rows` are (css classes, cells) pairs; the notes beneath it."""
+    body = "\n".join(f'<tr class="{cls}">' + "".join(f"<td>{escape(str(c))}</td>" for c in cells)
+                     + "</tr>" for cls, cells in rows)
+    items = "".join(f"<li>{escape(n)}</li>" for n in notes)
+    caption = f"<caption>{caption}</caption>\n" if caption else ""
+    return f"""<table id="{table_id}">
+{caption}<thead><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr></thead>
+<tbody>
+{body}
+</tbody>
+</table>
+<ul class="details">{items}</ul>
+"""
+
+
 def advice_html(view) -> str:
     """The chunk advisor's table and line (empty without report.advice)."""
     a = view.advice
@@ -68,22 +84,11 @@ def advice_html(view) -> str:
         return ""
     head = ("max_num_batched_tokens", "worst-case need", "KV cache", "KV tokens",
             "KV tokens vs configured", "prefill tokens/s", "prefill vs configured", "")
-    body = "\n".join(
-        f'<tr class="{SEVERITY_CLASSES[r.severity]}{" knee" if "knee" in r.mark else ""}">'
-        + "".join(f"<td>{escape(str(c))}</td>" for c in (
-            f"{r.chunk:,}", r.need, r.kv_bytes, r.kv_tokens, r.kv_change, r.prefill,
-            r.prefill_change, r.mark)) + "</tr>" for r in a.rows)
-    notes = "".join(f"<li>{escape(n)}</li>" for n in (a.rule, *a.notes))
-    return f"""<h2>Chunk advice</h2>
-<p id="advice-line"><strong>{escape(a.headline)}</strong></p>
-<table id="advice">
-<thead><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr></thead>
-<tbody>
-{body}
-</tbody>
-</table>
-<ul class="details">{notes}</ul>
-"""
+    rows = [(SEVERITY_CLASSES[r.severity] + (" knee" if "knee" in r.mark else ""),
+             (f"{r.chunk:,}", r.need, r.kv_bytes, r.kv_tokens, r.kv_change, r.prefill,
+              r.prefill_change, r.mark)) for r in a.rows]
+    return (f'<h2>Chunk advice</h2>\n<p id="advice-line"><strong>{escape(a.headline)}</strong>'
+            f"</p>\n" + _table("advice", head, rows, (a.rule, *a.notes)))
 
 
 def fit_html(view) -> str:
@@ -94,31 +99,19 @@ def fit_html(view) -> str:
         return ""
     head = ("context", "chunk", "seqs", "worst need", "KV cache", "requests", "tok/s",
             "min util", "")
-    body = "\n".join(
-        f'<tr class="{SEVERITY_CLASSES[r.severity]}'
-        f'{" recommended" if "recommended" in r.mark else ""}">'
-        + "".join(f"<td>{escape(c)}</td>" for c in (
-            r.max_model_len, r.chunk, r.seqs, r.need, r.kv_bytes, r.requests, r.prefill,
-            r.share, r.mark)) + "</tr>" for r in f.rows)
+    rows = [(SEVERITY_CLASSES[r.severity] + (" recommended" if "recommended" in r.mark else ""),
+             (r.max_model_len, r.chunk, r.seqs, r.need, r.kv_bytes, r.requests, r.prefill,
+              r.share, r.mark)) for r in f.rows]
     flags = (f'<div>recommended by the fit:</div>\n<div class="flag"><code id="fit-flags">'
              f"{escape(f.flags)}</code></div>\n" if f.flags else "")
     line = (f'<p id="fit-line"><strong>{escape(f.headline)}</strong></p>' if f.flags else
             f'<p id="fit-line" class="error"><strong>{escape(f.headline)}</strong></p>')
     title = ("the frontier" if f.flags else "the candidates closest to it, then the frontier")
-    notes = "".join(f"<li>{escape(n)}</li>" for n in (f.rule, f.bound, *f.notes))
-    return f"""<h2>Fit: {title}</h2>
-{flags}{line}
-<table id="fit">
-<caption>context: --max-model-len, chunk: --max-num-batched-tokens, seqs: --max-num-seqs;
-requests: at full length at once; tok/s: prefill at the swept context; min util: the least
---gpu-memory-utilization that still holds them</caption>
-<thead><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr></thead>
-<tbody>
-{body}
-</tbody>
-</table>
-<ul class="details">{notes}</ul>
-"""
+    caption = ("context: --max-model-len, chunk: --max-num-batched-tokens, seqs: --max-num-seqs;\n"
+               "requests: at full length at once; tok/s: prefill at the swept context; min util: "
+               "the least\n--gpu-memory-utilization that still holds them")
+    return (f"<h2>Fit: {title}</h2>\n{flags}{line}\n"
+            + _table("fit", head, rows, (f.rule, f.bound, *f.notes), caption))
 
 
 def render_html(report: Report) -> str:
