@@ -22,7 +22,7 @@ import time
 
 from ..core import advise as core
 from ..core.shapes import Limits
-from ..core.sweep import cannot_build
+from ..core.sweep import split_buildable
 from ..core.timing import PhaseTimer
 from ..core.types import AdviceMeasurements, SweepResult
 from ..errors import WcprofError
@@ -40,8 +40,7 @@ def measure_candidates(driver, limits: Limits, sweep: SweepResult, candidates, *
     clock = clock or PhaseTimer()
     chunks = tuple(candidates)
     missing = core.missing_shapes(limits, sweep, chunks, context_ladder=context_ladder)
-    skipped = tuple((s, why) for s in missing if (why := cannot_build(driver, s)) is not None)
-    missing = [s for s in missing if s not in dict(skipped)]
+    missing, skipped = split_buildable(driver, missing)
     t0 = time.perf_counter()
     with clock("advise"), driver.provisional_kv():
         steps = tuple(driver.measure(shape) for shape in missing)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from ..core import chunk_cap as core
 from ..core.shapes import Limits
-from ..core.sweep import cannot_build
+from ..core.sweep import split_buildable
 from ..core.timing import PhaseTimer
 from ..core.types import ChunkCapMeasurements, ChunkCapPlan, SweepResult, Workspace
 from ..errors import ConfigError, WcprofError
@@ -74,8 +74,7 @@ def measure(driver, limits: Limits, sweep: SweepResult, settings: ProfilerSettin
                                        "max_num_batched_tokens - 1") from e
     clock = clock or PhaseTimer()
     missing = core.missing_shapes(limits, sweep, rows, context_ladder=settings.context_ladder)
-    skipped = tuple((s, why) for s in missing if (why := cannot_build(driver, s)) is not None)
-    missing = [s for s in missing if s not in dict(skipped)]
+    missing, skipped = split_buildable(driver, missing)
     t0 = time.perf_counter()
     with clock("chunk_cap"), driver.provisional_kv():
         steps = tuple(driver.measure(shape) for shape in missing)

@@ -22,7 +22,7 @@ import time
 from ..core import advise as core_advise
 from ..core import fit as core
 from ..core.shapes import Limits
-from ..core.sweep import cannot_build
+from ..core.sweep import split_buildable
 from ..core.timing import PhaseTimer
 from ..core.types import AdviceMeasurements, FitMeasurements, SweepResult
 from ..errors import WcprofError
@@ -41,8 +41,7 @@ def measure_fit(driver, limits: Limits, sweep: SweepResult, chunks, seqs, *,
     if advice is not None:
         known += [*advice.steps, *advice.timings]
     missing = core.missing_shapes(limits, sweep, known, chunks, seqs)
-    skipped = tuple((s, why) for s in missing if (why := cannot_build(driver, s)) is not None)
-    missing = [s for s in missing if s not in dict(skipped)]
+    missing, skipped = split_buildable(driver, missing)
     t0 = time.perf_counter()
     with clock("fit"), driver.provisional_kv():
         steps = tuple(driver.measure(shape) for shape in missing)

@@ -79,6 +79,14 @@ def cannot_build(driver: StepDriver, shape: Shape) -> str | None:
     return ask(shape) if ask is not None else None
 
 
+def split_buildable(driver: StepDriver, shapes: Iterable[Shape]
+                    ) -> tuple[list[Shape], tuple[tuple[Shape, str], ...]]:
+    """(the shapes `driver` can build, in order; the others, each with why it cannot)."""
+    shapes = list(shapes)
+    skipped = tuple((s, why) for s in shapes if (why := cannot_build(driver, s)) is not None)
+    return [s for s in shapes if s not in dict(skipped)], skipped
+
+
 STOCK_READINGS = {"cpu": 3}
 """How many times the stock step is measured, by meter kind (default 1). On the CPU one RSS
 reading of it can carry one-time allocations: the bundled tiny model's stock step read
