@@ -117,6 +117,11 @@ def test_the_capped_admission_gains_exactly_the_transient_it_no_longer_reserves(
     assert rec.capped_prefill_tokens_per_s and rec.uncapped_prefill_tokens_per_s
     assert rec.prefill_throughput_lost == pytest.approx(
         1 - rec.capped_prefill_tokens_per_s / rec.uncapped_prefill_tokens_per_s)
+    from worstcase_profiler.render.view import chunk_cap_text
+
+    line = chunk_cap_text(rec)  # the terminal's and the HTML's detail line
+    assert line.startswith("chunk cap: ") and f"({rec.gained_tokens:+,} tokens)" in line
+    assert f"{rec.plan.levels[-1].rows:,} beyond ctx" in line and "x uncapped" in line
 
 
 def test_a_shrunk_workspace_is_credited_and_the_uncapped_figure_holds_the_grown_one():

@@ -224,6 +224,8 @@ def details(report: Report) -> list[Detail]:
     if wc.stock_excluded:
         out.append(Detail("stock-excluded", f"stock step not in the worst case: "
                                             f"{wc.stock_excluded}"))
+    if report.chunk_cap is not None:
+        out.append(Detail("chunk-cap", chunk_cap_text(report.chunk_cap)))
     if wc.sweep_mode not in ("full", ""):
         out.append(Detail("sweep-mode", f"sweep mode: {wc.sweep_mode}"))
     proof = wc.cut_down_proof
@@ -525,6 +527,24 @@ def build_advice_view(report: Report) -> AdviceView | None:
               f"the sweep",)
     return AdviceView(rows=tuple(rows), headline=advice_headline(advice), rule=advice.rule,
                       notes=notes)
+
+
+def chunk_cap_text(cap) -> str:
+    """The chunk cap in one line: its levels, the KV it gained, the prefill it cost."""
+    levels, prev = [], 0
+    for lv in cap.plan.levels[:-1]:
+        levels.append(f"{fmt_tokens(lv.rows)} rows up to ctx {fmt_tokens(lv.up_to_context)}")
+        prev = lv.up_to_context
+    levels.append(f"{fmt_tokens(cap.plan.levels[-1].rows)} beyond ctx {fmt_tokens(prev)}"
+                  if len(cap.plan.levels) > 1 else f"{fmt_tokens(cap.plan.levels[-1].rows)} rows")
+    lost = (f", prefill at long context {1 - cap.prefill_throughput_lost:.2f}x uncapped"
+            if cap.prefill_throughput_lost is not None else "")
+    static = (f"; the advisor's static chunk {fmt_tokens(cap.static_chunk)}"
+              f" holds {fmt_tokens(cap.static_kv_tokens)} KV tokens"
+              if cap.static_chunk is not None and cap.static_kv_tokens is not None else "")
+    return (f"chunk cap: {', '.join(levels)}; KV {fmt_bytes(cap.budget_bytes)} "
+            f"({fmt_tokens(cap.kv_tokens)} tokens) vs {fmt_bytes(cap.uncapped_budget_bytes)} "
+            f"uncapped ({cap.gained_tokens:+,} tokens){lost}{static}")
 
 
 # --- the fit ------------------------------------------------------------------------------------
