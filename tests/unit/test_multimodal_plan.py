@@ -128,3 +128,30 @@ def test_the_multimodal_validation_gates_and_the_report_names_it():
     assert "multimodal step: 1 image item(s) through the encoder, against the admitted" in line
     assert "the encoder ran on 1 item(s) in one step" in line
 
+
+def test_the_workload_puts_placeholder_ids_and_distinct_images_behind_the_shared_text():
+    pytest.importorskip("PIL")
+    from worstcase_profiler.adapter.multimodal import ReplayItems
+    from worstcase_profiler.adapter.validation import multimodal_workload
+    from PIL import Image
+
+    spec = ItemSpec("image", items=3, item_len=100, limit_per_prompt=2)
+    plan, _ = multimodal_plan(spec, LIMITS, prefix_caching=True)
+    allowed = tuple(range(50, 300))
+    items = ReplayItems(spec, unit=(4,), allowed=allowed, sample=Image.new("RGB", (8, 8)),
+                        embed_tokens=90)
+    work = multimodal_workload(plan, items)
+    assert work.target == "multimodal" and work.encoder_items == 3 and work.modality == "image"
+    (warm, _, m1), (measured, _, m2) = work.batches
+    assert not m1 and m2 and all(isinstance(p, list) for p in warm)
+    prefix = plan.batches[0].prompts[0].prefix_len
+    images = []
+    for prompt, planned in zip(measured, _measured(plan).prompts):
+        ids = prompt["prompt_token_ids"]
+        assert ids[:prefix] == warm[0][:prefix]  # the cached text prefix, exactly
+        assert all(i in allowed for i in ids[:prefix])
+        assert ids[prefix:prefix + planned.items] == [4] * planned.items
+        assert len(ids) == prefix + planned.items + planned.tail_len
+        images += prompt["multi_modal_data"]["image"]
+    assert len(images) == 3 and len({im.getpixel((0, 0)) for im in images}) == 3
+    assert token_ids  # the text ids are core.requests_plan.token_ids, mapped into `allowed`
