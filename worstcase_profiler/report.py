@@ -29,7 +29,7 @@ from .core.multimodal import EncoderStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.13"
+SCHEMA_VERSION = "1.14"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -44,7 +44,9 @@ SCHEMA_VERSION = "1.13"
 # least_kv_cache_bytes and pool_block_bytes (fits holds back vLLM's null block, as vLLM does);
 # 1.13: worstcase.stock_excluded (why the stock step is left out of the worst case); chunk_cap
 # (the context-aware chunk cap: its levels, the KV gained, the throughput lost);
-# fit.applied_max_model_len and fit.applied_why (the setting max_model_len: auto).
+# fit.applied_max_model_len and fit.applied_why (the setting max_model_len: auto); 1.14: the
+# "multimodal" validation target (the encoder step from requests with images) and validation's
+# modality, encoder_items, encoder_items_formed; it gates before the worst-step one.
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -141,11 +143,13 @@ class Report(BaseModel):
     kv_audit: KVAudit | None = None
     warmup_audit: WarmupAudit | None = None
     validation: Validation | None = Field(
-        None, description="the check that gates: the worst-step validation when one ran, else "
-                          "the quick one, else generic traffic (with TP, the rank of highest "
-                          "ratio)")
+        None, description="the check that gates: the multimodal validation when one ran (the "
+                          "encoder step from requests with images, against the admitted "
+                          "figure), else the worst-step one, else the quick one, else generic "
+                          "traffic (with TP, the rank of highest ratio)")
     validations: list[Validation] = Field(
-        default_factory=list, description="every validation run: worst-step, quick and traffic")
+        default_factory=list, description="every validation run: worst-step, multimodal, quick "
+                                          "and traffic")
     startup_seconds: dict[str, float] = Field(
         default_factory=dict,
         description="wall seconds of each start-up phase in this worker; 'vllm_*' phases are "
@@ -260,9 +264,11 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
 
 
 def gating_validation(validations: list[Validation]) -> Validation | None:
-    """The validation that gates: the worst-step one of highest ratio when any ran, else the
+    """The validation that gates: the multimodal one of highest ratio when any ran (it holds the
+    admitted figure, which the encoder step set or is in), else the worst-step one, else the
     quick one, else the traffic one of highest ratio."""
-    worst = [v for v in validations if v.target == "worst-step"]
+    worst = ([v for v in validations if v.target == "multimodal"]
+             or [v for v in validations if v.target == "worst-step"])
     quick = [v for v in validations if v.target == "quick"]
     pool = worst or quick or validations
     return max(pool, key=lambda v: v.ratio) if pool else None

@@ -11,7 +11,9 @@ One 1456x1456 image is 16 tiles and a global one: 17 x 169 = 2,873 placeholder t
 the step that schedules its first token (the encoder compute budget holds one such image).
 
   - `wcprof` runs the sweep, the KV audit and --validate on it; the report names the multimodal
-    limits its worst case does not cover (core/multimodal.unprofiled_note).
+    limits its worst case does not cover (core/multimodal.unprofiled_note). `--validate worst`
+    builds the text worst step (against the text sweep's figure) and the encoder step from a
+    request with a real image behind a cached text prefix (against the admitted figure).
   - the same engine start serves real image requests (PIL images built here), behind the
     production guard (adapter/guard.py, on in-process here), which holds every served step's
     transient against the report's prediction."""
@@ -47,9 +49,34 @@ def test_the_sweep_and_the_kv_audit_run_on_the_vlm(profiled):
     r = profiled.report
     assert r["worstcase"]["rows_covered"] == {"min": 1, "max": MNBT}
     assert r["kv_audit"]["verdict"] == "ok" and r["kv_audit"]["ratio"] <= 1.01, r["kv_audit"]
-    v = r["validation"]  # text requests, against the text sweep's own figure
-    assert v["target"] == "worst-step" and within_prediction(v), v
+    (v,) = [v for v in r["validations"] if v["target"] == "worst-step"]
+    # text requests, against the text sweep's own figure
+    assert within_prediction(v), v
     assert v["predicted_peak_bytes"] < r["worstcase"]["peak_activation_bytes"], v
+
+
+def test_the_multimodal_step_is_built_from_image_requests_within_the_admitted_figure(profiled):
+    """`--validate worst` builds the encoder step from a request with a real image behind a
+    cached text prefix: the scheduler ran the encoder on that image in one step, and the
+    replay measured no more than the admitted figure (the encoder step's), which gates."""
+    r = profiled.report
+    v = r["validation"]
+    print("multimodal validation: measured", v["measured_peak_bytes"], "predicted",
+          v["predicted_peak_bytes"], "ratio", round(v["ratio"], 4), "at", v["shape"],
+          "formed", v["formed"], "encoder items", v["encoder_items_formed"])
+    assert v["target"] == "multimodal" and v["modality"] == "image", v
+    assert v["encoder_items"] == 1 and v["encoder_items_formed"] == 1, v
+    assert v["predicted_peak_bytes"] == r["worstcase"]["peak_activation_bytes"] + \
+        r["worstcase"]["workspace_bytes"] == r["worstcase"]["encoder_step"]["peak_bytes"] + \
+        r["worstcase"]["workspace_bytes"], v
+    # 8,191 - 2,913 image tokens, block-aligned: the chunk after the cached prefix starts the image
+    assert v["shape"] == {"kind": "prefill", "rows": MNBT, "context_len": 5248, "num_reqs": 1}, v
+    assert v["formed"]["rows"] == MNBT and v["formed"]["context_len"] >= 5248, v
+    assert "cached 5,248-token text prefix" in v["requests"][0], v
+    assert within_prediction(v), v
+    assert v["measured_peak_bytes"] > v["predicted_peak_bytes"] // 2, v  # an image step
+    assert "validation (multimodal step: 1 image item(s) through the encoder" in profiled.out
+    assert not [w for w in r["warnings"] if w.startswith("--validate")], r["warnings"]
 
 
 def test_the_encoder_step_is_measured_and_admitted(profiled):

@@ -1,13 +1,17 @@
 """A model with a multimodal encoder: its limits as vLLM sizes them (MultiModalBudget), whether
-vLLM's own profile ran the encoder at this start, and the encoder step measured in the sweep.
+vLLM's own profile ran the encoder at this start, the encoder step measured in the sweep, and
+the items (images) that `--validate` builds that step from (replay_items; the requests:
+adapter/validation.multimodal_replay).
 The core decides what the report says about them (core/multimodal.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 
 from ..core.multimodal import EncoderStep, ModalityBudget, MultimodalFacts
+from ..core.requests_plan import ItemSpec
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -182,3 +186,80 @@ def encoder_step(driver, facts: MultimodalFacts, shape) -> tuple[EncoderStep | N
                        held_bytes=driver.agree_max(seen.get("held", 0)),
                        encoder_peak_bytes=driver.agree_max(seen.get("encoder_peak", 0)),
                        text_shape=shape.label(), seconds=time.perf_counter() - t0), ""
+
+
+_COLOURS = iter(range(1, 1 << 24))  # every replayed image distinct: the encoder cache is keyed
+# by content, and an image seen before (this process, any replay) would skip the encoder
+
+
+@dataclass(frozen=True)
+class ReplayItems:
+    """What a multimodal replay needs of vLLM's processor (replay_items): the items' layout in a
+    prompt (core/requests_plan.ItemSpec), the prompt ids that stand for one item before vLLM
+    expands them, the text ids that are no placeholder or added token, and the sample item
+    whose size every replayed item takes."""
+
+    spec: ItemSpec
+    unit: tuple[int, ...]
+    allowed: tuple[int, ...]
+    sample: object
+    embed_tokens: int
+
+    def make(self, n: int) -> list:
+        """`n` distinct items of the sample's size (PIL images of distinct colours)."""
+        from PIL import Image
+
+        out = []
+        for _ in range(n):
+            c = next(_COLOURS)
+            out.append(Image.new(self.sample.mode, self.sample.size,
+                                 (c % 256, (c // 256) % 256, 200)[:len(self.sample.mode)]
+                                 if self.sample.mode not in ("L", "1") else c % 256))
+        return out
+
+
+def replay_items(model_config, scheduler_config, encoder: EncoderStep
+                 ) -> tuple[ReplayItems | None, str]:
+    """The items of the encoder step's modality as a replay puts them in prompts, from vLLM's
+    processor: its own dummy item for one (the largest: what its profile and the encoder step
+    run) processed once to learn the prompt tokens it expands to and where its placeholder range
+    starts; (None, why) where they cannot be built (another modality than images, no tokenizer,
+    a processor that fails)."""
+    # vllm-touch: mm-replay-items
+    m = encoder.modality
+    if m != "image":
+        return None, f"requests with {m} items are not built yet (images only)"
+    try:
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+        from vllm.multimodal.processing import TimingContext
+
+        processor = MULTIMODAL_REGISTRY.create_processor(model_config)
+        mm_config = model_config.get_multimodal_config()
+        options, mml = mm_config.limit_per_prompt, int(model_config.max_model_len)
+        inputs = processor.get_dummy_inputs(seq_len=mml, mm_counts={m: 1}, mm_options=options)
+        out = processor.apply(inputs, TimingContext(enabled=False))
+        place = out["mm_placeholders"][m][0]
+        sample = processor.dummy_inputs.get_dummy_mm_data(mml, {m: 1}, options)[m]
+        sample = sample[0] if isinstance(sample, (list, tuple)) else sample
+        tokenizer = processor.info.get_tokenizer()
+        limit = int(mm_config.get_limit_per_prompt(m))
+    except Exception as e:  # noqa: BLE001 - said in the report, the text replay still runs
+        return None, f"vLLM's processor did not build a {m} item ({type(e).__name__}: {e})"
+    if tokenizer is None or not list(inputs.prompt):
+        return None, "no tokenizer: the item's placeholder ids are unknown"
+    if not (hasattr(sample, "mode") and hasattr(sample, "size")):
+        return None, f"vLLM's dummy {m} item is a {type(sample).__name__}, not a PIL image"
+    expanded = list(out["prompt_token_ids"])
+    embed = getattr(place, "is_embed", None)
+    embed_tokens = int(embed.sum()) if embed is not None else int(place.length)
+    avoid = set(expanded) | set(inputs.prompt) | set(getattr(tokenizer, "all_special_ids", ()))
+    avoid |= set((tokenizer.get_added_vocab() or {}).values())
+    vocab = min(int(model_config.get_vocab_size()), len(tokenizer))
+    allowed = tuple(i for i in range(vocab) if i not in avoid)
+    if not allowed:
+        return None, "every token id of the tokenizer is a placeholder or added token"
+    spec = ItemSpec(modality=m, items=encoder.items, item_len=len(expanded),
+                    limit_per_prompt=limit, start=int(place.offset),
+                    chunked=not bool(getattr(scheduler_config, "disable_chunked_mm_input", False)))
+    return ReplayItems(spec, tuple(inputs.prompt), allowed, sample, embed_tokens), ""
+

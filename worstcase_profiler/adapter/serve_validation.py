@@ -25,7 +25,8 @@ from ..errors import WcprofError
 from ..settings import resolve
 from ..sizes import fmt_bytes
 from .validation import (Workload, device_type_of, formed_on_every_rank, kv_tokens_of, measure,
-                         pool_from, replay_sampling, traffic_workload, worst_step_workload)
+                         multimodal_replay, pool_from, replay_sampling, traffic_workload,
+                         vllm_prompt, worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -87,6 +88,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
                     distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool)
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan, vocab), predicted, vocab)
+    results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab)
     if which == "all":
         work = traffic_workload(limits, vocab,
                                 kv_tokens_of(client.vllm_config, limits.block_size, pool))
@@ -112,6 +114,28 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     return results
 
 
+async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,
+                      vocab: int) -> list[Validation]:
+    """Where an encoder step was measured: that step built from requests with items
+    (validation.multimodal_replay), against the admitted transient; where it cannot be
+    built, a warning saying why (the text replay above is held against the text figure)."""
+    from ..core.multimodal import EncoderStep
+    encoded = next((s["encoder"] for s in summaries if s.get("encoder")), None)
+    if encoded is None:
+        return []
+    # vllm-touch: worker-config
+    work, why = multimodal_replay(client.model_config, client.vllm_config.scheduler_config,
+                                  codec.decode(EncoderStep, encoded), limits,
+                                  prefix_caching=limits.prefix_caching, text_shape=text_shape)
+    if work is None:
+        log.warning("[wcprof] serving validation: the multimodal step (the encoder step, which "
+                    "the admitted figure holds) was not built from requests: %s; only the text "
+                    "worst step was validated, against the text sweep's figure", why)
+        return []
+    admitted = {s["rank"]: int(s.get("admitted", s["peak"])) for s in summaries}
+    return await _measure(client, work, admitted, vocab)
+
+
 async def ask(client, op: str, *payload) -> list:
     """Every rank's answer to worker_rpc's `op` (Worker.wcprof_rpc, by name: plain data only)."""
     return await client.collective_rpc("wcprof_rpc", args=(op, *payload))
@@ -129,12 +153,17 @@ class Serving:
     async def ask(self, op: str) -> list:
         return await ask(self.client, op)
 
+    async def prepare(self, prompts):
+        """As they are: the API server's process renders them, not the engine core's, whose
+        worker the meter reads."""
+        return prompts
+
     async def run(self, prompts, max_tokens, target, stop) -> int:
         params = replay_sampling(max_tokens, self.vocab, device_type_of(self.client.vllm_config))
         rids = [f"wcprof-{self.tag}-{next(self._ids)}" for _ in prompts]
         watch = functools.partial(_stop_once_formed, self.client, rids=rids, target=target,
                                   stop=stop) if target is not None else None
-        return await _together(self.client, [_drain(self.client, {"prompt_token_ids": p}, params, r)
+        return await _together(self.client, [_drain(self.client, vllm_prompt(p), params, r)
                                              for p, r in zip(prompts, rids)], watch)
 
 
@@ -178,6 +207,9 @@ async def _stop_once_formed(client, tasks: list, rids: list[str], target: Shape,
 def _what(v: Validation) -> str:
     if v.shape is None:
         return "generic traffic"
+    if v.target == "multimodal":
+        return (f"the multimodal step ({v.encoder_items} {v.modality} item(s) through the "
+                f"encoder, {v.shape.label()}) built from real requests")
     return f"the worst step ({v.shape.label()}) built from real requests"
 
 

@@ -26,7 +26,8 @@ from typing import Protocol
 from ..core import codec
 from ..core.guard import StepShape, frontier_add
 from ..core.replay_rules import formed_for, replay_stops, target_formed
-from ..core.requests_plan import Pool, RequestPlan, plan_for, quick_plan, token_ids
+from ..core.requests_plan import (Pool, Prompt, RequestPlan, multimodal_plan, plan_for,
+                                  quick_plan, token_ids)
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
 from ..settings import REPLAY_STOP_ENV, replay_stop
@@ -48,6 +49,8 @@ class StepRecorder:
         self._had = "execute_model" in vars(worker)  # another wrapper (the guard) already there
         self._execute = worker.execute_model
         self.frontier: list = []
+        self.encoder_items = 0
+        """The most multimodal items the scheduler sent through the encoder in one step."""
         self.failed = False
         # vllm-touch: guard-step-hook
         worker.execute_model = self.execute_model
@@ -56,6 +59,8 @@ class StepRecorder:
         try:
             rows = int(scheduler_output.total_num_scheduled_tokens)
             reqs = len(scheduler_output.num_scheduled_tokens)
+            encoder = getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
+            self.encoder_items = max(self.encoder_items, sum(len(v) for v in encoder.values()))
             if rows and not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
                 from .guard import step_shape
 
@@ -121,6 +126,7 @@ def _end(wrapper) -> dict:
     # vllm-touch: worker-session
     recorder = getattr(worker, _FORMED_ATTR, None)
     formed = recorder.remove() if recorder is not None else []
+    encoder_items = recorder.encoder_items if recorder is not None else None
     setattr(worker, _FORMED_ATTR, None)
     _pause_guard(worker, False)
     from . import workspace as ws
@@ -129,7 +135,8 @@ def _end(wrapper) -> dict:
     mgr = ws.manager()
     return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
-            "resolution": int(meter.resolution_bytes), "formed": formed}
+            "resolution": int(meter.resolution_bytes), "formed": formed,
+            "encoder_items": encoder_items}
 
 
 def _formed(wrapper) -> list[dict]:
@@ -216,8 +223,8 @@ def _sampling(llm, max_tokens: int):
     return replay_sampling(max_tokens, _vocab(llm), device_type_of(llm.llm_engine.vllm_config))
 
 
-def _generate(llm, prompts: list[list[int]], max_tokens: int) -> None:
-    llm.generate([{"prompt_token_ids": p} for p in prompts], _sampling(llm, max_tokens),
+def _generate(llm, prompts: list, max_tokens: int) -> None:
+    llm.generate([vllm_prompt(p) for p in prompts], _sampling(llm, max_tokens),
                  use_tqdm=False)
 
 
@@ -231,7 +238,7 @@ def _reached(llm, target: Shape) -> bool:
     return formed_on_every_rank(target, llm.collective_rpc(_formed))
 
 
-def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape,
+def _generate_to(llm, prompts: list, max_tokens: int, target: Shape,
                  stop: str = "finished") -> int:
     """Run a measured batch like _generate, but stop it once every rank's scheduler formed
     `target` (replay_rules.target_formed on the recorders' frontiers) and a request has finished
@@ -257,7 +264,7 @@ def _generate_to(llm, prompts: list[list[int]], max_tokens: int, target: Shape,
     outputs, formed, stopped = 0, False, 0
     try:
         for i, p in enumerate(prompts):
-            ids.append(engine.add_request(f"{tag}-{i}", {"prompt_token_ids": p}, params))
+            ids.append(engine.add_request(f"{tag}-{i}", vllm_prompt(p), params))
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if any(o.token_ids for o in out.outputs):
@@ -287,6 +294,7 @@ class RankPeaks:
         self.workspace: dict[int, int] = {}
         self.resolution: dict[int, int] = {}
         self.formed: dict[int, list] = {}
+        self.encoder_items: dict[int, int] = {}
 
     def add(self, answers) -> None:
         for out in answers:
@@ -294,13 +302,18 @@ class RankPeaks:
             self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
             self.workspace[rank] = out["workspace"]
             self.resolution[rank] = out["resolution"]
+            if out.get("encoder_items") is not None:
+                self.encoder_items[rank] = max(self.encoder_items.get(rank, 0),
+                                               int(out["encoder_items"]))
             for f in out.get("formed") or ():
                 self.formed[rank] = frontier_add(self.formed.get(rank, []), StepShape(**f))
 
     def results(self, predicted: dict[int, int], requests, seconds: float, *, target: str,
-                shape: Shape | None = None, note: str | None = None) -> list[Validation]:
+                shape: Shape | None = None, note: str | None = None,
+                modality: str | None = None, encoder_items: int = 0) -> list[Validation]:
         """One Validation per rank: transient + workspace against the rank's predicted transient
-        (rank 0's when it has none) + the same workspace."""
+        (rank 0's when it has none) + the same workspace; a multimodal one (`encoder_items`) with
+        the most items the rank's scheduler sent through the encoder in one step."""
         out = []
         for rank, transient in sorted(self.transient.items()):
             w = self.workspace[rank]
@@ -311,20 +324,27 @@ class RankPeaks:
                                   requests=tuple(requests), seconds=seconds, rank=rank,
                                   target=target, shape=shape, note=note,
                                   resolution_bytes=self.resolution.get(rank, 0),
-                                  formed=formed_for(shape, self.formed.get(rank))))
+                                  formed=formed_for(shape, self.formed.get(rank)),
+                                  modality=modality, encoder_items=encoder_items,
+                                  encoder_items_formed=self.encoder_items.get(rank)
+                                  if encoder_items else None))
         return out
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Token-id batches run in order (prompts, max_tokens, measured), and what their
-    validation says: its target, the labels of the measured batches, the step they reach."""
+    """Batches run in order (prompts, max_tokens, measured), and what their validation says: its
+    target, the labels of the measured batches, the step they reach. A prompt is token ids, or
+    vLLM's prompt dict where it carries multimodal data (`vllm_prompt`); a multimodal workload
+    (multimodal_workload) names its modality and the items its step encodes."""
 
     target: str
-    batches: tuple[tuple[list[list[int]], int, bool], ...]
+    batches: tuple[tuple[list, int, bool], ...]
     requests: tuple[str, ...]
     shape: Shape | None = None
     note: str | None = None
+    modality: str | None = None
+    encoder_items: int = 0
 
     def stopped(self, n: int, stop: str) -> Workload:
         """This workload, its note saying that its replay stopped `n` requests (0: as it is),
@@ -339,7 +359,14 @@ class Workload:
     def results(self, peaks: RankPeaks, predicted: dict[int, int],
                 seconds: float) -> list[Validation]:
         return peaks.results(predicted, self.requests, seconds, target=self.target,
-                             shape=self.shape, note=self.note)
+                             shape=self.shape, note=self.note, modality=self.modality,
+                             encoder_items=self.encoder_items)
+
+
+def vllm_prompt(prompt) -> dict:
+    """A workload's prompt as vLLM takes it: token ids become {"prompt_token_ids": ids}; a dict
+    (token ids with multi_modal_data) is passed as it is."""
+    return prompt if isinstance(prompt, dict) else {"prompt_token_ids": prompt}
 
 
 def worst_step_workload(plan: RequestPlan, vocab: int, target: str = "worst-step") -> Workload:
@@ -351,6 +378,58 @@ def worst_step_workload(plan: RequestPlan, vocab: int, target: str = "worst-step
     note = plan.note if plan.exact else (plan.note or "approximate")
     return Workload(target, batches, tuple(b.label for b in plan.batches if b.measured),
                     shape=plan.target, note=note)
+
+
+def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
+    """The requests of a multimodal plan (core/requests_plan.multimodal_plan): text ids drawn from
+    `items.allowed` (the same prefix in the warm-up and the measured prompts), each item's
+    placeholder ids after them, then the tail; vLLM prompt dicts carrying the items (`items`:
+    adapter/multimodal.ReplayItems)."""
+    salt = iter(range(1, 1 << 30))
+    allowed = items.allowed
+
+    def text(p: Prompt) -> list[int]:
+        return [allowed[i % len(allowed)] for i in token_ids(p, 1 << 20, next(salt))]
+
+    batches = []
+    for b in plan.batches:
+        prompts = []
+        for p in b.prompts:
+            ids = text(replace(p, items=0, item_len=0, tail_len=0))
+            ids += list(items.unit) * p.items
+            ids += text(Prompt(0, 0, p.tail_len)) if p.tail_len else []
+            prompts.append({"prompt_token_ids": ids,
+                            "multi_modal_data": {items.spec.modality: items.make(p.items)}}
+                           if p.items else ids)
+        batches.append((prompts, b.max_tokens, b.measured))
+    notes = [plan.note if plan.exact else (plan.note or "approximate")]
+    return Workload(target, tuple(batches), tuple(b.label for b in plan.batches if b.measured),
+                    shape=plan.target, note="; ".join(n for n in notes if n) or None,
+                    modality=items.spec.modality, encoder_items=plan.items)
+
+
+def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | None, limits, *,
+                      prefix_caching: bool, text_shape=None):
+    """(the workload that builds the encoder step from requests with items, "") or (None, why
+    it is not built): no encoder step was measured, the items cannot be built, or no requests
+    form the step (core/requests_plan.multimodal_plan)."""
+    from .multimodal import replay_items
+
+    if encoder is None:
+        return None, "no encoder step was measured at this start"
+    items, why = replay_items(model_config, scheduler_config, encoder)
+    if items is None:
+        return None, why
+    plan, why = multimodal_plan(items.spec, limits, prefix_caching=prefix_caching,
+                                text=text_shape)
+    if plan is None:
+        return None, why
+    work = multimodal_workload(plan, items)
+    if items.embed_tokens < encoder.tokens_per_item:
+        work = replace(work, note="; ".join(filter(None, [
+            work.note, f"each item {items.embed_tokens:,} encoder tokens, the encoder step's "
+                       f"{encoder.tokens_per_item:,}"])))
+    return work, ""
 
 
 def traffic_workload(limits: Limits, vocab: int, kv_tokens: int) -> Workload:
@@ -381,13 +460,17 @@ def kv_tokens_of(vllm_config, block_size: int, pool: Pool | None = None) -> int:
 
 class ReplayClient(Protocol):
     """What the replay loop (`measure`) needs of an engine, in-process or serving: every rank's
-    answer to a worker op (worker_rpc's begin, end, formed, pool), and one batch of token-id
-    prompts run together; with a target step, stopped once every rank formed it (replay_rules.
+    answer to a worker op (worker_rpc's begin, end, formed, pool), a batch's prompts made ready
+    before the meter starts (`prepare`: the front end's work, which a served engine does in
+    another process than its worker's: processing multimodal items), and one batch of prompts
+    (token ids, or vLLM prompt dicts with multimodal data: `vllm_prompt`) run together; with a target step, stopped once every rank formed it (replay_rules.
     replay_stops, `stop` as settings.replay_stop). `run` returns how many requests it stopped."""
 
     async def ask(self, op: str) -> list: ...
 
-    async def run(self, prompts: list[list[int]], max_tokens: int, target: Shape | None,
+    async def prepare(self, prompts: list) -> list: ...
+
+    async def run(self, prompts: list, max_tokens: int, target: Shape | None,
                   stop: str) -> int: ...
 
 
@@ -399,6 +482,7 @@ async def measure(client: ReplayClient, work: Workload,
     t0 = time.perf_counter()
     stopped, stop = 0, replay_stop()
     for prompts, max_tokens, measured in work.batches:
+        prompts = await client.prepare(prompts)
         if measured:
             await client.ask("begin")
         stopped += await client.run(prompts, max_tokens, work.shape if measured else None, stop)
@@ -418,6 +502,16 @@ class InProcess:
 
     async def ask(self, op: str) -> list:
         return self.llm.collective_rpc(self.OPS[op])
+
+    async def prepare(self, prompts):
+        """Prompts carrying multimodal items rendered by the engine's front end now (vLLM's
+        renderer: the HF processor on the images), before the meter starts: here the front end
+        shares the worker's process, whose RSS the CPU meter reads, while a served engine (and
+        the encoder step, adapter/multimodal.encoder_step) processes them outside the step."""
+        if not any(isinstance(p, dict) and p.get("multi_modal_data") for p in prompts):
+            return prompts
+        # vllm-touch: mm-replay-items
+        return list(self.llm.llm_engine.renderer.render_cmpl(prompts))
 
     async def run(self, prompts, max_tokens, target, stop) -> int:
         if target is None:
@@ -468,13 +562,31 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
     return _measure(llm, worst_step_workload(plan, _vocab(llm)), predicted)
 
 
+def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder, *,
+                        prefix_caching: bool, text_shape: Shape | None = None
+                        ) -> tuple[list[Validation], str]:
+    """The encoder step (core/multimodal.EncoderStep) built from requests with items behind a
+    text prefix (multimodal_replay), per rank, against `predicted` (the
+    admitted transient, which the encoder step is in); ([], why) where it is not built."""
+    # vllm-touch: worker-config
+    engine = llm.llm_engine
+    work, why = multimodal_replay(engine.model_config, engine.vllm_config.scheduler_config,
+                                  encoder, limits, prefix_caching=prefix_caching,
+                                  text_shape=text_shape)
+    if work is None:
+        return [], why
+    return _measure(llm, work, predicted), ""
+
+
 def worker_rpc(worker, op: str, payload=None):
     """Worker side of the serving validation (Worker.wcprof_rpc, adapter/patches.py):
       begin     reset this rank's meter
       end       {"rank", "transient", "workspace", "resolution"} since begin
       pool      this rank's KV pool (pool_of), or None
       formed    the steps recorded since begin (_formed: the recorder's frontier)
-      summary   {"rank", "worst": the profile's worst Shape, "peak"} (codec-encoded)
+      summary   {"rank", "worst": the profile's worst Shape, "peak": the text replays'
+                prediction, "admitted": the admitted transient, "encoder": the EncoderStep or
+                None} (codec-encoded)
       record    payload: codec-encoded Validations; this rank's are recorded in its report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
     # vllm-touch: worker-session
@@ -504,8 +616,11 @@ def worker_rpc(worker, op: str, payload=None):
                                    limits_of(worker.vllm_config))
         from ..core.multimodal import text_prediction
 
-        peak = text_prediction(sweep.peak_bytes, getattr(session.profile, "encoder", None))
-        return {"rank": world_rank(), "peak": peak, "worst": codec.encode(target)}
+        encoder = getattr(session.profile, "encoder", None)
+        peak = text_prediction(sweep.peak_bytes, encoder)
+        return {"rank": world_rank(), "peak": peak, "worst": codec.encode(target),
+                "admitted": sweep.peak_bytes,
+                "encoder": codec.encode(encoder) if encoder is not None else None}
     if op == "record":
         mine = [v for v in (payload or []) if v.get("rank") == world_rank()]
         if session is not None and mine and not session.phases.validation:

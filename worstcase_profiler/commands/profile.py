@@ -130,7 +130,7 @@ def _profile(argv: list[str], ours, sizes: dict, advice: dict, tmp: Path) -> int
             if ns.validate:
                 with status("validating: the worst step from real requests, then generic "
                             "traffic…"):
-                    report = with_validations(report, validate(llm, report, ns.validate))
+                    report = with_validations(report, *validate(llm, report, ns.validate))
     except WcprofError:
         show_log_tail(log_path)
         if report_path.exists():  # the report up to the refusal: show what was seen
@@ -216,10 +216,12 @@ def show_log_tail(log_path: Path | None) -> None:
                      + "\n".join(lines) + "\n--- end of vLLM's log ---\n")
 
 
-def validate(llm, report, which: str = "all") -> list:
-    """--validate: the report's worst step from real requests, then generic traffic, per rank."""
+def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
+    """--validate: the report's worst step from real requests (where an encoder step was
+    measured, also that step from requests with images), then generic traffic, per rank; and a
+    warning for each replay that could not be built, saying why."""
     from ..adapter.facts import limits_of
-    from ..adapter.validation import validate_traffic, validate_worst_step
+    from ..adapter.validation import validate_multimodal, validate_traffic, validate_worst_step
     from ..core.multimodal import text_prediction
     from ..core.requests_plan import validation_target
 
@@ -232,17 +234,30 @@ def validate(llm, report, which: str = "all") -> list:
     target = validation_target(w, max((p for s, p in steps if s == w),
                                       default=report.worstcase.peak_activation_bytes),
                                steps, limits)
-    found = []
+    found, skipped = [], []
     if which in ("all", "worst", "quick"):
         found += validate_worst_step(llm, predicted, limits, target,
                                      prefix_caching=limits.prefix_caching, quick=which == "quick")
+    encoder = report.worstcase.encoder_step
+    if which in ("all", "worst") and encoder is not None:
+        # the encoder step from requests with images, against the admitted figure it is in
+        admitted = {r.rank: r.worstcase.peak_activation_bytes for r in (report.ranks or [report])}
+        mm, why = validate_multimodal(llm, admitted, limits, encoder,
+                                      prefix_caching=limits.prefix_caching, text_shape=w)
+        found += mm
+        if why:
+            skipped.append(f"--validate: the multimodal step ({encoder.items} {encoder.modality} "
+                           f"item(s) through the encoder, the admitted figure) was not built from "
+                           f"requests: {why}; only the text worst step was validated, against "
+                           f"the text sweep's figure")
     if which in ("all", "traffic"):
         found += validate_traffic(llm, predicted, limits)
-    return found
+    return found, skipped
 
 
-def with_validations(report, validations):
-    """The report (and each rank's) with the validations `--validate` measured."""
+def with_validations(report, validations, warnings=()):
+    """The report (and each rank's) with the validations `--validate` measured, and its
+    warnings about the replays it could not build."""
     from ..report import gating_validation, validation_model
 
     by_rank: dict[int, list] = {}
@@ -251,11 +266,13 @@ def with_validations(report, validations):
 
     def filled(rep):
         mine = by_rank.get(rep.rank, [])
-        return rep.model_copy(update={"validations": mine, "validation": gating_validation(mine)})
+        return rep.model_copy(update={"validations": mine, "validation": gating_validation(mine),
+                                      "warnings": [*rep.warnings, *warnings]})
 
     every = [v for vs in by_rank.values() for v in vs]
     return report.model_copy(update={"ranks": [filled(r) for r in report.ranks],
-                                     "validations": every, "validation": gating_validation(every)})
+                                     "validations": every, "validation": gating_validation(every),
+                                     "warnings": [*report.warnings, *warnings]})
 
 
 def _read_report(report_path: Path, tmp: Path):

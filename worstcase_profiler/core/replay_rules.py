@@ -65,11 +65,15 @@ def formed_for(target: Shape | None, frontier) -> Shape | None:
 def replay_reached(v) -> bool | None:
     """Whether a worst-step validation's requests made the scheduler form its target step: a
     step with at least the target's rows over at least its requests, at no shorter a context
-    (`formed`: the step formed_for chose). None when either is unknown (a traffic validation,
+    (`formed`: the step formed_for chose), and for a multimodal one an encoder run on at least
+    its items in one step (`encoder_items_formed`). None when either is unknown (a traffic validation,
     or no step recorded). A replay that did not reach its target measured some other step: its
     ratio says nothing about the worst one. `v`: a Validation, or anything with its fields."""
     if v.shape is None or v.formed is None:
         return None
+    want = getattr(v, "encoder_items", 0) or 0
+    if want and (getattr(v, "encoder_items_formed", None) or 0) < want:
+        return False  # a multimodal replay whose step never ran its encoder on every item
     return covers(v.formed, v.shape)
 
 

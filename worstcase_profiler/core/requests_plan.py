@@ -48,10 +48,16 @@ class Prompt:
     suffix_len: int
     branch_id: int = 0
     branch_len: int = 0
+    items: int = 0
+    """Multimodal items (images) after the suffix, each `item_len` prompt tokens once vLLM's
+    processor has expanded its placeholder (`multimodal_plan`); then `tail_len` text tokens."""
+    item_len: int = 0
+    tail_len: int = 0
 
     @property
     def length(self) -> int:
-        return self.prefix_len + self.branch_len + self.suffix_len
+        return (self.prefix_len + self.branch_len + self.suffix_len + self.items * self.item_len
+                + self.tail_len)
 
     @property
     def cached_len(self) -> int:
@@ -94,6 +100,9 @@ class RequestPlan:
     batches: tuple[Batch, ...]
     exact: bool
     note: str | None = None
+    items: int = 0
+    """Multimodal plans (`multimodal_plan`): the items whose first placeholder token the measured
+    step schedules, so that the encoder runs on all of them in that step."""
 
 
 def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> Shape:
@@ -526,6 +535,109 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
         exact=False,
         note="the decodes and the chunk share a step when the scheduler runs them together; "
              "the chunk's context is block-aligned")
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    """One modality's items as a multimodal replay puts them in prompts (the adapter reads them
+    from vLLM's processor: adapter/multimodal.replay_items)."""
+
+    modality: str
+    items: int
+    """Items the step must put through the encoder (the encoder step's: max_items_per_batch)."""
+    item_len: int
+    """Prompt tokens one item takes once its placeholder is expanded."""
+    limit_per_prompt: int
+    start: int = 0
+    """Offset of the item's placeholder range in those tokens: the encoder runs in the step that
+    schedules the token there."""
+    chunked: bool = True
+    """Whether an item's tokens may span prefill chunks (vLLM's chunked multimodal input; off:
+    --disable-chunked-mm-input keeps every item's tokens inside one chunk)."""
+
+
+def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
+                    text: Shape | None = None) -> tuple[RequestPlan | None, str]:
+    """Requests whose one step runs the encoder on `spec.items` items and a full chunk around them
+    on the longest context they leave (the encoder step: its items through the encoder, then a
+    chunk with their outputs held); (None, why) where no requests form it.
+
+    The items go at the end of each prompt, behind a text prefix: with prefix caching a warm-up
+    caches that prefix, the measured prompts hit it and the first step after the hit schedules
+    every item's first placeholder token (the encoder runs in the step that schedules it); without
+    prefix caching one prompt's text is chunked by max_num_batched_tokens and the items start on a
+    chunk boundary. Items fill prompts up to limit_per_prompt, one prompt per step request (at
+    most max_num_seqs); a text tail on the last prompt fills the chunk to max_num_batched_tokens.
+    The context is what max_model_len leaves in front of the longest prompt's items: shorter than
+    the encoder step's text step (`text`) by at least the items' tokens, which the note says.
+    Fewer items than asked (`exact` False, the note says why) where one chunk cannot hold every
+    item's first token (items longer than the chunk run their encoder in later steps), without
+    prefix caching over several prompts, or past the per-prompt limit."""
+    mnbt, mml, seqs = limits.max_num_batched_tokens, limits.max_model_len, limits.max_num_seqs
+    want, length = spec.items, spec.item_len
+    if want < 1 or length < 1:
+        return None, f"no {spec.modality} item reaches the encoder (items {want}, {length} tokens)"
+    if length > mml - 1:
+        return None, (f"one {spec.modality} item is {length:,} prompt tokens, more than "
+                      f"max_model_len - 1 = {mml - 1:,}")
+    per = max(1, min(spec.limit_per_prompt, want))
+    notes: list[str] = []
+    items = min(want, per * seqs)
+    if items < want:
+        notes.append(f"{items} of {want} items: {seqs} prompts of at most {per}")
+    if not prefix_caching and items > per:
+        items = per
+        notes.append(f"{items} of {want} items: without prefix caching several prompts each on a "
+                     f"long context cannot be lined up in one step, and one holds {per}")
+    before = limits.hit_drop if prefix_caching else 0  # a drafter recomputes the hit's last block
+    if spec.chunked:
+        fit = max(0, (mnbt - before - spec.start - 1) // length + 1)
+        why = (f"one chunk of {mnbt:,} rows schedules the first token of at most {fit} item(s) of "
+               f"{length:,} tokens (the rest run their encoder in later steps)")
+    else:
+        fit = (mnbt - before) // length
+        why = (f"with --disable-chunked-mm-input every item's {length:,} tokens sit in one chunk "
+               f"of {mnbt:,} rows, which holds {fit}")
+    if fit < 1:
+        return None, why
+    if items > fit:
+        items = fit
+        notes.append(f"{items} of {want} items: {why}")
+    counts = [min(per, items - i) for i in range(0, items, per)]
+    own = [k * length for k in counts]
+    tail = max(0, mnbt - before - sum(own))
+    longest = max(own[:-1] + [own[-1] + tail])
+    if longest > mml - 1:
+        tail = max(0, mml - 1 - own[-1])
+        longest = max(own[:-1] + [own[-1] + tail])
+    room = mml - 1 - longest
+    ctx = _down(room - before, limits.block_size if prefix_caching else mnbt)
+    rows = min(mnbt, before * len(counts) + sum(own) + tail)
+    label_items = (f"{counts[0]} {spec.modality} item(s) of {length:,} tokens" if len(set(counts))
+                   == 1 else f"{'/'.join(map(str, counts))} {spec.modality} items of {length:,} "
+                   f"tokens")
+    tail_label = f", then {tail:,} text tokens on the last" if tail else ""
+    if text is not None and text.context_len - ctx > limits.block_size:
+        notes.append(f"context {ctx:,}: the items' tokens must fit behind it in max_model_len "
+                     f"{mml:,} (the encoder step's text step ran at context "
+                     f"{text.context_len:,})")
+    target = Shape("prefill", rows, ctx, len(counts))
+    if prefix_caching:
+        shared = ctx + before
+        prompts = tuple(Prompt(1, shared, 0, items=k, item_len=length,
+                               tail_len=tail if i == len(counts) - 1 else 0)
+                        for i, k in enumerate(counts))
+        batches = (_warm(1, shared, limits),
+                   Batch(f"{len(counts)} prompt(s) on a cached {shared:,}-token text prefix, each "
+                         f"then {label_items}{tail_label}: the encoder runs on {items} in the "
+                         f"first step", prompts, 1, True))
+    else:
+        prompts = (Prompt(1, 0, ctx, items=counts[0], item_len=length, tail_len=tail),)
+        batches = (Batch(f"1 prompt of {ctx:,} text tokens (chunked by {mnbt:,}), then "
+                         f"{label_items}{tail_label}: the encoder runs on {items} in the chunk "
+                         f"at context {ctx:,}", prompts, 1, True),)
+    return RequestPlan(target=target, batches=batches, exact=items == want,
+                       note="; ".join(notes) or None, items=items), ""
 
 
 def token_ids(prompt: Prompt, vocab: int, salt: int) -> list[int]:

@@ -412,10 +412,14 @@ class Validation:
     requests: tuple[str, ...] = doc("the requests replayed")
     seconds: float = doc("wall time of the replay")
     rank: int = doc("the rank measured (with TP, the rank of highest ratio)", default=0)
-    target: Literal["worst-step", "quick", "traffic"] = doc(
+    target: Literal["worst-step", "quick", "traffic", "multimodal"] = doc(
         "worst-step: the report's own worst shape built from real requests (its rows, request "
-        "count and context); quick: its rows over its requests at the shortest context, formed "
-        "within a few steps (`--validate quick`); traffic: generic requests", default="traffic")
+        "count and context); on a model whose encoder step set the admitted transient, held "
+        "against the text sweep's own figure (text requests never run the encoder); quick: its "
+        "rows over its requests at the shortest context, formed within a few steps (`--validate "
+        "quick`); traffic: generic requests; multimodal: the encoder step (worstcase."
+        "encoder_step) built from requests with items (images) behind a text prefix, held "
+        "against the admitted figure", default="traffic")
     shape: Shape | None = doc("the step the requests were built to reach", default=None)
     note: str | None = doc("why a shape could not be built exactly, if so", default=None)
     resolution_bytes: int = doc(
@@ -427,6 +431,15 @@ class Validation:
         "context, else the closest; without a target, the one of most rows "
         "(replay_rules.formed_for). A worst-step replay reached its target only if this covers "
         "it (replay_rules.replay_reached); None where no step was recorded", default=None)
+    modality: str | None = doc("multimodal: the modality of the items the requests carry",
+                               default=None)
+    encoder_items: int = doc(
+        "multimodal: the items the requests put through the encoder in one step (the encoder "
+        "step's count, or fewer where the note says why); 0 for text requests", default=0)
+    encoder_items_formed: int | None = doc(
+        "multimodal: the most items the scheduler sent through the encoder in one step while the "
+        "measured requests ran (its scheduled_encoder_inputs); a multimodal replay reached its "
+        "target only if this is at least encoder_items; None where not recorded", default=None)
 
 
 @dataclass(frozen=True)

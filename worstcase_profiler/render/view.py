@@ -358,6 +358,8 @@ def stock_detail(report: Report) -> Detail:
 def validation_text(v) -> str:
     what = {"worst-step": " (worst step)",
             "quick": " (quick: the worst step's rows and requests, short context)",
+            "multimodal": f" (multimodal step: {v.encoder_items} {v.modality} item(s) through "
+                          f"the encoder, against the admitted figure)",
             }.get(v.target, "")
     text = (f"validation{what}: measured {fmt_bytes(v.measured_peak_bytes)} vs predicted "
             f"{fmt_bytes(v.predicted_peak_bytes)}, ratio {v.ratio:.3f}")
@@ -369,6 +371,8 @@ def validation_text(v) -> str:
         text += f", rank {v.rank}"
     if v.note:
         text += f" ({v.note})"
+    if v.target == "multimodal" and v.encoder_items_formed is not None:
+        text += f"; the encoder ran on {v.encoder_items_formed} item(s) in one step"
     if replay_reached(v) is False:
         text += (f"; NOT REACHED: the closest step the scheduler formed was "
                  f"{fmt_tokens(v.formed.rows)} rows over {v.formed.num_reqs} request(s) at context "

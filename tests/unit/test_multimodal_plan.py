@@ -1,0 +1,157 @@
+"""The multimodal replay (`--validate worst` on a model with an encoder step): which requests
+carry how many images where, on which context (core/requests_plan.multimodal_plan), whether a
+replay reached its step (replay_rules.replay_reached with encoder items), which validation gates
+(report.gating_validation), and the prompts the adapter builds from a plan
+(adapter/validation.multimodal_workload). No vLLM."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from worstcase_profiler.core.replay_rules import replay_reached
+from worstcase_profiler.core.requests_plan import ItemSpec, multimodal_plan, token_ids
+from worstcase_profiler.core.shapes import Limits
+from worstcase_profiler.core.types import Shape, Validation
+
+# the CPU test's engine: tests/cpu/test_multimodal_cpu.py (Idefics3 layout, one image of 2,913
+# prompt tokens, its first placeholder at offset 0, 2 a prompt, the encoder runs 1 a step)
+LIMITS = Limits(max_model_len=8192, max_num_batched_tokens=512, max_num_seqs=4, block_size=128,
+                prefix_caching=True)
+IDEFICS = ItemSpec("image", items=1, item_len=2913, limit_per_prompt=2)
+TEXT = Shape("prefill", 512, 7680, 1)  # the encoder step's text step
+
+
+def _measured(plan):
+    (batch,) = [b for b in plan.batches if b.measured]
+    return batch
+
+
+def _fits(plan, limits=LIMITS):
+    for b in plan.batches:
+        for p in b.prompts:
+            assert p.length + b.max_tokens <= limits.max_model_len, (b.label, p)
+
+
+def test_one_image_behind_a_cached_text_prefix_on_the_longest_context_it_leaves():
+    plan, why = multimodal_plan(IDEFICS, LIMITS, prefix_caching=True, text=TEXT)
+    assert not why and plan.exact and plan.items == 1
+    warm, measured = plan.batches
+    assert not warm.measured and [p.items for p in warm.prompts] == [0]  # text only
+    (p,) = measured.prompts
+    assert (p.prefix_len, p.suffix_len, p.items, p.item_len, p.tail_len) == (5248, 0, 1, 2913, 0)
+    assert warm.prompts[0].prefix_len == p.prefix_len  # the measured prompt hits all of it
+    # 8191 - 2913 = 5278, down to the 128-token block: the chunk after the hit starts the image
+    assert plan.target == Shape("prefill", 512, 5248, 1)
+    assert "context 5,248" in plan.note and "7,680" in plan.note  # shorter than the text step's
+    assert "1 image item(s) of 2,913 tokens" in measured.label
+    _fits(plan)
+
+
+def test_without_prefix_caching_the_image_starts_on_a_chunk_boundary():
+    limits = dataclasses.replace(LIMITS, prefix_caching=False)
+    plan, _ = multimodal_plan(IDEFICS, limits, prefix_caching=False)
+    (batch,) = plan.batches
+    (p,) = batch.prompts
+    assert p.suffix_len % 512 == 0 and p.suffix_len == 5120 and p.items == 1
+    assert plan.target == Shape("prefill", 512, 5120, 1) and plan.exact
+    _fits(plan, limits)
+
+
+def test_small_images_fill_prompts_to_the_limit_and_the_chunk_with_a_text_tail():
+    """Five items of 100 tokens, 2 a prompt: three requests (2, 2, 1 images) on one cached
+    prefix; every item's first token inside the 512-row chunk after the hit, the last prompt's
+    text tail making up the chunk."""
+    spec = ItemSpec("image", items=5, item_len=100, limit_per_prompt=2)
+    plan, _ = multimodal_plan(spec, LIMITS, prefix_caching=True, text=TEXT)
+    m = _measured(plan)
+    assert [p.items for p in m.prompts] == [2, 2, 1] and plan.items == 5 and plan.exact
+    assert [p.tail_len for p in m.prompts] == [0, 0, 12]
+    assert sum(p.length - p.prefix_len for p in m.prompts) == 512
+    assert len({p.prefix_len for p in m.prompts}) == 1
+    assert plan.target.num_reqs == 3 and plan.target.rows == 512
+    _fits(plan)
+
+
+def test_fewer_images_than_asked_say_why():
+    # two images of 2,913 tokens: one chunk of 512 holds the first token of one only
+    two = dataclasses.replace(IDEFICS, items=2)
+    plan, _ = multimodal_plan(two, LIMITS, prefix_caching=True)
+    assert plan.items == 1 and not plan.exact and "at most 1 item(s)" in plan.note
+    # without prefix caching one prompt: the per-prompt limit caps it
+    small = ItemSpec("image", items=5, item_len=100, limit_per_prompt=2)
+    limits = dataclasses.replace(LIMITS, prefix_caching=False)
+    plan, _ = multimodal_plan(small, limits, prefix_caching=False)
+    assert plan.items == 2 and not plan.exact and "without prefix caching" in plan.note
+    # more items than max_num_seqs prompts hold
+    many = ItemSpec("image", items=9, item_len=10, limit_per_prompt=2)
+    plan, _ = multimodal_plan(many, LIMITS, prefix_caching=True)
+    assert plan.items == 8 and "4 prompts of at most 2" in plan.note
+
+
+@pytest.mark.parametrize("spec, why", [
+    (dataclasses.replace(IDEFICS, chunked=False), "--disable-chunked-mm-input"),
+    (dataclasses.replace(IDEFICS, item_len=9000), "more than max_model_len"),
+    (dataclasses.replace(IDEFICS, items=0), "no image item reaches the encoder"),
+])
+def test_no_plan_where_no_request_forms_the_step_and_the_reason(spec, why):
+    plan, reason = multimodal_plan(spec, LIMITS, prefix_caching=True)
+    assert plan is None and why in reason
+
+
+def test_a_multimodal_replay_reached_only_with_its_encoder_items():
+    shape = Shape("prefill", 512, 5248, 1)
+    v = Validation(measured_peak_bytes=1, predicted_peak_bytes=2, ratio=0.5, requests=("r",),
+                   seconds=0.0, target="multimodal", shape=shape, formed=shape,
+                   modality="image", encoder_items=1, encoder_items_formed=1)
+    assert replay_reached(v) is True
+    assert replay_reached(dataclasses.replace(v, encoder_items_formed=0)) is False
+    assert replay_reached(dataclasses.replace(v, encoder_items_formed=None)) is False
+    text = dataclasses.replace(v, target="worst-step", encoder_items=0, encoder_items_formed=None)
+    assert replay_reached(text) is True  # text replays as before
+
+
+def test_the_multimodal_validation_gates_and_the_report_names_it():
+    from worstcase_profiler.render.view import validation_text
+    from worstcase_profiler.report import gating_validation
+
+    shape = Shape("prefill", 512, 5248, 1)
+    text = Validation(measured_peak_bytes=1, predicted_peak_bytes=2, ratio=0.9, requests=("t",),
+                      seconds=0.0, target="worst-step")
+    mm = Validation(measured_peak_bytes=5, predicted_peak_bytes=10, ratio=0.5, requests=("m",),
+                    seconds=0.0, target="multimodal", shape=shape, formed=shape,
+                    modality="image", encoder_items=1, encoder_items_formed=1)
+    assert gating_validation([text, mm]) is mm
+    assert gating_validation([text]) is text
+    line = validation_text(mm)
+    assert "multimodal step: 1 image item(s) through the encoder, against the admitted" in line
+    assert "the encoder ran on 1 item(s) in one step" in line
+
+
+def test_the_workload_puts_placeholder_ids_and_distinct_images_behind_the_shared_text():
+    pytest.importorskip("PIL")
+    from worstcase_profiler.adapter.multimodal import ReplayItems
+    from worstcase_profiler.adapter.validation import multimodal_workload
+    from PIL import Image
+
+    spec = ItemSpec("image", items=3, item_len=100, limit_per_prompt=2)
+    plan, _ = multimodal_plan(spec, LIMITS, prefix_caching=True)
+    allowed = tuple(range(50, 300))
+    items = ReplayItems(spec, unit=(4,), allowed=allowed, sample=Image.new("RGB", (8, 8)),
+                        embed_tokens=90)
+    work = multimodal_workload(plan, items)
+    assert work.target == "multimodal" and work.encoder_items == 3 and work.modality == "image"
+    (warm, _, m1), (measured, _, m2) = work.batches
+    assert not m1 and m2 and all(isinstance(p, list) for p in warm)
+    prefix = plan.batches[0].prompts[0].prefix_len
+    images = []
+    for prompt, planned in zip(measured, _measured(plan).prompts):
+        ids = prompt["prompt_token_ids"]
+        assert ids[:prefix] == warm[0][:prefix]  # the cached text prefix, exactly
+        assert all(i in allowed for i in ids[:prefix])
+        assert ids[prefix:prefix + planned.items] == [4] * planned.items
+        assert len(ids) == prefix + planned.items + planned.tail_len
+        images += prompt["multi_modal_data"]["image"]
+    assert len(images) == 3 and len({im.getpixel((0, 0)) for im in images}) == 3
+    assert token_ids  # the text ids are core.requests_plan.token_ids, mapped into `allowed`
