@@ -372,6 +372,11 @@ def check_together(settings: ProfilerSettings) -> None:
                           "give the engine less KV cache than its max_model_len was chosen for",
                           hint="drop kv_cap_bytes (pin the KV cache with "
                                "--kv-cache-memory-bytes instead), or max_model_len")
+    if settings.max_model_len == MAX_MODEL_LEN_AUTO and settings.mode == "report":
+        raise ConfigError(f"{CONFIG_KEY}: max_model_len auto in report mode: report mode "
+                          "measures and reports only, and auto would change the length served",
+                          hint="use mode enforce with max_model_len auto, or drop max_model_len "
+                               "(`wcprof fit` reports the length without starting at it)")
     if settings.max_model_len == MAX_MODEL_LEN_AUTO and settings.chunk_cap is not None:
         raise ConfigError(f"{CONFIG_KEY}: max_model_len auto with chunk_cap: the cap's levels "
                           "and the KV it gains are weighed at the swept max_model_len, not at "

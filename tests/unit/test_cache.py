@@ -262,3 +262,16 @@ def test_an_entry_is_written_owner_only_and_a_report_with_the_umask(tmp_path):
         assert (tmp_path / "p.json").stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(old)
+
+
+def test_the_pool_bound_follows_kv_cap_not_the_hosts_free_memory_where_the_cap_binds():
+    """wcprof's CPU kv_cap (512 MiB): vLLM's CPU figure is a share of free host memory, so two
+    starts of one configuration on a busy host planned different pools and missed the cache."""
+    from worstcase_profiler.core.cache import pool_capacity_tokens
+    GiB, MiB = 1 << 30, 1 << 20
+    common = dict(explicit_bytes=None, bytes_per_token=1 << 10, max_model_len=4096,
+                  graph_estimate_bytes=0, kv_cap_bytes=512 * MiB)
+    quiet = pool_capacity_tokens(stock_kv_bytes=9 * GiB, **common)
+    busy = pool_capacity_tokens(stock_kv_bytes=6 * GiB, **common)
+    assert quiet == busy == pool_capacity_tokens(stock_kv_bytes=512 * MiB, **common)
+    assert pool_capacity_tokens(stock_kv_bytes=256 * MiB, **common) < quiet  # below the cap: vLLM's

@@ -110,7 +110,11 @@ def test_the_capped_admission_gains_exactly_the_transient_it_no_longer_reserves(
     capped = budget.decide(_measured_start(sweep, m, plan), mode="enforce", margin_bytes=0)
     rec = capped.chunk_cap
     assert rec.uncapped_budget_bytes == plain.admission.budget_bytes
-    assert rec.budget_bytes == capped.admission.budget_bytes == capped.budget.budget_bytes
+    assert rec.budget_bytes == capped.admission.budget_bytes
+    # allocated: never more than the pool the sweep planned its shapes for (budget.planned_pool)
+    pool = LIMITS.kv_capacity_tokens * BPT
+    assert capped.budget.budget_bytes == min(rec.budget_bytes, pool)
+    assert rec.budget_bytes <= pool or "held at the KV pool" in capped.budget.reason
     assert rec.gained_bytes == sweep.peak_bytes - plan.transient_bytes > 0
     assert rec.gained_tokens == rec.kv_tokens - rec.uncapped_kv_tokens > 0
     assert capped.predicted_transient_bytes == plan.transient_bytes
@@ -169,3 +173,25 @@ def test_the_guard_counts_steps_over_the_cap_and_says_so_once():
     assert not plain.record_cap(10 ** 6, 10 ** 6)
     assert core.step_over_cap(((512, 1024), (4096, 256)), 257, 600)
     assert isinstance(StepResult, type)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(cuda=True), "on CUDA"),
+    (dict(chunked=False), "chunked prefill is off"),
+    (dict(align=True), "'align' mode"),
+    (dict(dp=2), "data parallelism"),
+])
+def test_the_cap_is_refused_where_it_would_not_bound_the_steps(change, needle):
+    from types import SimpleNamespace
+
+    from worstcase_profiler.adapter.chunk_cap import check_supported
+    from worstcase_profiler.errors import ConfigError
+
+    cfg = SimpleNamespace(
+        scheduler_config=SimpleNamespace(enable_chunked_prefill=change.get("chunked", True)),
+        cache_config=SimpleNamespace(mamba_cache_mode="align" if change.get("align") else "none"),
+        model_config=SimpleNamespace(is_hybrid=True),
+        parallel_config=SimpleNamespace(data_parallel_size=change.get("dp", 1)))
+    with pytest.raises(ConfigError, match=needle):
+        check_supported(from_mapping({"chunk_cap": 128}), cfg, cuda=change.get("cuda", False))
+    check_supported(from_mapping({}), cfg, cuda=True)  # off: nothing to refuse

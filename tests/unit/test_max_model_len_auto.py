@@ -1,7 +1,7 @@
 """max_model_len: auto (issue 37 point 2): the pure decision (core/fit.apply_longest, through
 core/budget.decide) over the advisor's fake StepDriver, the engine core's agreement
 (core/fit.agreed_max_model_len) and the setting itself. The engine side runs in
-tests/cpu/test_max_model_len_auto.py."""
+tests/cpu/test_max_model_len_auto_engine.py."""
 
 from __future__ import annotations
 
@@ -143,6 +143,8 @@ def test_the_setting_is_checked_and_measures_only_the_engines_own_chunk_and_seqs
         assert "--max-model-len" in e.value.hint
     with pytest.raises(ConfigError):  # the cap would cut the KV the length was chosen for
         load(environ={"WCPROF_CONFIG": '{"max_model_len": "auto", "kv_cap_bytes": "1GiB"}'})
+    with pytest.raises(ConfigError, match="report mode"):  # report mode changes nothing
+        load(environ={"WCPROF_CONFIG": '{"max_model_len": "auto", "mode": "report"}'})
     with pytest.raises(ConfigError, match="chunk_cap"):  # levels weighed at the swept length
         load(environ={"WCPROF_CONFIG": '{"max_model_len": "auto", "chunk_cap": 128}'})
     drv = FakeDriver(LIMITS)

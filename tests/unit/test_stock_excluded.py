@@ -92,3 +92,49 @@ def test_which_workers_run_the_stock_step_again_once_the_pool_exists(device, mod
     cfg, runner = _worker(device, module, mode)
     assert stock_reruns_with_kv(cfg, runner) is reruns
     assert stock_reruns_with_kv(cfg, None) is True  # no runner (a front end): it stays
+
+
+def test_a_budget_above_the_planned_pool_is_held_at_it_where_the_stock_step_is_left_out():
+    """The plan takes vLLM's own budget as the pool's bound; left out, the stock step no longer
+    keeps ours below it, so more KV would hold more requests at once than any planned step."""
+    from test_budget import _measured
+
+    from worstcase_profiler.core import budget
+
+    m = _measured()
+    ours = budget.decide(m, mode="enforce", margin_bytes=0).admission.budget_bytes
+    pool = (ours - 4 * MiB) // m.bytes_per_token  # a plan from a pool below our budget
+    limits = dataclasses.replace(m.limits, kv_capacity_tokens=pool)
+    kept = budget.decide(dataclasses.replace(m, limits=limits), mode="enforce", margin_bytes=0)
+    assert kept.budget.budget_bytes == kept.admission.budget_bytes  # the stock step counts: as ever
+    sweep = dataclasses.replace(m.sweep, stock_excluded="stock runs only before the KV cache")
+    held = budget.decide(dataclasses.replace(m, limits=limits, sweep=sweep), mode="enforce",
+                         margin_bytes=0)
+    assert held.admission.budget_bytes > pool * m.bytes_per_token
+    assert held.budget.budget_bytes == pool * m.bytes_per_token
+    assert "held at the KV pool the sweep planned" in held.budget.reason
+    explicit = budget.decide(dataclasses.replace(m, limits=limits, sweep=sweep,
+                                                 explicit_kv_bytes=8 * GiB),
+                             mode="enforce", margin_bytes=0)
+    assert explicit.budget.budget_bytes == 8 * GiB
+
+
+GiB = 1 << 30
+
+
+def test_an_eager_v2_worker_reruns_it_with_flashinfers_autotune_or_elastic_ep(monkeypatch):
+    """kernel_warmup's FlashInfer autotune and elastic EP's warm_and_capture both run
+    _dummy_run(max_num_batched_tokens) after the KV cache exists, their requests not capped."""
+    import importlib.util
+
+    from worstcase_profiler.adapter.facts import stock_reruns_with_kv
+
+    cfg, runner = _worker("cuda", "vllm.v1.worker.gpu.model_runner", "NONE")
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "flashinfer" else found(name, *a))
+    assert stock_reruns_with_kv(cfg, runner) is True  # autotune unset: vLLM's -O2 default is on
+    cfg.kernel_config = SimpleNamespace(enable_flashinfer_autotune=False)
+    assert stock_reruns_with_kv(cfg, runner) is False
+    cfg.parallel_config = SimpleNamespace(enable_elastic_ep=True)
+    assert stock_reruns_with_kv(cfg, runner) is True

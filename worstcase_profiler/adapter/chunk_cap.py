@@ -47,11 +47,39 @@ log = logging.getLogger("vllm.wcprof")
 CAP_ATTR = "_wcprof_chunk_cap"  # the levels kept on the Scheduler object
 
 
-def check_supported(settings: ProfilerSettings) -> None:
-    """The cap needs vLLM's Scheduler._reserve_prefill_lookahead (vLLM 0.32): refuse the start,
-    naming it, where it is absent (the budget would assume a cap nobody enforces)."""
+def check_supported(settings: ProfilerSettings, vllm_config=None, *, cuda: bool = False) -> None:
+    """Refuse a start with the cap, naming why, wherever the budget would assume a cap nobody
+    enforces or steps it does not bound run:
+
+    * vLLM's Scheduler._reserve_prefill_lookahead is absent (only vLLM 0.32 has it);
+    * CUDA: vLLM's warm-ups after the KV cache exists (a compiled model's at
+      max_num_batched_tokens, FlashInfer's autotune) run full-chunk steps the capped admission
+      does not hold, and regrow the workspace slots the cap shrank; not run on a GPU;
+    * chunked prefill off: vLLM schedules a prompt whole, and the clamp would split it;
+    * a Mamba hybrid in "align" mode (prefix caching): its chunks must end on a block boundary,
+      which the clamp, applied after vLLM's alignment, does not keep;
+    * data parallelism: the cap reaches each engine core through rank 0's file only."""
     if settings.chunk_cap is None:
         return
+    why = None
+    if cuda:
+        why = ("on CUDA vLLM's warm-ups after the KV cache exists run full-chunk steps the "
+               "capped admission does not hold (not run on a GPU)")
+    elif vllm_config is not None:
+        # vllm-touch: worker-config
+        sched, cache = vllm_config.scheduler_config, vllm_config.cache_config
+        if not getattr(sched, "enable_chunked_prefill", True):
+            why = "chunked prefill is off: vLLM schedules each prompt whole"
+        elif getattr(cache, "mamba_cache_mode", None) == "align" and \
+                getattr(vllm_config.model_config, "is_hybrid", False):
+            why = ("this hybrid's recurrent state caches in 'align' mode, whose chunks must end "
+                   "on a block boundary the clamp does not keep")
+        elif int(getattr(vllm_config.parallel_config, "data_parallel_size", 1) or 1) > 1:
+            why = "data parallelism: only rank 0 hands the cap to its engine core"
+    if why is not None:
+        raise ConfigError(f"chunk_cap is set, but {why}",
+                          hint="unset chunk_cap (the static --max-num-batched-tokens the advisor "
+                               "names bounds the worst step everywhere)")
     # vllm-touch: scheduler-chunk-cap
     from vllm.v1.core.sched.scheduler import Scheduler
 

@@ -48,7 +48,9 @@ def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
       max_num_batched_tokens) requests after the KV cache exists: True;
     * with the V2 runner, a compiled model (CompilationMode.VLLM_COMPILE; any mode but NONE is
       taken as compiled) is warmed up at max_num_batched_tokens, over min(rows, max_num_seqs)
-      requests: True; eager (mode NONE, as --enforce-eager sets it), only the kernel
+      requests: True; so is eager with FlashInfer installed and its autotune not switched off
+      (kernel_warmup's autotune runs _dummy_run(max_num_batched_tokens) once the pool exists),
+      and elastic EP (warm_and_capture runs it too); otherwise eager (mode NONE), only the kernel
       warm-up runs (`v1/worker/gpu/warmup._warmup_kernels`), its requests capped at what the
       pool holds ((num_blocks - 1) // blocks per request): False.
 
@@ -63,7 +65,17 @@ def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
     if device != "cuda" or not is_v2_runner(runner):
         return True
     mode = getattr(vllm_config.compilation_config, "mode", None)
-    return getattr(mode, "name", str(mode)) != "NONE"  # any compiled mode: warmed up as compiled
+    if getattr(mode, "name", str(mode)) != "NONE":  # any compiled mode: warmed up as compiled
+        return True
+    if getattr(getattr(vllm_config, "parallel_config", None), "enable_elastic_ep", False):
+        return True  # elastic EP's warm_and_capture reruns _dummy_run(max_num_tokens) uncapped
+    autotune = getattr(getattr(vllm_config, "kernel_config", None), "enable_flashinfer_autotune",
+                       None)
+    import importlib.util
+
+    # kernel_warmup's FlashInfer autotune: _dummy_run(max_num_batched_tokens, is_profile=True)
+    # after the KV cache exists, min(rows, max_num_reqs) requests (not capped by the pool)
+    return autotune is not False and importlib.util.find_spec("flashinfer") is not None
 
 
 def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]:

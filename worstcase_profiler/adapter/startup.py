@@ -176,7 +176,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
     # A cached sweep decides how much of the start is measured (ranks agree: captures run
     # collectives). Its capacity bucket is checked once vLLM's own figure is known.
     limits = limits_of(vllm_config, worker.model_runner)
-    chunk_cap.check_supported(settings)
+    chunk_cap.check_supported(settings, vllm_config, cuda=cuda)
     with clock("cache_lookup"):  # the cap resizes the workspace: its starts are not cached
         handle, entry = (None, None) if settings.chunk_cap is not None else \
             sweep_cache.lookup(worker, session.facts, limits, settings)
@@ -189,7 +189,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
                                               clock=clock)
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
         bpt = kvmod.bytes_per_token(runner)
-        limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn)
+        limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
+                             kv_cap=settings.kv_cap_bytes)
         if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
             log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
                      "has %s: running the full sweep", handle.cache.path(handle.key),
@@ -274,10 +275,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,
-                agree_fn) -> Limits:
+                agree_fn, kv_cap: int | None = None) -> Limits:
     """The engine's `limits`, bounded by the KV pool: what the scheduler can form is bounded by
-    what can be resident at once, and vLLM's own budget is an upper bound on the pool (ours
-    only comes out smaller). Windowed groups keep part of each request, and requests on one
+    what can be resident at once. The pool planned is vLLM's own budget (or the explicit size),
+    at most `kv_cap`; the admission never gives the engine more than it (budget.decide holds a
+    budget that would come out larger, as where the stock step is left out). Windowed groups keep part of each request, and requests on one
     cached prefix may share a step only on hits of their own; a recurrent state under
     speculative decoding holds 1 + k blocks of each request; every rank plans the same."""
     # vllm-touch: worker-config
@@ -287,7 +289,7 @@ def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt
         limits = dataclasses.replace(limits, kv_capacity_tokens=pool_capacity_tokens(
             explicit_bytes=explicit, stock_kv_bytes=stock_kv,
             graph_estimate_bytes=cudagraph_applied(worker), bytes_per_token=bpt,
-            max_model_len=limits.max_model_len),
+            max_model_len=limits.max_model_len, kv_cap_bytes=kv_cap),
             # sliding-window / chunked-local groups keep a window of each request, not all
             full_request_tokens=kvmod.full_request_tokens(runner, bpt, limits.max_model_len,
                                                           limits.block_size),

@@ -89,7 +89,10 @@ def run(argv: list[str]) -> int:
                       f"request at {mml} with vLLM's null block ({fmt_bytes(need_one)}); use at least "
                       f"--kv-cache-memory-bytes {need_one}, at most {upper} ({where}).")
         return 1
+    capped = (f" That budget holds only with the chunk cap: set chunk_cap "
+              f"{report.chunk_cap.plan.rows} in the plugin's settings."
+              if report.chunk_cap is not None else "")
     console.print(f"[bold green]safe[/]: {shown} is within the worst-case budget "
                   f"{fmt_bytes(budget)} ({fmt_bytes(budget - value)} to spare) and holds one "
-                  f"request at {mml} ({fmt_bytes(need_one)}); {where}.")
+                  f"request at {mml} ({fmt_bytes(need_one)}); {where}.{capped}")
     return 0

@@ -130,11 +130,13 @@ def compute_admission(*, requested: int, consumed: int, weights: int, non_torch:
 
 
 def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label: str,
-                  max_model_len: int) -> BudgetDecision:
+                  max_model_len: int, pool_ceiling: int | None = None) -> BudgetDecision:
     """enforce: the worst-case budget (or the explicit --kv-cache-memory-bytes when it fits);
     report: vLLM's own figure, measured and reported only. kv_cap limits what is allocated
     (never below one request at max_model_len and vLLM's null block). A configuration that does not fit is refused
-    in enforce mode, with the flag value that would fit when an explicit one is too large."""
+    in enforce mode, with the flag value that would fit when an explicit one is too large.
+    `pool_ceiling`: the KV pool the sweep planned its shapes for; what is allocated never
+    exceeds it (more blocks would let the scheduler form wider steps than were measured)."""
     error = None
     least = least_of(adm)
     if not adm.fits and mode == "enforce":
@@ -178,6 +180,8 @@ def decide_budget(adm: Admission, *, mode: str, kv_cap: int | None, worst_label:
         budget, reason = max(0, adm.budget_bytes), "worst-case budget"
     if kv_cap is not None and budget > max(kv_cap, least):
         budget, reason = max(kv_cap, least), f"{reason}, capped by kv_cap"
+    if pool_ceiling is not None and budget > max(pool_ceiling, least):
+        budget, reason = max(pool_ceiling, least), f"{reason}, held at the KV pool the sweep planned"
     return BudgetDecision(budget_bytes=int(budget), reason=reason, error=error)
 
 

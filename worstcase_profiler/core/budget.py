@@ -145,7 +145,7 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
         capped = cap_record(m, cap, admission, uncapped, advice)
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
                            worst_label=(cap.worst_shape if cap else sweep.worst.shape).label(),
-                           max_model_len=max_model_len)
+                           max_model_len=max_model_len, pool_ceiling=planned_pool(m, cap))
     if refusal is not None and mode == "enforce":
         budget = replace(budget, error=refusal)
     note = host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
@@ -153,6 +153,18 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
     return Decided(admission=admission, budget=budget, advice=advice, fit=fitted,
                    warnings=(note,) if note else (), chunk_cap=capped,
                    predicted_transient_bytes=admission.transient_bytes)
+
+
+def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
+    """The KV pool the sweep planned its shapes for, where the admission could exceed it, else
+    None. The plan takes vLLM's own budget as an upper bound on the pool (pool_limits), which
+    holds while the admitted transient is at least stock's: where the stock step is left out
+    (SweepResult.stock_excluded) or the chunk cap admits less, a larger budget would hold more
+    requests at once than any planned step has. Not with an explicit KV size (the plan's)."""
+    tokens = m.limits.kv_capacity_tokens
+    if m.explicit_kv_bytes is not None or not tokens or not (m.sweep.stock_excluded or cap):
+        return None
+    return tokens * m.bytes_per_token
 
 
 def _admit(m: Measured, held: HeldMemory, transient: int, margin_bytes: int) -> Admission:

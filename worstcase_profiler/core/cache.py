@@ -67,14 +67,19 @@ def round_capacity_up(tokens: int) -> int:
 
 def pool_capacity_tokens(*, explicit_bytes: int | None, stock_kv_bytes: int,
                          graph_estimate_bytes: int, bytes_per_token: int,
-                         max_model_len: int) -> int:
+                         max_model_len: int, kv_cap_bytes: int | None = None) -> int:
     """The KV pool's bound in tokens, which caps the shapes a sweep plans and keys its cache:
     `--kv-cache-memory-bytes` when given, else vLLM's own KV figure with its CUDA-graph estimate
     added back. vLLM subtracts that estimate from its figure, and a first start makes it exact
     (every graph captured) where a cached start sees the sampled one, so without it the same
-    configuration would key two entries. At least one request at max_model_len."""
+    configuration would key two entries. `kv_cap_bytes` (the kv_cap setting) bounds what is
+    allocated, so the pool too: where it binds (wcprof's 512 MiB on the CPU), the plan no longer
+    follows vLLM's CPU figure, a share of the host's free memory. At least one request at
+    max_model_len."""
     pool = explicit_bytes if explicit_bytes is not None else \
         stock_kv_bytes + max(0, graph_estimate_bytes)
+    if kv_cap_bytes is not None:
+        pool = min(pool, kv_cap_bytes)
     return round_capacity_up(max(max_model_len, int(pool) // bytes_per_token))
 
 

@@ -311,6 +311,8 @@ def flag_note(report: Report) -> str:
                      f"max_model_len needs (with vLLM's null block)")
         elif explicit > adm.budget_bytes:
             note += ", more than the worst-case budget"
+    if report.chunk_cap is not None:  # the budget holds only with the cap enforcing its steps
+        note += f"; only with chunk_cap {report.chunk_cap.plan.rows} in the plugin's settings"
     return note
 
 
