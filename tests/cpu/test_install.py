@@ -155,6 +155,9 @@ def test_vllm_serve_with_the_profiler_answers_a_request(venv):
     port = free_port()
     serve_env = dict(env)
     serve_env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # as an operator runs it
+    # wcprof's CPU default kv_cap (512 MiB) bounds the pool its sweep planned: the same setting
+    # makes the server the same configuration, so it finds the sweep wcprof stored
+    serve_env["WCPROF_CONFIG"] = json.dumps({"kv_cap_bytes": "512MiB"})
     log_path = tmp / "serve.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
