@@ -52,6 +52,17 @@ def test_reuse_consumed_keeps_the_cached_figure_when_the_baseline_matches():
         == 10 * GiB + 300 * MiB
 
 
+def test_a_baseline_a_little_below_the_cached_one_keeps_the_cached_figure():
+    """Starts of one configuration read baselines a resolution or two apart: below, the cached
+    (larger) figure stands, so the restart admits what the cold start did; far below, measured."""
+    kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
+              resolution=MiB // 2, replay_residue=10 * MiB)
+    assert reuse_consumed(baseline_now=10 * GiB - 900 * 1024, **kw) == 10 * GiB + 300 * MiB
+    assert reuse_consumed(baseline_now=10 * GiB - 2 * MiB, **kw) == 10 * GiB + 300 * MiB
+    assert reuse_consumed(baseline_now=10 * GiB - 3 * MiB, **kw) == 10 * GiB - 3 * MiB + 300 * MiB
+    assert reuse_consumed(baseline_now=10 * GiB + MiB, **kw) == 10 * GiB + MiB + 300 * MiB
+
+
 def test_reuse_consumed_adds_the_sweeps_residue_to_a_moved_baseline():
     kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
               resolution=MiB // 2)
