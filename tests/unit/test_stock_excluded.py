@@ -11,8 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from worstcase_profiler.core.shapes import Limits, stock_excluded_why, stock_shape
-from worstcase_profiler.core.sweep import Replay, reused, run_cut_down, run_sweep
+from worstcase_profiler.core.requests_plan import plan_for
+from worstcase_profiler.core.shapes import (Limits, fresh_prefill_batch, prefill_chunk,
+                                            stock_excluded_why, stock_shape)
+from worstcase_profiler.core.sweep import (Replay, dominance_checks, reused, run_cut_down,
+                                           run_sweep)
 from worstcase_profiler.core.types import ProvisionalKV
 
 from test_sweep import CutDriver, FakeDriver
@@ -59,6 +62,27 @@ def test_a_cut_down_sweep_leaves_it_out_the_same_way():
                      attribute_ops=False)
     assert cut.stock_excluded and cut.worst.shape.kind != "stock"
     assert cut.peak_bytes < BIG_STOCK and cut.peak_bytes >= full.worst.peak_bytes
+
+
+# prefix caching with hits of at least 32 rows: split prefills of 64 rows stop at 1 + 63 // 32 = 2
+# requests, so only the fresh prefill batch spreads the budget over the 8 the pool holds
+HITS = dataclasses.replace(POOL, prefix_caching=True, prefix_hit_min_rows=32)
+per_req = lambda s: f(s) + s.num_reqs * 2 * MiB  # noqa: E731  (a drafter's rows per request)
+
+
+def test_the_fresh_prefill_batch_stands_in_for_an_excluded_stock_step():
+    shape = fresh_prefill_batch(HITS)
+    assert (shape.kind, shape.rows, shape.context_len, shape.num_reqs) == ("prefill", 64, 0, 8)
+    assert fresh_prefill_batch(dataclasses.replace(HITS, stock_reruns_with_kv=True)) is None
+    out = run_sweep(FakeDriver(HITS, transient=per_req, stock_transient=BIG_STOCK), tolerance=0,
+                    attribute_ops=False)
+    assert out.stock_excluded and out.worst.shape == shape
+    assert max(r.peak_bytes for r in out.steps if r.shape != shape) < out.peak_bytes
+    assert shape in dominance_checks(HITS, plan_shape := prefill_chunk(HITS, 64)) \
+        and plan_shape != shape
+    req = plan_for(shape, HITS, prefix_caching=True)
+    assert req.exact and req.target == shape
+    assert [p.suffix_len for p in req.batches[-1].prompts] == [8] * 8
 
 
 def test_a_replay_whose_stock_step_drifted_keeps_the_cached_figure_where_it_does_not_count():

@@ -337,6 +337,13 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
                                      plan.note) if x)
         return replace(plan, exact=False, note=note)
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
+    if shape.context_len == 0 and n > 1:  # fresh prompts (shapes.fresh_prefill_batch)
+        return RequestPlan(
+            target=shape,
+            batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
+                           tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
+                           1, True),),
+            exact=True)
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
     dropped = limits.hit_drop

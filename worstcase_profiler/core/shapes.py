@@ -271,6 +271,23 @@ def stock_excluded_why(limits: Limits) -> str | None:
             f"vLLM nor its scheduler runs a step of {reqs} requests beside it")
 
 
+def fresh_prefill_batch(limits: Limits) -> Shape | None:
+    """Where the stock step leaves the worst case (stock_excluded_why), the step that stands
+    in for it: max_num_batched_tokens rows of fresh prompts (no cached context) over as many
+    requests as the pool holds at once (max_concurrent_requests, at most max_num_seqs). Its
+    per-request costs (sampling, a drafter's 1 + k rows each) are what made stock's the largest
+    step, and no other shape spreads a full budget over that many requests: split_prefills
+    stops where prefix hits stop lining requests up on a long context. None where stock
+    counts (it has at least as many requests on the same rows) or the step is one request
+    (the context ladder's empty rung). h200-run37: 225 prompts of 8 tokens (1,800 rows)
+    needed 2.03 GiB, above every swept step (1.96 GiB)."""
+    if stock_excluded_why(limits) is None:
+        return None
+    rows = limits.max_num_batched_tokens
+    n = min(limits.max_num_seqs, rows, limits.max_concurrent_requests or rows)
+    return Shape(kind="prefill", rows=rows, context_len=0, num_reqs=n) if n > 1 else None
+
+
 def prefill_chunk(limits: Limits, rows: int) -> Shape:
     """R new tokens for one request on top of max_model_len - R cached tokens. R beyond
     max_model_len cannot belong to one request, so it is split as evenly as possible over

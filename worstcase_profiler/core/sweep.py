@@ -146,7 +146,8 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
                               seeds=seeds)
         skipped: list[tuple[Shape, str]] = []
         for extra in (*plan.split_prefills(limits, rows_cov.worst_rows), plan.decode_batch(limits),
-                      plan.wide_decode_batch(limits), plan.mixed_step(limits)):
+                      plan.wide_decode_batch(limits), plan.mixed_step(limits),
+                      plan.fresh_prefill_batch(limits)):
             if extra is None:
                 continue
             why = cannot_build(driver, extra)
@@ -453,12 +454,14 @@ class Replay:
 
 def dominance_checks(limits: Limits, worst: Shape) -> tuple[Shape, ...]:
     """The shapes a cached worst step is checked against on reuse: the full chunk at full
-    extent, the widest split of it, the decode batch (the largest of their kinds in the plan).
+    extent, the widest split of it, the decode batch (the largest of their kinds in the plan) and,
+    where the stock step is left out, the fresh prefill batch that stands in for it.
     An entry whose worst shape was swapped for a small one, with a need to match, fails here."""
     hi = limits.max_num_batched_tokens
     splits = plan.split_prefills(limits, hi)
-    found = [plan.prefill_chunk(limits, hi), *(splits[-1:]), plan.decode_batch(limits)]
-    return tuple(s for s in dict.fromkeys(found) if s != worst)
+    found = [plan.prefill_chunk(limits, hi), *(splits[-1:]), plan.decode_batch(limits),
+             plan.fresh_prefill_batch(limits)]
+    return tuple(s for s in dict.fromkeys(found) if s is not None and s != worst)
 
 
 def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (),
