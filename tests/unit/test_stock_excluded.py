@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from worstcase_profiler.core.requests_plan import plan_for
-from worstcase_profiler.core.shapes import (Limits, fresh_prefill_batch, prefill_chunk,
-                                            stock_excluded_why, stock_shape)
+from worstcase_profiler.core.shapes import (Limits, fresh_prefill_batch, most_fresh_requests,
+                                            prefill_chunk, stock_excluded_why, stock_shape)
 from worstcase_profiler.core.sweep import (Replay, dominance_checks, reused, run_cut_down,
                                            run_sweep)
 from worstcase_profiler.core.types import ProvisionalKV
@@ -83,6 +83,24 @@ def test_the_fresh_prefill_batch_stands_in_for_an_excluded_stock_step():
     req = plan_for(shape, HITS, prefix_caching=True)
     assert req.exact and req.target == shape
     assert [p.suffix_len for p in req.batches[-1].prompts] == [8] * 8
+
+
+def test_a_fresh_prefill_batch_the_driver_cannot_build_keeps_the_stock_step():
+    class NoFresh(FakeDriver):
+        def cannot_build(self, shape):
+            return "no" if shape == fresh_prefill_batch(self.limits) else None
+
+    out = run_sweep(NoFresh(HITS, transient=per_req, stock_transient=BIG_STOCK), tolerance=0,
+                    attribute_ops=False)
+    assert out.stock_excluded is None and out.peak_bytes == BIG_STOCK
+
+
+def test_a_provisional_pool_holds_a_state_slot_for_each_fresh_request():
+    assert most_fresh_requests(HITS) == 8  # the fresh prefill batch's 8 requests on no context
+    assert most_fresh_requests(dataclasses.replace(HITS, stock_reruns_with_kv=True)) == 1
+    # a split prefill whose extent is its chunk: 64 rows over 4 requests of 16 on no context
+    tight = Limits(max_model_len=16, max_num_batched_tokens=64, max_num_seqs=4, block_size=16)
+    assert most_fresh_requests(tight) == 4
 
 
 def test_a_replay_whose_stock_step_drifted_keeps_the_cached_figure_where_it_does_not_count():

@@ -47,8 +47,9 @@ def init_provisional_kv(runner, limits: Limits, meter, num_blocks: int, initiali
             on_error()
         if "out of memory" in str(e).lower() or isinstance(e, MemoryError):
             raise DoesNotFit(
-                f"a KV cache for one request at max_model_len={limits.max_model_len} "
-                f"({num_blocks} blocks) does not fit next to the weights",
+                f"a provisional KV cache of {num_blocks} blocks (one request at "
+                f"max_model_len={limits.max_model_len}, or the widest step's requests) does "
+                f"not fit next to the weights",
                 hint="lower --max-model-len or use a device with more memory") from e
         raise
     grown = meter.in_use() - before

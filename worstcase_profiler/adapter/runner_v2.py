@@ -55,7 +55,7 @@ import math
 
 import numpy as np
 
-from ..core.shapes import Limits, request_layout
+from ..core.shapes import Limits, most_fresh_requests, request_layout
 from ..core.types import Shape
 from ..errors import UnsupportedModel
 from . import workspace as ws
@@ -173,17 +173,22 @@ class V2Driver(DriverBase):
         del hidden, last
 
     # -- provisional KV cache -----------------------------------------------------------------
-    def _blocks_for_one_request(self) -> int:
+    def _provisional_blocks(self) -> int:
+        """One request at max_model_len plus the null block; on a hybrid model at least one
+        block more than the most requests a step holds on no context: prepare_dummy_attn gives
+        their recurrent states slots 1..n, which index the pool's state tensors (a 225-request
+        fresh prefill on a 159-block pool failed a CUDA gather's bounds check, H200)."""
         sizes = [int(s.block_size) for s in self.runner.get_kv_cache_spec().values()
                  if getattr(s, "block_size", None)]
         bs = min(sizes) if sizes else self.limits.block_size
-        return math.ceil(self.limits.max_model_len / bs) + 1  # + the null block
+        one = math.ceil(self.limits.max_model_len / bs) + 1  # + the null block
+        return max(one, 1 + most_fresh_requests(self.limits)) if self._hybrid else one
 
     @contextlib.contextmanager
     def provisional_kv(self):
         # vllm-touch: kv-cache-config
         r = self.runner
-        need = self._blocks_for_one_request()
+        need = self._provisional_blocks()
         with _set_config_ctx(r.vllm_config):
             cfg, info = init_provisional_kv(
                 r, self.limits, self.meter, need,

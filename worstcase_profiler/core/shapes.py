@@ -288,6 +288,16 @@ def fresh_prefill_batch(limits: Limits) -> Shape | None:
     return Shape(kind="prefill", rows=rows, context_len=0, num_reqs=n) if n > 1 else None
 
 
+def most_fresh_requests(limits: Limits) -> int:
+    """The most requests one planned step holds on no cached context (the fresh prefill batch,
+    a split prefill whose requests' extent is their chunk), at least 1; vLLM's own stock step
+    aside (it skips attention). A driver whose dummy steps give such requests' recurrent states
+    slots 1..n of the KV pool (vLLM's V2 runner: valid_dummy_state_slots; with a context the
+    ids wrap around the pool instead) needs a provisional pool of at least n + 1 blocks."""
+    found = [fresh_prefill_batch(limits), *split_prefills(limits, limits.max_num_batched_tokens)]
+    return max([1, *(s.num_reqs for s in found if s is not None and s.context_len == 0)])
+
+
 def prefill_chunk(limits: Limits, rows: int) -> Shape:
     """R new tokens for one request on top of max_model_len - R cached tokens. R beyond
     max_model_len cannot belong to one request, so it is split as evenly as possible over

@@ -165,7 +165,10 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
 
         # The stock step is a step vLLM itself runs: the worst case is never below it, unless
         # it never runs beside the KV cache (plan.stock_excluded_why).
+        # Its stand-in must have run: a fresh prefill batch the driver could not build keeps it.
         excluded = plan.stock_excluded_why(limits)
+        if excluded and any(s == plan.fresh_prefill_batch(limits) for s, _ in skipped):
+            excluded = None
         stock_counts = () if excluded else (stock, stock_high)
         worst = max([*log, *stock_counts[1:]], key=lambda r: (r.need_bytes, r.peak_bytes))
         worst_op = None
