@@ -721,3 +721,28 @@ def test_other_names_of_a_window_keep_the_block_alone(draft):
 
     got = prefix_hit_rows(_config(hybrid=False, block=16, draft=_draft(**draft)))
     assert got["prefix_hit_min_rows"] == 16
+
+
+def test_a_fresh_prefill_batch_under_a_block_dropping_drafter_is_validated_as_is():
+    """The fresh prefill batch (context 0, shapes.fresh_prefill_batch) needs no prefix hit, so
+    a drafter that drops a hit's block never keeps it from forming: validation_target keeps it
+    even where its rows per request (64 // 8) are at most the dropped block (16), rather than
+    swap it for a split prefill on a cached context (it became (64, 234, 3))."""
+    from worstcase_profiler.core.shapes import fresh_prefill_batch
+
+    lim = Limits(max_model_len=256, max_num_batched_tokens=64, max_num_seqs=64, block_size=16,
+                 kv_capacity_tokens=1024, state_request_tokens=112, stock_reruns_with_kv=False,
+                 prefix_caching=True, prefix_hit_min_rows=17, prefix_hit_drop=16)
+    fresh = fresh_prefill_batch(lim)
+    assert (fresh.kind, fresh.rows, fresh.context_len, fresh.num_reqs) == ("prefill", 64, 0, 8)
+    assert fresh.rows // fresh.num_reqs <= lim.hit_drop
+    splits = [s for s in split_prefills(lim, 64) if 1 < s.num_reqs < fresh.num_reqs]
+    assert splits  # a formable split prefill of the same rows the old rule swapped in
+    steps = [(fresh, 100), *((s, 90) for s in splits)]
+    assert validation_target(fresh, 100, steps, lim) == fresh
+    plan = plan_for(fresh, lim, prefix_caching=True)
+    assert plan.exact and plan.target == fresh
+    measured = plan.batches[-1]
+    assert measured.measured and len(measured.prompts) == 8
+    assert all(p.prefix_len == 0 for p in measured.prompts)
+    assert sum(p.suffix_len for p in measured.prompts) == 64

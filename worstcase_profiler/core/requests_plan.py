@@ -118,9 +118,12 @@ def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> S
     rows leave each room for the dropped block and a row (split_prefills' widest: one request
     beyond the hits, on a short last chunk) is not formed by prompts on a cached prefix: the
     target is then the swept prefill of the same rows with the most requests that do form, and
-    the validation holds its measurement against the worst step's prediction all the same."""
+    the validation holds its measurement against the worst step's prediction all the same.
+    A prefill on no context (the fresh prefill batch, shapes.fresh_prefill_batch) needs no
+    hit: fresh prompts form it exactly, so it stays the target."""
     if (worst.kind == "prefill" and limits.prefix_caching and limits.hit_drop
-            and worst.num_reqs > 1 and not _hits_leave_room(worst.rows, worst.num_reqs, limits)):
+            and worst.context_len > 0 and worst.num_reqs > 1
+            and not _hits_leave_room(worst.rows, worst.num_reqs, limits)):
         formed = [shape for shape, _ in steps
                   if shape.kind == "prefill" and shape.rows == worst.rows
                   and 1 < shape.num_reqs < worst.num_reqs
