@@ -156,17 +156,23 @@ def test_a_cut_down_entry_written_before_confirmed_existed_is_not_used(tmp_path)
     assert entry is None and "before it recorded its confirmed steps" in why
 
 
-def test_the_committed_signed_export_still_verifies():
-    """h200-run27's signed export (secret wcprof-bench) imports on the next hosts: a change to
-    the entry type must not invalidate what producers already signed."""
+def test_the_committed_signed_export_still_verifies_but_is_of_an_older_schema():
+    """h200-run27's signed export (secret wcprof-bench): its MAC still verifies as its producer
+    wrote it (a change to the entry type must not invalidate what producers signed), but it is
+    a schema-4 entry: its sweep predates the fresh prefill batch (SCHEMA 5), so it is a miss,
+    never reused on the strength of its signature."""
     from pathlib import Path
+
+    from worstcase_profiler.core.cache import SCHEMA, document_trusted
     export = Path(__file__).resolve().parents[2] / "docs/results/h200-run27/production/cache-export-signed"
     files = sorted(export.glob("*.json"))
     assert files
     for f in files:
+        data = json.loads(f.read_text())
+        assert data["schema"] == 4 < SCHEMA
+        assert document_trusted(data, "wcprof-bench") and not document_trusted(data, "other")
         entry, why = SweepCache(export, secret="wcprof-bench").inspect(f)
-        assert why is None and entry is not None
-        assert SweepCache(export, secret="other").inspect(f)[1] == "not signed with $WCPROF_CACHE_SECRET"
+        assert entry is None and why == f"not a cache entry (not a cache entry of schema {SCHEMA})"
 
 
 def test_a_cached_worst_step_must_still_dominate_the_plans_heaviest_shapes():
@@ -275,3 +281,25 @@ def test_the_pool_bound_follows_kv_cap_not_the_hosts_free_memory_where_the_cap_b
     busy = pool_capacity_tokens(stock_kv_bytes=6 * GiB, **common)
     assert quiet == busy == pool_capacity_tokens(stock_kv_bytes=512 * MiB, **common)
     assert pool_capacity_tokens(stock_kv_bytes=256 * MiB, **common) < quiet  # below the cap: vLLM's
+
+
+def test_an_entry_of_the_previous_schema_is_neither_found_nor_reused(tmp_path):
+    """SCHEMA 5: sweeps before it never measured the fresh prefill batch, so a signed schema-4
+    entry (which skips the dominance re-check) must not stand for this build's sweep."""
+    from worstcase_profiler.core import cache as cache_mod
+
+    assert cache_mod.SCHEMA == 5
+    key = cache_key(FACTS)
+    cache = SweepCache(tmp_path, secret="s3cret")
+    entry = _entry(_sweep(), key)
+    older = json.loads(entry.to_json())
+    older["schema"] = 4
+    older["mac"] = cache_mod._mac(older, "s3cret")  # a genuine, signed entry of schema 4
+    assert cache_mod.document_trusted(older, "s3cret")
+    cache.path(key).write_text(json.dumps(older))
+    assert cache.load(key) is None
+    assert "schema" in cache.inspect(cache.path(key))[1]
+    # and the key moved with the schema: a schema-4 writer's name for the same facts differs
+    previous = cache_mod.json.dumps({"schema": 4, **FACTS}, sort_keys=True,
+                                    separators=(",", ":"), default=str)
+    assert cache_mod.hashlib.sha256(previous.encode()).hexdigest()[:24] != key

@@ -33,8 +33,10 @@ from .types import CutDownProof, SweepResult, WarmupEstimate
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
 OFF = "off"
-SCHEMA = 4  # 4: plans count KV residency per group (Limits.full_request_tokens: sliding-window
-# models plan more full-length requests) and prefix-shared extents above the resident count;
+SCHEMA = 5  # 5: where the stock step leaves the worst case, the sweep plans the fresh prefill
+# batch (shapes.fresh_prefill_batch) and a cached replay checks against it; an older entry's
+# sweep never measured it, and a signed entry would skip the dominance re-check. 4: plans
+# count KV residency per group (Limits.full_request_tokens: sliding-window models plan more full-length requests) and prefix-shared extents above the resident count;
 # an older entry's sweep planned fewer, shorter steps than this build plans for the same pool,
 # and its capacity_tokens cannot tell. 3: admitted transient includes the meter's allocator
 # slack; 2: core layout (sweep, consumed, warm-up split); 1 embedded report models
