@@ -209,6 +209,20 @@ class DriverBase:
                           workspace_bytes=self.agree_max(self._requests.total()))
 
 
+def v1_prefill_lens(rows: int, num_reqs: int, context_len: int) -> tuple[list[int], int]:
+    """A prefill step's query lengths as V1's `_dummy_run(rows)` schedules them over `num_reqs`
+    requests (rows // n each, the remainder rows % n on the last), and the one seq_len
+    (`profile_seq_lens`, a scalar every request gets) that holds the longest: context_len plus
+    rows // n + rows % n. A seq_len of context_len + rows // n left the last request's query
+    longer than its sequence (e.g. 64 rows over 7 requests: 9 + 1 rows on 9 tokens at context
+    0); the others' sequences are up to rows % n tokens longer than the shape's, the over-
+    estimating direction."""
+    n = max(1, min(rows, num_reqs))  # _dummy_run: min(num_tokens, max_num_seqs) requests
+    q = [rows // n] * n
+    q[-1] += rows % n
+    return q, context_len + max(1, q[-1])
+
+
 class V1Driver(DriverBase):
     """Drives vllm.v1.worker.gpu_model_runner.GPUModelRunner (and its CPU subclass)."""
 
@@ -281,10 +295,9 @@ class V1Driver(DriverBase):
             q = [self.runner.uniform_decode_query_len] * n
             seq = shape.context_len + q[0]
         else:
-            q = [shape.rows // n] * n
-            q[-1] += shape.rows % n
-            seq = shape.context_len + max(1, shape.rows // n)
-        arr[:n] = [max(0, seq - qi) for qi in q]
+            q, seq = v1_prefill_lens(shape.rows, shape.num_reqs, shape.context_len)
+            q = q[:n]
+        arr[:len(q)] = [max(0, seq - qi) for qi in q]
         drafts = self._draft_marks(shape, q)
         try:
             yield
@@ -320,7 +333,7 @@ class V1Driver(DriverBase):
         r = self.runner
         sched = r.scheduler_config
         saved = sched.max_num_seqs
-        seq_len = shape.context_len + max(1, shape.rows // shape.num_reqs)
+        seq_len = v1_prefill_lens(shape.rows, shape.num_reqs, shape.context_len)[1]
         kwargs = dict(force_attention=True, profile_seq_lens=seq_len, is_profile=True,
                       skip_eplb=True)
         try:
@@ -376,4 +389,4 @@ class V1Driver(DriverBase):
             bt.clear()
 
 
-__all__ = ["DriverBase", "V1Driver", "is_v2_runner"]
+__all__ = ["DriverBase", "V1Driver", "is_v2_runner", "v1_prefill_lens"]

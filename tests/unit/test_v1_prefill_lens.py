@@ -1,0 +1,32 @@
+"""The V1 driver's prefill lengths (adapter/runner.v1_prefill_lens): vLLM's V1 `_dummy_run(R)`
+gives each of its min(R, max_num_seqs) requests R // n rows and the last one the remainder too,
+with one scalar seq_len for all (profile_seq_lens): it must hold the longest query, so no
+request's query outgrows its sequence."""
+
+from __future__ import annotations
+
+import pytest
+
+from worstcase_profiler.adapter.runner import v1_prefill_lens
+
+
+def _dummy_run_queries(num_tokens: int, max_num_seqs: int) -> list[int]:
+    """vllm/v1/worker/gpu_model_runner.py _dummy_run's plain (not uniform, not mixed) branch."""
+    num_reqs = min(num_tokens, max_num_seqs)
+    q = [num_tokens // num_reqs] * num_reqs
+    q[-1] += num_tokens % num_reqs
+    return q
+
+
+@pytest.mark.parametrize("rows, n, ctx", [(64, 8, 0), (64, 7, 0), (1800, 225, 0), (8192, 482, 4096),
+                                          (512, 1, 3584), (10, 3, 5), (3, 8, 0)])
+def test_every_request_query_fits_its_sequence(rows, n, ctx):
+    q, seq = v1_prefill_lens(rows, n, ctx)
+    assert q == _dummy_run_queries(rows, n) and sum(q) == rows
+    assert all(qi <= seq for qi in q) and seq - max(q) == ctx  # the longest sits on ctx exactly
+
+
+def test_the_remainder_goes_to_the_last_request():
+    q, seq = v1_prefill_lens(64, 7, 0)
+    assert q == [9] * 6 + [10] and seq == 10  # was 9: the last request's 10 rows on 9 tokens
+    assert v1_prefill_lens(64, 8, 100) == ([8] * 8, 108)  # even split: unchanged
