@@ -356,3 +356,48 @@ def test_shapes_the_runner_cannot_build_are_left_out_and_said_so():
                          workspace=Workspace(), measured=measured)
     for chunk in (256, 1024):
         assert "mixed" in advice.candidate(chunk).note and "not run" in advice.candidate(chunk).note
+
+
+class FewStateSlotsDriver(FakeDriver):
+    """V2 on a hybrid model: a step on no context gives its requests the recurrent-state slots
+    1..n of the provisional pool (5 blocks here), so a candidate's stock step of 8 requests at
+    another chunk cannot be built (shapes.state_slots_beyond_pool); measuring it would kill
+    the engine (a CUDA gather out of bounds)."""
+
+    POOL_BLOCKS = 5
+
+    def cannot_build(self, shape):
+        return plan.state_slots_beyond_pool(shape, self.POOL_BLOCKS)
+
+    def measure(self, shape, attribute=False):
+        assert self.cannot_build(shape) is None, "a shape the runner cannot build was run"
+        return super().measure(shape, attribute)
+
+
+def test_a_candidate_whose_stock_step_cannot_be_built_is_not_recommended():
+    drv = FewStateSlotsDriver(LIMITS)
+    sweep = run_sweep(drv, tolerance=0, attribute_ops=False)
+    assert not sweep.skipped  # the sweep's own stock step runs as vLLM's (no state slots)
+    measured = measure_candidates(drv, LIMITS, sweep, (256, 512, 1024))
+    assert {(s.kind, s.rows, s.num_reqs) for s, _ in measured.skipped} == {
+        ("stock", 256, 8), ("stock", 512, 8)}
+    advice = core.advise(LIMITS, sweep, held=HELD, admission=_admission(sweep),
+                         workspace=Workspace(), measured=measured)
+    for chunk in (256, 512):
+        row = advice.candidate(chunk)
+        assert not row.fits and "NOT RECOMMENDED" in row.note and "state slots" in row.note
+    assert advice.candidate(1024).fits and advice.knee_chunk in (1024, None)
+    # the same candidates on a runner that builds them all fit (the refusal is what flips them)
+    full = FakeDriver(LIMITS)
+    ok = core.advise(LIMITS, sweep, held=HELD, admission=_admission(sweep), workspace=Workspace(),
+                     measured=measure_candidates(full, LIMITS, sweep, (256, 512, 1024)))
+    assert all(ok.candidate(c).fits for c in (256, 512))
+
+
+def test_a_left_out_shape_counts_as_swept_only_where_the_sweep_left_out_its_kind():
+    drv = NoMixedDriver(LIMITS)
+    sweep = run_sweep(drv, tolerance=0, attribute_ops=False)
+    assert [s.kind for s, _ in sweep.skipped] == ["mixed"]
+    assert core.left_out_as_swept(Shape("mixed", 256, 100, 4), sweep)
+    assert not core.left_out_as_swept(Shape("stock", 256, 0, 8), sweep)
+    assert not core.left_out_as_swept(Shape("prefill", 256, 0, 8), sweep)

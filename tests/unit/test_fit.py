@@ -322,3 +322,20 @@ def test_the_serve_line_names_the_utilization_wherever_it_is_not_the_default(kin
     if shown:
         assert flags[flags.index("--gpu-memory-utilization") + 1] == f"{share:g}"
     assert core.recommended_flags(f.recommended, share) == flags
+
+
+def test_a_candidate_whose_stock_step_cannot_be_built_is_neither_fitted_nor_recommended():
+    from test_advise import FewStateSlotsDriver
+
+    f, facts, fit_steps = _fit(n=1, driver=FewStateSlotsDriver)
+    assert all(FewStateSlotsDriver(LIMITS).cannot_build(s) is None for s in fit_steps)
+    blocked = [c for c in f.candidates if "NOT RECOMMENDED" in (c.note or "")]
+    assert blocked and all(not c.fits and not c.feasible and c.concurrency == 0 for c in blocked)
+    # each of them forms a stock step of more than 4 requests on a chunk the sweep did not run
+    assert all(c.max_num_seqs > 4 and c.max_num_batched_tokens != LIMITS.max_num_batched_tokens
+               for c in blocked)
+    swept = [c for c in f.candidates if (c.max_num_batched_tokens, c.max_num_seqs)
+             == (LIMITS.max_num_batched_tokens, LIMITS.max_num_seqs)]
+    assert swept and all(c not in blocked for c in swept)
+    assert f.recommended is None or f.recommended not in blocked
+    assert not any(c.frontier for c in blocked)

@@ -180,3 +180,32 @@ def test_an_eager_v2_worker_reruns_it_with_flashinfers_autotune_or_elastic_ep(mo
     assert stock_reruns_with_kv(cfg, runner) is False
     cfg.parallel_config = SimpleNamespace(enable_elastic_ep=True)
     assert stock_reruns_with_kv(cfg, runner) is True
+
+
+def test_a_step_on_no_context_beyond_the_pools_state_slots_is_refused():
+    from worstcase_profiler.core.shapes import state_slots_beyond_pool
+    from worstcase_profiler.core.types import Shape
+
+    why = state_slots_beyond_pool(Shape("stock", 8192, 0, 1024), 159)
+    assert why and "1024 requests" in why and "159 blocks" in why
+    assert state_slots_beyond_pool(Shape("prefill", 1800, 0, 158), 159) is None  # slots 1..158
+    assert state_slots_beyond_pool(Shape("prefill", 1800, 0, 159), 159)
+    assert state_slots_beyond_pool(Shape("prefill", 8192, 4096, 1024), 159) is None  # ids wrap
+    # the sweep's own plan always fits the pool the V2 driver sizes (1 + most_fresh_requests)
+    pool = 1 + most_fresh_requests(HITS)
+    assert state_slots_beyond_pool(fresh_prefill_batch(HITS), pool) is None
+
+
+def test_the_v2_driver_refuses_a_fresh_step_beyond_its_pool_on_a_hybrid_model():
+    pytest.importorskip("numpy")
+    from worstcase_profiler.adapter.runner_v2 import V2Driver
+    from worstcase_profiler.core.types import Shape
+
+    def drv(hybrid):
+        return SimpleNamespace(_hybrid=hybrid, _state_slots=True, limits=HITS,
+                               _provisional_blocks=lambda: 9)
+
+    big, ok = Shape("stock", 64, 0, 64), Shape("prefill", 64, 0, 8)
+    assert "64 requests" in V2Driver.cannot_build(drv(True), big)
+    assert V2Driver.cannot_build(drv(True), ok) is None
+    assert V2Driver.cannot_build(drv(False), big) is None

@@ -55,7 +55,7 @@ import math
 
 import numpy as np
 
-from ..core.shapes import Limits, most_fresh_requests, request_layout
+from ..core.shapes import Limits, most_fresh_requests, request_layout, state_slots_beyond_pool
 from ..core.types import Shape
 from ..errors import UnsupportedModel
 from . import workspace as ws
@@ -133,11 +133,19 @@ class V2Driver(DriverBase):
         """A mixed step's per-request layout is injected into the dummy batch after vLLM built
         it; recurrent-state (Mamba/GDN) and speculative metadata are built from the batch before
         that, so on such models the injection would leave them inconsistent (an illegal memory
-        access on the H200, vLLM 0.32, Qwen3.5 + MTP)."""
+        access on the H200, vLLM 0.32, Qwen3.5 + MTP).
+
+        On a hybrid model, a step on no context whose requests' state slots (1..n) run past the
+        provisional pool (shapes.state_slots_beyond_pool): the pool covers the sweep's own
+        plan (shapes.most_fresh_requests), not the stock step or fresh batch of an advise or fit
+        candidate with more requests, which would fail a CUDA gather's bounds check and kill
+        the engine. Callers leave such a candidate unmeasured (not recommended)."""
         if shape.kind == "mixed" and (self._hybrid or self.limits.num_speculative_tokens):
             return ("mixed steps are not built on V2 runners of hybrid or speculative models "
                     "(their per-request layout cannot be injected into recurrent-state and "
                     "speculative metadata)")
+        if self._hybrid and self._state_slots:
+            return state_slots_beyond_pool(shape, self._provisional_blocks())
         return None
 
     def _common_kwargs(self) -> dict:

@@ -260,12 +260,15 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
                 one_request=admission.one_request_bytes,
                 explicit_kv=admission.explicit_kv_cache_memory_bytes,
                 pool_block_bytes=admission.pool_block_bytes)
+            unknown = ([f"NOT RECOMMENDED: its worst case is unknown ({len(w.unmeasured)} "
+                        "step(s) it forms could not be built here)"] if w.unmeasured else [])
             row = ChunkAdvice(chunk=chunk, transient_bytes=transient, workspace_bytes=ws,
                               worst_shape=worst.shape, budget_bytes=adm.budget_bytes,
-                              kv_tokens=adm.kv_tokens_worstcase, fits=adm.fits,
-                              note="; ".join(["its stock step ran with attention metadata (an "
-                                              "upper estimate of vLLM's own profile step at this "
-                                              "chunk)", *left_out]))
+                              kv_tokens=adm.kv_tokens_worstcase,
+                              fits=adm.fits and not w.unmeasured,
+                              note="; ".join([*unknown, "its stock step ran with attention "
+                                              "metadata (an upper estimate of vLLM's own profile "
+                                              "step at this chunk)", *left_out]))
         rows.append(dataclasses.replace(
             row, prefill_seconds=timing.seconds if timing is not None else None,
             reused_steps=reused, measured_steps=measured_n))
@@ -287,6 +290,9 @@ class ChunkWorst:
     reused: int
     measured: int
     left_out: tuple[str, ...]
+    unmeasured: tuple[str, ...] = ()
+    """The left-out shapes the sweep did not leave out alike (`left_out_as_swept`): without
+    them this engine's worst case is not known, so the candidate is not recommended."""
 
 
 def chunk_worst(limits: Limits, sweep: SweepResult, chunk: int, steps: Iterable[StepResult], *,
@@ -304,15 +310,29 @@ def chunk_worst(limits: Limits, sweep: SweepResult, chunk: int, steps: Iterable[
                   workspace_bytes, allocator_slack, context_ladder)
 
 
+def left_out_as_swept(shape: Shape, sweep: SweepResult) -> bool:
+    """Whether a candidate's `shape` that the runner cannot build is left out as the sweep left
+    out the configured start's own (a step of the same kind in sweep.skipped: V2's mixed step
+    on a hybrid or speculative model), so that the candidate is weighed as that start was
+    admitted. Any other unbuildable shape (a candidate's stock step or fresh prefill batch with
+    more requests on no context than the V2 provisional pool has state slots for) leaves the
+    candidate's worst case unknown: it is not recommended, never weighed without the shape.
+    A stock step is never left out alike: the sweep measures its own through measure_stock."""
+    return shape.kind != "stock" and any(s.kind == shape.kind for s, _ in sweep.skipped)
+
+
 def _worst(limits, sweep, chunk, known, extra, unbuildable, raised, ws_scale, ws_total,
            allocator_slack, context_ladder) -> ChunkWorst:
     cp = plan_candidate(limits, sweep, chunk, context_ladder=context_ladder)
     reused = measured_n = 0
     found: list[StepResult] = []
     left_out: list[str] = []
+    unmeasured: list[str] = []
     for shape in cp.shapes:
         if shape in unbuildable and shape not in known and shape not in extra:
             left_out.append(f"{shape.label()} not run: {unbuildable[shape]}")
+            if not left_out_as_swept(shape, sweep):
+                unmeasured.append(left_out[-1])
         elif shape in known:
             found += known[shape]
             reused += 1
@@ -334,7 +354,8 @@ def _worst(limits, sweep, chunk, known, extra, unbuildable, raised, ws_scale, ws
     ws_need = max(r.workspace_bytes for r in steps)
     ws = ws_total if not ws_scale else -(-ws_total * ws_need // ws_scale)
     return ChunkWorst(transient_bytes=transient, workspace_bytes=ws, worst=worst,
-                      reused=reused, measured=measured_n, left_out=tuple(left_out))
+                      reused=reused, measured=measured_n, left_out=tuple(left_out),
+                      unmeasured=tuple(unmeasured))
 
 
 def knee(rows: Iterable[ChunkAdvice], within: float = DEFAULT_WITHIN) -> int | None:

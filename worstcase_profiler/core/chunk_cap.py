@@ -110,6 +110,8 @@ def decide(limits: Limits, sweep: SweepResult, measured: ChunkCapMeasurements, *
     top = chunk_worst(limits, sweep, rows, steps, workspace_bytes=workspace_bytes,
                       skipped=measured.skipped, context_ladder=context_ladder,
                       cut_down=cut_down, allocator_slack=allocator_slack)
+    if top.unmeasured:  # advise.left_out_as_swept: the capped engine's worst case is unknown
+        raise ValueError(f"chunk cap: {'; '.join(top.unmeasured)}")
     target = top.transient_bytes + top.workspace_bytes
     raised = raiser(sweep, confirmation_delta(sweep) if cut_down else 0)
     by_shape: dict[Shape, list[StepResult]] = {}

@@ -42,7 +42,9 @@ premise, that a step's need does not fall as its requests' KV extent grows (shap
 every step at its longest extent on it). A shape no measurement covers is never given a figure:
 that candidate is not fitted, and the fit's notes say which shape was not measured. The shapes
 the runner cannot build at all are left out as the sweep leaves them out, and the candidate's
-note says so.
+note says so; one the sweep did not leave out alike (advise.left_out_as_swept: a candidate's
+stock step on more requests than the V2 provisional pool has state slots for) leaves the
+candidate unfitted (fits and feasible False), never weighed without it.
 
 The rest is the admission's (admission.compute_admission) at the candidate: the held memory the
 start measured, with the workspace scaled to the candidate's steps as the advisor scales it
@@ -67,7 +69,8 @@ from typing import Callable, Iterable, NamedTuple
 from . import shapes as plan
 from .admission import (bytes_for_one_request, compute_admission, kv_tokens, least_kv_cache_bytes,
                         usable_kv_bytes)
-from .advise import confirmation_delta, full_extent_rows, plan_candidate, raiser, rows_bound
+from .advise import (confirmation_delta, full_extent_rows, left_out_as_swept, plan_candidate,
+                     raiser, rows_bound)
 from .shapes import Limits
 from .types import (Admission, Advice, Fit, FitCandidate, FitMeasurements, FitObjective,
                     HeldMemory, Shape, StepResult, SweepResult, Workspace)
@@ -254,6 +257,7 @@ class _Weigher:
         lim, sweep, adm = f.limits, f.sweep, f.admission
         found: list[StepResult] = []
         left_out: list[str] = []
+        unmeasured: list[str] = []
         worst_bound = (-1, None, None)
         own = None
         for shape in candidate_plan(lim, sweep, max_model_len, chunk, seqs):
@@ -263,6 +267,8 @@ class _Weigher:
                 if any(covers(u, shape) for u in self.unbuildable):
                     why = next((self.why[u] for u in self.unbuildable if covers(u, shape)), "")
                     left_out.append(f"{shape.label()} not run: {why}")
+                    if not left_out_as_swept(shape, sweep):
+                        unmeasured.append(left_out[-1])
                     continue
                 raise
             found += witnesses
@@ -301,7 +307,12 @@ class _Weigher:
         usable = usable_kv_bytes(kv, bytes_per_token=adm.bytes_per_token,
                                  block_size=lim.block_size, pool_block_bytes=adm.pool_block_bytes)
         held = usable // one if one else seqs
-        fits = a.fits and held >= 1
+        # a step it forms that could not be built (advise.left_out_as_swept): its worst case
+        # is unknown, so it is neither fitted nor recommended
+        fits = a.fits and held >= 1 and not unmeasured
+        if unmeasured:
+            left_out.insert(0, f"NOT RECOMMENDED: its worst case is unknown ({len(unmeasured)} "
+                               "step(s) it forms could not be built here)")
         concurrency = min(seqs, held) if fits else 0
         return FitCandidate(
             max_model_len=max_model_len, max_num_batched_tokens=chunk, max_num_seqs=seqs,

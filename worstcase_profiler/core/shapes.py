@@ -289,13 +289,33 @@ def fresh_prefill_batch(limits: Limits) -> Shape | None:
 
 
 def most_fresh_requests(limits: Limits) -> int:
-    """The most requests one planned step holds on no cached context (the fresh prefill batch,
-    a split prefill whose requests' extent is their chunk), at least 1; vLLM's own stock step
-    aside (it skips attention). A driver whose dummy steps give such requests' recurrent states
-    slots 1..n of the KV pool (vLLM's V2 runner: valid_dummy_state_slots; with a context the
-    ids wrap around the pool instead) needs a provisional pool of at least n + 1 blocks."""
+    """The most requests one step of the sweep's own plan holds on no cached context (the fresh
+    prefill batch, a split prefill whose requests' extent is their chunk), at least 1. The
+    sweep's stock step is not counted: the sweep runs it as vLLM's profile does, with no
+    attention metadata (measure_stock), so it gives no state slots; a stock-kind shape built
+    through `measure` (the advisor's and the fit's candidates at another chunk or max_num_seqs)
+    does, and so do those candidates' fresh batches and split prefills, which this count does
+    not cover: a driver refuses those beyond its pool (`state_slots_beyond_pool`). A driver
+    whose dummy steps give such requests' recurrent states slots 1..n of the KV pool (vLLM's
+    V2 runner: valid_dummy_state_slots; with a context the ids wrap around the pool instead)
+    needs a provisional pool of at least n + 1 blocks."""
     found = [fresh_prefill_batch(limits), *split_prefills(limits, limits.max_num_batched_tokens)]
     return max([1, *(s.num_reqs for s in found if s is not None and s.context_len == 0)])
+
+
+def state_slots_beyond_pool(shape: Shape, pool_blocks: int) -> str | None:
+    """Why a driver that gives a dummy step's requests on no cached context the recurrent-state
+    slots 1..n of its provisional KV pool (vLLM's V2 runner with valid_dummy_state_slots, on a
+    hybrid model) cannot build `shape` on a pool of `pool_blocks` blocks, or None where it can:
+    n + 1 blocks are needed (slot 0 is the null block), or the state gather reads past the pool
+    (a CUDA bounds-check failure that kills the engine). A step on a context has its block ids
+    wrap around the pool (set_dummy_context) and is never refused here."""
+    if shape.context_len > 0 or shape.kind == "mixed":
+        return None
+    if shape.num_reqs + 1 <= pool_blocks:
+        return None
+    return (f"{shape.num_reqs} requests on no context need {shape.num_reqs + 1} recurrent-state "
+            f"slots; the provisional KV pool holds {pool_blocks} blocks")
 
 
 def prefill_chunk(limits: Limits, rows: int) -> Shape:
