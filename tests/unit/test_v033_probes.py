@@ -4,7 +4,10 @@ figures depend on it.
 * `_max_memory_usage_bytes_from_groups` (the engine core's one-request check) moved to
   v1/core/kv_cache_planning.py and takes the KV cache config builder first; called the 0.32 way
   it raised TypeError and the per-layer fallback hid it. An unknown parameter list refuses the
-  start, naming the hook."""
+  start, naming the hook.
+* Lookahead block hashes (`VllmConfig.num_hash_lookahead_tokens`, on by default for EAGLE/MTP
+  with prefix caching): the scheduler then drops no hit block, so a hit may leave a single row
+  at a long context; the limits must not assume the EAGLE drop there."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
+from worstcase_profiler.adapter import facts
 from worstcase_profiler.adapter import kv as kvmod
 from worstcase_profiler.errors import UnsupportedModel
 
@@ -85,3 +89,47 @@ def test_the_installed_vllm_keeps_its_plain_form(monkeypatch):
     pytest.importorskip("vllm.v1.core.kv_cache_utils")
     need = kvmod._one_request_need()
     assert need is None or callable(need)  # 0.32 (the CPU venv): the function itself
+
+
+# --- lookahead block hashes --------------------------------------------------------------------
+
+def _config(lookahead=None, method="eagle3", hybrid=False, block=16):
+    spec = NS(method=method, num_speculative_tokens=3, draft_model_config=None,
+              use_eagle_block_drop=lambda: method in ("eagle", "eagle3", "mtp"))
+    cfg = NS(speculative_config=spec,
+             scheduler_config=NS(long_prefill_token_threshold=0),
+             kv_transfer_config=None,
+             cache_config=NS(enable_prefix_caching=True, block_size=block,
+                             prefix_match_unit=None, mamba_cache_mode="align"),
+             model_config=NS(hf_config=NS(compress_ratios=None), is_hybrid=hybrid,
+                             is_attention_free=False, is_encoder_decoder=False))
+    if lookahead is not None:
+        cfg.num_hash_lookahead_tokens = lookahead
+    return cfg
+
+
+def test_0_32_eagle_drops_a_block_and_0_33_lookahead_hashes_do_not():
+    before = facts.prefix_hit_rows(_config(), kv_groups=1)
+    assert (before["prefix_hit_min_rows"], before["prefix_hit_drop"]) == (17, 16)
+    assert facts.prefix_hit_rows(_config(lookahead=0), kv_groups=1) == before
+    for lookahead in (1, 3):  # EAGLE-family: 1; multi-module MTP: k
+        got = facts.prefix_hit_rows(_config(lookahead=lookahead), kv_groups=1)
+        assert (got["prefix_hit_min_rows"], got["prefix_hit_drop"]) == (1, 0)
+
+
+def test_an_unreadable_lookahead_is_taken_as_no_drop():
+    class Config(NS):
+        @property
+        def num_hash_lookahead_tokens(self):
+            raise RuntimeError("a config this adapter does not know")
+
+    cfg = Config(**vars(_config()))
+    assert facts.hash_lookahead_tokens(cfg) == 1
+    got = facts.prefix_hit_rows(cfg, kv_groups=1)
+    assert (got["prefix_hit_min_rows"], got["prefix_hit_drop"]) == (1, 0)
+
+
+def test_siblings_do_not_serialize_under_a_drafter_with_lookahead_hashes(monkeypatch):
+    monkeypatch.setattr(facts, "_mamba_caches_partial_tail", lambda: True)
+    assert facts.sibling_hits_serialize(_config(lookahead=1, method="mtp", hybrid=True)) is False
+    assert facts.sibling_hits_serialize(_config(method=None, hybrid=True)) is True
