@@ -133,3 +133,57 @@ def test_siblings_do_not_serialize_under_a_drafter_with_lookahead_hashes(monkeyp
     monkeypatch.setattr(facts, "_mamba_caches_partial_tail", lambda: True)
     assert facts.sibling_hits_serialize(_config(lookahead=1, method="mtp", hybrid=True)) is False
     assert facts.sibling_hits_serialize(_config(method=None, hybrid=True)) is True
+
+
+# --- a KV cache config of exactly N blocks through 0.33's builder -------------------------------
+
+def _planner_0_33(monkeypatch, builder):
+    """0.33's layout: kv_cache_utils without the planner, the builder modules with it."""
+    pytest.importorskip("vllm")
+    from vllm.v1.core import kv_cache_utils
+
+    for name in ("get_kv_cache_config_from_groups", "get_kv_cache_groups"):
+        monkeypatch.delattr(kv_cache_utils, name, raising=False)
+    builder_mod = types.ModuleType("vllm.v1.core.kv_cache_config_builder")
+    builder_mod.get_kv_cache_config_builder = lambda vllm_config: builder
+    planning = types.ModuleType("vllm.v1.core.kv_cache_planning")
+    planning.get_kv_cache_groups_from_builder = lambda b, vllm_config, spec: ["groups", b]
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.kv_cache_config_builder", builder_mod)
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.kv_cache_planning", planning)
+
+
+def _kv_runner(override):
+    cfg = NS(cache_config=NS(num_gpu_blocks_override=override))
+    return NS(vllm_config=cfg, get_kv_cache_spec=lambda: {"layer.0": "spec"}), cfg
+
+
+def test_the_builder_plans_exactly_n_blocks_with_a_users_override_cleared_for_the_call(monkeypatch):
+    seen = []
+
+    class Builder:
+        def get_kv_cache_config_from_groups(self, vllm_config, kv_cache_groups, num_blocks):
+            seen.append((vllm_config.cache_config.num_gpu_blocks_override, num_blocks))
+            return NS(num_blocks=num_blocks)
+
+    _planner_0_33(monkeypatch, Builder())
+    runner, cfg = _kv_runner(override=4096)
+    assert kvmod.kv_cache_config_with_blocks(runner, 9).num_blocks == 9
+    assert seen == [(None, 9)]                        # the override did not replace ours
+    assert cfg.cache_config.num_gpu_blocks_override == 4096  # and is back afterwards
+
+
+def test_a_builder_without_num_blocks_refuses_the_start(monkeypatch):
+    class Builder:
+        def get_kv_cache_config_from_groups(self, vllm_config, kv_cache_groups, available_memory):
+            raise AssertionError("not called")
+
+    _planner_0_33(monkeypatch, Builder())
+    with pytest.raises(UnsupportedModel, match=r"hook: kv-cache-config"):
+        kvmod.kv_cache_config_with_blocks(_kv_runner(None)[0], 2)
+
+
+def test_no_planner_at_all_refuses_the_start(monkeypatch):
+    _planner_0_33(monkeypatch, None)
+    monkeypatch.setitem(sys.modules, "vllm.v1.core.kv_cache_planning", None)  # import fails
+    with pytest.raises(UnsupportedModel, match=r"hook: kv-cache-config"):
+        kvmod.kv_cache_config_with_blocks(_kv_runner(None)[0], 2)

@@ -287,12 +287,22 @@ def kv_cache_config_with_blocks(runner, num_blocks: int):
     try:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
     except ImportError:  # 0.33: the builder takes the block count itself; a user's override
-        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
-        from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
+        import inspect
 
+        try:
+            from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+            from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
+        except ImportError as e:
+            raise unsupported("kv-cache-config", "neither kv_cache_utils' planner (0.26-0.32) nor "
+                              f"the KV cache config builder (0.33) is importable ({e})") from e
         builder = get_kv_cache_config_builder(vllm_config)
+        if "num_blocks" not in inspect.signature(builder.get_kv_cache_config_from_groups).parameters:
+            raise unsupported("kv-cache-config", f"{type(builder).__name__}."
+                              "get_kv_cache_config_from_groups takes no num_blocks")
         groups = get_kv_cache_groups_from_builder(builder, vllm_config, spec)
-        cache_config.num_gpu_blocks_override = None  # must not replace ours (vLLM does the same)
+        # the default builder still applies a user's override (may_override_num_blocks): cleared
+        # for the call, as vLLM's own _pool_bytes_per_block_from_builder does
+        cache_config.num_gpu_blocks_override = None
         try:
             return builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=num_blocks)
         finally:
