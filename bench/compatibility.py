@@ -33,8 +33,12 @@ READ_NOT_RUN = {
             "skip recurrent layers; VLLM_USE_V2_MODEL_RUNNER=0 runs them on V1)",
     "0.30": "read: as 0.29 (valid_dummy_state_slots taken but not honoured)",
     "0.31": "read: as 0.29; profile under a 20 MB allocator split",
-    "0.33": "read: KV planning moved to kv_cache_config_builder (handled, block override "
-            "cleared); torch 2.14 pin: only QuTLASS misses torch 2.11 symbols",
+    "0.33": "read (every touched function diffed against 0.32): KV planning moved to "
+            "kv_cache_config_builder / kv_cache_planning (handled, block override cleared; the "
+            "one-request figure takes the builder first, probed); lookahead block hashes drop no "
+            "prefix-hit block (hit rows not assumed); V2 sampler profile adds an fp32 warm-up "
+            "pass (in stock and sweep alike); workspace.py, mem_utils.py unchanged; torch 2.14 "
+            "pin: only QuTLASS misses torch 2.11 symbols",
 }
 
 

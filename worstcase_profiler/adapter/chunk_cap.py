@@ -51,7 +51,7 @@ def check_supported(settings: ProfilerSettings, vllm_config=None, *, cuda: bool 
     """Refuse a start with the cap, naming why, wherever the budget would assume a cap nobody
     enforces or steps it does not bound run:
 
-    * vLLM's Scheduler._reserve_prefill_lookahead is absent (only vLLM 0.32 has it);
+    * vLLM's Scheduler._reserve_prefill_lookahead is absent (vLLM 0.32 and 0.33 have it);
     * CUDA: vLLM's warm-ups after the KV cache exists (a compiled model's at
       max_num_batched_tokens, FlashInfer's autotune) run full-chunk steps the capped admission
       does not hold, and regrow the workspace slots the cap shrank; not run on a GPU;
@@ -85,7 +85,7 @@ def check_supported(settings: ProfilerSettings, vllm_config=None, *, cuda: bool 
 
     if getattr(Scheduler._reserve_prefill_lookahead, "_wcprof_original", None) is None:
         raise ConfigError("chunk_cap is set but this vLLM's scheduler has no "
-                          "_reserve_prefill_lookahead to clamp (vLLM 0.32 has it)",
+                          "_reserve_prefill_lookahead to clamp (vLLM 0.32 and 0.33 have it)",
                           hint="unset chunk_cap, or use vLLM 0.32")
 
 

@@ -80,8 +80,8 @@ def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
 
 def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]:
     """Limits.prefix_hit_min_rows and prefix_hit_drop: under a drafter that makes vLLM drop a
-    prefix hit's last matched block (EAGLE, MTP, DFlash, DSpark: the drafter needs the target's
-    hidden states of the last tokens), the dropped block, and the fewest rows a hit leaves: that
+    prefix hit's last matched block (EAGLE, MTP; DFlash and DSpark up to 0.32: the drafter needs
+    the target's hidden states of the last tokens), the dropped block, and the fewest rows a hit leaves: that
     block plus one token where the model has one KV group (vLLM's unitary coordinator caps a hit
     at the prompt's length minus one, then drops a block: a prompt S + u on a cached S computes
     u + block rows, u >= 1), the block alone where it may have several (the hybrid coordinator
@@ -95,7 +95,10 @@ def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]
       - a KV connector (kv_transfer_config: LMCache, P/D disaggregation) adds external hits that
         need not drop anything;
       - KV groups of different block sizes (DeepSeek-V4's compressed attention), a hybrid not in
-        "align" mode, an attention-free model.
+        "align" mode, an attention-free model;
+      - vLLM 0.33's lookahead block hashes (hash_lookahead_tokens): each block's hash covers the
+        token(s) after it, and the scheduler then drops no hit block (a hit leaves at least
+        that many rows, at least 1);
     One KV group: `kv_groups` == 1 where the worker counted vLLM's own groups (None: unknown),
     else only where neither the target's nor the draft's config names any layer kind beside
     full attention (`_one_kv_group`); otherwise the block alone stands."""
@@ -103,6 +106,8 @@ def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]
     none = {"prefix_hit_min_rows": 1, "prefix_hit_drop": 0}
     cache, spec = vllm_config.cache_config, vllm_config.speculative_config
     if not getattr(cache, "enable_prefix_caching", False) or not _drops_hit_block(spec):
+        return none
+    if hash_lookahead_tokens(vllm_config):  # 0.33+: hashes cover the next token(s), no drop
         return none
     scheduler = getattr(vllm_config, "scheduler_config", None)
     if int(getattr(scheduler, "long_prefill_token_threshold", 0) or 0) > 0:
@@ -163,9 +168,25 @@ def _one_kv_group(vllm_config) -> bool:
     return True
 
 
+def hash_lookahead_tokens(vllm_config) -> int:
+    """vLLM 0.33+'s `VllmConfig.num_hash_lookahead_tokens`: the tokens after each block that its
+    prefix-cache hash covers (EAGLE, EAGLE-3, MTP with prefix caching and no KV connector, unless
+    disable_lookahead_block_hashes). Where it is nonzero the scheduler sets its
+    use_eagle_block_drop to False (Scheduler.__init__): no hit block is dropped, whatever the
+    drafter's `use_eagle_block_drop()` says. 0 where the property is absent (0.26-0.32); 1 where
+    it cannot be read (a hit taken as not dropped: fewer rows a hit, the safe direction)."""
+    # vllm-touch: worker-config
+    try:
+        return int(getattr(vllm_config, "num_hash_lookahead_tokens", 0) or 0)
+    except Exception:  # noqa: BLE001 - unreadable: no drop assumed
+        return 1
+
+
 def _drops_hit_block(spec) -> bool:
     """Whether the drafter makes vLLM drop a prefix hit's last matched block
-    (`use_eagle_block_drop`); an unknown drafter (the call fails) is taken not to."""
+    (`use_eagle_block_drop`; 0.26 has only `use_eagle`; 0.33's excludes DFlash and DSpark,
+    which read no next token); an unknown drafter (the call fails) is taken not to. The
+    scheduler may still keep the block (0.33 lookahead hashes: hash_lookahead_tokens)."""
     # vllm-touch: worker-config
     if spec is None:
         return False
@@ -189,7 +210,10 @@ def sibling_hits_serialize(vllm_config) -> bool:
     (MambaManager.get_num_blocks_to_allocate returns num_gpu_blocks + 1, and the scheduler stops
     admitting). On an H200 (the Qwen3.5 hybrid, eager) 1,024 requests x 8 rows on one 130,928-token prefix
     ran one a step (0.001 of the prediction). A block-dropping drafter (MTP, EAGLE) makes each
-    request compute past the next block, and the same plan formed its step (0.9994)."""
+    request compute past the next block, and the same plan formed its step (0.9994). On 0.33 an
+    EAGLE/MTP drafter with lookahead block hashes drops no block (hash_lookahead_tokens), but
+    still counts here as a dropping drafter: whether siblings serialize under those hashes is
+    not read, so this stays False (more requests a step: the safe direction)."""
     # vllm-touch: worker-config
     cache, model = vllm_config.cache_config, vllm_config.model_config
     return (bool(getattr(cache, "enable_prefix_caching", False))

