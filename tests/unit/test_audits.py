@@ -57,3 +57,23 @@ def test_warm_up_creating_the_counted_residue_is_within_what_was_set_aside():
     assert audit.outside_bytes == 112 * MiB and isinstance(error, DoesNotFit)
     audit, error = warmup_verdict(**kw, residue=112 * MiB)
     assert error is None and audit.outside_bytes == 0 and audit.accounted_bytes == 112 * MiB
+
+
+def test_a_given_kv_size_below_the_budget_leaves_its_spare_for_what_warm_up_kept():
+    # seed 000's launch on the H200: --kv-cache-memory-bytes 6 GiB against a 53 GiB worst-case
+    # budget; warm-up kept 1.05 GiB of graphs the first start had set nothing aside for. The
+    # 47 GiB the KV cache was not given stay free beside the worst step's headroom.
+    kw = dict(resident=GiB + GiB // 20, graphs=GiB + GiB // 20, accounted=0, margin=64 * MiB,
+              mode="enforce", kv_cache_bytes=6 * GiB, cached=True)
+    audit, error = warmup_verdict(**kw)
+    assert isinstance(error, DoesNotFit)  # no spare: the headroom is gone
+    audit, error = warmup_verdict(**kw, spare=47 * GiB)
+    assert error is None and audit.verdict == "ok" and audit.outside_bytes < 0
+    assert "leaves 47.00 GiB of the worst-case KV budget unused" in audit.message
+    # a spare smaller than what was kept still refuses, by the rest
+    audit, error = warmup_verdict(**kw, spare=512 * MiB)
+    assert isinstance(error, DoesNotFit)
+    assert audit.outside_bytes == GiB + GiB // 20 - 512 * MiB
+    # a budget below the KV given (report mode) is no spare
+    audit, error = warmup_verdict(**kw, spare=-GiB)
+    assert isinstance(error, DoesNotFit) and audit.outside_bytes == GiB + GiB // 20

@@ -177,3 +177,43 @@ def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():
         assert "_maybe_activate_jit_monitor" not in vars(worker)
     finally:
         del sys.modules[module.__name__]
+
+
+# --- a given KV size skips vLLM's CUDA-graph estimate (h200 seed 000 launch, graphs on) --------
+# vLLM 0.32's determine_available_memory returns kv_cache_memory_bytes after the profile step and
+# never runs profile_cudagraph_memory; the first start's warm-up reserve then read 0 B of graphs
+# and the warm-up audit refused it (warm-up kept 1.05 GiB of graphs). The runner's estimator runs
+# where vLLM skipped it, inside exact_graphs, so the capture is measured.
+
+class _EstimatingRunner:
+    def __init__(self, measure, graph_bytes):
+        self.calls, self._measure, self._bytes = 0, measure, graph_bytes
+
+    def profile_cudagraph_memory(self):  # stands for the captures exact_graphs measures
+        self.calls += 1
+        self._measure.add(self._bytes)
+        return self._bytes
+
+
+def test_the_estimator_runs_where_vllm_skipped_it_and_its_captures_are_measured():
+    measure = warmup.GraphMeasure()
+    runner = _EstimatingRunner(measure, 1_127_219_200)
+    warmup.estimate_where_vllm_skips(SimpleNamespace(model_runner=runner), measure, enabled=True)
+    assert runner.calls == 1 and measure.bytes == 1_127_219_200
+
+
+def test_the_estimator_does_not_run_twice_nor_where_not_enabled():
+    measured = warmup.GraphMeasure(bytes=5)  # vLLM's own profile measured the graphs
+    runner = _EstimatingRunner(measured, 7)
+    warmup.estimate_where_vllm_skips(SimpleNamespace(model_runner=runner), measured, enabled=True)
+    off = warmup.GraphMeasure()
+    runner_off = _EstimatingRunner(off, 7)
+    warmup.estimate_where_vllm_skips(SimpleNamespace(model_runner=runner_off), off, enabled=False)
+    assert (runner.calls, measured.bytes, runner_off.calls, off.bytes) == (0, 5, 0, None)
+
+
+def test_a_runner_without_an_estimator_leaves_the_graphs_to_the_rehearsal():
+    measure = warmup.GraphMeasure()  # V2 before 0.29: no profile_cudagraph_memory
+    warmup.estimate_where_vllm_skips(SimpleNamespace(model_runner=SimpleNamespace()), measure,
+                                     enabled=True)
+    assert measure.bytes is None

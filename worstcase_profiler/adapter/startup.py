@@ -187,6 +187,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
                 mm.counting_encoder(runner) as stock_encoder:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
+            warmup.estimate_where_vllm_skips(  # a given KV size skips vLLM's graph estimate
+                worker, graphs, enabled=graphs_on and first_start and bool(explicit))
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
@@ -215,7 +217,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         measured_cap = chunk_cap.measure(driver, limits, sweep, settings, clock)
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
-            if graphs.bytes is not None:
+            if graphs.bytes is not None and not explicit:
                 session.warn("vLLM's own CUDA-graph estimate at this start captured every graph "
                              "(the profiler measures them exactly on a first start), so the "
                              "stock KV figure here is vLLM's with that estimate, not its sampled one")
@@ -649,7 +651,7 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
                 resident=resident, graphs=min(graphs, resident),
                 accounted=prof.admission.cudagraph_bytes, margin=settings.margin_bytes,
                 mode=settings.mode, kv_cache_bytes=prof.admission.kv_cache_bytes, cached=cached,
-                residue=residue)
+                residue=residue, spare=prof.admission.budget_bytes - prof.admission.kv_cache_bytes)
             remember = warmup_to_remember(
                 resident=resident, graphs=graphs, reserve=prof.admission.cudagraph_bytes,
                 residue=residue, ok=audit.verdict == "ok", exact=meter.device_kind == "cuda")

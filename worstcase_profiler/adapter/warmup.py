@@ -74,6 +74,25 @@ def exact_graphs(worker, enabled: bool):
         yield measure
 
 
+def estimate_where_vllm_skips(worker, measure: GraphMeasure, enabled: bool) -> None:
+    """vLLM runs its CUDA-graph estimate only where it sizes the KV cache itself: given
+    kv_cache_memory_bytes, its profile stops after the profile step, and nothing measures the
+    graphs warm-up will keep. The warm-up reserve needs them on a first start either way, so
+    here (inside exact_graphs, after vLLM's profile: every graph captured and measured) the
+    runner's own estimator runs as vLLM would have run it. No-op where it is not `enabled`
+    (a first start on CUDA with graphs on and the KV size given; ranks agree, the captures run
+    collectives), where the profile already measured graphs, or on runners without an
+    estimator (V2 before 0.29: the rehearsal captures into a throwaway pool instead)."""
+    runner = getattr(worker, "model_runner", None)
+    if not enabled or measure.bytes is not None or runner is None:
+        return
+    # vllm-touch: v2-graph-estimate
+    estimator = getattr(runner, "profile_cudagraph_memory", None)
+    if estimator is None:
+        return
+    estimator()
+
+
 @contextlib.contextmanager
 def _v1_all_descriptors(runner, measure: GraphMeasure):
     # vllm-touch: v1-graph-estimate

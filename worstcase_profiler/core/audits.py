@@ -81,21 +81,27 @@ def kv_audit_error(audit: KVAudit, setting: str) -> WcprofError | None:
 
 
 def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, mode: str,
-                   kv_cache_bytes: int, cached: bool, residue: int = 0
+                   kv_cache_bytes: int, cached: bool, residue: int = 0, spare: int = 0
                    ) -> tuple[WarmupAudit, DoesNotFit | None]:
     """Device memory warm-up kept after the KV budget was fixed (`resident`, of which `graphs`
     by CUDA graph capture), against what admission set aside for it: its warm-up reserve
     (`accounted`) plus `residue`, held memory it counted for buffers not yet allocated (a
-    cached start's sweep residue, HeldMemory.residue_bytes), which warm-up may create. More than
-    the margin outside both eats the worst step's headroom: in enforce mode that refuses the
-    start, naming what was kept and the flag value that fits (and, when the figure went into the
-    sweep cache, that the next start subtracts it)."""
-    outside = resident - accounted - residue
+    cached start's sweep residue, HeldMemory.residue_bytes), which warm-up may create, plus
+    `spare`, the part of the worst-case KV budget the KV cache was not given (an explicit
+    --kv-cache-memory-bytes below it): that memory stays free beside the worst step's headroom.
+    More than the margin outside all three eats the worst step's headroom: in enforce mode that
+    refuses the start, naming what was kept and the flag value that fits (and, when the figure
+    went into the sweep cache, that the next start subtracts it)."""
+    spare = max(0, spare)
+    outside = resident - accounted - residue - spare
     ok = outside <= margin
     kept = _kept_text(resident, graphs)
     aside = fmt_bytes(accounted) if not residue else (
         f"{fmt_bytes(accounted + residue)} ({fmt_bytes(accounted)} warm-up reserve, "
         f"{fmt_bytes(residue)} of the cached sweep's residue counted in held memory)")
+    if spare:
+        aside += (f", and the given --kv-cache-memory-bytes leaves {fmt_bytes(spare)} of the "
+                  f"worst-case KV budget unused")
     msg = f"warm-up kept {kept} after the KV budget was fixed; admission set aside {aside}"
     msg += ": within the margin" if ok else f", so {fmt_bytes(outside)} of the worst step's headroom is gone"
     audit = WarmupAudit(resident_bytes=resident, graphs_bytes=graphs,
