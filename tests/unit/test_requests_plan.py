@@ -746,3 +746,37 @@ def test_a_fresh_prefill_batch_under_a_block_dropping_drafter_is_validated_as_is
     assert measured.measured and len(measured.prompts) == 8
     assert all(p.prefix_len == 0 for p in measured.prompts)
     assert sum(p.suffix_len for p in measured.prompts) == 64
+
+
+def test_the_fresh_batch_under_drafting_slots_is_formed_exactly():
+    """DFlash k=8 charges 8 input slots a request (Limits.draft_slots): the fresh prefill batch
+    of 228 requests holds 8,192 - 228 x 8 rows, and the plan's prompts add up to exactly that,
+    so vLLM's scheduler can put all 228 in one step (h200-run41 formed 186 of the 228 planned
+    on 8,192 rows)."""
+    from worstcase_profiler.core.shapes import fresh_prefill_batch
+
+    lim = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                 num_speculative_tokens=8, draft_slots=8, block_size=832,
+                 kv_capacity_tokens=2284 * 832, state_request_tokens=9 * 832,
+                 stock_reruns_with_kv=False, prefix_caching=True)
+    fresh = fresh_prefill_batch(lim)
+    plan = plan_for(fresh, lim, prefix_caching=True)
+    measured = plan.batches[-1]
+    assert plan.exact and measured.measured and len(measured.prompts) == 228
+    assert sum(p.suffix_len for p in measured.prompts) == 8192 - 228 * 8
+    assert sum(p.suffix_len for p in measured.prompts) + 228 * lim.draft_slots <= 8192
+
+
+def test_drafting_slots_are_read_from_vllms_own_property_and_zero_where_absent():
+    from types import SimpleNamespace
+
+    from worstcase_profiler.adapter.facts import draft_slots
+
+    class Broken:
+        @property
+        def max_num_new_slots_for_drafting(self):
+            raise RuntimeError("no drafter method")
+
+    assert draft_slots(SimpleNamespace(max_num_new_slots_for_drafting=8)) == 8  # DFlash k=8
+    assert draft_slots(SimpleNamespace(num_speculative_tokens=3)) == 0  # vLLM 0.26: no charge
+    assert (draft_slots(None), draft_slots(Broken())) == (0, 0)

@@ -186,3 +186,64 @@ def test_requests_owning_more_than_a_block_fit_fewer_at_once_and_that_count_is_s
     # more than that stay planned at full extent too: an over-estimate, the safe direction
     assert 1024 in [s.num_reqs for s in full]
     assert [s.num_reqs for s in split_prefills(one_block, 8192)][-1] == 1024
+
+
+# --- each scheduled request's drafting slots (Limits.draft_slots) ------------------------------
+# vLLM's scheduler charges a request it schedules num_new_tokens + max_num_new_slots_for_drafting
+# of max_num_batched_tokens (DFlash k, DSpark k - 1). On the H200 (h200-run41) the DFlash k=8
+# 131k case's fresh prefill batch was planned as 8,192 rows over 228 requests; the scheduler
+# formed 6,696 rows over 186 (186 x (36 + 8) = 8,184 <= 8,192 < 187 x 44), measured 0.780 of it.
+
+def _dflash(**kw) -> Limits:
+    base = dict(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                num_speculative_tokens=8, draft_slots=8, block_size=832,
+                kv_capacity_tokens=2284 * 832, state_request_tokens=9 * 832,
+                stock_reruns_with_kv=False)
+    base.update(kw)
+    return Limits(**base)
+
+
+def test_a_step_of_n_requests_holds_the_budget_less_their_drafting_slots():
+    from worstcase_profiler.core.shapes import fresh_prefill_batch, wide_decode_batch
+
+    lim = _dflash()
+    fresh = fresh_prefill_batch(lim)
+    assert (fresh.rows, fresh.context_len, fresh.num_reqs) == (8192 - 228 * 8, 0, 228)
+    steps = [fresh, decode_batch(lim), wide_decode_batch(lim), mixed_step(lim),
+             *split_prefills(lim, 8192)]
+    for shape in (s for s in steps if s is not None):
+        assert_within_limits(lim, shape)
+        decodes = shape.num_reqs - 1 if shape.kind == "mixed" else 0
+        assert shape.rows + shape.num_reqs * lim.draft_slots <= lim.max_num_batched_tokens, shape
+        if shape.kind == "decode":
+            assert shape.num_reqs * lim.decode_input_slots <= lim.max_num_batched_tokens
+        assert decodes >= 0
+
+
+def test_decode_batches_count_each_requests_drafting_slots():
+    lim = _dflash(kv_capacity_tokens=None, state_request_tokens=0)  # the budget binds, not the pool
+    assert decode_batch(lim).num_reqs == 8192 // (1 + 8 + 8)  # 481, not 8192 // 9 = 910
+    mixed = mixed_step(_dflash(kv_capacity_tokens=None, state_request_tokens=0, max_num_seqs=64))
+    prefill_rows = mixed.rows - (mixed.num_reqs - 1) * lim.rows_per_decode
+    assert mixed.num_reqs == 64 and prefill_rows == 8192 - 63 * 17 - 8
+    assert (mixed.num_reqs - 1) * lim.decode_input_slots + prefill_rows + lim.draft_slots == 8192
+
+
+def test_without_drafting_slots_every_shape_is_as_before():
+    plain = _dflash(draft_slots=0, num_speculative_tokens=3)
+    assert plain.rows_for(228) == 8192
+    assert fresh_prefill_batch_rows(plain) == 8192
+
+
+def fresh_prefill_batch_rows(lim):
+    from worstcase_profiler.core.shapes import fresh_prefill_batch
+
+    return fresh_prefill_batch(lim).rows
+
+
+def test_a_split_prefill_of_seed_002s_drafter_is_the_rows_the_scheduler_formed():
+    # DSpark k=3 (2 slots a request), 4,096-token chunks: h200-run39's replay formed 4,092 rows
+    # over 2 requests where the plan said 4,096
+    lim = Limits(max_model_len=262144, max_num_batched_tokens=4096, max_num_seqs=4,
+                 num_speculative_tokens=3, draft_slots=2, block_size=256)
+    assert [(s.rows, s.num_reqs) for s in split_prefills(lim, 4096)] == [(4092, 2), (4088, 4)]

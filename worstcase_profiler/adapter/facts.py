@@ -35,8 +35,23 @@ def limits_of(vllm_config, runner=None) -> Limits:
         block_size=int(vllm_config.cache_config.block_size or 16),
         prefix_caching=bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False)),
         stock_reruns_with_kv=stock_reruns_with_kv(vllm_config, runner),
+        draft_slots=draft_slots(spec),
         **prefix_hit_rows(vllm_config, None if runner is None else kvmod.kv_group_count(runner)),
     )
+
+
+def draft_slots(spec) -> int:
+    """Limits.draft_slots: the input slots vLLM's scheduler charges each request it schedules
+    beyond its own tokens (speculative_config.max_num_new_slots_for_drafting, 0.32+: DFlash k,
+    DSpark and parallel EAGLE k - 1, a draft model 1). 0 without a drafter or where vLLM has no
+    such charge (0.26: the property is absent), which keeps every shape as large as before."""
+    # vllm-touch: worker-config
+    if spec is None:
+        return 0
+    try:
+        return max(0, int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0))
+    except Exception:  # noqa: BLE001 - a property that cannot answer charges nothing we know of
+        return 0
 
 
 def stock_reruns_with_kv(vllm_config, runner=None) -> bool:

@@ -73,6 +73,13 @@ class Limits:
     fewer requests sit at the full extent at once; a request at extent E still costs at least E
     * tokens_per_full_request / rounded_model_len (the fixed blocks cost no less when shorter)."""
 
+    draft_slots: int = 0
+    """Input slots each scheduled request takes from max_num_batched_tokens beyond its own rows:
+    vLLM's scheduler charges every request it schedules `num_new_tokens + draft_slots`
+    (speculative_config.max_num_new_slots_for_drafting: DFlash k, DSpark and parallel EAGLE
+    k - 1, a draft model 1, EAGLE/MTP/n-gram 0), so a step of n requests holds at most
+    max_num_batched_tokens - n * draft_slots rows (`rows_for`). 0 where vLLM has no such
+    charge (before 0.32) or no drafter: then every count here is as before."""
     stock_reruns_with_kv: bool = True
     """Whether vLLM runs its own profile step (stock_shape) again once the KV cache exists, so
     that it shares the device with the pool. On vLLM 0.32's GPU worker the V1 runner does (its
@@ -91,7 +98,7 @@ class Limits:
                     or f.name in ("prefix_caching", "stock_reruns_with_kv"):
                 continue
             floor = 0 if f.name in ("num_speculative_tokens", "state_request_tokens",
-                                    "prefix_hit_drop") else 1
+                                    "prefix_hit_drop", "draft_slots") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < floor:
                 raise ConfigError(
                     f"{f.name} must be an integer >= {floor}, got {value!r}",
@@ -113,6 +120,17 @@ class Limits:
     def rows_per_decode(self) -> int:
         """A decode request schedules its next token plus every speculative token."""
         return self.num_speculative_tokens + 1
+
+    @property
+    def decode_input_slots(self) -> int:
+        """Input budget one decoding request takes: its 1 + k rows plus its drafting slots."""
+        return self.rows_per_decode + self.draft_slots
+
+    def rows_for(self, num_reqs: int, rows: int | None = None) -> int:
+        """The most rows a step of `num_reqs` requests holds: `rows` (default
+        max_num_batched_tokens), less each request's drafting slots; at least one a request."""
+        rows = self.max_num_batched_tokens if rows is None else rows
+        return max(num_reqs, min(rows, self.max_num_batched_tokens - num_reqs * self.draft_slots))
 
     @property
     def rounded_model_len(self) -> int:
@@ -274,8 +292,10 @@ def stock_excluded_why(limits: Limits) -> str | None:
 
 def fresh_prefill_batch(limits: Limits) -> Shape | None:
     """Where the stock step leaves the worst case (stock_excluded_why), the step that stands
-    in for it: max_num_batched_tokens rows of fresh prompts (no cached context) over as many
-    requests as the pool holds at once (max_concurrent_requests, at most max_num_seqs). Its
+    in for it: max_num_batched_tokens rows (less each request's drafting slots,
+    Limits.rows_for) of fresh prompts (no cached context) over as many requests as the pool
+    holds at once (max_concurrent_requests, at most max_num_seqs, and at most as many as the
+    budget gives a row and its drafting slots). Its
     per-request costs (sampling, a drafter's 1 + k rows each) are what made stock's the largest
     step, and no other shape spreads a full budget over that many requests: split_prefills
     stops where prefix hits stop lining requests up on a long context. None where stock
@@ -284,9 +304,11 @@ def fresh_prefill_batch(limits: Limits) -> Shape | None:
     needed 2.03 GiB, above every swept step (1.96 GiB)."""
     if stock_excluded_why(limits) is None:
         return None
-    rows = limits.max_num_batched_tokens
-    n = min(limits.max_num_seqs, rows, limits.max_concurrent_requests or rows)
-    return Shape(kind="prefill", rows=rows, context_len=0, num_reqs=n) if n > 1 else None
+    budget = limits.max_num_batched_tokens
+    n = min(limits.max_num_seqs, budget // (1 + limits.draft_slots),
+            limits.max_concurrent_requests or budget)
+    return Shape(kind="prefill", rows=limits.rows_for(n), context_len=0,
+                 num_reqs=n) if n > 1 else None
 
 
 def most_fresh_requests(limits: Limits) -> int:
@@ -333,8 +355,9 @@ def prefill_chunk(limits: Limits, rows: int) -> Shape:
 
 
 def split_prefills(limits: Limits, rows: int) -> list[Shape]:
-    """The same R rows spread over n = 2, 4, 8, ... prefill requests (up to max_num_seqs and
-    max_concurrent_requests), each ending at max_model_len: the scheduler forms these when one
+    """The same R rows (less n requests' drafting slots where a drafter takes input slots of
+    its own, Limits.rows_for) spread over n = 2, 4, 8, ... prefill requests (up to max_num_seqs
+    and max_concurrent_requests), each ending at max_model_len: the scheduler forms these when one
     request's last chunk and the next one's first share a step. Per-request metadata and kernel
     splits scale with n. With prefix caching, n stops at rows // prefix_hit_min_rows: each
     request on the shared context reached it through a cache hit, which leaves that many rows to
@@ -366,10 +389,14 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
             counts = sorted([*counts, extra])
     out = []
     for n in counts:
-        largest = -(-rows // n)
+        n_rows = limits.rows_for(n, rows)  # each request's drafting slots come out of the budget
+        if n_rows < n:
+            continue
+        largest = -(-n_rows // n)
         extent = _extent_for(limits, n)
         if largest <= extent:
-            out.append(Shape(kind="prefill", rows=rows, context_len=extent - largest, num_reqs=n))
+            out.append(Shape(kind="prefill", rows=n_rows, context_len=extent - largest,
+                             num_reqs=n))
     return out
 
 
@@ -403,7 +430,8 @@ def wide_decode_batch(limits: Limits) -> Shape | None:
     KV capacity lets that many be at once: more sampler rows and metadata than the full-context
     batch, which the capacity caps. None when it is the same shape as decode_batch."""
     per_req = limits.rows_per_decode
-    n = max(1, min(limits.max_num_seqs, limits.max_num_batched_tokens // per_req,
+    n = max(1, min(limits.max_num_seqs,
+                   limits.max_num_batched_tokens // limits.decode_input_slots,
                    limits.max_concurrent_requests or limits.max_num_seqs))
     shape = Shape(kind="decode", rows=n * per_req,
                   context_len=max(0, _extent_for(limits, n) - per_req), num_reqs=n)
@@ -414,7 +442,8 @@ def decode_batch(limits: Limits) -> Shape:
     """As many decode requests as the limits allow, each scheduling 1 + k speculative rows on
     a full-length context."""
     per_req = limits.rows_per_decode
-    candidates = [limits.max_num_seqs, limits.max_num_batched_tokens // per_req]
+    candidates = [limits.max_num_seqs,
+                  max(1, limits.max_num_batched_tokens // limits.decode_input_slots)]
     if limits.max_resident_requests is not None:
         candidates.append(limits.max_resident_requests)
     n = max(1, min(candidates))
@@ -428,14 +457,14 @@ def mixed_step(limits: Limits) -> Shape | None:
     are decodes; the shape's context_len is the prefill's. None when no decode fits (that is
     a pure prefill) or the prefill part is no bigger than a decode (a pure decode batch)."""
     per_req = limits.rows_per_decode
-    n_budget = limits.max_num_batched_tokens
-    candidates = [limits.max_num_seqs - 1, (n_budget - 1) // per_req]
+    n_budget = limits.max_num_batched_tokens - limits.draft_slots  # the prefill's own slots
+    candidates = [limits.max_num_seqs - 1, (n_budget - 1) // limits.decode_input_slots]
     if limits.max_resident_requests is not None:
         candidates.append(limits.max_resident_requests - 1)
     decodes = min(candidates)
     if decodes <= 0:
         return None
-    prefill_rows = min(n_budget - decodes * per_req, limits.max_model_len)
+    prefill_rows = min(n_budget - decodes * limits.decode_input_slots, limits.max_model_len)
     if prefill_rows <= per_req:
         return None
     return Shape(kind="mixed", rows=decodes * per_req + prefill_rows,
