@@ -203,30 +203,42 @@ def _dflash(**kw) -> Limits:
     return Limits(**base)
 
 
-def test_a_step_of_n_requests_holds_the_budget_less_their_drafting_slots():
-    from worstcase_profiler.core.shapes import fresh_prefill_batch, wide_decode_batch
+def test_a_prefill_step_of_n_requests_holds_the_budget_less_their_drafting_slots():
+    from worstcase_profiler.core.shapes import fresh_prefill_batch
 
     lim = _dflash()
     fresh = fresh_prefill_batch(lim)
     assert (fresh.rows, fresh.context_len, fresh.num_reqs) == (8192 - 228 * 8, 0, 228)
-    steps = [fresh, decode_batch(lim), wide_decode_batch(lim), mixed_step(lim),
-             *split_prefills(lim, 8192)]
-    for shape in (s for s in steps if s is not None):
+    for shape in [fresh, *split_prefills(lim, 8192)]:
         assert_within_limits(lim, shape)
-        decodes = shape.num_reqs - 1 if shape.kind == "mixed" else 0
         assert shape.rows + shape.num_reqs * lim.draft_slots <= lim.max_num_batched_tokens, shape
-        if shape.kind == "decode":
-            assert shape.num_reqs * lim.decode_input_slots <= lim.max_num_batched_tokens
-        assert decodes >= 0
+    # the one-request chunk keeps the full budget: it measures the drafter at it (V1)
+    assert prefill_chunk(lim, 8192).rows == 8192
 
 
-def test_decode_batches_count_each_requests_drafting_slots():
-    lim = _dflash(kv_capacity_tokens=None, state_request_tokens=0)  # the budget binds, not the pool
-    assert decode_batch(lim).num_reqs == 8192 // (1 + 8 + 8)  # 481, not 8192 // 9 = 910
-    mixed = mixed_step(_dflash(kv_capacity_tokens=None, state_request_tokens=0, max_num_seqs=64))
-    prefill_rows = mixed.rows - (mixed.num_reqs - 1) * lim.rows_per_decode
-    assert mixed.num_reqs == 64 and prefill_rows == 8192 - 63 * 17 - 8
-    assert (mixed.num_reqs - 1) * lim.decode_input_slots + prefill_rows + lim.draft_slots == 8192
+def test_decode_and_mixed_steps_keep_counting_one_plus_k_rows_a_request():
+    # a verifying request may carry fewer than k drafts (the step's last, structured output)
+    # and is charged less: more of them fit than 1 + k + slots allows, so the decode batch keeps
+    # max_num_batched_tokens // (1 + k) requests (an over-estimate where all verify k drafts)
+    lim = _dflash(kv_capacity_tokens=None, state_request_tokens=0)
+    assert decode_batch(lim).num_reqs == 8192 // 9
+    plain = _dflash(kv_capacity_tokens=None, state_request_tokens=0, draft_slots=0)
+    assert mixed_step(lim) == mixed_step(plain) and decode_batch(lim) == decode_batch(plain)
+
+
+def test_the_chunk_caps_capped_steps_are_planned_without_drafting_slots():
+    # under the cap the engine keeps its own chunk, whose budget the slots come out of: a capped
+    # step of r rows over n requests is formable while r + n * slots <= the engine's chunk
+    from worstcase_profiler.core.advise import candidate_limits
+    from worstcase_profiler.core.chunk_cap import capped_family
+
+    lim = _dflash()
+    engine_with_512 = candidate_limits(lim, 512)  # the advisor's engine started with 512
+    capped_at_512 = candidate_limits(capped_family(lim), 512)  # 512 under the 8,192 chunk
+    assert engine_with_512.rows_for(8) == 512 - 8 * 8
+    assert capped_at_512.rows_for(8) == 512
+    assert [s.rows for s in split_prefills(capped_at_512, 512)] == [512] * len(
+        split_prefills(capped_at_512, 512))
 
 
 def test_without_drafting_slots_every_shape_is_as_before():

@@ -185,10 +185,13 @@ def measure_start(worker, original, settings: ProfilerSettings,
     with contextlib.ExitStack() as frozen:
         with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs, \
                 mm.counting_encoder(runner) as stock_encoder:
-            stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
-                                              clock=clock)
-            warmup.estimate_where_vllm_skips(  # a given KV size skips vLLM's graph estimate
-                worker, graphs, enabled=graphs_on and first_start and bool(explicit))
+            def vllm_profile() -> int:
+                kv = int(original(worker))
+                warmup.estimate_where_vllm_skips(  # a given KV size skips vLLM's graph estimate
+                    worker, graphs, enabled=graphs_on and first_start and bool(explicit))
+                return kv
+
+            stock_kv = profile_on_frozen_heap(frozen, vllm_profile, cuda=cuda, clock=clock)
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,

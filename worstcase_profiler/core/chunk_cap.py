@@ -27,6 +27,7 @@ except that its configured buffers stay.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from . import shapes as plan
@@ -61,6 +62,14 @@ def rows_at(levels: Iterable[tuple[int, int]], context: int) -> int:
     return levels[-1][1]
 
 
+def capped_family(limits: Limits) -> Limits:
+    """The limits the capped steps are planned from (the advisor's engine started with the
+    capped chunk): without drafting slots. Under the cap the engine keeps its own chunk, whose
+    budget the slots come out of, so a capped step can hold its full rows beside them; planning
+    them out of the capped chunk would plan fewer rows than the scheduler forms."""
+    return dataclasses.replace(limits, draft_slots=0)
+
+
 def level_shapes(limits: Limits, sweep: SweepResult) -> list[tuple[int, tuple[Shape, ...]]]:
     """(context, the shapes that bound a full-chunk step at it) for each context point of the
     sweep's context curve at which a full chunk fits below max_model_len, ascending."""
@@ -84,7 +93,8 @@ def missing_shapes(limits: Limits, sweep: SweepResult, rows: int, *,
     """The shapes the cap's bound needs that the sweep never ran, once each, in a fixed order
     (the capped chunk's plan, then each full-chunk level's)."""
     known = known_steps(sweep)
-    wanted = list(plan_candidate(limits, sweep, rows, context_ladder=context_ladder).shapes)
+    wanted = list(plan_candidate(capped_family(limits), sweep, rows,
+                                 context_ladder=context_ladder).shapes)
     for _, found in level_shapes(limits, sweep):
         wanted += found
     return [s for s in dict.fromkeys(wanted) if s not in known]
@@ -107,7 +117,7 @@ def decide(limits: Limits, sweep: SweepResult, measured: ChunkCapMeasurements, *
     rows = measured.rows
     check_rows(limits, rows)
     steps = (*measured.steps, *measured.timings)
-    top = chunk_worst(limits, sweep, rows, steps, workspace_bytes=workspace_bytes,
+    top = chunk_worst(capped_family(limits), sweep, rows, steps, workspace_bytes=workspace_bytes,
                       skipped=measured.skipped, context_ladder=context_ladder,
                       cut_down=cut_down, allocator_slack=allocator_slack)
     if top.unmeasured:  # advise.left_out_as_swept: the capped engine's worst case is unknown

@@ -77,9 +77,12 @@ class Limits:
     """Input slots each scheduled request takes from max_num_batched_tokens beyond its own rows:
     vLLM's scheduler charges every request it schedules `num_new_tokens + draft_slots`
     (speculative_config.max_num_new_slots_for_drafting: DFlash k, DSpark and parallel EAGLE
-    k - 1, a draft model 1, EAGLE/MTP/n-gram 0), so a step of n requests holds at most
-    max_num_batched_tokens - n * draft_slots rows (`rows_for`). 0 where vLLM has no such
-    charge (before 0.32) or no drafter: then every count here is as before."""
+    k - 1, a draft model 1, EAGLE/MTP/n-gram 0), so a step of n prefill requests holds at most
+    max_num_batched_tokens - n * draft_slots rows (`rows_for`: the split prefills and the fresh
+    prefill batch). Decode and mixed steps keep counting 1 + k rows a request and nothing more:
+    a verifying request may carry fewer drafts than k (the last one of a step, structured
+    output), and is then charged less, so more of them fit than (1 + k + draft_slots) allows.
+    0 where vLLM has no such charge (before 0.32) or no drafter: then every count is as before."""
     stock_reruns_with_kv: bool = True
     """Whether vLLM runs its own profile step (stock_shape) again once the KV cache exists, so
     that it shares the device with the pool. On vLLM 0.32's GPU worker the V1 runner does (its
@@ -120,11 +123,6 @@ class Limits:
     def rows_per_decode(self) -> int:
         """A decode request schedules its next token plus every speculative token."""
         return self.num_speculative_tokens + 1
-
-    @property
-    def decode_input_slots(self) -> int:
-        """Input budget one decoding request takes: its 1 + k rows plus its drafting slots."""
-        return self.rows_per_decode + self.draft_slots
 
     def rows_for(self, num_reqs: int, rows: int | None = None) -> int:
         """The most rows a step of `num_reqs` requests holds: `rows` (default
@@ -346,7 +344,11 @@ def prefill_chunk(limits: Limits, rows: int) -> Shape:
     max_model_len cannot belong to one request, so it is split as evenly as possible over
     ceil(R / max_model_len) requests, the largest of which ends exactly at max_model_len
     (see `request_layout`). The request count is not capped by max_num_seqs: a step the
-    scheduler cannot form only over-estimates, which is the safe direction."""
+    scheduler cannot form only over-estimates, which is the safe direction. The chunk keeps the
+    full budget under a drafter with drafting slots (one request's slots beyond what the
+    scheduler forms): that is not slack to trim. V1's drafter dummy run takes the step's rows,
+    while real parallel drafters run on rows + n * draft_slots, up to the full budget; this
+    chunk is the step that measures the drafter at the full budget."""
     _check_rows(limits, rows)
     num_reqs = -(-rows // limits.max_model_len)
     largest = -(-rows // num_reqs)
@@ -372,7 +374,9 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     than m; R // m, where every request is on the shared context through a hit (the widest step
     `--validate`'s prompts form), is a shape too."""
     _check_rows(limits, rows)
-    most = min(limits.max_num_seqs, rows, limits.max_concurrent_requests or rows)
+    most = min(limits.max_num_seqs, rows,
+               limits.max_num_batched_tokens // (1 + limits.draft_slots),
+               limits.max_concurrent_requests or rows)
     formable = None
     if limits.prefix_caching:
         formable = rows // limits.prefix_hit_min_rows
@@ -390,8 +394,6 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     out = []
     for n in counts:
         n_rows = limits.rows_for(n, rows)  # each request's drafting slots come out of the budget
-        if n_rows < n:
-            continue
         largest = -(-n_rows // n)
         extent = _extent_for(limits, n)
         if largest <= extent:
@@ -430,8 +432,7 @@ def wide_decode_batch(limits: Limits) -> Shape | None:
     KV capacity lets that many be at once: more sampler rows and metadata than the full-context
     batch, which the capacity caps. None when it is the same shape as decode_batch."""
     per_req = limits.rows_per_decode
-    n = max(1, min(limits.max_num_seqs,
-                   limits.max_num_batched_tokens // limits.decode_input_slots,
+    n = max(1, min(limits.max_num_seqs, limits.max_num_batched_tokens // per_req,
                    limits.max_concurrent_requests or limits.max_num_seqs))
     shape = Shape(kind="decode", rows=n * per_req,
                   context_len=max(0, _extent_for(limits, n) - per_req), num_reqs=n)
@@ -442,8 +443,7 @@ def decode_batch(limits: Limits) -> Shape:
     """As many decode requests as the limits allow, each scheduling 1 + k speculative rows on
     a full-length context."""
     per_req = limits.rows_per_decode
-    candidates = [limits.max_num_seqs,
-                  max(1, limits.max_num_batched_tokens // limits.decode_input_slots)]
+    candidates = [limits.max_num_seqs, limits.max_num_batched_tokens // per_req]
     if limits.max_resident_requests is not None:
         candidates.append(limits.max_resident_requests)
     n = max(1, min(candidates))
@@ -457,14 +457,14 @@ def mixed_step(limits: Limits) -> Shape | None:
     are decodes; the shape's context_len is the prefill's. None when no decode fits (that is
     a pure prefill) or the prefill part is no bigger than a decode (a pure decode batch)."""
     per_req = limits.rows_per_decode
-    n_budget = limits.max_num_batched_tokens - limits.draft_slots  # the prefill's own slots
-    candidates = [limits.max_num_seqs - 1, (n_budget - 1) // limits.decode_input_slots]
+    n_budget = limits.max_num_batched_tokens
+    candidates = [limits.max_num_seqs - 1, (n_budget - 1) // per_req]
     if limits.max_resident_requests is not None:
         candidates.append(limits.max_resident_requests - 1)
     decodes = min(candidates)
     if decodes <= 0:
         return None
-    prefill_rows = min(n_budget - decodes * limits.decode_input_slots, limits.max_model_len)
+    prefill_rows = min(n_budget - decodes * per_req, limits.max_model_len)
     if prefill_rows <= per_req:
         return None
     return Shape(kind="mixed", rows=decodes * per_req + prefill_rows,
