@@ -16,7 +16,13 @@ Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) each worker binds t
 engines it starts to a CPU of its own through VLLM_CPU_OMP_THREADS_BIND (gw0 -> the first CPU
 this process may use, gw1 -> the second, ...): vLLM's "auto" binding puts every engine on CPU 0,
 so two workers' engines would share one core. Set in os.environ at import, before any engine
-subprocess starts, so they all inherit it; a binding the caller set is kept."""
+subprocess starts, so they all inherit it; a binding the caller set is kept.
+
+With that binding, OMP_NUM_THREADS=1 too (unless the caller set it): an engine bound to one CPU
+serves on one thread anyway (vLLM drops torch to 1 thread once the model is loaded), but until
+then torch's pool has a thread per host CPU, and on a 2-core host the two workers' pools spin-wait
+against each other: a tiny-model `wcprof` took 21 s beside another start and 14 s alone; with
+OMP_NUM_THREADS=1, 13.8 s beside another."""
 
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ def _worker_cpu_bind() -> str | None:
 
 if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ and (_bind := _worker_cpu_bind()) is not None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _bind
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
