@@ -100,6 +100,47 @@ def pytest_make_collect_report(collector):
     _fail_import_skip(outcome.get_result())
 
 
+# `make test` runs -n 2 --dist loadfile --no-loadscope-reorder: xdist hands whole files to the
+# two workers in collection order, each file to whichever worker runs out of work first. So the
+# longest files go first and the unit tests (many short files) last, where they even out the two
+# workers' ends (with xdist's own order, by test count, the unit files went first and a long
+# engine file could start last). Seconds per file on the 2-core host under -n 2 beside them; the
+# tile start pair (shared_pair, under a file lock) is test_sweep_cache.py's, so
+# test_seed_failures.py comes three files later and finds it done instead of waiting on it.
+LONGEST_FIRST = (
+    "tests/cpu/test_profiler_end_to_end.py",  # 145
+    "tests/cpu/test_sweep_cache.py",  # 105
+    "tests/cpu/test_bad_input.py",  # 89
+    "tests/cpu/test_ci_gate_engine.py",  # 85
+    "tests/cpu/test_seed_failures.py",  # 101
+    "tests/cpu/test_max_model_len_auto_engine.py",  # 72
+    "tests/cpu/test_user_errors.py",  # 58
+    "tests/cpu/test_install.py",  # 52
+    "tests/cpu/test_drafter_kv_groups.py",  # 46
+    "tests/cpu/test_validate_reaches_worst.py",  # 40
+    "tests/cpu/test_guard_serve.py",  # 38
+    "tests/cpu/test_fixture_models.py",  # 38
+    "tests/cpu/test_multimodal_cpu.py",  # 37
+    "tests/cpu/test_dsv4_cpu.py",  # 35
+    "tests/cpu/test_tensor_parallel.py",  # 33
+)  # then the other tests/cpu files (25 s or less each), then tests/unit
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = [p for p in LONGEST_FIRST if not (config.rootpath / p).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no such file: {missing}")
+    first = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def rank(item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        if path in first:
+            return 0, first[path]
+        return (1 if path.startswith("tests/cpu/") else 2), 0
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in their order
+
+
 @pytest.fixture
 def read_only_dir(tmp_path) -> Path:
     """A directory this process cannot create files in (root ignores mode bits: /sys then)."""
