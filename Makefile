@@ -48,8 +48,11 @@ demo: $(STAMP)
 # -n 2 --dist loadfile: two pytest-xdist workers, a test file's tests on one worker (module
 # fixtures start their engines once); each worker's engines bind to a CPU of their own
 # (tests/conftest.py). loadgroup would ignore xdist_group marks under pytest 9.2.
+# --no-loadscope-reorder: files go out in collection order, which tests/conftest.py sorts longest
+# first (LONGEST_FIRST), not in xdist's order by test count.
 test: $(STAMP) chromium lint-workflows
-	WCPROF_TEST_FULL=1 ACTIONLINT=$(ACTIONLINT) $(VPY) -m pytest -q -ra -n 2 --dist loadfile
+	WCPROF_TEST_FULL=1 ACTIONLINT=$(ACTIONLINT) $(VPY) -m pytest -q -ra -n 2 --dist loadfile \
+	  --no-loadscope-reorder
 
 lint-workflows: $(STAMP)
 	@if ! command -v "$(ACTIONLINT)" >/dev/null 2>&1 && [ "$$(uname -sm)" != "Linux x86_64" ]; then \

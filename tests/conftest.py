@@ -16,7 +16,13 @@ Under pytest-xdist (`make test` runs `-n 2 --dist loadfile`) each worker binds t
 engines it starts to a CPU of its own through VLLM_CPU_OMP_THREADS_BIND (gw0 -> the first CPU
 this process may use, gw1 -> the second, ...): vLLM's "auto" binding puts every engine on CPU 0,
 so two workers' engines would share one core. Set in os.environ at import, before any engine
-subprocess starts, so they all inherit it; a binding the caller set is kept."""
+subprocess starts, so they all inherit it; a binding the caller set is kept.
+
+With that binding, OMP_NUM_THREADS=1 too (unless the caller set it): an engine bound to one CPU
+serves on one thread anyway (vLLM drops torch to 1 thread once the model is loaded), but until
+then torch's pool has a thread per host CPU, and on a 2-core host the two workers' pools spin-wait
+against each other: a tiny-model `wcprof` took 21 s beside another start and 14 s alone; with
+OMP_NUM_THREADS=1, 13.8 s beside another."""
 
 from __future__ import annotations
 
@@ -43,6 +49,7 @@ def _worker_cpu_bind() -> str | None:
 
 if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ and (_bind := _worker_cpu_bind()) is not None:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _bind
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -91,6 +98,47 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _fail_import_skip(outcome.get_result())
+
+
+# `make test` runs -n 2 --dist loadfile --no-loadscope-reorder: xdist hands whole files to the
+# two workers in collection order, each file to whichever worker runs out of work first. So the
+# longest files go first and the unit tests (many short files) last, where they even out the two
+# workers' ends (with xdist's own order, by test count, the unit files went first and a long
+# engine file could start last). Seconds per file on the 2-core host under -n 2 beside them; the
+# tile start pair (shared_pair, under a file lock) is test_sweep_cache.py's, so
+# test_seed_failures.py comes three files later and finds it done instead of waiting on it.
+LONGEST_FIRST = (
+    "tests/cpu/test_profiler_end_to_end.py",  # 145
+    "tests/cpu/test_sweep_cache.py",  # 105
+    "tests/cpu/test_bad_input.py",  # 89
+    "tests/cpu/test_ci_gate_engine.py",  # 85
+    "tests/cpu/test_seed_failures.py",  # 101
+    "tests/cpu/test_max_model_len_auto_engine.py",  # 72
+    "tests/cpu/test_user_errors.py",  # 58
+    "tests/cpu/test_install.py",  # 52
+    "tests/cpu/test_drafter_kv_groups.py",  # 46
+    "tests/cpu/test_validate_reaches_worst.py",  # 40
+    "tests/cpu/test_guard_serve.py",  # 38
+    "tests/cpu/test_fixture_models.py",  # 38
+    "tests/cpu/test_multimodal_cpu.py",  # 37
+    "tests/cpu/test_dsv4_cpu.py",  # 35
+    "tests/cpu/test_tensor_parallel.py",  # 33
+)  # then the other tests/cpu files (25 s or less each), then tests/unit
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = [p for p in LONGEST_FIRST if not (config.rootpath / p).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FIRST names no such file: {missing}")
+    first = {path: i for i, path in enumerate(LONGEST_FIRST)}
+
+    def rank(item) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        if path in first:
+            return 0, first[path]
+        return (1 if path.startswith("tests/cpu/") else 2), 0
+
+    items.sort(key=rank)  # stable: each file's tests stay together and in their order
 
 
 @pytest.fixture
