@@ -113,12 +113,13 @@ def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path,
     use = after.report["worstcase"]["cache"]
     assert use["status"] == "stale", use
     assert "not trusted" in after.text
-    # what the forged start admitted beyond the honest one, net of this process's resident
-    # memory (consumed), which moves with the host's load between two starts: budget + consumed
-    # is requested - transient - warm-up - margin, the part a forged entry could inflate
-    room = lambda r: r["admission"]["budget_bytes"] + r["admission"]["consumed_bytes"]  # noqa: E731
-    assert after.report["admission"]["requested_bytes"] == honest.report["admission"]["requested_bytes"]
-    assert room(after.report) <= room(honest.report) + (1 << 20)
+    # what the forged start set aside against the honest one, net of what moves with the host's
+    # load between two starts: on the CPU vLLM requests a share of the host's free memory, and
+    # this process's resident memory (consumed) moves too. requested - (budget + consumed) is
+    # transient + warm-up + margin, the part a forged entry could shrink
+    aside = lambda r: r["admission"]["requested_bytes"] - (  # noqa: E731
+        r["admission"]["budget_bytes"] + r["admission"]["consumed_bytes"])
+    assert aside(after.report) >= aside(honest.report) - (1 << 20)
     assert after.report["worstcase"]["workspace_bytes"] >= honest.report["worstcase"]["workspace_bytes"]
 
 
