@@ -16,7 +16,7 @@ import dataclasses
 import enum
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 # The records are the core's own frozen dataclasses, served as they are: pydantic validates and
 # serialises them like its models, and the descriptions in their fields' metadata (core.types.doc)
@@ -50,7 +50,11 @@ SCHEMA_VERSION = "1.14"
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
-    measured by the same meter as the sweep."""
+    measured by the same meter as the sweep. A projection of core.types.StepResult: a field on
+    neither side's mapping fails tests/unit/test_report_records.py, and one the report does not
+    know fails to load (extra="forbid")."""
+
+    model_config = ConfigDict(extra="forbid")
 
     peak_activation_bytes: int
     shape: Shape
@@ -69,6 +73,11 @@ class RowsCovered(BaseModel):
 
 
 class Coverage(BaseModel):
+    """A projection of core.types.RowsCoverage (tests/unit/test_report_records.py maps it field
+    by field); a field the report does not know fails to load (extra="forbid")."""
+
+    model_config = ConfigDict(extra="forbid")
+
     method: str
     argument: str
     tolerance_bytes: int
