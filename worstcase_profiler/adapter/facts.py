@@ -223,12 +223,13 @@ def sibling_hits_serialize(vllm_config) -> bool:
     as cached in this step (single_type_kv_cache_manager.MambaManager._cache_partial_tail_block);
     a later request whose hit ends on a block cached in this step is refused for the step
     (MambaManager.get_num_blocks_to_allocate returns num_gpu_blocks + 1, and the scheduler stops
-    admitting). On an H200 (the Qwen3.5 hybrid, eager) 1,024 requests x 8 rows on one 130,928-token prefix
-    ran one a step (0.001 of the prediction). A block-dropping drafter (MTP, EAGLE) makes each
-    request compute past the next block, and the same plan formed its step (0.9994). On 0.33 an
-    EAGLE/MTP drafter with lookahead block hashes drops no block (hash_lookahead_tokens), but
-    still counts here as a dropping drafter: whether siblings serialize under those hashes is
-    not read, so this stays False (more requests a step: the safe direction)."""
+    admitting), so such requests run one a step: a plan of many requests a few rows each on one
+    cached prefix forms a step of one request, not the step it stands for (docs/sweep.md). A
+    block-dropping drafter (MTP, EAGLE) makes each request compute past the next block, and the
+    same plan forms its step. On 0.33 an EAGLE/MTP drafter with lookahead block hashes drops
+    no block (hash_lookahead_tokens), but still counts here as a dropping drafter: whether
+    siblings serialize under those hashes is not read, so this stays False (more requests a
+    step: the safe direction)."""
     # vllm-touch: worker-config
     cache, model = vllm_config.cache_config, vllm_config.model_config
     return (bool(getattr(cache, "enable_prefix_caching", False))

@@ -143,10 +143,10 @@ class CudaMeter:
     # hands a cached large-pool block out unsplit when less than kSmallSize (1 MiB) would remain
     # (CUDACachingAllocator.cpp should_split; allocated_bytes grows by block->size), so a tensor
     # can be charged up to 1 MiB more than it asked for, depending on which blocks the cache
-    # holds: history, not shape. The same tensors of one step read -1.0..+1.5 MiB apart between
-    # the sweep and a real engine (DSv3.2 fp8 at 1,024 requests on an H200: eager -0.99 MiB,
-    # graphs +1.51 MiB) and between sweep steps whose activations are identical (512 requests:
-    # -1.00 / +1.22 MiB). Two such blocks' worth is admitted on top of the largest step.
+    # holds: history, not shape. The same tensors of one step can read up to a block apart
+    # either way between the sweep and a real engine, and between sweep steps whose activations
+    # are identical (the measured spread: docs/sweep.md "Allocator slack"). Two such blocks'
+    # worth is admitted on top of the largest step.
     allocator_slack_bytes = 2 << 20
 
     def __init__(self, device=None) -> None:

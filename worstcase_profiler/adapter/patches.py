@@ -26,7 +26,7 @@ from ..settings import CONFIG_KEY, PROFILER_CHOICES, ProfilerSettings, resolve
 log = logging.getLogger("vllm.wcprof")
 
 Kind = Literal["class-wrap", "instance-swap", "private-read", "private-write", "config-pin"]
-RUN = "0.26 (CUDA, H200), 0.32 (CPU)"
+RUN = "0.26 (CUDA), 0.32 (CPU)"
 
 
 @dataclass(frozen=True)
@@ -49,14 +49,16 @@ REGISTRY: tuple[Touch, ...] = (
           "vllm.v1.worker.gpu_worker.Worker.determine_available_memory; "
           "vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory (overrides, no super)",
           "the stock profile runs one max_num_batched_tokens step on an empty KV cache with no "
-          "attention metadata, so context-scaled memory is never seen (seed 002); the wrap calls "
-          "the original (the stock figure), sweeps, and returns the worst-case budget",
+          "attention metadata, so context-scaled workspace (attention scratch that grows with "
+          "the KV extent) is never seen; the wrap calls the original (the stock figure), "
+          "sweeps, and returns the worst-case budget",
           retire="a profile_run that runs attention at max_model_len KV extent for every rows "
                  "value and workspace slot"),
     Touch("worker-kv-init", "class-wrap",
           "vllm.v1.worker.gpu_worker.Worker.initialize_from_config (CPUWorker inherits it)",
-          "nothing checked that KV initialisation stays within its budget (seed 000: 8.5x); the "
-          "wrap sums the storages it allocated",
+          "nothing checks that KV initialisation stays within its budget, and it can allocate "
+          "several times past it (a block count sized per KV group, buffers allocated per layer); "
+          "the wrap sums the storages it allocated",
           retire="an allocation check in initialize_kv_cache against available memory"),
     Touch("worker-warm-up", "class-wrap",
           "vllm.v1.worker.gpu_worker.Worker.compile_or_warm_up_model; "
@@ -184,7 +186,8 @@ REGISTRY: tuple[Touch, ...] = (
           "vllm.v1.worker.workspace: current_workspace_manager(), WorkspaceManager."
           "_current_workspaces, ._num_lanes, ._device, .lock()",
           "every (ubatch, lane) slot is grown to the worst any slot reached and locked after "
-          "warm-up (seed 002: a second lane never profiled)",
+          "warm-up (the stock profile never sizes a second lane's slot, the drafter's: it grows "
+          "at serving time)",
           retire="WorkspaceManager.reserve_all(bytes)"),
     Touch("workspace-recorder", "instance-swap",
           "WorkspaceManager._ensure_workspace_size, ._get_workspace_id",
@@ -201,13 +204,13 @@ REGISTRY: tuple[Touch, ...] = (
           "afterwards): the flag lifts the warm-up's cap, the swap sends group g's writes to "
           "block 1 + g instead of the null block",
           "vLLM's V2 warm-up caps its batch at what the KV cache's blocks hold, so on the "
-          "provisional cache it ran 23 requests where the real one ran 831 and kept 2.3 GiB more "
-          "(Qwen3.5 + MTP, run 19); with the flag, as vLLM's elastic-EP re-warm-up does, it runs "
+          "provisional cache (one request's blocks) it runs a few requests where the real cache "
+          "gives hundreds, and what the sampler and kernels keep grows with that batch "
+          "(docs/sweep.md); with the flag, as vLLM's elastic-EP re-warm-up does, it runs "
           "its full batch on the provisional cache; not onto the null block itself, which the GDN "
-          "kernels treat as padding (outputs left unwritten: the MTP hybrid's rehearsal never "
-          "ended, run 20)",
-          run="0.32 (CUDA, H200: the null-block form in run 20, the scratch-block form in runs "
-              "21-24)",
+          "kernels treat as padding (outputs left unwritten, so later layers, the drafter and "
+          "the samplers run on uninitialised memory and the rehearsal need not end)",
+          run="0.32 (CUDA: the null-block form, then the scratch-block form)",
           read="0.32, 0.33 (absent in 0.26, where the audit stays the check; 0.33: "
                "warmup._warmup_kernels reads the flag as 0.32 does, then runs again greedy "
                "under a drafter; append_block_ids unchanged)",
@@ -219,10 +222,10 @@ REGISTRY: tuple[Touch, ...] = (
           "enable_gpu_sync_check (0.26+), no-ops during the warm-up rehearsal only",
           "vLLM switches its kernel JIT monitor (and, under VLLM_GPU_SYNC_CHECK, the sync check) "
           "on at the end of warm-up; the rehearsal would switch them on before the real warm-up, "
-          "which then logged its own compiles as 'JIT compilation during inference' (run 19-20) "
+          "which then logs its own compiles as 'JIT compilation during inference' "
           "and would raise in the monitor's error mode",
-          run="0.32 (CUDA, H200: runs 21-25, no inference-time JIT compile logged); on 0.26 "
-              "the monitor still came on inside the rehearsal (run 23), fixed after it, not re-run",
+          run="0.32 (CUDA: no inference-time JIT compile logged); the 0.26 path (its "
+              "jit_monitor.activate) read, not run since it was added",
           read="0.26, 0.32, 0.33 (compile_or_warm_up_model a wrapper of "
                "_compile_or_warm_up_model in the same module: the same switches, same globals)",
           retire="a warm-up entry point without the serving-time switches"),
@@ -230,9 +233,10 @@ REGISTRY: tuple[Touch, ...] = (
           "vllm.v1.core.single_type_kv_cache_manager.MambaManager._cache_partial_tail_block "
           "(presence only)",
           "a Mamba hybrid in align mode lets one request a step resume from a block cached in that "
-          "step (H200 run 18); --validate then gives each request its own cached last block, and "
-          "the sweep counts that block and a new one in every group per resident request; where "
-          "the mechanism is absent neither applies (more requests at once: the safe direction)",
+          "step (facts.sibling_hits_serialize); --validate then gives each request its own cached "
+          "last block, and the sweep counts that block and a new one in every group per resident "
+          "request; where the mechanism is absent neither applies (more requests at once: the "
+          "safe direction)",
           run="0.32 (CPU: tests/cpu/test_hybrid_hit_scheduling.py)", read="0.26, 0.32, 0.33",
           retire="a scheduler that lets sibling hits share a step"),
     Touch("worker-rpc", "class-wrap", "Worker.wcprof_rpc, CPUWorker.wcprof_rpc (a method added)",
@@ -255,14 +259,15 @@ REGISTRY: tuple[Touch, ...] = (
           "the cut-down sweep runs every shape on one layer of each kind (a step's peak is set "
           "inside one layer), so its cost does not grow with depth; the worst shapes are then "
           "confirmed on the full model (compiled, where it is)",
-          run="0.26 and 0.32 (H200, eager: runs 25-28); 0.32 (CPU); the compiled bypass not run",
+          run="0.26 and 0.32 (CUDA, eager); 0.32 (CPU); the compiled bypass not run",
           retire="a profiling entry point that runs a subset of layers"),
     Touch("v1-graph-estimate", "instance-swap",
           "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "
           "(during vLLM's own profile_cudagraph_memory)",
-          "vLLM's V1 estimate captures two graphs per mode and extrapolates (short by 76-150 MiB "
-          "on the H200): on a first start every descriptor is captured and the free memory the "
-          "captures took is summed, so CUDA graphs are reserved exactly before the budget",
+          "vLLM's V1 estimate captures two graphs per mode and extrapolates, which can fall short "
+          "of what capture keeps (docs/sweep.md): on a first start every descriptor is captured "
+          "and the free memory the captures took is summed, so CUDA graphs are reserved exactly "
+          "before the budget",
           retire="an exact CUDA-graph estimate in profile_cudagraph_memory"),
     Touch("v2-graph-estimate", "config-pin",
           "v1.worker.gpu.cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES (0.29+, for vLLM's "

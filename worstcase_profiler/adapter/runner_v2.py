@@ -132,8 +132,8 @@ class V2Driver(DriverBase):
     def cannot_build(self, shape: Shape) -> str | None:
         """A mixed step's per-request layout is injected into the dummy batch after vLLM built
         it; recurrent-state (Mamba/GDN) and speculative metadata are built from the batch before
-        that, so on such models the injection would leave them inconsistent (an illegal memory
-        access on the H200, vLLM 0.32, Qwen3.5 + MTP).
+        that, so on such models the injection would leave them inconsistent (on CUDA: an illegal
+        memory access, vLLM 0.32, Qwen3.5 + MTP).
 
         On a hybrid model, a step on no context whose requests' state slots (1..n) run past the
         provisional pool (shapes.state_slots_beyond_pool): the pool covers the sweep's own
@@ -184,8 +184,8 @@ class V2Driver(DriverBase):
     def _provisional_blocks(self) -> int:
         """One request at max_model_len plus the null block; on a hybrid model at least one
         block more than the most requests a step holds on no context: prepare_dummy_attn gives
-        their recurrent states slots 1..n, which index the pool's state tensors (a 225-request
-        fresh prefill on a 159-block pool failed a CUDA gather's bounds check, H200)."""
+        their recurrent states slots 1..n, which index the pool's state tensors (a fresh prefill
+        of more requests than the pool has blocks fails a CUDA gather's bounds check)."""
         sizes = [int(s.block_size) for s in self.runner.get_kv_cache_spec().values()
                  if getattr(s, "block_size", None)]
         bs = min(sizes) if sizes else self.limits.block_size

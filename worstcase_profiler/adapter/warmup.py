@@ -247,10 +247,10 @@ def replaced(obj, name: str, value):
 def _end_of_warm_up_deferred(worker):
     """vLLM ends its warm-up by switching on checks meant for serving: the kernel JIT monitor
     (any later compile is logged, or raised in its "error" mode; 0.32 through the worker's
-    _maybe_activate_jit_monitor, 0.26 through vllm.utils.jit_monitor.activate, which H200 run
-    23 saw switched on inside the rehearsal) and, under
-    VLLM_GPU_SYNC_CHECK, the sync check (0.26+). After the rehearsal the real warm-up still has
-    to run, so for the rehearsal both stay off; the real warm-up switches them on as usual."""
+    _maybe_activate_jit_monitor, 0.26 through vllm.utils.jit_monitor.activate, which the 0.26
+    warm-up imports at call time, so it too comes on inside the rehearsal unless replaced) and,
+    under VLLM_GPU_SYNC_CHECK, the sync check (0.26+). After the rehearsal the real warm-up still
+    has to run, so for the rehearsal both stay off; the real warm-up switches them on as usual."""
     # vllm-touch: warm-up-serving-checks
     import sys
 
@@ -279,9 +279,9 @@ def full_warm_up_batch(runner):
     """vLLM's V2 warm-up (0.26+: `warmup.warmup_kernels`) runs as many requests as the KV cache's
     blocks hold, at most max_num_seqs. On the provisional cache (one request's blocks) that is a
     few requests where the real cache gives hundreds, and what the sampler and kernels keep grows
-    with that batch (about 12 B per vocabulary entry per request: 2.3 GiB for the Qwen3.5 hybrid
-    with MTP on vLLM 0.32 on an H200, where the rehearsal ran 23 requests and the real
-    warm-up 831). Where vLLM can send every KV and state write to one block (0.32+:
+    with that batch (about 12 B per vocabulary entry per request: gigabytes for a large
+    vocabulary at hundreds of requests; docs/sweep.md has the measured case). Where vLLM can send
+    every KV and state write to one block (0.32+:
     `BlockTables.redirect_writes_to_null_block`, which its elastic-EP re-warm-up uses), the
     rehearsal sets it, so the warm-up skips that cap and runs its full batch on the provisional
     cache (`warmup_kernels`; other warm-ups that size themselves by the cache's blocks, a mixed

@@ -5,11 +5,12 @@
   wcprof cache import DIR           copy DIR's entries into this host's cache
 
 Entries are keyed by what decides the figures (model config, limits, vLLM, torch, CUDA, kernels,
-device model), never by host, so an entry made on one H200 is found on another. An imported entry
-is not trusted blindly: the engine replays its worst step, and the plan's heaviest shapes unless
-the entry is signed, before reusing it (the sweep runs again otherwise); with $WCPROF_CACHE_SECRET
-set only entries signed with that secret are read at all (docs/cache.md). Import keeps only entries that parse (and verify,
-with a secret); a bad file is named and skipped.
+device model), never by host, so an entry made on one GPU is found on another of that model.
+An imported entry is not trusted blindly: the engine replays its worst step, and the plan's
+heaviest shapes unless the entry is signed, before reusing it (the sweep runs again otherwise);
+with $WCPROF_CACHE_SECRET set only entries signed with that secret are read at all
+(docs/cache.md). Import keeps only entries that parse (and verify, with a secret); a bad file is
+named and skipped.
 """
 
 from __future__ import annotations

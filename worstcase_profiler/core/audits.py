@@ -149,7 +149,8 @@ def concurrency_note(*, pool_blocks: int, request_blocks: int, state_blocks: int
     fewest a request holds (a block in every KV group, and in a Mamba group its 1 + k state
     blocks under speculative decoding: `state_blocks` of them beyond one a group). An upper
     bound: a request never holds fewer, so the scheduler never runs more at once and queues the
-    rest (seed 000's 6 GiB at k=8: 26 of 32 sequences)."""
+    rest (a small KV size under deep speculation, 1 + k state blocks a request, holds fewer
+    requests than max_num_seqs)."""
     if request_blocks < 1 or pool_blocks < 2:
         return None
     most = (pool_blocks - 1) // request_blocks

@@ -173,8 +173,8 @@ def quick_plan(shape: Shape, limits: Limits) -> RequestPlan:
     decode at once; any other as fresh prompts sharing its rows (vLLM's own profile step).
     What a worst step's context adds is left out, which is what the exact plan pays for: its
     requests must reach that context on a cached prefix, and where each needs many tokens
-    computed the last wait hundreds of steps behind the decoding ones (DeepSeek-V4 with MTP
-    at 1,024 requests: about 1,900 steps, minutes per replay on an H200). The note says which
+    computed the last wait hundreds of steps behind the decoding ones (on a GPU, minutes per
+    replay for a deep model at a thousand requests: docs/seed-families.md). The note says which
     context the replay stands in for."""
     n = max(1, min(shape.num_reqs, limits.max_num_seqs))
     instead = f"context {shape.context_len} of the worst step not built: quick"

@@ -298,8 +298,8 @@ def fresh_prefill_batch(limits: Limits) -> Shape | None:
     step, and no other shape spreads a full budget over that many requests: split_prefills
     stops where prefix hits stop lining requests up on a long context. None where stock
     counts (it has at least as many requests on the same rows) or the step is one request
-    (the context ladder's empty rung). h200-run37: 225 prompts of 8 tokens (1,800 rows)
-    needed 2.03 GiB, above every swept step (1.96 GiB)."""
+    (the context ladder's empty rung). A batch of short fresh prompts over the whole pool can
+    need more than every swept step (docs/sweep.md has the measured case)."""
     if stock_excluded_why(limits) is None:
         return None
     budget = limits.max_num_batched_tokens

@@ -217,9 +217,9 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     cut-down mode's assumption, proven per family (sweep_depth.CUT_DOWN_PROVEN, sweep_depth=prove).
     While such a bound is above every confirmed figure, that shape is confirmed too (up to
     CONFIRM_MORE), so the admitted figure is a measured full-model step wherever the bounds
-    allow it, not a confirmed shape raised by another shape's larger difference (on an H200,
-    the 8B layout: +64 MiB). Shapes far below the worst are not confirmed one by one: the decode
-    and mixed steps at full context cost seconds each on a deep model (6.3 of 11.8 s on the 8B layout)."""
+    allow it, not a confirmed shape raised by another shape's larger difference (tens of MiB on
+    an 8B layout: docs/sweep.md). Shapes far below the worst are not confirmed one by one: the
+    decode and mixed steps at full context cost seconds each on a deep model (6.3 of 11.8 s on the 8B layout)."""
     cd = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
                    context_ladder=context_ladder, attribute_ops=attribute_ops,
                    on_step=on_step, allocator_slack=allocator_slack)

@@ -11,10 +11,10 @@ against the full one on one engine (core/sweep.prove_cut_down runs both).
                       assumption on this model (sweep_depth=auto), else it falls back to full
 
 auto on CUDA: the self-check decides for an eager forward of any family (docs/sweep.md
-"Self-checked cut-down sweep"); a compiled forward is self-checked only for the families the
-lab proved compiled. The tables stay the lab's record of the families where the
-cut-down sweep matched the full one, and still tell `sweep_depth=cut-down` on a compiled
-forward whether a proof covered it.
+"Self-checked cut-down sweep"); a compiled forward is self-checked only for the families a
+committed proof covers compiled. The tables stay the record of the families where a proof
+found the cut-down sweep matching the full one, and still tell `sweep_depth=cut-down` on a
+compiled forward whether a proof covered it.
 """
 
 from __future__ import annotations
@@ -91,9 +91,9 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     if compiled_proof and (runner != "v2" or tensor_parallel_size != 1):
         compiled_proof = None  # proven on the V2 runner at TP=1 only
     if setting == "auto" and not compiled_proof and not eager():
-        # A compiled forward's cut steps run eagerly beside compiled confirmations: the lab
-        # proved that for the families in CUT_DOWN_PROVEN_COMPILED only, and no GPU run has
-        # shown the self-check on another compiled family yet.
+        # A compiled forward's cut steps run eagerly beside compiled confirmations: a committed
+        # proof shows that for the families in CUT_DOWN_PROVEN_COMPILED only, and the
+        # self-check is not shown on another compiled family.
         return "full", (f"full: the model runs compiled, and no proof covered a compiled "
                         f"{model_class} (its cut steps would run eagerly; "
                         "sweep_depth=self-check asks for it, prove compares both)")
