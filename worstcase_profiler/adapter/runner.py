@@ -210,7 +210,7 @@ class DriverBase:
 
 
 def v1_prefill_lens(rows: int, num_reqs: int, context_len: int,
-                    max_model_len: int | None = None) -> tuple[list[int], int]:
+                    max_model_len: int) -> tuple[list[int], int]:
     """A prefill step's query lengths as V1's `_dummy_run(rows)` schedules them over `num_reqs`
     requests (rows // n each, the remainder rows % n on the last), and the one seq_len
     (`profile_seq_lens`, a scalar every request gets) that holds the longest: context_len plus
@@ -224,10 +224,7 @@ def v1_prefill_lens(rows: int, num_reqs: int, context_len: int,
     n = max(1, min(rows, num_reqs))  # _dummy_run: min(num_tokens, max_num_seqs) requests
     q = [rows // n] * n
     q[-1] += rows % n
-    seq = context_len + max(1, q[-1])
-    if max_model_len is not None:
-        seq = max(max(q), min(seq, max_model_len))
-    return q, seq
+    return q, max(q[-1], min(context_len + max(1, q[-1]), max_model_len))
 
 
 class V1Driver(DriverBase):

@@ -260,13 +260,12 @@ def advise(limits: Limits, sweep: SweepResult, *, held: HeldMemory, admission: A
                 one_request=admission.one_request_bytes,
                 explicit_kv=admission.explicit_kv_cache_memory_bytes,
                 pool_block_bytes=admission.pool_block_bytes)
-            unknown = ([f"NOT RECOMMENDED: its worst case is unknown ({len(w.unmeasured)} "
-                        "step(s) it forms could not be built here)"] if w.unmeasured else [])
             row = ChunkAdvice(chunk=chunk, transient_bytes=transient, workspace_bytes=ws,
                               worst_shape=worst.shape, budget_bytes=adm.budget_bytes,
                               kv_tokens=adm.kv_tokens_worstcase,
                               fits=adm.fits and not w.unmeasured,
-                              note="; ".join([*unknown, "its stock step ran with attention "
+                              note="; ".join([*unknown_worst(w.unmeasured),
+                                              "its stock step ran with attention "
                                               "metadata (an upper estimate of vLLM's own profile "
                                               "step at this chunk)", *left_out]))
         rows.append(dataclasses.replace(
@@ -319,6 +318,13 @@ def left_out_as_swept(shape: Shape, sweep: SweepResult) -> bool:
     candidate's worst case unknown: it is not recommended, never weighed without the shape.
     A stock step is never left out alike: the sweep measures its own through measure_stock."""
     return shape.kind != "stock" and any(s.kind == shape.kind for s, _ in sweep.skipped)
+
+
+def unknown_worst(unmeasured) -> list[str]:
+    """The note a candidate carries when steps it forms could not be built (`left_out_as_swept`
+    said no): its worst case is unknown, so it is not recommended. Empty otherwise."""
+    return [f"NOT RECOMMENDED: its worst case is unknown ({len(unmeasured)} step(s) it forms "
+            "could not be built here)"] if unmeasured else []
 
 
 def _worst(limits, sweep, chunk, known, extra, unbuildable, raised, ws_scale, ws_total,

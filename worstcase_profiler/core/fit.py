@@ -70,7 +70,7 @@ from . import shapes as plan
 from .admission import (bytes_for_one_request, compute_admission, kv_tokens, least_kv_cache_bytes,
                         usable_kv_bytes)
 from .advise import (confirmation_delta, full_extent_rows, left_out_as_swept, plan_candidate,
-                     raiser, rows_bound)
+                     raiser, rows_bound, unknown_worst)
 from .shapes import Limits
 from .types import (Admission, Advice, Fit, FitCandidate, FitMeasurements, FitObjective,
                     HeldMemory, Shape, StepResult, SweepResult, Workspace)
@@ -310,9 +310,7 @@ class _Weigher:
         # a step it forms that could not be built (advise.left_out_as_swept): its worst case
         # is unknown, so it is neither fitted nor recommended
         fits = a.fits and held >= 1 and not unmeasured
-        if unmeasured:
-            left_out.insert(0, f"NOT RECOMMENDED: its worst case is unknown ({len(unmeasured)} "
-                               "step(s) it forms could not be built here)")
+        left_out[:0] = unknown_worst(unmeasured)
         concurrency = min(seqs, held) if fits else 0
         return FitCandidate(
             max_model_len=max_model_len, max_num_batched_tokens=chunk, max_num_seqs=seqs,

@@ -124,6 +124,11 @@ class Limits:
         """A decode request schedules its next token plus every speculative token."""
         return self.num_speculative_tokens + 1
 
+    @property
+    def max_prefill_requests(self) -> int:
+        """The most prefill requests one step holds: each takes a row and its drafting slots."""
+        return self.max_num_batched_tokens // (1 + self.draft_slots)
+
     def rows_for(self, num_reqs: int, rows: int | None = None) -> int:
         """The most rows a step of `num_reqs` requests holds: `rows` (default
         max_num_batched_tokens), less each request's drafting slots; at least one a request."""
@@ -303,7 +308,7 @@ def fresh_prefill_batch(limits: Limits) -> Shape | None:
     if stock_excluded_why(limits) is None:
         return None
     budget = limits.max_num_batched_tokens
-    n = min(limits.max_num_seqs, budget // (1 + limits.draft_slots),
+    n = min(limits.max_num_seqs, limits.max_prefill_requests,
             limits.max_concurrent_requests or budget)
     return Shape(kind="prefill", rows=limits.rows_for(n), context_len=0,
                  num_reqs=n) if n > 1 else None
@@ -374,8 +379,7 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
     than m; R // m, where every request is on the shared context through a hit (the widest step
     `--validate`'s prompts form), is a shape too."""
     _check_rows(limits, rows)
-    most = min(limits.max_num_seqs, rows,
-               limits.max_num_batched_tokens // (1 + limits.draft_slots),
+    most = min(limits.max_num_seqs, rows, limits.max_prefill_requests,
                limits.max_concurrent_requests or rows)
     formable = None
     if limits.prefix_caching:
