@@ -215,6 +215,9 @@ def _env(name: str) -> dict[str, str]:
 def child(argv: list[str]) -> int:
     """Import everything, wait for "go" on stdin, then run the CLI in this process."""
     t0 = time.time()
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # Run.wait: the stacks at a timeout
     import torch
     import vllm
     import vllm.entrypoints.llm  # noqa: F401  (the LLM class: the bulk of the import time)
@@ -262,10 +265,21 @@ class Run:
                 pass
             self.proc.wait()
 
+    def _dump_stacks(self) -> None:
+        """Where a timed-out case was: its threads' stacks into its log (child's SIGUSR1
+        handler), before the kill."""
+        if self.prespawn and self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, signal.SIGUSR1)
+                time.sleep(2.0)
+            except ProcessLookupError:
+                pass
+
     def wait(self, timeout: float) -> int:
         try:
             rc = self.proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
+            self._dump_stacks()
             self.kill()
             rc = 124
         self.log.close()

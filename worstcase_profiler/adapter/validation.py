@@ -33,6 +33,8 @@ from ..core.types import Shape, Validation
 from ..settings import REPLAY_STOP_ENV, replay_stop
 
 log = logging.getLogger("vllm.wcprof")
+PROGRESS_S = 15.0
+"""How often a long replay says how far it got (seconds)."""
 
 _METER_ATTR = "_wcprof_validation_meter"
 _FORMED_ATTR = "_wcprof_validation_steps"
@@ -262,6 +264,7 @@ def _generate_to(llm, prompts: list, max_tokens: int, target: Shape,
     started: set[str] = set()
     finished: set[str] = set()
     outputs, formed, stopped = 0, False, 0
+    t0 = said = time.monotonic()
     try:
         for i, p in enumerate(prompts):
             ids.append(engine.add_request(f"{tag}-{i}", vllm_prompt(p), params))
@@ -272,6 +275,11 @@ def _generate_to(llm, prompts: list, max_tokens: int, target: Shape,
                 if out.finished:
                     finished.add(out.request_id)
             outputs += 1
+            if time.monotonic() - said >= PROGRESS_S:
+                said = time.monotonic()
+                log.info("[wcprof] replay: %d steps in %.0fs, %d of %d requests started, "
+                            "%d finished, target %s", outputs, said - t0, len(started),
+                            len(ids), len(finished), "formed" if formed else "not formed yet")
             if not formed and (len(started) >= len(ids) or outputs % 16 == 0):
                 formed = _reached(llm, target)
             if not stopped and replay_stops(formed, len(finished), len(ids), stop):
