@@ -351,7 +351,7 @@ def test_shapes_the_runner_cannot_build_are_left_out_and_said_so():
     drv = NoMixedDriver(LIMITS)
     sweep = run_sweep(drv, tolerance=0, attribute_ops=False)
     measured = measure_candidates(drv, LIMITS, sweep, (256, 1024))
-    assert [s.kind for s, _ in measured.skipped] == ["mixed", "mixed"]  # 256's and 1024's
+    assert [s.kind for s, _ in measured.skipped] == ["mixed"] * 4  # both of 256's and 1024's
     advice = core.advise(LIMITS, sweep, held=HELD, admission=_admission(sweep),
                          workspace=Workspace(), measured=measured)
     for chunk in (256, 1024):
@@ -397,7 +397,7 @@ def test_a_candidate_whose_stock_step_cannot_be_built_is_not_recommended():
 def test_a_left_out_shape_counts_as_swept_only_where_the_sweep_left_out_its_kind():
     drv = NoMixedDriver(LIMITS)
     sweep = run_sweep(drv, tolerance=0, attribute_ops=False)
-    assert [s.kind for s, _ in sweep.skipped] == ["mixed"]
+    assert [s.kind for s, _ in sweep.skipped] == ["mixed", "mixed"]  # mixed_step, mixed_pair
     assert core.left_out_as_swept(Shape("mixed", 256, 100, 4), sweep)
     assert not core.left_out_as_swept(Shape("stock", 256, 0, 8), sweep)
     assert not core.left_out_as_swept(Shape("prefill", 256, 0, 8), sweep)

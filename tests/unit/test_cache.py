@@ -159,7 +159,7 @@ def test_a_cut_down_entry_written_before_confirmed_existed_is_not_used(tmp_path)
 def test_the_committed_signed_export_still_verifies_but_is_of_an_older_schema():
     """h200-run27's signed export (secret wcprof-bench): its MAC still verifies as its producer
     wrote it (a change to the entry type must not invalidate what producers signed), but it is
-    a schema-4 entry: its sweep predates the fresh prefill batch (SCHEMA 5), so it is a miss,
+    a schema-4 entry, older than this build's SCHEMA, so it is a miss,
     never reused on the strength of its signature."""
     from pathlib import Path
 
@@ -284,22 +284,23 @@ def test_the_pool_bound_follows_kv_cap_not_the_hosts_free_memory_where_the_cap_b
 
 
 def test_an_entry_of_the_previous_schema_is_neither_found_nor_reused(tmp_path):
-    """SCHEMA 5: sweeps before it never measured the fresh prefill batch, so a signed schema-4
-    entry (which skips the dominance re-check) must not stand for this build's sweep."""
+    """Sweeps of the previous schema never measured a step this build plans (SCHEMA 6: the
+    mixed pair), so a signed entry of it (which skips the dominance re-check) must not stand
+    for this build's sweep."""
     from worstcase_profiler.core import cache as cache_mod
 
-    assert cache_mod.SCHEMA == 5
+    assert cache_mod.SCHEMA == 6
     key = cache_key(FACTS)
     cache = SweepCache(tmp_path, secret="s3cret")
     entry = _entry(_sweep(), key)
     older = json.loads(entry.to_json())
-    older["schema"] = 4
-    older["mac"] = cache_mod._mac(older, "s3cret")  # a genuine, signed entry of schema 4
+    older["schema"] = cache_mod.SCHEMA - 1
+    older["mac"] = cache_mod._mac(older, "s3cret")  # a genuine, signed entry of the last schema
     assert cache_mod.document_trusted(older, "s3cret")
     cache.path(key).write_text(json.dumps(older))
     assert cache.load(key) is None
     assert "schema" in cache.inspect(cache.path(key))[1]
-    # and the key moved with the schema: a schema-4 writer's name for the same facts differs
-    previous = cache_mod.json.dumps({"schema": 4, **FACTS}, sort_keys=True,
+    # and the key moved with the schema: the last schema's writer names the same facts otherwise
+    previous = cache_mod.json.dumps({"schema": cache_mod.SCHEMA - 1, **FACTS}, sort_keys=True,
                                     separators=(",", ":"), default=str)
     assert cache_mod.hashlib.sha256(previous.encode()).hexdigest()[:24] != key

@@ -7,7 +7,8 @@ import pytest
 from worstcase_profiler.errors import ConfigError
 from worstcase_profiler.core.types import Shape
 from worstcase_profiler.core.shapes import (
-    Limits, context_ladder, decode_batch, mixed_step, plan_fingerprint, prefill_chunk, split_prefills,
+    Limits, context_ladder, decode_batch, extra_steps, mixed_pair, mixed_step, plan_fingerprint,
+    prefill_chunk, split_prefills,
     request_layout, stock_shape)
 
 LIMITS = Limits(max_model_len=4096, max_num_batched_tokens=8192, max_num_seqs=256)
@@ -120,6 +121,35 @@ def test_mixed_step_none_when_it_would_be_a_pure_shape():
     assert mixed_step(Limits(4096, 8192, 256, kv_capacity_tokens=4096)) is None
     limited = mixed_step(Limits(4096, 8192, 256, kv_capacity_tokens=3 * 4096))
     assert limited is not None and limited.num_reqs == 3
+
+
+def test_mixed_pair_puts_one_decode_beside_the_largest_chunk():
+    small = Limits(max_model_len=32768, max_num_batched_tokens=2048, max_num_seqs=64,
+                   num_speculative_tokens=2)
+    pair = mixed_pair(small)
+    assert pair is not None and pair.kind == "mixed" and pair.num_reqs == 2
+    assert request_layout(small, pair) == [(3, 32765), (2045, 32768 - 2045)]
+    assert pair.rows == small.max_num_batched_tokens
+    # mixed_step's chunk is shortened by every decode; the pair's is the largest a decode leaves
+    assert request_layout(small, mixed_step(small))[-1][0] < 2045
+    assert_within_limits(small, pair)
+    # capped at max_model_len like the chunk itself
+    assert request_layout(LIMITS, mixed_pair(LIMITS))[-1] == (4096, 0)
+
+
+def test_mixed_pair_none_where_mixed_step_is_it_or_absent():
+    assert mixed_pair(Limits(4096, 8192, max_num_seqs=1)) is None
+    two = Limits(32768, 2048, max_num_seqs=2)
+    assert mixed_step(two).num_reqs == 2 and mixed_pair(two) is None
+    assert mixed_pair(Limits(4096, 8192, 256, kv_capacity_tokens=4096)) is None
+
+
+def test_extra_steps_hold_both_mixed_steps_once():
+    small = Limits(max_model_len=32768, max_num_batched_tokens=2048, max_num_seqs=64)
+    extra = extra_steps(small, 2048)
+    assert mixed_step(small) in extra and mixed_pair(small) in extra
+    assert decode_batch(small) in extra and None not in extra
+    assert all(s in extra for s in split_prefills(small, 2048))
 
 
 def test_context_ladder():

@@ -551,3 +551,19 @@ def test_a_class_whose_sample_cannot_be_built_refutes_the_self_check():
     assert "could be built" in proof.verdict and mode.startswith("full: the cut-down sweep's self-check failed")
     full = run_sweep(FakeDriver(LIMITS, transient=PREFILL_HEAVY), tolerance=0, attribute_ops=False)
     assert sweep.peak_bytes >= full.peak_bytes
+
+
+def test_a_decode_beside_the_full_chunk_is_swept_and_can_be_the_worst():
+    """A per-decode buffer on top of a full chunk's (a sparse indexer's logits row) peaks in the
+    mixed pair; the many-decode mixed step's chunk is shorter and a lone chunk has no decode."""
+    limits = Limits(max_model_len=4096, max_num_batched_tokens=512, max_num_seqs=16,
+                    block_size=16)
+
+    def transient(s):
+        chunk = s.rows - (s.num_reqs - 1) if s.kind == "mixed" else s.rows
+        return chunk * MiB + (3 * MiB if s.kind == "mixed" and chunk == 511 else 0)
+
+    d = FakeDriver(limits, transient=transient)
+    out = run_sweep(d, tolerance=0, attribute_ops=False)
+    assert Shape("mixed", 512, 4096 - 511, 2) in d.shapes
+    assert out.worst.shape == Shape("mixed", 512, 4096 - 511, 2)

@@ -103,9 +103,7 @@ def plan_candidate(limits: Limits, sweep: SweepResult, chunk: int, *,
                    context_ladder: bool = True) -> CandidatePlan:
     lim = candidate_limits(limits, chunk)
     wr = worst_rows(sweep, chunk)
-    shapes = [plan.stock_shape(lim), plan.prefill_chunk(lim, chunk), *plan.split_prefills(lim, wr)]
-    shapes += [s for s in (plan.decode_batch(lim), plan.wide_decode_batch(lim),
-                           plan.mixed_step(lim), plan.fresh_prefill_batch(lim)) if s is not None]
+    shapes = [plan.stock_shape(lim), plan.prefill_chunk(lim, chunk), *plan.extra_steps(lim, wr)]
     if context_ladder:
         top = plan.prefill_chunk(lim, wr)
         shapes += [top.with_context(ctx) for ctx in plan.context_ladder(lim, wr)]

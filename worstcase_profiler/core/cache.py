@@ -33,14 +33,11 @@ from .types import CutDownProof, SweepResult, WarmupEstimate
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
 OFF = "off"
-SCHEMA = 5  # 5: where the stock step leaves the worst case, the sweep plans the fresh prefill
-# batch (shapes.fresh_prefill_batch) and a cached replay checks against it; an older entry's
-# sweep never measured it, and a signed entry would skip the dominance re-check; steps of n
-# requests hold max_num_batched_tokens less n drafting slots (Limits.draft_slots). 4: plans
-# count KV residency per group (Limits.full_request_tokens: sliding-window models plan more full-length requests) and prefix-shared extents above the resident count;
-# an older entry's sweep planned fewer, shorter steps than this build plans for the same pool,
-# and its capacity_tokens cannot tell. 3: admitted transient includes the meter's allocator
-# slack; 2: core layout (sweep, consumed, warm-up split); 1 embedded report models
+SCHEMA = 6
+"""Raised whenever this build's sweep plans a step an older build's never measured (6: the
+mixed pair, shapes.mixed_pair) or admits differently for the same facts: an older entry is then
+a miss, never a worst case that skipped a step real traffic forms. What each value changed is
+in the commit that raised it."""
 
 
 def cache_dir(setting: str | None, environ: dict[str, str] | None = None) -> Path | None:

@@ -475,6 +475,32 @@ def mixed_step(limits: Limits) -> Shape | None:
                  context_len=limits.max_model_len - prefill_rows, num_reqs=decodes + 1)
 
 
+def mixed_pair(limits: Limits) -> Shape | None:
+    """One full-context decode beside the largest prefill chunk (the budget less the decode's
+    rows) at the longest context that chunk reaches: the mixed step whose prefill side is the
+    largest, where mixed_step's decode side is. Real traffic forms it whenever a long prompt's
+    chunk is scheduled while another long request decodes; per-decode buffers (a sparse
+    indexer's logits row, drafting slots) then sit on top of a full chunk's, which neither the
+    chunk alone nor mixed_step (its chunk shortened by every decode) measures. None where no
+    mixed step exists or mixed_step already has one decode."""
+    many = mixed_step(limits)
+    if many is None or many.num_reqs == 2:
+        return None
+    per_req = limits.rows_per_decode
+    prefill_rows = min(limits.max_num_batched_tokens - per_req, limits.max_model_len)
+    return Shape(kind="mixed", rows=per_req + prefill_rows,
+                 context_len=limits.max_model_len - prefill_rows, num_reqs=2)
+
+
+def extra_steps(limits: Limits, worst_rows: int) -> list[Shape]:
+    """The shapes measured beside the rows curve and the context ladder, in the order a sweep
+    runs them: the worst rows split over more requests (split_prefills), the decode batches,
+    the mixed steps and the fresh prefill batch, each where it exists."""
+    found = [*split_prefills(limits, worst_rows), decode_batch(limits), wide_decode_batch(limits),
+             mixed_step(limits), mixed_pair(limits), fresh_prefill_batch(limits)]
+    return [s for s in found if s is not None]
+
+
 def request_layout(limits: Limits, shape: Shape) -> list[tuple[int, int]]:
     """(query_len, context_len) per request: how the adapter should build `shape`.
 

@@ -145,11 +145,7 @@ def run_sweep(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
         rows_cov = cover_rows(measure_rows, 1, hi, tolerance=tolerance, exhaustive=exhaustive,
                               seeds=seeds)
         skipped: list[tuple[Shape, str]] = []
-        for extra in (*plan.split_prefills(limits, rows_cov.worst_rows), plan.decode_batch(limits),
-                      plan.wide_decode_batch(limits), plan.mixed_step(limits),
-                      plan.fresh_prefill_batch(limits)):
-            if extra is None:
-                continue
+        for extra in plan.extra_steps(limits, rows_cov.worst_rows):
             why = cannot_build(driver, extra)
             if why is None:
                 step(extra)
