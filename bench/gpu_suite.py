@@ -227,10 +227,17 @@ def child(argv: list[str]) -> int:
     # A CUDA context made while waiting would hold device memory during the running case.
     print(f"[suite] imported vllm {vllm.__version__} in {time.time() - t0:.1f}s "
           f"(cuda initialized: {torch.cuda.is_initialized()}); waiting", flush=True)
-    if sys.stdin.readline().strip() != "go":
+    words = sys.stdin.readline().split()
+    if not words or words[0] != "go":
         return 98
+    if len(words) > 1:  # the case's limit: the stacks shortly before it, whatever holds SIGUSR1
+        faulthandler.dump_traceback_later(max(1.0, float(words[1]) - DUMP_BEFORE_S))
     print(f"[suite] go: wcprof {' '.join(argv)}", flush=True)
     return cli.main(argv)
+
+
+DUMP_BEFORE_S = 10.0
+"""A case still running this long before its limit writes every thread's stack into its log."""
 
 
 class Run:
@@ -248,11 +255,14 @@ class Run:
         if not prespawn:
             self.t_go = self.t_spawn
 
-    def go(self) -> None:
+    def go(self, limit_s: float | None = None) -> None:
+        """Start the prespawned case; with `limit_s`, its stacks go to its log DUMP_BEFORE_S
+        before that limit (faulthandler's own timer thread: a library that takes SIGUSR1 over
+        cannot silence it)."""
         self.t_go = time.time()
         if self.prespawn and self.proc.poll() is None:
             try:
-                self.proc.stdin.write("go\n")
+                self.proc.stdin.write("go\n" if limit_s is None else f"go {limit_s:.0f}\n")
                 self.proc.stdin.close()
             except BrokenPipeError:
                 pass
@@ -664,18 +674,18 @@ class Suite:
                                       "detail": f"only {left:.0f}s of the budget left"})
         print(f"[suite] {name}: skipped, {left:.0f}s left", flush=True)
 
-    def start(self, i: int, name: str) -> Run:
+    def start(self, i: int, name: str, limit_s: float | None = None) -> Run:
         """The case's process (the prespawned one if any) gets its go; the next case's starts."""
         run = self.pending if self.pending is not None else self.spawn(name, not self.a.no_prespawn)
         self.pending = None
-        run.go()
+        run.go(limit_s)
         if not self.a.no_prespawn and i + 1 < len(self.a.names):
             self.pending = self.spawn(self.a.names[i + 1], True)
         return run
 
     def run_case(self, i: int, name: str, left: float) -> dict:
-        run = self.start(i, name)
         limit = min(self.a.case_timeout_s, left)
+        run = self.start(i, name, limit)
         print(f"[suite] {name}: started (limit {limit:.0f}s)", flush=True)
         att = Attempt.wait(run, limit)
         first_start = None
