@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from worstcase_profiler.core.requests_plan import plan_for, quick_plan, token_ids, validation_target
+from worstcase_profiler.core.requests_plan import Prompt, plan_for, quick_plan, token_ids, validation_target
 from worstcase_profiler.core.shapes import Limits, decode_batch, mixed_step, prefill_chunk, split_prefills
 from worstcase_profiler.core.types import Shape
 from worstcase_profiler.errors import ConfigError
@@ -780,3 +780,79 @@ def test_drafting_slots_are_read_from_vllms_own_property_and_zero_where_absent()
     assert draft_slots(SimpleNamespace(max_num_new_slots_for_drafting=8)) == 8  # DFlash k=8
     assert draft_slots(SimpleNamespace(num_speculative_tokens=3)) == 0  # vLLM 0.26: no charge
     assert (draft_slots(None), draft_slots(Broken())) == (0, 0)
+
+
+# --- vLLM 0.33's lookahead block hashes ----------------------------------------------------------
+
+MTP_033 = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                 num_speculative_tokens=2, block_size=800, prefix_caching=True)
+
+
+def _hits(plan, limits, lookahead, vocab=32000):
+    """Each measured prompt's (prefix-cache hit, rows left to compute) under vLLM 0.33's lookahead
+    block hashes (kv_cache_utils.get_request_block_hasher): a block's hash covers its tokens and
+    the `lookahead` tokens after it, and is made only once those exist; a hit is the longest
+    cached block-aligned prefix, at most the prompt's length - 1 (get_computed_blocks)."""
+    block, salt = limits.block_size, iter(range(1, 1 << 30))
+    cached: set[tuple[int, ...]] = set()
+    out = []
+    for batch in plan.batches:
+        for p in batch.prompts:
+            ids = token_ids(p, vocab, next(salt))
+            keys = {k: tuple(ids[:k + lookahead]) for k in range(block, len(ids) + 1, block)
+                    if k + lookahead <= len(ids)}
+            if not batch.measured:
+                cached.update(keys.values())
+                continue
+            hit = max((k for k, key in keys.items() if k <= len(ids) - 1 and key in cached),
+                      default=0)
+            out.append((hit, len(ids) - hit))
+    return out
+
+
+@pytest.mark.parametrize("lookahead", [1, 2])
+def test_under_lookahead_hashes_every_request_hits_the_whole_cached_context(lookahead):
+    """qwen35 + MTP on vLLM 0.33 (block 800): the plan of 8,192 rows over 889 requests on a
+    7,200-token prefix formed 8,100 rows over 20: each prompt's own first token after the prefix
+    differed from the warm-up's, so the last block's hash missed and each computed 800 more."""
+    shape = Shape("prefill", 8192, 7645, 889)
+    plan = plan_for(shape, MTP_033, prefix_caching=True, hash_lookahead=lookahead)
+    hits = _hits(plan, MTP_033, lookahead)
+    assert len(hits) == 889 and plan.exact
+    assert {hit for hit, _ in hits} == {plan.target.context_len} == {7200}
+    assert sum(rows for _, rows in hits) == 8192
+    before = _hits(plan_for(shape, MTP_033, prefix_caching=True), MTP_033, lookahead)
+    assert {hit for hit, _ in before} == {6400}  # what the replay met: a block short
+
+
+@pytest.mark.parametrize("shape", [split_prefills(SMALL, 512)[-1], decode_batch(SMALL),
+                                   prefill_chunk(SMALL, 512)], ids=["wide", "decode", "chunk"])
+def test_lookahead_plans_keep_their_shape_and_hit_the_warmed_prefix(shape):
+    plain = plan_for(shape, SMALL, prefix_caching=True)
+    plan = plan_for(shape, SMALL, prefix_caching=True, hash_lookahead=1)
+    assert plan.target == plain.target
+    for got, was in zip(_measured(plan), _measured(plain)):
+        assert [p.length for p in got.prompts] == [p.length for p in was.prompts]
+    for batch in plan.batches:
+        for p in batch.prompts:
+            assert p.length + batch.max_tokens <= SMALL.max_model_len
+    cached = {hit for hit, _ in _hits(plan, SMALL, 1)}
+    assert cached == {max(p.cached_len for p in _measured(plan)[0].prompts)}
+
+
+def test_prompts_shorter_than_the_lookahead_say_the_plan_is_not_exact():
+    shape = split_prefills(SMALL, 512)[-1]  # 8 rows a request
+    plan = plan_for(shape, SMALL, prefix_caching=True, hash_lookahead=9)
+    assert not plan.exact and "a block short" in plan.note
+    assert plan_for(shape, SMALL, prefix_caching=True, hash_lookahead=8).exact
+
+
+def test_no_lookahead_leaves_the_plan_and_its_tokens_as_they_were():
+    shape = Shape("prefill", 8192, 7645, 889)
+    assert plan_for(shape, MTP_033, prefix_caching=True, hash_lookahead=0) == \
+        plan_for(shape, MTP_033, prefix_caching=True)
+    p = Prompt(1, 64, 5)
+    assert token_ids(p, 32000, 3)[64:] != token_ids(p, 32000, 4)[64:]
+    shared = Prompt(1, 64, 5, lookahead=2)
+    assert token_ids(shared, 32000, 3)[:66] == token_ids(shared, 32000, 4)[:66]
+    assert token_ids(shared, 32000, 3)[66:] != token_ids(shared, 32000, 4)[66:]

@@ -135,6 +135,39 @@ def test_siblings_do_not_serialize_under_a_drafter_with_lookahead_hashes(monkeyp
     assert facts.sibling_hits_serialize(_config(method=None, hybrid=True)) is True
 
 
+_TAIL_0_32 = """
+        block_idx = cdiv(num_tokens, self.block_size) - 1
+        blocks = self.req_to_blocks[request.request_id]
+        source_block = blocks[block_idx]
+        if source_block.is_null:
+            return None
+
+        partial_hash = self.block_pool.cache_partial_block(
+"""
+_TAIL_0_33 = _TAIL_0_32.replace("""            return None
+""", """            return None
+        # Already keyed here by a hit or an earlier step; re-caching would
+        # mark it cached this step and defer every sibling that hits it.
+        if source_block.block_hash_num_tokens == num_tokens:
+            return None
+""", 1)
+
+
+def test_siblings_serialize_only_where_the_partial_tail_re_keys_the_hit_block(monkeypatch):
+    """0.32's _cache_partial_tail_block re-keys the block a sibling hit, so the next sibling on
+    it waits a step; 0.33's skips a block already keyed there, and the siblings share the step
+    (its scheduler forms all 64 of tests/cpu/test_hybrid_hit_scheduling.py's plain plan in one):
+    taking 0.33 to serialize would cap the sweep's requests on one prefix below what it forms."""
+    assert _TAIL_0_33 != _TAIL_0_32
+    assert facts.partial_tail_rekeys_hit_block(_TAIL_0_32) is True
+    assert facts.partial_tail_rekeys_hit_block(_TAIL_0_33) is False
+    for source, serialize in ((_TAIL_0_32, True), (_TAIL_0_33, False)):
+        monkeypatch.setattr(facts, "_mamba_caches_partial_tail",
+                            lambda s=source: facts.partial_tail_rekeys_hit_block(s))
+        assert facts.sibling_hits_serialize(_config(method=None, hybrid=True)) is serialize
+        assert facts.sibling_hits_serialize(_config(method="dflash", hybrid=True)) is serialize
+
+
 # --- a KV cache config of exactly N blocks through 0.33's builder -------------------------------
 
 def _planner_0_33(monkeypatch, builder):

@@ -8,6 +8,7 @@ import hashlib
 import inspect
 import logging
 import os
+import re
 
 from .. import __version__
 from ..core.shapes import Limits
@@ -226,10 +227,15 @@ def sibling_hits_serialize(vllm_config) -> bool:
     admitting), so such requests run one a step: a plan of many requests a few rows each on one
     cached prefix forms a step of one request, not the step it stands for (docs/sweep.md). A
     block-dropping drafter (MTP, EAGLE) makes each request compute past the next block, and the
-    same plan forms its step. On 0.33 an EAGLE/MTP drafter with lookahead block hashes drops
-    no block (hash_lookahead_tokens), but still counts here as a dropping drafter: whether
-    siblings serialize under those hashes is not read, so this stays False (more requests a
-    step: the safe direction)."""
+    same plan forms its step.
+
+    vLLM 0.33: the same method skips a source block already keyed at that boundary (a hit's
+    own cached block: `source_block.block_hash_num_tokens == num_tokens`), so nothing is
+    registered as cached this step and siblings share it (the 0.33 scheduler forms all 64
+    requests of such a plan in one step): False there, with or without a drafter. False also
+    where the method cannot be read: True would cap the sweep's requests on one prefix at what
+    the pool holds on hits of their own (Limits.prefix_request_tokens), fewer than the
+    scheduler may form."""
     # vllm-touch: worker-config
     cache, model = vllm_config.cache_config, vllm_config.model_config
     return (bool(getattr(cache, "enable_prefix_caching", False))
@@ -240,15 +246,31 @@ def sibling_hits_serialize(vllm_config) -> bool:
 
 
 def _mamba_caches_partial_tail() -> bool:
-    """The mechanism behind sibling_hits_serialize is there (0.26 and 0.32 have it). Where it is
-    not, requests on one hit may share a step and hold fewer blocks each; the limits then keep one
-    block a request (more requests at once: the safe direction)."""
+    """The mechanism behind sibling_hits_serialize is there: MambaManager has
+    `_cache_partial_tail_block` (0.26 and 0.32) and it re-keys a block already keyed at the
+    prompt's last boundary (`partial_tail_rekeys_hit_block`; 0.33 skips it). Where it is not,
+    requests on one hit share a step and hold fewer blocks each; the limits then keep one block a
+    request (more requests at once: the safe direction)."""
     # vllm-touch: mamba-hit-serialize
     try:
         from vllm.v1.core.single_type_kv_cache_manager import MambaManager
     except ImportError:
         return False
-    return callable(getattr(MambaManager, "_cache_partial_tail_block", None))
+    method = getattr(MambaManager, "_cache_partial_tail_block", None)
+    if not callable(method):
+        return False
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):  # no source to read: not taken to serialize
+        return False
+    return partial_tail_rekeys_hit_block(source)
+
+
+def partial_tail_rekeys_hit_block(source: str) -> bool:
+    """Whether `MambaManager._cache_partial_tail_block`'s `source` re-keys the block a request
+    hit (vLLM 0.26, 0.32): False where it returns early for a block whose key already ends at
+    that boundary (0.33: `if source_block.block_hash_num_tokens == num_tokens: return None`)."""
+    return re.search(r"block_hash_num_tokens\s*==\s*num_tokens", source) is None
 
 
 def world_rank() -> int:

@@ -231,13 +231,15 @@ REGISTRY: tuple[Touch, ...] = (
           retire="a warm-up entry point without the serving-time switches"),
     Touch("mamba-hit-serialize", "private-read",
           "vllm.v1.core.single_type_kv_cache_manager.MambaManager._cache_partial_tail_block "
-          "(presence only)",
+          "(presence, and its source: whether it skips a block already keyed at the boundary)",
           "a Mamba hybrid in align mode lets one request a step resume from a block cached in that "
           "step (facts.sibling_hits_serialize); --validate then gives each request its own cached "
           "last block, and the sweep counts that block and a new one in every group per resident "
-          "request; where the mechanism is absent neither applies (more requests at once: the "
-          "safe direction)",
-          run="0.32 (CPU: tests/cpu/test_hybrid_hit_scheduling.py)", read="0.26, 0.32, 0.33",
+          "request; where the mechanism is absent (0.33 skips re-keying a hit's own block) or its "
+          "source cannot be read neither applies (more requests at once: the safe direction)",
+          run="0.32 (CPU: tests/cpu/test_hybrid_hit_scheduling.py); 0.33's Scheduler from source "
+              "on the CPU venv: the plain plan formed 64 of 64 in one step",
+          read="0.26, 0.32, 0.33",
           retire="a scheduler that lets sibling hits share a step"),
     Touch("worker-rpc", "class-wrap", "Worker.wcprof_rpc, CPUWorker.wcprof_rpc (a method added)",
           "the API server's serving validation asks every worker, through vLLM's own "

@@ -73,7 +73,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     """Build the worst step from requests on `client` (an AsyncLLM), measure every rank, record
     the result in each rank's report; WcprofError when a rank needed more than predicted.
     which="all" also serves generic traffic (validation.traffic_workload), like --validate."""
-    from .facts import limits_of, sibling_hits_serialize
+    from .facts import hash_lookahead_tokens, limits_of, sibling_hits_serialize
 
     # vllm-touch: worker-config
     limits: Limits = limits_of(client.vllm_config)
@@ -85,7 +85,8 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
     pool = pool_from(await ask(client, "pool"))
     plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching,
-                    distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool)
+                    distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
+                    hash_lookahead=hash_lookahead_tokens(client.vllm_config))
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan, vocab), predicted, vocab)
     results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab)

@@ -558,15 +558,17 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
                         prefix_caching: bool, quick: bool = False) -> list[Validation]:
     """The report's worst step built from real requests (core/requests_plan.py), per rank; with
     `quick`, its rows and requests at the shortest context (requests_plan.quick_plan)."""
-    from .facts import sibling_hits_serialize
+    from .facts import hash_lookahead_tokens, sibling_hits_serialize
 
     if quick:
         return _measure(llm, worst_step_workload(quick_plan(worst, limits), _vocab(llm), "quick"),
                         predicted)
     # vllm-touch: worker-config
+    vllm_config = llm.llm_engine.vllm_config
     plan = plan_for(worst, limits, prefix_caching=prefix_caching,
-                    distinct_hits=sibling_hits_serialize(llm.llm_engine.vllm_config),
-                    pool=pool_from(llm.collective_rpc(pool_of)))
+                    distinct_hits=sibling_hits_serialize(vllm_config),
+                    pool=pool_from(llm.collective_rpc(pool_of)),
+                    hash_lookahead=hash_lookahead_tokens(vllm_config))
     return _measure(llm, worst_step_workload(plan, _vocab(llm)), predicted)
 
 

@@ -10,7 +10,11 @@ batches marked `measured`. Pure: no vLLM.
                       prompts share it and add their own rows, so one step holds exactly the
                       shape's rows and requests on (block-aligned) that context. Decode and mixed
                       steps line requests up the same way.
-  distinct hits       a Mamba hybrid in "align" mode without a block-dropping drafter: vLLM lets
+  lookahead hashes    vLLM 0.33's EAGLE/MTP hashes cover the token(s) after each block: every
+                      prompt on a cached prefix starts its suffix with the same tokens as the
+                      warm-up's, or it hits a block short (`plan_for(hash_lookahead=...)`).
+  distinct hits       a Mamba hybrid in "align" mode without a block-dropping drafter on vLLM
+                      0.26-0.32: vLLM lets
                       only one request a step resume from a given cached state block when its new
                       rows end within the next block, so each such request hits a cached last
                       block of its own under the shared prefix (`plan_for(distinct_hits=True)`).
@@ -53,6 +57,9 @@ class Prompt:
     processor has expanded its placeholder (`multimodal_plan`); then `tail_len` text tokens."""
     item_len: int = 0
     tail_len: int = 0
+    lookahead: int = 0
+    """The first `lookahead` suffix tokens are shared by every prompt with the same prefix_id
+    (`plan_for(hash_lookahead=...)`); the rest of the suffix is the prompt's own."""
 
     @property
     def length(self) -> int:
@@ -145,7 +152,8 @@ def _hits_leave_room(rows: int, num_reqs: int, limits: Limits) -> bool:
 
 
 def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
-             distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
+             distinct_hits: bool = False, pool: Pool | None = None,
+             hash_lookahead: int = 0) -> RequestPlan:
     """Requests that reach `shape` (a worst step of the sweep).
 
     distinct_hits: requests that resume from one cached block and compute less than a block
@@ -154,16 +162,57 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     cached last block of its own (`_branch`). pool: the serving engine's KV pool; a prefill
     prefill step's requests beyond what it holds on their own last blocks become fresh prompts
     (`_fit`); None: assume it holds them all. A decode shape's context is already what the
-    sweep's pool lets its requests hold."""
+    sweep's pool lets its requests hold.
+
+    hash_lookahead: the tokens after each block that vLLM's prefix-cache hash of it covers
+    (0.33's lookahead block hashes, VllmConfig.num_hash_lookahead_tokens: 1 for EAGLE and
+    single-module MTP, k for multi-module MTP; 0 before 0.33). A prompt then hits a cached block
+    only where its next `hash_lookahead` tokens are those the block was cached with, so every
+    prompt on a cached prefix, warm-up or measured, starts its suffix with the same tokens
+    (`_share_lookahead`); with tokens of their own there, each would hit a block short and
+    compute a block more, and far fewer would share the step."""
     if pool is not None and pool.hit_unit > limits.block_size:
         limits = replace(limits, block_size=pool.hit_unit)
     if shape.kind == "stock":
-        return _stock(shape, limits)
-    if shape.kind == "prefill":
-        return _prefill(shape, limits, prefix_caching, distinct_hits, pool)
-    if shape.kind == "decode":
-        return _decode(shape, limits, prefix_caching, distinct_hits, pool)
-    return _mixed(shape, limits, prefix_caching, distinct_hits)
+        plan = _stock(shape, limits)
+    elif shape.kind == "prefill":
+        plan = _prefill(shape, limits, prefix_caching, distinct_hits, pool)
+    elif shape.kind == "decode":
+        plan = _decode(shape, limits, prefix_caching, distinct_hits, pool)
+    else:
+        plan = _mixed(shape, limits, prefix_caching, distinct_hits)
+    return _share_lookahead(plan, hash_lookahead, limits) if prefix_caching else plan
+
+
+def _share_lookahead(plan: RequestPlan, lookahead: int, limits: Limits) -> RequestPlan:
+    """`plan` with the first `lookahead` suffix tokens of every prompt on a cached prefix shared
+    (Prompt.lookahead), and every warm-up prompt's suffix at least that long (within
+    max_model_len with its output), so that the block hashes the warm-ups cache cover the tokens
+    the measured prompts have there. A measured prompt whose suffix is shorter hits its cached
+    prefix a block short, as any request would: the plan then says it is not exact."""
+    if lookahead <= 0:
+        return plan
+    short, batches = 0, []
+    for batch in plan.batches:
+        prompts = []
+        for p in batch.prompts:
+            if not p.prefix_len and not p.branch_len:
+                prompts.append(p)
+                continue
+            suffix = p.suffix_len
+            if not batch.measured:
+                room = limits.max_model_len - batch.max_tokens - (p.length - p.suffix_len)
+                suffix = max(suffix, min(lookahead, room))
+            elif suffix < lookahead:
+                short += 1
+            prompts.append(replace(p, suffix_len=suffix, lookahead=min(lookahead, suffix)))
+        batches.append(replace(batch, prompts=tuple(prompts)))
+    plan = replace(plan, batches=tuple(batches))
+    if not short:
+        return plan
+    why = (f"{short} prompt(s) compute fewer than the {lookahead} token(s) a cached block's hash "
+           f"covers beyond it: they hit their cached prefix a block short")
+    return replace(plan, exact=False, note="; ".join(x for x in (plan.note, why) if x))
 
 
 def quick_plan(shape: Shape, limits: Limits) -> RequestPlan:
@@ -652,9 +701,11 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
 
 def token_ids(prompt: Prompt, vocab: int, salt: int) -> list[int]:
     """Deterministic ids: the shared prefix depends only on prefix_id, the branch on branch_id
-    (behind a prefix that already tells prefix ids apart), the suffix on salt."""
+    (behind a prefix that already tells prefix ids apart), the suffix's first `lookahead` tokens
+    on prefix_id, the rest of it on salt."""
     def ids(seed: int, n: int) -> list[int]:
         return [(seed * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]
     branch = ids(20000 + prompt.branch_id, prompt.branch_len) if prompt.branch_len else []
+    shared = min(prompt.lookahead, prompt.suffix_len)
     return ids(1000 + prompt.prefix_id, prompt.prefix_len) + branch + \
-        ids(50000 + salt, prompt.suffix_len)
+        ids(60000 + prompt.prefix_id, shared) + ids(50000 + salt, prompt.suffix_len - shared)
