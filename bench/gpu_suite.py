@@ -230,8 +230,8 @@ def child(argv: list[str]) -> int:
     words = sys.stdin.readline().split()
     if not words or words[0] != "go":
         return 98
-    if len(words) > 1:  # the case's limit: the stacks shortly before it, whatever holds SIGUSR1
-        faulthandler.dump_traceback_later(max(1.0, float(words[1]) - DUMP_BEFORE_S))
+    if len(words) > 1:  # the case's deadline: the stacks shortly before, whatever holds SIGUSR1
+        faulthandler.dump_traceback_later(max(1.0, float(words[1]) - time.time() - DUMP_BEFORE_S))
     print(f"[suite] go: wcprof {' '.join(argv)}", flush=True)
     return cli.main(argv)
 
@@ -257,12 +257,14 @@ class Run:
 
     def go(self, limit_s: float | None = None) -> None:
         """Start the prespawned case; with `limit_s`, its stacks go to its log DUMP_BEFORE_S
-        before that limit (faulthandler's own timer thread: a library that takes SIGUSR1 over
-        cannot silence it)."""
+        before that limit, counted from now (the child may still be importing: it gets the
+        deadline, not the length; faulthandler's own timer thread, which a library that takes
+        SIGUSR1 over cannot silence)."""
         self.t_go = time.time()
         if self.prespawn and self.proc.poll() is None:
             try:
-                self.proc.stdin.write("go\n" if limit_s is None else f"go {limit_s:.0f}\n")
+                self.proc.stdin.write("go\n" if limit_s is None
+                                      else f"go {self.t_go + limit_s:.1f}\n")
                 self.proc.stdin.close()
             except BrokenPipeError:
                 pass

@@ -144,6 +144,17 @@ def test_mixed_pair_none_where_mixed_step_is_it_or_absent():
     assert mixed_pair(Limits(4096, 8192, 256, kv_capacity_tokens=4096)) is None
 
 
+def test_mixed_pair_where_the_decodes_take_the_whole_budget():
+    """With k=8 drafts and a 8,192-token budget the decodes leave mixed_step no chunk, but one
+    decode beside a long prompt's chunk is still a step real traffic forms."""
+    drafts = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                    num_speculative_tokens=8)
+    assert mixed_step(drafts) is None
+    pair = mixed_pair(drafts)
+    assert pair is not None and request_layout(drafts, pair) == [(9, 131063), (8183, 131072 - 8183)]
+    assert_within_limits(drafts, pair)
+
+
 def test_extra_steps_hold_both_mixed_steps_once():
     small = Limits(max_model_len=32768, max_num_batched_tokens=2048, max_num_seqs=64)
     extra = extra_steps(small, 2048)

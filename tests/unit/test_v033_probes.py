@@ -159,11 +159,18 @@ def test_siblings_serialize_only_where_the_partial_tail_re_keys_the_hit_block(mo
     (its scheduler forms all 64 of tests/cpu/test_hybrid_hit_scheduling.py's plain plan in one):
     taking 0.33 to serialize would cap the sweep's requests on one prefix below what it forms."""
     assert _TAIL_0_33 != _TAIL_0_32
-    assert facts.partial_tail_rekeys_hit_block(_TAIL_0_32) is True
-    assert facts.partial_tail_rekeys_hit_block(_TAIL_0_33) is False
-    for source, serialize in ((_TAIL_0_32, True), (_TAIL_0_33, False)):
+    assert facts.partial_tail_rekeys_hit_block(_TAIL_0_32, (0, 32)) is True
+    assert facts.partial_tail_rekeys_hit_block(_TAIL_0_33, (0, 33)) is False
+    # only the forms read count as serializing: a later vLLM, the 0.33 check written the other
+    # way round, or a body that caches nothing are taken to let siblings share a step
+    assert facts.partial_tail_rekeys_hit_block(_TAIL_0_32, (0, 34)) is False
+    reversed_check = _TAIL_0_33.replace("source_block.block_hash_num_tokens == num_tokens",
+                                        "num_tokens == source_block.block_hash_num_tokens")
+    assert facts.partial_tail_rekeys_hit_block(reversed_check, (0, 32)) is False
+    assert facts.partial_tail_rekeys_hit_block("def f(self):\n    return None\n", (0, 32)) is False
+    for source, version, serialize in ((_TAIL_0_32, (0, 32), True), (_TAIL_0_33, (0, 33), False)):
         monkeypatch.setattr(facts, "_mamba_caches_partial_tail",
-                            lambda s=source: facts.partial_tail_rekeys_hit_block(s))
+                            lambda s=source, v=version: facts.partial_tail_rekeys_hit_block(s, v))
         assert facts.sibling_hits_serialize(_config(method=None, hybrid=True)) is serialize
         assert facts.sibling_hits_serialize(_config(method="dflash", hybrid=True)) is serialize
 

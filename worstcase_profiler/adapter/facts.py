@@ -263,14 +263,21 @@ def _mamba_caches_partial_tail() -> bool:
         source = inspect.getsource(method)
     except (OSError, TypeError):  # no source to read: not taken to serialize
         return False
-    return partial_tail_rekeys_hit_block(source)
+    from .versions import version_tuple
+
+    return partial_tail_rekeys_hit_block(source, version_tuple())
 
 
-def partial_tail_rekeys_hit_block(source: str) -> bool:
+def partial_tail_rekeys_hit_block(source: str, version: tuple[int, int]) -> bool:
     """Whether `MambaManager._cache_partial_tail_block`'s `source` re-keys the block a request
-    hit (vLLM 0.26, 0.32): False where it returns early for a block whose key already ends at
-    that boundary (0.33: `if source_block.block_hash_num_tokens == num_tokens: return None`)."""
-    return re.search(r"block_hash_num_tokens\s*==\s*num_tokens", source) is None
+    hit. True only where that was read: vLLM before 0.33 (0.26, 0.32), its source caching the
+    partial block (`cache_partial_block`) with no early return for a block whose key already
+    ends at that boundary (0.33: `if source_block.block_hash_num_tokens == num_tokens: return
+    None`). Any other version or form is taken not to serialize (the safe direction)."""
+    if version >= (0, 33) or "cache_partial_block" not in source:
+        return False
+    early = r"block_hash_num_tokens\s*==\s*num_tokens|num_tokens\s*==\s*\S*block_hash_num_tokens"
+    return re.search(early, source) is None
 
 
 def world_rank() -> int:

@@ -417,10 +417,13 @@ def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
 
 
 def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | None, limits, *,
-                      prefix_caching: bool, text_shape=None):
+                      prefix_caching: bool, text_shape=None, hash_lookahead: int = 0):
     """(the workload that builds the encoder step from requests with items, "") or (None, why
     it is not built): no encoder step was measured, the items cannot be built, or no requests
-    form the step (core/requests_plan.multimodal_plan)."""
+    form the step (core/requests_plan.multimodal_plan). With lookahead block hashes
+    (`hash_lookahead`, facts.hash_lookahead_tokens) and prefix caching the measured prompts'
+    tokens after the cached text (item placeholders) are not the warm-up's, so each may hit a
+    block short: the workload is then marked approximate."""
     from .multimodal import replay_items
 
     if encoder is None:
@@ -432,6 +435,10 @@ def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | Non
                                 text=text_shape)
     if plan is None:
         return None, why
+    if prefix_caching and hash_lookahead > 0:
+        why = (f"the {hash_lookahead} token(s) a cached block's hash covers beyond it differ "
+               f"between the warm-up and the prompts with items: each may hit a block short")
+        plan = replace(plan, exact=False, note="; ".join(x for x in (plan.note, why) if x))
     work = multimodal_workload(plan, items)
     if items.embed_tokens < encoder.tokens_per_item:
         work = replace(work, note="; ".join(filter(None, [
@@ -580,9 +587,12 @@ def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder,
     admitted transient, which the encoder step is in); ([], why) where it is not built."""
     # vllm-touch: worker-config
     engine = llm.llm_engine
+    from .facts import hash_lookahead_tokens
+
     work, why = multimodal_replay(engine.model_config, engine.vllm_config.scheduler_config,
                                   encoder, limits, prefix_caching=prefix_caching,
-                                  text_shape=text_shape)
+                                  text_shape=text_shape,
+                                  hash_lookahead=hash_lookahead_tokens(engine.vllm_config))
     if work is None:
         return [], why
     return _measure(llm, work, predicted), ""

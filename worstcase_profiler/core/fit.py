@@ -28,8 +28,10 @@ candidate's pool may hold, the safe direction. Its figures:
     shorter max_model_len is credited with the KV it frees, not with a smaller prefill step;
   - every other shape (its stock step, the worst rows value split over requests, the decode
     batch, the mixed step, the context ladder of the worst rows value) from the measurements of
-    its family (`covers`: the same kind and rows; a decode batch or a mixed step also by one with
-    more requests, as the sweep's own decode batch and mixed step stand for those with fewer).
+    its family (`covers`: the same kind and rows; a decode batch also by one with more
+    requests, as the sweep's own decode batch stands for those with fewer). A mixed step is
+    covered only by one with as many requests: on the same rows, fewer decodes leave a larger
+    chunk (the sweep measures both ends, mixed_step and mixed_pair, for that reason).
 
 How a figure between measured points is bounded (`bound`): of the family's measured points that
 cover the shape (a context at or above its own, as many requests or more where the kind allows),
@@ -101,7 +103,7 @@ SEQS_STEPS = 3
 RUNGS = 3
 """context_rungs: how many halvings of max_model_len are shown (L/2, L/4, L/8)."""
 
-_ORDERED_REQS = ("decode", "mixed")
+_ORDERED_REQS = ("decode",)
 
 
 class NotMeasured(ValueError):
@@ -161,16 +163,14 @@ def candidate_plan(limits: Limits, sweep: SweepResult, max_model_len: int, chunk
 def _family(shape: Shape) -> tuple:
     if shape.kind == "decode":
         return ("decode", shape.rows // max(1, shape.num_reqs))
-    if shape.kind == "mixed":
-        return ("mixed", shape.rows)
     return (shape.kind, shape.rows, shape.num_reqs)
 
 
 def covers(measured: Shape, shape: Shape) -> bool:
     """Whether a measurement of `measured` bounds `shape` from above under the sweep's premises:
-    the same family (kind and rows; stock and prefill steps also the same request count), a
-    context at or above `shape`'s, and for a decode batch or a mixed step as many requests or
-    more."""
+    the same family (kind and rows; stock, prefill and mixed steps also the same request count:
+    more decodes beside a mixed step's chunk shorten it), a context at or above `shape`'s, and
+    for a decode batch as many requests or more."""
     if _family(measured) != _family(shape) or measured.context_len < shape.context_len:
         return False
     return shape.kind not in _ORDERED_REQS or measured.num_reqs >= shape.num_reqs

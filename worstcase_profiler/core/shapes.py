@@ -477,19 +477,24 @@ def mixed_step(limits: Limits) -> Shape | None:
 
 def mixed_pair(limits: Limits) -> Shape | None:
     """One full-context decode beside the largest prefill chunk (the budget less the decode's
-    rows) at the longest context that chunk reaches: the mixed step whose prefill side is the
-    largest, where mixed_step's decode side is. Real traffic forms it whenever a long prompt's
-    chunk is scheduled while another long request decodes; per-decode buffers (a sparse
-    indexer's logits row, drafting slots) then sit on top of a full chunk's, which neither the
-    chunk alone nor mixed_step (its chunk shortened by every decode) measures. None where no
-    mixed step exists or mixed_step already has one decode."""
-    many = mixed_step(limits)
-    if many is None or many.num_reqs == 2:
-        return None
+    rows, capped at max_model_len) at the longest context that chunk reaches: the mixed step
+    whose prefill side is the largest, where mixed_step's decode side is. Real traffic forms it
+    whenever a long prompt's chunk is scheduled while another long request decodes; per-decode
+    buffers (a sparse indexer's logits row, drafting slots) then sit on top of a full chunk's,
+    which neither the chunk alone nor mixed_step (its chunk shortened by every decode, or absent
+    where the decodes take the whole budget) measures. None where two requests cannot be
+    resident at once (max_num_seqs, the pool), the chunk would be no bigger than a decode, or
+    mixed_step is this very shape."""
     per_req = limits.rows_per_decode
+    if limits.max_num_seqs < 2 or (limits.max_resident_requests is not None
+                                   and limits.max_resident_requests < 2):
+        return None
     prefill_rows = min(limits.max_num_batched_tokens - per_req, limits.max_model_len)
-    return Shape(kind="mixed", rows=per_req + prefill_rows,
-                 context_len=limits.max_model_len - prefill_rows, num_reqs=2)
+    if prefill_rows <= per_req:
+        return None
+    shape = Shape(kind="mixed", rows=per_req + prefill_rows,
+                  context_len=limits.max_model_len - prefill_rows, num_reqs=2)
+    return None if shape == mixed_step(limits) else shape
 
 
 def extra_steps(limits: Limits, worst_rows: int) -> list[Shape]:

@@ -453,13 +453,14 @@ class Replay:
 
 def dominance_checks(limits: Limits, worst: Shape) -> tuple[Shape, ...]:
     """The shapes a cached worst step is checked against on reuse: the full chunk at full
-    extent, the widest split of it, the decode batch (the largest of their kinds in the plan) and,
+    extent, the widest split of it, the decode batch (the largest of their kinds in the plan), the
+    mixed pair (a full chunk with a decode beside it) and,
     where the stock step is left out, the fresh prefill batch that stands in for it.
     An entry whose worst shape was swapped for a small one, with a need to match, fails here."""
     hi = limits.max_num_batched_tokens
     splits = plan.split_prefills(limits, hi)
     found = [plan.prefill_chunk(limits, hi), *(splits[-1:]), plan.decode_batch(limits),
-             plan.fresh_prefill_batch(limits)]
+             plan.mixed_pair(limits), plan.fresh_prefill_batch(limits)]
     return tuple(s for s in dict.fromkeys(found) if s is not None and s != worst)
 
 
