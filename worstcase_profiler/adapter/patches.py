@@ -194,10 +194,12 @@ REGISTRY: tuple[Touch, ...] = (
           "what each slot is asked for during one step: slot sizes alone cannot say what a step "
           "needs once an earlier step grew the slot"),
     Touch("runner-capture-model", "instance-swap",
-          "model_runner.capture_model (during warm-up, and during the warm-up rehearsal)",
+          "model_runner.capture_model (during warm-up, during the warm-up rehearsal, and, "
+          "read-only, during vLLM's own profile on V2 0.29+)",
           "warm-up: the device memory CUDA-graph capture keeps, so the warm-up audit can say "
           "whether graphs or other buffers were kept; rehearsal: capture skipped (graphs are "
-          "measured by vLLM's own estimator) or redirected to a throwaway pool"),
+          "measured by the estimator run apart) or redirected to a throwaway pool; vLLM's "
+          "profile: its FULL samples read for the log line, its return passed on unchanged"),
     Touch("v2-warmup-null-block", "private-write",
           "model_runner.block_tables.redirect_writes_to_null_block and .append_block_ids "
           "(instance attributes over the class's, during the warm-up rehearsal only; removed "
@@ -265,20 +267,26 @@ REGISTRY: tuple[Touch, ...] = (
           retire="a profiling entry point that runs a subset of layers"),
     Touch("v1-graph-estimate", "instance-swap",
           "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "
-          "(during vLLM's own profile_cudagraph_memory)",
+          "(during a second profile_cudagraph_memory the profiler runs after vLLM's own)",
           "vLLM's V1 estimate captures two graphs per mode and extrapolates, which can fall short "
           "of what capture keeps (docs/sweep.md): on a first start every descriptor is captured "
           "and the free memory the captures took is summed, so CUDA graphs are reserved exactly "
-          "before the budget",
+          "before the budget; vLLM's own profile is left as stock runs it",
           retire="an exact CUDA-graph estimate in profile_cudagraph_memory"),
     Touch("v2-graph-estimate", "config-pin",
-          "v1.worker.gpu.cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES (0.29+, for vLLM's "
-          "profile); on 0.26-0.28 (no estimator): platform _global_graph_pool, "
-          "cudagraph_manager.pool, CUDAGraphWrapper._all_instances / graph_pool / clear_all_graphs",
-          "V2's estimate samples two FULL graphs; on a first start all are captured and the "
-          "capture measured. Before 0.29 V2 estimates graphs as 0: the rehearsal captures them "
-          "into a throwaway pool, measures and discards them (what 0.29's estimator does)",
-          run="0.32 read; the 0.26-0.28 path is read, not run",
+          "v1.worker.gpu.cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES (0.29+, for a second "
+          "runner.profile_cudagraph_memory the profiler runs after vLLM's own, never during it), "
+          "cudagraph_manager._capture_mem_samples / _capture_descs (read); on 0.26-0.28 (no "
+          "estimator): platform _global_graph_pool, cudagraph_manager.pool, "
+          "CUDAGraphWrapper._all_instances / graph_pool / clear_all_graphs",
+          "V2's estimate samples two FULL graphs; on a first start a second run of it captures "
+          "all and the capture is measured. Inside vLLM's own profile that raised vLLM's figure "
+          "(each sample is net of the cache torch.cuda.graph empties, so measured - sum(samples) "
+          "grows with the samples: 7.47 GiB against stock's 0.92, core/graph_estimate.py). "
+          "Before 0.29 V2 estimates graphs as 0: the rehearsal captures them into a throwaway "
+          "pool, measures and discards them (what 0.29's estimator does)",
+          run="0.32 and 0.33 inside vLLM's profile; the second run apart is read, not run; "
+              "the 0.26-0.28 path is read, not run",
           retire="an exact V2 CUDA-graph estimate"),
     # -- multimodal encoders (adapter/multimodal.py) ---------------------------------------------
     Touch("mm-budget", "private-read",

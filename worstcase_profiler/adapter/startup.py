@@ -183,15 +183,15 @@ def measure_start(worker, original, settings: ProfilerSettings,
     first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
-        with warmup.exact_graphs(worker, enabled=graphs_on and first_start) as graphs, \
+        # vLLM's own profile runs as stock runs it (its CUDA-graph estimate too: the stock KV
+        # figure is stock's); on a first start every graph is then captured apart and measured
+        # (the warm-up reserve), where vLLM's figure no longer reads it.
+        with warmup.observed_profile(worker, enabled=graphs_on), \
                 mm.counting_encoder(runner) as stock_encoder:
-            def vllm_profile() -> int:
-                kv = int(original(worker))
-                warmup.estimate_where_vllm_skips(  # a given KV size skips vLLM's graph estimate
-                    worker, graphs, enabled=graphs_on and first_start and bool(explicit))
-                return kv
-
-            stock_kv = profile_on_frozen_heap(frozen, vllm_profile, cuda=cuda, clock=clock)
+            stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
+                                              clock=clock)
+        graphs = measure_graphs_on_frozen_heap(worker, enabled=graphs_on and first_start,
+                                               cuda=cuda, clock=clock)
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
@@ -220,10 +220,6 @@ def measure_start(worker, original, settings: ProfilerSettings,
         measured_cap = chunk_cap.measure(driver, limits, sweep, settings, clock)
         if entry is None and cuda:
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
-            if graphs.bytes is not None and not explicit:
-                session.warn("vLLM's own CUDA-graph estimate at this start captured every graph "
-                             "(the profiler measures them exactly on a first start), so the "
-                             "stock KV figure here is vLLM's with that estimate, not its sampled one")
         else:
             estimate = cached_warmup(worker, entry)
         with clock("workspace_grow"):
@@ -325,7 +321,7 @@ def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt
 
 def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs, graphs_on: bool
                      ) -> WarmupEstimate:
-    """A first start's warm-up reserve: CUDA graphs as measured inside vLLM's own profile (or,
+    """A first start's warm-up reserve: CUDA graphs as measured apart from vLLM's profile (or,
     on V2 runners without an estimator, by the rehearsal), plus what vLLM's warm-up, rehearsed
     on a provisional KV cache, kept that goes away with that cache (it returns after the real
     one). What it kept beyond the provisional cache stays, and is in the held memory."""
@@ -378,6 +374,19 @@ def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bo
     else:
         stack.enter_context(gc_frozen())
     return stock_kv
+
+
+def measure_graphs_on_frozen_heap(worker, *, enabled: bool, cuda: bool, clock: PhaseTimer):
+    """A first start's exact CUDA-graph memory (warmup.measure_graphs_apart), right after vLLM's
+    profile, timed as the profiler's own phase `graph_measure`. The heap is frozen again after
+    it: the estimator may unfreeze it as vLLM's profile may (0.26 V1)."""
+    if not enabled:
+        return warmup.GraphMeasure()
+    with clock("graph_measure"):
+        graphs = warmup.measure_graphs_apart(worker, enabled=True)
+    if cuda:
+        gc.freeze()
+    return graphs
 
 
 def _tp_size(driver) -> int:

@@ -6,10 +6,15 @@ warm-ups, per-step state). Admission has to subtract both up front, or the first
 configuration fails the warm-up audit. On a first start (no cached sweep) this module measures
 both; a cached start reuses what the earlier start measured.
 
-  exact_graphs(worker)   around vLLM's own profile: vLLM's CUDA-graph estimator captures every
-                         graph instead of sampling two and extrapolating (V1: all descriptors of
-                         profile_cudagraph_memory; V2 0.29+: all FULL descriptors), and the
-                         free memory the captures took is summed: the exact graph memory.
+  observed_profile(worker) around vLLM's own profile, read-only: what vLLM's V2 estimator
+                         captured (its samples, for the log line). vLLM's profile itself runs
+                         as stock runs it, so its figure (the report's stock KV) is stock's.
+  measure_graphs_apart(worker) after vLLM's profile, on a first start: the runner's estimator
+                         once more, under exact_graphs: it captures every graph instead of
+                         sampling two and extrapolating (V1: all descriptors; V2 0.29+: all
+                         FULL descriptors), and the free memory the captures took is summed:
+                         the exact graph memory. Its return value is dropped: with every FULL
+                         graph sampled, V2's formula over-counts (core/graph_estimate.py).
   rehearse(...)          on a provisional KV cache: vLLM's own warm-up, with graph capture
                          replaced (no-op, or, on V2 runners without an estimator of their own,
                          0.26-0.28, a capture into a throwaway graph pool that is discarded);
@@ -25,6 +30,9 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+from ..core.graph_estimate import GraphProfile, describe
+from ..sizes import fmt_bytes
+
 log = logging.getLogger("vllm.wcprof")
 
 
@@ -34,9 +42,13 @@ class GraphMeasure:
     e.g. eager mode, or no estimator on this runner)."""
 
     bytes: int | None = None
+    profile: GraphProfile | None = None   # V2 0.29+: what the estimator's capture sampled
 
     def add(self, n: int) -> None:
         self.bytes = (self.bytes or 0) + max(0, int(n))
+
+    def sampled(self, profile: GraphProfile | None) -> None:
+        self.profile = profile
 
 
 def _free_bytes() -> int:
@@ -58,9 +70,10 @@ class _AllDescs(list):
 
 @contextlib.contextmanager
 def exact_graphs(worker, enabled: bool):
-    """Make the CUDA-graph estimate vLLM's own profile computes exact, for the duration of the
-    profile (`enabled`: a first start on CUDA with graphs on; ranks must agree on it, as the
-    captures run collectives). Yields a GraphMeasure."""
+    """For the duration, the runner's CUDA-graph estimator captures every graph and the capture
+    is measured (`enabled`: a first start on CUDA with graphs on; ranks must agree on it, as the
+    captures run collectives). Yields a GraphMeasure. Never around vLLM's own profile: V2's
+    figure with every FULL graph sampled is not stock's (core/graph_estimate.py)."""
     measure = GraphMeasure()
     runner = getattr(worker, "model_runner", None)
     if not enabled or runner is None:
@@ -74,23 +87,88 @@ def exact_graphs(worker, enabled: bool):
         yield measure
 
 
-def estimate_where_vllm_skips(worker, measure: GraphMeasure, enabled: bool) -> None:
-    """vLLM runs its CUDA-graph estimate only where it sizes the KV cache itself: given
-    kv_cache_memory_bytes, its profile stops after the profile step, and nothing measures the
-    graphs warm-up will keep. The warm-up reserve needs them on a first start either way, so
-    here (inside exact_graphs, after vLLM's profile: every graph captured and measured) the
-    runner's own estimator runs as vLLM would have run it. No-op where it is not `enabled`
-    (a first start on CUDA with graphs on and the KV size given; ranks agree, the captures run
-    collectives), where the profile already measured graphs, or on runners without an
+def measure_graphs_apart(worker, enabled: bool) -> GraphMeasure:
+    """The exact CUDA-graph memory of a first start, measured after vLLM's own profile: the
+    runner's estimator runs once more, as vLLM runs it, inside exact_graphs (every graph
+    captured into the estimator's throwaway pool, the capture measured, all of it released by
+    the estimator's own teardown). vLLM's profile is left as stock runs it: inside it, sampling
+    every FULL graph raised V2's figure, and with it the stock KV figure (7.47 GiB against
+    stock's 0.92 GiB for the Llama-8B layout; core/graph_estimate.py says why). It also covers
+    a given KV size, where vLLM's profile skips its estimate altogether. The estimator's return
+    is dropped. Returns an empty GraphMeasure where it is not `enabled` (a first start on CUDA
+    with graphs on; ranks agree, the captures run collectives) or on runners without an
     estimator (V2 before 0.29: the rehearsal captures into a throwaway pool instead)."""
     runner = getattr(worker, "model_runner", None)
-    if not enabled or measure.bytes is not None or runner is None:
-        return
     # vllm-touch: v2-graph-estimate
-    estimator = getattr(runner, "profile_cudagraph_memory", None)
-    if estimator is None:
+    if not enabled or runner is None or \
+            getattr(runner, "profile_cudagraph_memory", None) is None or \
+            needs_graph_rehearsal(runner):
+        return GraphMeasure()
+    with exact_graphs(worker, enabled=True) as measure:
+        figure = runner.profile_cudagraph_memory()
+    if measure.profile is not None:
+        log.info("[wcprof] every CUDA graph captured apart from vLLM's profile: %s (%s; vLLM's "
+                 "estimator returned %s there, not used)", fmt_bytes(measure.bytes),
+                 describe(measure.profile), fmt_bytes(figure))
+    elif measure.bytes is not None:
+        log.info("[wcprof] every CUDA graph captured apart from vLLM's profile: %s",
+                 fmt_bytes(measure.bytes))
+    return measure
+
+
+@contextlib.contextmanager
+def observed_profile(worker, enabled: bool):
+    """Around vLLM's own profile, read-only: yields a GraphMeasure whose `profile` is what V2's
+    estimator (0.29+) captured, for the log line. runner.capture_model is wrapped to read the
+    FULL samples vLLM took; it returns vLLM's value unchanged and synchronizes nothing, so the
+    figure vLLM computes is stock's. A no-op elsewhere."""
+    seen = GraphMeasure()
+    runner = getattr(worker, "model_runner", None)
+    original = getattr(runner, "capture_model", None)
+    if not enabled or original is None or hasattr(runner, "cudagraph_dispatcher") or \
+            needs_graph_rehearsal(runner):
+        yield seen
         return
-    estimator()
+
+    def capture_model(*a, **kw):
+        out = original(*a, **kw)
+        if kw.get("profile_only"):
+            seen.sampled(_sampled(runner, out))
+        return out
+
+    # vllm-touch: runner-capture-model
+    with replaced(runner, "capture_model", capture_model):
+        yield seen
+    estimate = getattr(worker, "cudagraph_memory_estimate", None)
+    if seen.profile is not None:
+        log.info("[wcprof] vLLM's own CUDA-graph estimate %s, its profile as stock runs it (%s)",
+                 fmt_bytes(estimate), describe(seen.profile, _int_or_none(estimate)))
+
+
+def _int_or_none(v) -> int | None:
+    try:
+        return None if v is None else int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _sampled(runner, measured) -> GraphProfile | None:
+    """What vLLM's V2 estimator sampled in the capture that just returned `measured`: its FULL
+    samples (the list profile_cudagraph_memory hands the manager) and the FULL graph count.
+    None where the runner does not have them as 0.32/0.33 do; never raises."""
+    # vllm-touch: v2-graph-estimate
+    try:
+        manager = getattr(runner, "cudagraph_manager", None)
+        samples = getattr(manager, "_capture_mem_samples", None)
+        descs = getattr(manager, "_capture_descs", None)
+        if samples is None or not isinstance(descs, dict):
+            return None
+        full = next((len(d) for mode, d in descs.items()
+                     if getattr(mode, "name", None) == "FULL"), 0)
+        return GraphProfile(measured_bytes=int(measured),
+                            full_samples=tuple(int(x) for x in samples), full_graphs=int(full))
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 @contextlib.contextmanager
@@ -137,6 +215,8 @@ def _v2_all_full_graphs(runner, measure: GraphMeasure):
         before = _free_bytes()
         out = original_capture(*a, **kw)
         measure.add(before - _free_bytes())
+        if kw.get("profile_only"):
+            measure.sampled(_sampled(runner, out))
         return out
 
     cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES = 1 << 30

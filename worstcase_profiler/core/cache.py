@@ -70,9 +70,10 @@ def pool_capacity_tokens(*, explicit_bytes: int | None, stock_kv_bytes: int,
                          max_model_len: int, kv_cap_bytes: int | None = None) -> int:
     """The KV pool's bound in tokens, which caps the shapes a sweep plans and keys its cache:
     `--kv-cache-memory-bytes` when given, else vLLM's own KV figure with its CUDA-graph estimate
-    added back. vLLM subtracts that estimate from its figure, and a first start makes it exact
-    (every graph captured) where a cached start sees the sampled one, so without it the same
-    configuration would key two entries. `kv_cap_bytes` (the kv_cap setting) bounds what is
+    added back. vLLM subtracts that estimate from its figure; added back, the bound does not
+    depend on it (first starts once made vLLM's estimate capture every graph, which raised it,
+    where cached starts saw the sampled one: without it the same configuration keyed two
+    entries, and existing entries keep their keys). `kv_cap_bytes` (the kv_cap setting) bounds what is
     allocated, so the pool too: where it binds (wcprof's 512 MiB on the CPU), the plan no longer
     follows vLLM's CPU figure, a share of the host's free memory. At least one request at
     max_model_len."""
