@@ -121,6 +121,7 @@ LONGEST_FIRST = (
     "tests/cpu/test_guard_serve.py",  # 38
     "tests/cpu/test_fixture_models.py",  # 38
     "tests/cpu/test_multimodal_cpu.py",  # 37
+    "tests/cpu/test_qwen25vl_cpu.py",  # 35
     "tests/cpu/test_dsv4_cpu.py",  # 35
     "tests/cpu/test_tensor_parallel.py",  # 33
 )  # then the other tests/cpu files (25 s or less each), then tests/unit

