@@ -62,6 +62,28 @@ def within_prediction(v: dict) -> bool:
     return 0 <= v["measured_peak_bytes"] <= v["predicted_peak_bytes"] + v["resolution_bytes"]
 
 
+def vlm_args(model, *, max_model_len: int, limits: dict, batched: int = 512, seqs: int = 4,
+             pool: int = 64 << 20) -> list[str]:
+    """The CPU VLM tests' engine flags: dummy weights, eager, the KV pool pinned (no dependence
+    on the host's free memory), `limits` as --limit-mm-per-prompt."""
+    return ["--model", str(model), "--load-format", "dummy", "--enforce-eager",
+            "--max-model-len", str(max_model_len), "--max-num-batched-tokens", str(batched),
+            "--max-num-seqs", str(seqs), "--kv-cache-memory-bytes", str(pool),
+            "--limit-mm-per-prompt", json.dumps(limits)]
+
+
+def assert_text_side_holds(report: dict, batched: int) -> None:
+    """A VLM report's text side: every rows value covered, the KV audit within budget, and the
+    text worst step's replay within the text sweep's own figure, below the admitted one (which
+    the encoder step sets)."""
+    assert report["worstcase"]["rows_covered"] == {"min": 1, "max": batched}
+    assert report["kv_audit"]["verdict"] == "ok" and report["kv_audit"]["ratio"] <= 1.01, \
+        report["kv_audit"]
+    (v,) = [v for v in report["validations"] if v["target"] == "worst-step"]
+    assert within_prediction(v), v
+    assert v["predicted_peak_bytes"] < report["worstcase"]["peak_activation_bytes"], v
+
+
 def run_python(code: str, *, timeout: int = 600, env: dict | None = None) -> Run:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=timeout, env=env or engine_env())

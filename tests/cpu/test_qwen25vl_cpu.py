@@ -28,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CPU_RESOLUTION, engine_env, run_python, run_wcprof, within_prediction
+from conftest import (CPU_RESOLUTION, assert_text_side_holds, engine_env, run_python, run_wcprof,
+                      vlm_args, within_prediction)
 
 pytestmark = pytest.mark.engine
 
@@ -37,9 +38,7 @@ MML, MNBT, SEQS, POOL, IMAGES = 4096, 512, 4, 64 << 20, 2
 TOKENS = 256  # the largest image: 448x448 -> 32x32 patches -> 16x16 merged tokens
 HIDDEN = 128  # config.json text_config.hidden_size (the vision tower's out_hidden_size)
 LIMITS = {"image": IMAGES, "video": 0}
-ARGS = ["--model", str(MODEL), "--load-format", "dummy", "--enforce-eager", "--max-model-len",
-        str(MML), "--max-num-batched-tokens", str(MNBT), "--max-num-seqs", str(SEQS),
-        "--kv-cache-memory-bytes", str(POOL), "--limit-mm-per-prompt", json.dumps(LIMITS)]
+ARGS = vlm_args(MODEL, max_model_len=MML, batched=MNBT, seqs=SEQS, pool=POOL, limits=LIMITS)
 ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WCP_FIXTURES_QWEN_VL_CPU": "1"}
 
 
@@ -52,13 +51,7 @@ def profiled(tmp_path_factory):
 
 
 def test_the_sweep_and_the_kv_audit_run_on_the_vlm(profiled):
-    r = profiled.report
-    assert r["worstcase"]["rows_covered"] == {"min": 1, "max": MNBT}
-    assert r["kv_audit"]["verdict"] == "ok" and r["kv_audit"]["ratio"] <= 1.01, r["kv_audit"]
-    (v,) = [v for v in r["validations"] if v["target"] == "worst-step"]
-    # text requests, against the text sweep's own figure
-    assert within_prediction(v), v
-    assert v["predicted_peak_bytes"] < r["worstcase"]["peak_activation_bytes"], v
+    assert_text_side_holds(profiled.report, MNBT)
 
 
 def test_the_encoder_step_is_measured_and_admitted(profiled):
