@@ -84,6 +84,32 @@ def assert_text_side_holds(report: dict, batched: int) -> None:
     assert v["predicted_peak_bytes"] < report["worstcase"]["peak_activation_bytes"], v
 
 
+def assert_multimodal_replay(report: dict, out: str, *, items: int, context: int,
+                             batched: int) -> dict:
+    """A VLM report's multimodal validation: `items` images through the encoder in the step the
+    replay formed, a chunk of `batched` rows on a cached `context`-token text prefix, measured
+    within the admitted figure (the encoder step's) and above half of it (an image step, not a
+    text one). Returns the validation."""
+    v = report["validation"]
+    print("multimodal validation: measured", v["measured_peak_bytes"], "predicted",
+          v["predicted_peak_bytes"], "ratio", round(v["ratio"], 4), "at", v["shape"],
+          "formed", v["formed"], "encoder items", v["encoder_items_formed"])
+    wc = report["worstcase"]
+    assert v["target"] == "multimodal" and v["modality"] == "image", v
+    assert v["encoder_items"] == items and v["encoder_items_formed"] == items, v
+    assert v["predicted_peak_bytes"] == wc["peak_activation_bytes"] + wc["workspace_bytes"] == \
+        wc["encoder_step"]["peak_bytes"] + wc["workspace_bytes"], v
+    assert v["shape"] == {"kind": "prefill", "rows": batched, "context_len": context,
+                          "num_reqs": 1}, v
+    assert v["formed"]["rows"] == batched and v["formed"]["context_len"] >= context, v
+    assert f"cached {context:,}-token text prefix" in v["requests"][0], v
+    assert within_prediction(v), v
+    assert v["measured_peak_bytes"] > v["predicted_peak_bytes"] // 2, v
+    assert f"validation (multimodal step: {items} image item(s) through the encoder" in out
+    assert not [w for w in report["warnings"] if w.startswith("--validate")], report["warnings"]
+    return v
+
+
 def run_python(code: str, *, timeout: int = 600, env: dict | None = None) -> Run:
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=timeout, env=env or engine_env())

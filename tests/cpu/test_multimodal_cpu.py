@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (CPU_RESOLUTION, assert_text_side_holds, engine_env, run_python, run_wcprof,
-                      vlm_args, within_prediction)
+from conftest import (CPU_RESOLUTION, assert_multimodal_replay, assert_text_side_holds, engine_env,
+                      run_python, run_wcprof, vlm_args)
 
 pytestmark = pytest.mark.engine
 
@@ -54,24 +54,8 @@ def test_the_multimodal_step_is_built_from_image_requests_within_the_admitted_fi
     """`--validate worst` builds the encoder step from a request with a real image behind a
     cached text prefix: the scheduler ran the encoder on that image in one step, and the
     replay measured no more than the admitted figure (the encoder step's), which gates."""
-    r = profiled.report
-    v = r["validation"]
-    print("multimodal validation: measured", v["measured_peak_bytes"], "predicted",
-          v["predicted_peak_bytes"], "ratio", round(v["ratio"], 4), "at", v["shape"],
-          "formed", v["formed"], "encoder items", v["encoder_items_formed"])
-    assert v["target"] == "multimodal" and v["modality"] == "image", v
-    assert v["encoder_items"] == 1 and v["encoder_items_formed"] == 1, v
-    assert v["predicted_peak_bytes"] == r["worstcase"]["peak_activation_bytes"] + \
-        r["worstcase"]["workspace_bytes"] == r["worstcase"]["encoder_step"]["peak_bytes"] + \
-        r["worstcase"]["workspace_bytes"], v
     # 8,191 - 2,913 image tokens, block-aligned: the chunk after the cached prefix starts the image
-    assert v["shape"] == {"kind": "prefill", "rows": MNBT, "context_len": 5248, "num_reqs": 1}, v
-    assert v["formed"]["rows"] == MNBT and v["formed"]["context_len"] >= 5248, v
-    assert "cached 5,248-token text prefix" in v["requests"][0], v
-    assert within_prediction(v), v
-    assert v["measured_peak_bytes"] > v["predicted_peak_bytes"] // 2, v  # an image step
-    assert "validation (multimodal step: 1 image item(s) through the encoder" in profiled.out
-    assert not [w for w in r["warnings"] if w.startswith("--validate")], r["warnings"]
+    assert_multimodal_replay(profiled.report, profiled.out, items=1, context=5248, batched=MNBT)
 
 
 def test_the_encoder_step_is_measured_and_admitted(profiled):

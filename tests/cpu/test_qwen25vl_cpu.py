@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (CPU_RESOLUTION, assert_text_side_holds, engine_env, run_python, run_wcprof,
-                      vlm_args, within_prediction)
+from conftest import (CPU_RESOLUTION, assert_multimodal_replay, assert_text_side_holds, engine_env,
+                      run_python, run_wcprof, vlm_args)
 
 pytestmark = pytest.mark.engine
 
@@ -75,26 +75,11 @@ def test_the_multimodal_step_is_built_from_image_requests_within_the_admitted_fi
     """`--validate worst` builds the encoder step from a request with two real images behind a
     cached text prefix: the scheduler ran the encoder on both in one step, and the replay
     measured no more than the admitted figure (the encoder step's), which gates."""
-    r = profiled.report
-    v = r["validation"]
-    print("multimodal validation: measured", v["measured_peak_bytes"], "predicted",
-          v["predicted_peak_bytes"], "ratio", round(v["ratio"], 4), "at", v["shape"],
-          "formed", v["formed"], "encoder items", v["encoder_items_formed"])
-    assert v["target"] == "multimodal" and v["modality"] == "image", v
-    assert v["encoder_items"] == 2 and v["encoder_items_formed"] == 2, v
-    assert v["predicted_peak_bytes"] == r["worstcase"]["peak_activation_bytes"] + \
-        r["worstcase"]["workspace_bytes"] == r["worstcase"]["encoder_step"]["peak_bytes"] + \
-        r["worstcase"]["workspace_bytes"], v
     # 4,095 - 2 x (256 + <|vision_start|> + <|vision_end|>), block-aligned down: the chunk after
     # the cached prefix starts the first image
-    assert v["shape"] == {"kind": "prefill", "rows": MNBT, "context_len": 3456, "num_reqs": 1}, v
-    assert v["formed"]["rows"] == MNBT and v["formed"]["context_len"] >= 3456, v
-    assert "cached 3,456-token text prefix" in v["requests"][0], v
-    assert f"2 image item(s) of {TOKENS} tokens" in v["requests"][0], v
-    assert within_prediction(v), v
-    assert v["measured_peak_bytes"] > v["predicted_peak_bytes"] // 2, v  # an image step
-    assert "validation (multimodal step: 2 image item(s) through the encoder" in profiled.out
-    assert not [w for w in r["warnings"] if w.startswith("--validate")], r["warnings"]
+    v = assert_multimodal_replay(profiled.report, profiled.out, items=IMAGES, context=3456,
+                                 batched=MNBT)
+    assert f"{IMAGES} image item(s) of {TOKENS} tokens" in v["requests"][0], v
 
 
 def test_no_multimodal_limit_is_left_unprofiled(profiled):
