@@ -285,7 +285,8 @@ REGISTRY: tuple[Touch, ...] = (
           "grows with the samples: 7.47 GiB against stock's 0.92, core/graph_estimate.py). "
           "Before 0.29 V2 estimates graphs as 0: the rehearsal captures them into a throwaway "
           "pool, measures and discards them (what 0.29's estimator does)",
-          run="0.32 and 0.33 inside vLLM's profile; the second run apart is read, not run; "
+          run="0.32 and 0.33 inside vLLM's profile (before 757d5fd); the run apart from it is "
+              "read, not run; "
               "the 0.26-0.28 path is read, not run",
           retire="an exact V2 CUDA-graph estimate"),
     # -- multimodal encoders (adapter/multimodal.py) ---------------------------------------------

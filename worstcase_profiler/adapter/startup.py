@@ -180,18 +180,15 @@ def measure_start(worker, original, settings: ProfilerSettings,
     with clock("cache_lookup"):  # the cap resizes the workspace: its starts are not cached
         handle, entry = (None, None) if settings.chunk_cap is not None else \
             sweep_cache.lookup(worker, session.facts, limits, settings)
-    first_start = agree(int(entry is None)) == 1
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
         # vLLM's own profile runs as stock runs it (its CUDA-graph estimate too: the stock KV
-        # figure is stock's); on a first start every graph is then captured apart and measured
-        # (the warm-up reserve), where vLLM's figure no longer reads it.
+        # figure is stock's); where the warm-up is rehearsed, every graph is captured apart
+        # from it and measured (the warm-up reserve; measure_graphs_on_frozen_heap below).
         with warmup.observed_profile(worker, enabled=graphs_on), \
                 mm.counting_encoder(runner) as stock_encoder:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
-        graphs = measure_graphs_on_frozen_heap(worker, enabled=graphs_on and first_start,
-                                               cuda=cuda, clock=clock)
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
@@ -219,6 +216,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
                                        clock)  # wcprof fit
         measured_cap = chunk_cap.measure(driver, limits, sweep, settings, clock)
         if entry is None and cuda:
+            # every start that rehearses measures the graphs, also one whose cached entry was
+            # dropped above (capacity, replay, dominance): vLLM's sampled figure, or 0 B where
+            # the KV size is given, is never the reserve (ranks agree on `entry` by now)
+            graphs = measure_graphs_on_frozen_heap(worker, enabled=graphs_on, cuda=cuda,
+                                                   clock=clock)
             estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
         else:
             estimate = cached_warmup(worker, entry)

@@ -38,8 +38,9 @@ log = logging.getLogger("vllm.wcprof")
 
 @dataclass
 class GraphMeasure:
-    """Graph bytes summed over the captures vLLM's profile made (None: nothing was captured,
-    e.g. eager mode, or no estimator on this runner)."""
+    """Graph bytes summed over the captures the runner's estimator made under exact_graphs, apart
+    from vLLM's own profile (None: nothing was captured, e.g. eager mode, or no estimator on
+    this runner)."""
 
     bytes: int | None = None
     profile: GraphProfile | None = None   # V2 0.29+: what the estimator's capture sampled

@@ -11,9 +11,8 @@ FULL capture (free memory just before `torch.cuda.graph(...)` minus just after i
 (`_extrapolate_full_graph_memory`). `torch.cuda.graph.__enter__` empties the allocator's cache
 inside each sample's window, so a sample is the graph's pool growth minus whatever the cache
 held: the blocks the eager warm-up forward of that descriptor (`forward_fn(NONE)`, just before)
-had taken. `measured` keeps those blocks' re-allocation (every warm-up re-grows the cache the
-previous capture emptied), `sum(samples)` subtracts them back out, so `measured - sum(samples)`
-holds one warm-up's cache per sampled FULL graph, and grows with the number of samples while the
+had taken. Subtracting the samples (`- sum(samples)`) therefore adds one warm-up's cache back
+per sampled FULL graph: `measured - sum(samples)` grows with the number of samples while the
 extrapolation (first + (n-1) * second) does not. Sampling every FULL graph (what the profiler
 once made vLLM's own profile do) therefore raised vLLM's figure by about one warm-up cache per
 extra graph: 7.47 GiB against stock's 0.92 GiB for the Llama-3.1-8B layout (51 FULL graphs),
