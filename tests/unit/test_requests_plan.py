@@ -856,3 +856,24 @@ def test_no_lookahead_leaves_the_plan_and_its_tokens_as_they_were():
     shared = Prompt(1, 64, 5, lookahead=2)
     assert token_ids(shared, 32000, 3)[:66] == token_ids(shared, 32000, 4)[:66]
     assert token_ids(shared, 32000, 3)[66:] != token_ids(shared, 32000, 4)[66:]
+
+
+@pytest.mark.parametrize("lookahead", [2, 3])
+@pytest.mark.parametrize("make", [mixed_step, decode_batch], ids=["mixed", "decode"])
+def test_decodes_compute_the_lookahead_so_their_hits_are_whole(make, lookahead):
+    """Multi-module MTP hashes each block with the next k tokens: a decode prompt computing one
+    token after its cached prefix would hit it a block short (and compute a block more, which
+    moves a mixed plan's chunk off its step); each computes at least k instead, and a mixed
+    plan's long prompt leaves the decodes those rows in the first step."""
+    shape = make(SMALL)
+    plan = plan_for(shape, SMALL, prefix_caching=True, hash_lookahead=lookahead)
+    assert "a block short" not in (plan.note or ""), plan.note
+    decodes = [p for p in _measured(plan)[0].prompts if p.prefix_id == 1]
+    assert decodes and all(p.suffix_len >= lookahead for p in decodes)
+    assert all(hit % SMALL.block_size == 0 and rows >= lookahead
+               for hit, rows in _hits(plan, SMALL, lookahead)[:len(decodes)])
+    if shape.kind == "mixed":
+        (long,) = [p for p in _measured(plan)[0].prompts if p.prefix_id == 2]
+        chunk = shape.rows - (shape.num_reqs - 1) * SMALL.rows_per_decode
+        first = long.suffix_len - chunk
+        assert first + sum(p.suffix_len for p in decodes) == SMALL.max_num_batched_tokens

