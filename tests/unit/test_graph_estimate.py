@@ -177,12 +177,10 @@ def test_the_exact_pass_runs_only_where_enabled_and_where_the_runner_has_an_esti
 def test_the_exact_pass_is_the_profilers_own_phase_and_leaves_the_heap_frozen(runner):
     worker = SimpleNamespace(model_runner=runner)
     clock = PhaseTimer()
-    assert startup.measure_graphs_on_frozen_heap(worker, enabled=False, cuda=True,
-                                                 clock=clock).bytes is None
+    assert startup.measure_graphs(worker, False, clock).bytes is None
     assert "graph_measure" not in clock.seconds
     try:
-        graphs = startup.measure_graphs_on_frozen_heap(worker, enabled=True, cuda=True,
-                                                       clock=clock)
+        graphs = startup.measure_graphs(worker, True, clock)
         assert graphs.bytes and "graph_measure" in clock.seconds
         assert gc.get_freeze_count() > 0
     finally:

@@ -184,7 +184,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
     with contextlib.ExitStack() as frozen:
         # vLLM's own profile runs as stock runs it (its CUDA-graph estimate too: the stock KV
         # figure is stock's); where the warm-up is rehearsed, every graph is captured apart
-        # from it and measured (the warm-up reserve; measure_graphs_on_frozen_heap below).
+        # from it and measured (the warm-up reserve: rehearse_warm_up).
         with warmup.observed_profile(worker, enabled=graphs_on), \
                 mm.counting_encoder(runner) as stock_encoder:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
@@ -216,12 +216,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
                                        clock)  # wcprof fit
         measured_cap = chunk_cap.measure(driver, limits, sweep, settings, clock)
         if entry is None and cuda:
-            # every start that rehearses measures the graphs, also one whose cached entry was
-            # dropped above (capacity, replay, dominance): vLLM's sampled figure, or 0 B where
-            # the KV size is given, is never the reserve (ranks agree on `entry` by now)
-            graphs = measure_graphs_on_frozen_heap(worker, enabled=graphs_on, cuda=cuda,
-                                                   clock=clock)
-            estimate = rehearse_warm_up(worker, driver, held, clock, graphs, graphs_on)
+            estimate = rehearse_warm_up(worker, driver, held, clock, graphs_on)
         else:
             estimate = cached_warmup(worker, entry)
         with clock("workspace_grow"):
@@ -321,12 +316,17 @@ def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt
     return limits
 
 
-def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs, graphs_on: bool
+def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs_on: bool
                      ) -> WarmupEstimate:
-    """A first start's warm-up reserve: CUDA graphs as measured apart from vLLM's profile (or,
-    on V2 runners without an estimator, by the rehearsal), plus what vLLM's warm-up, rehearsed
-    on a provisional KV cache, kept that goes away with that cache (it returns after the real
-    one). What it kept beyond the provisional cache stays, and is in the held memory."""
+    """A CUDA start's warm-up reserve where no cached entry gives it (a first start, or one
+    whose entry was dropped: capacity, stale replay, dominance): CUDA graphs as measured apart
+    from vLLM's profile (measure_graphs; or, on V2 runners without an estimator, by the
+    rehearsal), so vLLM's sampled figure, or 0 B where the KV size is given, is never the
+    reserve; plus what vLLM's warm-up, rehearsed on a provisional KV cache, kept that goes
+    away with that cache (it returns after the real one). What it kept beyond the provisional
+    cache stays, and is in the held memory. Ranks agree on calling it (the captures run
+    collectives): they agreed on the entry."""
+    graphs = measure_graphs(worker, graphs_on, clock)
     # vllm-touch: worker-warm-up
     original = type(worker).compile_or_warm_up_model
     original = getattr(original, "_wcprof_original", original)
@@ -378,16 +378,15 @@ def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bo
     return stock_kv
 
 
-def measure_graphs_on_frozen_heap(worker, *, enabled: bool, cuda: bool, clock: PhaseTimer):
-    """A first start's exact CUDA-graph memory (warmup.measure_graphs_apart), right after vLLM's
-    profile, timed as the profiler's own phase `graph_measure`. The heap is frozen again after
-    it: the estimator may unfreeze it as vLLM's profile may (0.26 V1)."""
-    if not enabled:
+def measure_graphs(worker, graphs_on: bool, clock: PhaseTimer) -> warmup.GraphMeasure:
+    """The exact CUDA-graph memory (warmup.measure_graphs_apart) where graphs are on, timed as
+    the profiler's own phase `graph_measure`. The heap is frozen again after it: the estimator
+    may unfreeze it as vLLM's profile may (0.26 V1)."""
+    if not graphs_on:
         return warmup.GraphMeasure()
     with clock("graph_measure"):
         graphs = warmup.measure_graphs_apart(worker, enabled=True)
-    if cuda:
-        gc.freeze()
+    gc.freeze()
     return graphs
 
 
