@@ -155,3 +155,16 @@ def test_the_workload_puts_placeholder_ids_and_distinct_images_behind_the_shared
         images += prompt["multi_modal_data"]["image"]
     assert len(images) == 3 and len({im.getpixel((0, 0)) for im in images}) == 3
     assert token_ids  # the text ids are core.requests_plan.token_ids, mapped into `allowed`
+
+
+def test_lookahead_hashes_make_a_cached_prefix_plan_approximate():
+    """vLLM 0.33's lookahead block hashes: the measured prompts' tokens after the cached text are
+    item placeholders, the warm-up's are not, so each may hit a block short; the plan says so.
+    Without prefix caching nothing is cached, and the plan stays as it was."""
+    plain, _ = multimodal_plan(IDEFICS, LIMITS, prefix_caching=True, text=TEXT)
+    plan, _ = multimodal_plan(IDEFICS, LIMITS, prefix_caching=True, text=TEXT, hash_lookahead=1)
+    assert plain.exact and not plan.exact and "a block short" in plan.note
+    assert (plan.target, plan.batches) == (plain.target, plain.batches)
+    limits = dataclasses.replace(LIMITS, prefix_caching=False)
+    assert multimodal_plan(IDEFICS, limits, prefix_caching=False, hash_lookahead=1) == \
+        multimodal_plan(IDEFICS, limits, prefix_caching=False)

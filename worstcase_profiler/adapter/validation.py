@@ -278,8 +278,8 @@ def _generate_to(llm, prompts: list, max_tokens: int, target: Shape,
             if time.monotonic() - said >= PROGRESS_S:
                 said = time.monotonic()
                 log.info("[wcprof] replay: %d steps in %.0fs, %d of %d requests started, "
-                            "%d finished, target %s", outputs, said - t0, len(started),
-                            len(ids), len(finished), "formed" if formed else "not formed yet")
+                         "%d finished, target %s", outputs, said - t0, len(started),
+                         len(ids), len(finished), "formed" if formed else "not formed yet")
             if not formed and (len(started) >= len(ids) or outputs % 16 == 0):
                 formed = _reached(llm, target)
             if not stopped and replay_stops(formed, len(finished), len(ids), stop):
@@ -420,10 +420,8 @@ def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | Non
                       prefix_caching: bool, text_shape=None, hash_lookahead: int = 0):
     """(the workload that builds the encoder step from requests with items, "") or (None, why
     it is not built): no encoder step was measured, the items cannot be built, or no requests
-    form the step (core/requests_plan.multimodal_plan). With lookahead block hashes
-    (`hash_lookahead`, facts.hash_lookahead_tokens) and prefix caching the measured prompts'
-    tokens after the cached text (item placeholders) are not the warm-up's, so each may hit a
-    block short: the workload is then marked approximate."""
+    form the step (core/requests_plan.multimodal_plan, which `hash_lookahead`,
+    facts.hash_lookahead_tokens, goes to)."""
     from .multimodal import replay_items
 
     if encoder is None:
@@ -432,13 +430,9 @@ def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | Non
     if items is None:
         return None, why
     plan, why = multimodal_plan(items.spec, limits, prefix_caching=prefix_caching,
-                                text=text_shape)
+                                text=text_shape, hash_lookahead=hash_lookahead)
     if plan is None:
         return None, why
-    if prefix_caching and hash_lookahead > 0:
-        why = (f"the {hash_lookahead} token(s) a cached block's hash covers beyond it differ "
-               f"between the warm-up and the prompts with items: each may hit a block short")
-        plan = replace(plan, exact=False, note="; ".join(x for x in (plan.note, why) if x))
     work = multimodal_workload(plan, items)
     if items.embed_tokens < encoder.tokens_per_item:
         work = replace(work, note="; ".join(filter(None, [

@@ -500,8 +500,8 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
         # from the rest (steps_until_all_decode); every request's output is long enough to last
         # until the last has prefilled, even if every draft is accepted (1 + k tokens a step).
         # a suffix of at least the lookahead tokens a cached block's hash covers (plan_for)
-        own = max(1, lookahead)
-        tail = limits.block_size + limits.hit_drop + own - 1
+        computed = max(1, lookahead)
+        tail = limits.block_size + limits.hit_drop + computed - 1
         if pool is not None and pool.groups > 1:
             tail += limits.block_size
         mnbt = limits.max_num_batched_tokens
@@ -519,7 +519,7 @@ def _decode(shape: Shape, limits: Limits, prefix_caching: bool,
             steps = mml - 1 - prompt
             notes.append(f"max_model_len {mml} leaves {steps} tokens of output: the first "
                          f"requests may finish before the last has prefilled")
-        ctx = _down(prompt - own, limits.block_size)
+        ctx = _down(prompt - computed, limits.block_size)
         prompts = tuple(Prompt(1, ctx, prompt - ctx) for _ in range(n))
         prompts, warms = _warmed(prompts, 1, ctx, limits, distinct_hits=distinct_hits)
         own = " (each on its own cached last block)" if len(warms) > 1 else ""
@@ -571,15 +571,15 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
         return _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
                         distinct_hits)
     steps = DECODE_STEPS + limits.num_speculative_tokens
-    # each decode's prompt computes `own` tokens after its cached prefix: one, or the tokens a
-    # cached block's hash covers beyond it (plan_for's hash_lookahead), so that it hits it whole
-    own = max(1, lookahead)
-    # The long prompt's first chunk shares step 1 with the decodes' prefills of `own` tokens;
-    # its second chunk (the measured one) shares step 2 with their first decode.
-    first = mnbt - decodes * own
+    # each decode's prompt computes `computed` tokens after its cached prefix: one, or the tokens
+    # a cached block's hash covers beyond it (plan_for's hash_lookahead), so that it hits it whole
+    computed = max(1, lookahead)
+    # The long prompt's first chunk shares step 1 with the decodes' prefills of `computed`
+    # tokens; its second chunk (the measured one) shares step 2 with their first decode.
+    first = mnbt - decodes * computed
     why = None
     if first < 1:
-        why = (f"the {decodes} decodes' prefills of {own} tokens each fill a step of {mnbt}: "
+        why = (f"the {decodes} decodes' prefills of {computed} tokens each fill a step of {mnbt}: "
                f"the chunk measured as a prefill")
     elif first + chunk + steps > mml - 1:
         # the long prompt's two chunks outgrow max_model_len (max_num_batched_tokens near it:
@@ -590,9 +590,9 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
         plan = _prefill(Shape("prefill", chunk, shape.context_len, 1), limits, prefix_caching,
                         distinct_hits)
         return replace(plan, exact=False, note="; ".join(x for x in (why, plan.note) if x))
-    decode_ctx = _down(mml - 1 - steps - own, block)
+    decode_ctx = _down(mml - 1 - steps - computed, block)
     long_ctx = _down(mml - 1 - chunk - first, block)
-    prompts = tuple(Prompt(1, decode_ctx, own) for _ in range(decodes)) + \
+    prompts = tuple(Prompt(1, decode_ctx, computed) for _ in range(decodes)) + \
         (Prompt(2, long_ctx, first + chunk),)
     prompts, warms = _warmed(prompts, 1, decode_ctx, limits, distinct_hits=distinct_hits,
                              drafter_room=False)
@@ -627,7 +627,8 @@ class ItemSpec:
 
 
 def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
-                    text: Shape | None = None) -> tuple[RequestPlan | None, str]:
+                    text: Shape | None = None,
+                    hash_lookahead: int = 0) -> tuple[RequestPlan | None, str]:
     """Requests whose one step runs the encoder on `spec.items` items and a full chunk around them
     on the longest context they leave (the encoder step: its items through the encoder, then a
     chunk with their outputs held); (None, why) where no requests form it.
@@ -642,7 +643,10 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
     the encoder step's text step (`text`) by at least the items' tokens, which the note says.
     Fewer items than asked (`exact` False, the note says why) where one chunk cannot hold every
     item's first token (items longer than the chunk run their encoder in later steps), without
-    prefix caching over several prompts, or past the per-prompt limit."""
+    prefix caching over several prompts, or past the per-prompt limit. Approximate too under
+    lookahead block hashes (`hash_lookahead`, as plan_for's) with prefix caching: the tokens
+    after the cached text are item placeholders in the measured prompts and not in the
+    warm-up's, so each may hit its prefix a block short."""
     mnbt, mml, seqs = limits.max_num_batched_tokens, limits.max_model_len, limits.max_num_seqs
     want, length = spec.items, spec.item_len
     if want < 1 or length < 1:
@@ -692,6 +696,9 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
                      f"{mml:,} (the encoder step's text step ran at context "
                      f"{text.context_len:,})")
     target = Shape("prefill", rows, ctx, len(counts))
+    if prefix_caching and hash_lookahead > 0:
+        notes.append(f"the {hash_lookahead} token(s) a cached block's hash covers beyond it differ "
+                     f"between the warm-up and the prompts with items: each may hit a block short")
     if prefix_caching:
         shared = ctx + before
         prompts = tuple(Prompt(1, shared, 0, items=k, item_len=length,
@@ -706,7 +713,8 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
         batches = (Batch(f"1 prompt of {ctx:,} text tokens (chunked by {mnbt:,}), then "
                          f"{label_items}{tail_label}: the encoder runs on {items} in the chunk "
                          f"at context {ctx:,}", prompts, 1, True),)
-    return RequestPlan(target=target, batches=batches, exact=items == want,
+    exact = items == want and not (prefix_caching and hash_lookahead > 0)
+    return RequestPlan(target=target, batches=batches, exact=exact,
                        note="; ".join(notes) or None, items=items), ""
 
 
