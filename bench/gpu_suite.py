@@ -40,6 +40,7 @@ running engine's "free memory went up during profiling" assertion cannot fire be
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import re
@@ -215,9 +216,6 @@ def _env(name: str) -> dict[str, str]:
 def child(argv: list[str]) -> int:
     """Import everything, wait for "go" on stdin, then run the CLI in this process."""
     t0 = time.time()
-    import faulthandler
-
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # Run.wait: the stacks at a timeout
     import torch
     import vllm
     import vllm.entrypoints.llm  # noqa: F401  (the LLM class: the bulk of the import time)
@@ -230,7 +228,7 @@ def child(argv: list[str]) -> int:
     words = sys.stdin.readline().split()
     if not words or words[0] != "go":
         return 98
-    if len(words) > 1:  # the case's deadline: the stacks shortly before, whatever holds SIGUSR1
+    if len(words) > 1:  # the case's deadline (Run.go): every thread's stack shortly before it
         faulthandler.dump_traceback_later(max(1.0, float(words[1]) - time.time() - DUMP_BEFORE_S))
     print(f"[suite] go: wcprof {' '.join(argv)}", flush=True)
     return cli.main(argv)
@@ -258,8 +256,8 @@ class Run:
     def go(self, limit_s: float | None = None) -> None:
         """Start the prespawned case; with `limit_s`, its stacks go to its log DUMP_BEFORE_S
         before that limit, counted from now (the child may still be importing: it gets the
-        deadline, not the length; faulthandler's own timer thread, which a library that takes
-        SIGUSR1 over cannot silence)."""
+        deadline, not the length). faulthandler's own timer thread writes them: a signal sent at
+        the timeout wrote nothing from an engine's process (h200-run48's qwen35_mtp)."""
         self.t_go = time.time()
         if self.prespawn and self.proc.poll() is None:
             try:
@@ -277,21 +275,10 @@ class Run:
                 pass
             self.proc.wait()
 
-    def _dump_stacks(self) -> None:
-        """Where a timed-out case was: its threads' stacks into its log (child's SIGUSR1
-        handler), before the kill."""
-        if self.prespawn and self.proc.poll() is None:
-            try:
-                os.kill(self.proc.pid, signal.SIGUSR1)
-                time.sleep(2.0)
-            except ProcessLookupError:
-                pass
-
     def wait(self, timeout: float) -> int:
         try:
             rc = self.proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
-            self._dump_stacks()
             self.kill()
             rc = 124
         self.log.close()
