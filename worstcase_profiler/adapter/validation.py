@@ -31,6 +31,7 @@ from ..core.requests_plan import (Pool, Prompt, RequestPlan, multimodal_plan, pl
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
 from ..settings import REPLAY_STOP_ENV, replay_stop
+from ..sizes import fmt_bytes
 
 log = logging.getLogger("vllm.wcprof")
 PROGRESS_S = 15.0
@@ -46,8 +47,15 @@ class StepRecorder:
     more rows and more requests than another), so that a replay says which step it reached
     rather than assuming its plan held."""
 
-    def __init__(self, worker) -> None:
+    def __init__(self, worker, meter=None) -> None:
         self._worker = worker
+        self._meter = meter
+        self._last = None
+        self.peak_bytes = 0
+        self.peak_step: dict | None = None
+        """The step that last raised the meter's high-water mark (StepShape's fields and
+        `peak_bytes`): read after each step, and again before the next (what a step's sampling
+        allocated after execute_model returned is charged to it). None without a meter."""
         self._had = "execute_model" in vars(worker)  # another wrapper (the guard) already there
         self._execute = worker.execute_model
         self.frontier: list = []
@@ -57,26 +65,53 @@ class StepRecorder:
         # vllm-touch: guard-step-hook
         worker.execute_model = self.execute_model
 
+    def _charge(self, step) -> None:
+        """The meter rose since the last reading: `step` set the new high-water mark."""
+        if self._meter is None or step is None:
+            return
+        peak = int(self._meter.peak())
+        if peak > self.peak_bytes:
+            self.peak_bytes = peak
+            self.peak_step = dict(rows=step.rows, reqs=step.reqs, max_context=step.max_context,
+                                  prefills=step.prefills, largest_chunk=step.largest_chunk,
+                                  peak_bytes=peak)
+
     def execute_model(self, scheduler_output, *args, **kwargs):
+        step = None
         try:
+            self._charge(self._last)
             rows = int(scheduler_output.total_num_scheduled_tokens)
             reqs = len(scheduler_output.num_scheduled_tokens)
             encoder = getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
             self.encoder_items = max(self.encoder_items, sum(len(v) for v in encoder.values()))
-            if rows and not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
+            if rows:
                 from .guard import step_shape
 
-                self.frontier = frontier_add(self.frontier, step_shape(scheduler_output))
+                step = step_shape(scheduler_output)
+                if not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
+                    self.frontier = frontier_add(self.frontier, step)
         except Exception as e:  # noqa: BLE001 - recording must never break the replay
             if not self.failed:
                 self.failed = True
                 log.warning(
                     "[wcprof] validation: cannot read the steps the scheduler forms (%s): the "
                     "report will not say whether the replay reached its target", e)
-        return self._execute(scheduler_output, *args, **kwargs)
+        out = self._execute(scheduler_output, *args, **kwargs)
+        if step is not None:
+            self._last = step
+            try:
+                self._charge(step)
+            except Exception:  # noqa: BLE001 - as above
+                self._meter = None
+        return out
 
     def remove(self) -> list[dict]:
-        """Undo the swap (if nothing replaced it since); the frontier as plain data."""
+        """Undo the swap (if nothing replaced it since); the frontier as plain data. The last
+        step is charged with what the meter rose by since it returned."""
+        try:
+            self._charge(self._last)
+        except Exception:  # noqa: BLE001 - recording must never break the replay
+            self._meter = None
         # vllm-touch: guard-step-hook
         if vars(self._worker).get("execute_model") == self.execute_model:
             if self._had:
@@ -114,9 +149,9 @@ def _begin(wrapper) -> None:
     old = getattr(worker, _FORMED_ATTR, None)
     if old is not None:
         old.remove()
-    setattr(worker, _FORMED_ATTR,
-            StepRecorder(worker) if hasattr(worker, "execute_model") else None)
     meter.begin()
+    setattr(worker, _FORMED_ATTR,
+            StepRecorder(worker, meter) if hasattr(worker, "execute_model") else None)
 
 
 def _end(wrapper) -> dict:
@@ -129,6 +164,13 @@ def _end(wrapper) -> dict:
     recorder = getattr(worker, _FORMED_ATTR, None)
     formed = recorder.remove() if recorder is not None else []
     encoder_items = recorder.encoder_items if recorder is not None else None
+    peak_step = recorder.peak_step if recorder is not None else None
+    if peak_step is not None:
+        log.info("[wcprof] validation: the measured batch's high-water mark (%s above its start) "
+                 "was set by a step of %d rows over %d requests (%d prefills, largest chunk %d) "
+                 "at context %d", fmt_bytes(peak_step["peak_bytes"]), peak_step["rows"],
+                 peak_step["reqs"], peak_step["prefills"], peak_step["largest_chunk"],
+                 peak_step["max_context"])
     setattr(worker, _FORMED_ATTR, None)
     _pause_guard(worker, False)
     from . import workspace as ws
@@ -138,7 +180,7 @@ def _end(wrapper) -> dict:
     return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes), "formed": formed,
-            "encoder_items": encoder_items}
+            "encoder_items": encoder_items, "peak_step": peak_step}
 
 
 def _formed(wrapper) -> list[dict]:
