@@ -2,8 +2,18 @@
 not the largest step the batch formed (what the traffic check printed before: h200-run50)."""
 from types import SimpleNamespace
 
-from tests.unit.test_guard import sched
 from worstcase_profiler.adapter.validation import StepRecorder
+
+
+def sched(chunks: dict, contexts: dict, new=True):
+    """A SchedulerOutput: request id -> rows scheduled, request id -> computed tokens."""
+    reqs = [SimpleNamespace(req_id=r, num_computed_tokens=contexts[r]) for r in chunks] if new \
+        else []
+    cached = SimpleNamespace(req_ids=[] if new else list(chunks),
+                             num_computed_tokens=[] if new else [contexts[r] for r in chunks])
+    return SimpleNamespace(total_num_scheduled_tokens=sum(chunks.values()),
+                           num_scheduled_tokens=dict(chunks), scheduled_spec_decode_tokens={},
+                           scheduled_new_reqs=reqs, scheduled_cached_reqs=cached)
 
 
 class Meter:
@@ -28,12 +38,14 @@ def test_the_step_that_raised_the_mark_is_named_not_the_largest():
     # context costs more.
     worker = _worker(meter, {8192: 100, 4097: 150, 1: 10})
     rec = StepRecorder(worker, meter)
-    worker.execute_model(sched(8192, (0,)))
-    worker.execute_model(sched(4097, (131000, 32000), new=False))
-    worker.execute_model(sched(1, (131068,), new=False))
+    worker.execute_model(sched({"a": 8192}, {"a": 0}))
+    worker.execute_model(sched({"d": 1, "c": 4096}, {"d": 131068, "c": 32772}, new=False))
+    worker.execute_model(sched({"d": 1}, {"d": 131069}, new=False))
     rec.remove()
-    assert rec.peak_step["rows"] == 4097 and rec.peak_step["max_context"] == 131000
-    assert rec.peak_step["peak_bytes"] == 150
+    assert rec.peak_step["rows"] == 4097 and rec.peak_step["peak_bytes"] == 150
+    # the decode's context is the step's longest; the chunk runs on its own
+    assert rec.peak_step["max_context"] == 131068 and rec.peak_step["chunk_context"] == 32772
+    assert rec.peak_step["largest_chunk"] == 4096
     assert max(s.rows for s in rec.frontier) == 8192
 
 
@@ -41,15 +53,40 @@ def test_memory_taken_after_a_step_returned_is_charged_to_it():
     meter = Meter()
     worker = _worker(meter, {8192: 100, 16: 0})
     rec = StepRecorder(worker, meter)
-    worker.execute_model(sched(16, (500,)))
+    worker.execute_model(sched({"a": 16}, {"a": 500}))
     meter.high = 120  # the 16-row step's sampling, between its return and the next step
-    worker.execute_model(sched(8192, (0,)))
+    worker.execute_model(sched({"b": 8192}, {"b": 0}))
     rec.remove()
     assert rec.peak_step["rows"] == 16 and rec.peak_step["peak_bytes"] == 120
 
 
-def test_without_a_meter_nothing_is_named_and_the_frontier_still_kept():
-    worker = _worker(Meter(), {8: 1})
-    rec = StepRecorder(worker)
-    worker.execute_model(sched(8, (0,)))
-    assert rec.remove() and rec.peak_step is None
+def test_a_meter_that_raises_drops_the_naming_and_keeps_the_replay_and_frontier():
+    class Broken(Meter):
+        def peak(self):
+            raise RuntimeError("no stats")
+
+    meter = Broken()
+    ran = []
+    worker = SimpleNamespace(execute_model=lambda so: ran.append(so.total_num_scheduled_tokens))
+    rec = StepRecorder(worker, meter)
+    worker.execute_model(sched({"a": 8}, {"a": 0}))
+    worker.execute_model(sched({"b": 16}, {"b": 0}))
+    assert ran == [8, 16] and not rec.failed
+    assert [s["rows"] for s in rec.remove()] == [16] and rec.peak_step is None
+
+
+def test_the_step_is_named_in_the_ranks_answer(monkeypatch):
+    from worstcase_profiler.adapter import validation, workspace
+
+    meter = Meter()
+    worker = _worker(meter, {64: 7})
+    monkeypatch.setattr(validation, "_pause_guard", lambda w, p: None)
+    monkeypatch.setattr(workspace, "manager", lambda: None)
+    meter.end = lambda: meter.high
+    meter.resolution_bytes = 1
+    setattr(worker, validation._METER_ATTR, meter)
+    setattr(worker, validation._FORMED_ATTR, StepRecorder(worker, meter))
+    worker.execute_model(sched({"a": 64}, {"a": 300}))
+    out = validation._end(worker)
+    assert out["peak_step"] == dict(rows=64, reqs=1, max_context=300, prefills=1,
+                                    largest_chunk=64, chunk_context=300, peak_bytes=7)

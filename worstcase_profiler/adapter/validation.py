@@ -53,8 +53,9 @@ class StepRecorder:
         self._last = None
         self.peak_bytes = 0
         self.peak_step: dict | None = None
-        """The step that last raised the meter's high-water mark (StepShape's fields and
-        `peak_bytes`): read after each step, and again before the next (what a step's sampling
+        """The step that last raised the meter's high-water mark (StepShape's fields, the
+        largest chunk's own `chunk_context`, and `peak_bytes`: the mark above the batch's start,
+        before what the batch leaves live is taken off as `_end` does): read after each step, and again before the next (what a step's sampling
         allocated after execute_model returned is charged to it). None without a meter."""
         self._had = "execute_model" in vars(worker)  # another wrapper (the guard) already there
         self._execute = worker.execute_model
@@ -65,21 +66,26 @@ class StepRecorder:
         # vllm-touch: guard-step-hook
         worker.execute_model = self.execute_model
 
-    def _charge(self, step) -> None:
-        """The meter rose since the last reading: `step` set the new high-water mark."""
+    def _charge(self, step: dict | None) -> None:
+        """Read the meter; where it rose, `step` set the new high-water mark. A meter that
+        raises is dropped (peak_step then stays what it was): it never breaks the replay."""
         if self._meter is None or step is None:
             return
-        peak = int(self._meter.peak())
+        try:
+            peak = int(self._meter.peak())
+        except Exception as e:  # noqa: BLE001 - recording must never break the replay
+            self._meter = None
+            log.warning("[wcprof] validation: cannot read the meter per step (%s): the step "
+                        "that set the batch's peak will not be named", e)
+            return
         if peak > self.peak_bytes:
             self.peak_bytes = peak
-            self.peak_step = dict(rows=step.rows, reqs=step.reqs, max_context=step.max_context,
-                                  prefills=step.prefills, largest_chunk=step.largest_chunk,
-                                  peak_bytes=peak)
+            self.peak_step = dict(step, peak_bytes=peak)
 
     def execute_model(self, scheduler_output, *args, **kwargs):
+        self._charge(self._last)
         step = None
         try:
-            self._charge(self._last)
             rows = int(scheduler_output.total_num_scheduled_tokens)
             reqs = len(scheduler_output.num_scheduled_tokens)
             encoder = getattr(scheduler_output, "scheduled_encoder_inputs", None) or {}
@@ -87,9 +93,13 @@ class StepRecorder:
             if rows:
                 from .guard import step_shape
 
-                step = step_shape(scheduler_output)
+                shape = step_shape(scheduler_output)
                 if not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
-                    self.frontier = frontier_add(self.frontier, step)
+                    self.frontier = frontier_add(self.frontier, shape)
+                if self._meter is not None:
+                    step = dict(rows=shape.rows, reqs=shape.reqs, max_context=shape.max_context,
+                                prefills=shape.prefills, largest_chunk=shape.largest_chunk,
+                                chunk_context=_chunk_context(scheduler_output))
         except Exception as e:  # noqa: BLE001 - recording must never break the replay
             if not self.failed:
                 self.failed = True
@@ -99,19 +109,14 @@ class StepRecorder:
         out = self._execute(scheduler_output, *args, **kwargs)
         if step is not None:
             self._last = step
-            try:
-                self._charge(step)
-            except Exception:  # noqa: BLE001 - as above
-                self._meter = None
+            self._charge(step)
         return out
 
     def remove(self) -> list[dict]:
         """Undo the swap (if nothing replaced it since); the frontier as plain data. The last
         step is charged with what the meter rose by since it returned."""
-        try:
-            self._charge(self._last)
-        except Exception:  # noqa: BLE001 - recording must never break the replay
-            self._meter = None
+        self._charge(self._last)
+        self._meter = None
         # vllm-touch: guard-step-hook
         if vars(self._worker).get("execute_model") == self.execute_model:
             if self._had:
@@ -124,6 +129,19 @@ class StepRecorder:
         """The frontier so far, as plain data (core.guard.StepShape's fields)."""
         return [dict(rows=s.rows, reqs=s.reqs, max_context=s.max_context, prefills=s.prefills)
                 for s in self.frontier]
+
+
+def _chunk_context(scheduler_output) -> int:
+    """The context the step's largest chunk runs on (its request's computed tokens): where
+    step_shape's max_context is a long decode's, this is the prefill's own."""
+    # vllm-touch: guard-step-hook
+    counts = dict(scheduler_output.num_scheduled_tokens)
+    ctx = {getattr(r, "req_id", None): int(r.num_computed_tokens)
+           for r in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    ctx.update(zip(getattr(cached, "req_ids", ()), (int(c) for c in cached.num_computed_tokens)))
+    largest = max(counts, key=counts.get, default=None)
+    return ctx.get(largest, 0)
 
 
 def _pause_guard(worker, paused: bool) -> None:
@@ -167,9 +185,10 @@ def _end(wrapper) -> dict:
     peak_step = recorder.peak_step if recorder is not None else None
     if peak_step is not None:
         log.info("[wcprof] validation: the measured batch's high-water mark (%s above its start) "
-                 "was set by a step of %d rows over %d requests (%d prefills, largest chunk %d) "
-                 "at context %d", fmt_bytes(peak_step["peak_bytes"]), peak_step["rows"],
-                 peak_step["reqs"], peak_step["prefills"], peak_step["largest_chunk"],
+                 "was set by a step of %d rows over %d requests (%d prefills; largest chunk %d "
+                 "rows on context %d; longest context %d)", fmt_bytes(peak_step["peak_bytes"]),
+                 peak_step["rows"], peak_step["reqs"], peak_step["prefills"],
+                 peak_step["largest_chunk"], peak_step["chunk_context"],
                  peak_step["max_context"])
     setattr(worker, _FORMED_ATTR, None)
     _pause_guard(worker, False)
