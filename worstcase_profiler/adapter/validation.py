@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Protocol
 
 from ..core import codec
@@ -55,8 +55,9 @@ class StepRecorder:
         self.peak_step: dict | None = None
         """The step that last raised the meter's high-water mark (StepShape's fields, the
         largest chunk's own `chunk_context`, and `peak_bytes`: the mark above the batch's start,
-        before what the batch leaves live is taken off as `_end` does): read after each step, and again before the next (what a step's sampling
-        allocated after execute_model returned is charged to it). None without a meter."""
+        before what the batch leaves live is taken off as `_end` does): read after each step,
+        and again before the next (what a step's sampling allocated after execute_model
+        returned is charged to it). None without a meter."""
         self._had = "execute_model" in vars(worker)  # another wrapper (the guard) already there
         self._execute = worker.execute_model
         self.frontier: list = []
@@ -97,9 +98,7 @@ class StepRecorder:
                 if not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
                     self.frontier = frontier_add(self.frontier, shape)
                 if self._meter is not None:
-                    step = dict(rows=shape.rows, reqs=shape.reqs, max_context=shape.max_context,
-                                prefills=shape.prefills, largest_chunk=shape.largest_chunk,
-                                chunk_context=_chunk_context(scheduler_output))
+                    step = dict(asdict(shape), chunk_context=_chunk_context(scheduler_output))
         except Exception as e:  # noqa: BLE001 - recording must never break the replay
             if not self.failed:
                 self.failed = True
