@@ -22,14 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 # serialises them like its models, and the descriptions in their fields' metadata (core.types.doc)
 # go into the JSON schema.
 from .core.types import (Admission, Advice, CacheUse, ChunkCap, CoveredSegment,  # noqa: E402
-                         CutDownProof, DeviceInfo, EngineConfig, Fit, KVAudit, Shape,
+                         CutDownProof, DeviceInfo, EngineConfig, Fit, KVAudit, PoolFit, Shape,
                          StepResult, Validation, WarmupAudit, WorkspaceSlot)
 from .core.multimodal import EncoderStep  # noqa: E402
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.14"
+SCHEMA_VERSION = "1.15"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -46,7 +46,8 @@ SCHEMA_VERSION = "1.14"
 # (the context-aware chunk cap: its levels, the KV gained, the throughput lost);
 # fit.applied_max_model_len and fit.applied_why (the setting max_model_len: auto); 1.14: the
 # "multimodal" validation target (the encoder step from requests with images) and validation's
-# modality, encoder_items, encoder_items_formed; it gates before the worst-step one.
+# modality, encoder_items, encoder_items_formed; it gates before the worst-step one; 1.15:
+# worstcase.pool_fit (the worst step fitted to the admitted KV pool, core/pool_fit.py).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -124,6 +125,11 @@ class WorstCase(BaseModel):
         "their outputs held, measured on every start beside the sweep; `peak_activation_bytes` "
         "holds it (`sets_transient`). null for a text-only model, or where it was not built "
         "(the report's warnings say why and which multimodal limits were not profiled)")
+    pool_fit: PoolFit | None = Field(
+        None, description="the sweep's worst step had more requests than the admitted KV pool "
+        "holds: the plan for that pool, its new shapes measured, is what worst_shape and "
+        "peak_activation_bytes hold, and the pool allocated is held at it; null where the "
+        "sweep's plan stands")
 
     @property
     def need_bytes(self) -> int:
@@ -252,7 +258,8 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         sweep_mode=prof.sweep_mode,
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
         stock_excluded=sweep.stock_excluded,
-        cut_down_proof=prof.cut_down_proof, encoder_step=getattr(prof, "encoder", None))
+        cut_down_proof=prof.cut_down_proof, encoder_step=getattr(prof, "encoder", None),
+        pool_fit=sweep.pool_fit)
     # the core Admission with what warm-up was expected to keep, and where that figure came from
     admission = dataclasses.replace(adm, warmup_graphs_bytes=prof.warmup.graphs_bytes,
                                     warmup_source=prof.warmup.source)

@@ -304,3 +304,23 @@ def test_no_step_holds_more_requests_than_their_state_blocks_leave_room_for():
     wide = wide_decode_batch(seed) or decode_batch(seed)
     assert wide.num_reqs <= 27
     assert dataclasses.replace(seed, kv_capacity_tokens=None).max_concurrent_requests is None
+
+
+def test_many_requests_on_one_prefix_under_a_state_are_planned_where_they_fit():
+    """The widest split prefill of a hybrid under MTP (each request: its own block and 6
+    recurrent-state blocks, every block 800 tokens) sits at an extent whose block-aligned prefix
+    and the requests' own blocks fit the pool block by block: the state is not scaled down with
+    the extent (0.33's qwen35 + MTP planned 769 requests at a 7,200-token prefix its 5,385 blocks
+    could not hold beside them; real requests formed 767)."""
+    from worstcase_profiler.core.shapes import split_prefills
+
+    bs = 800
+    for blocks in (5385, 6000, 7000):
+        limits = Limits(131072, 8192, 1024, num_speculative_tokens=2, block_size=bs,
+                        kv_capacity_tokens=blocks * bs, prefix_caching=True,
+                        state_request_tokens=6 * bs)
+        widest = split_prefills(limits, 8192)[-1]
+        n = widest.num_reqs
+        assert n == limits.max_concurrent_requests  # the count the pool bounds
+        prefix = widest.context_len // bs  # the block-aligned prefix requests share
+        assert prefix + n * 7 <= blocks, (blocks, n, widest)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import functools
 import gc
 import logging
 import os
@@ -49,7 +50,7 @@ from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
 from . import kv as kvmod
-from . import advice, chunk_cap, fitting, guard, sweep_cache, warmup
+from . import advice, chunk_cap, fitting, guard, pool_fit, sweep_cache, warmup
 from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
@@ -92,6 +93,10 @@ class StartMeasurement(NamedTuple):
     """The encoder step measured in the sweep, where it ran."""
     encoder_why_not: str = ""
     """Why no encoder step was measured, for a model with a multimodal encoder."""
+    driver: object = None
+    """The step driver the sweep ran on (the pool fit measures on it)."""
+    held: object = None
+    """held(phase): what the process holds now, timed as that phase."""
 
 
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
@@ -100,13 +105,19 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     ranks' disagreement on the plan, after the report is written."""
     session = session_of(worker, settings)
     measured = measure_start(worker, original, settings, session)
-    decided = budget.decide(measured.facts, mode=settings.mode,
-                            margin_bytes=settings.margin_bytes, kv_cap_bytes=settings.kv_cap_bytes,
-                            advise_within=settings.advise_within,
-                            context_ladder=settings.context_ladder,
-                            fit_min_concurrency=settings.fit_min_concurrency,
-                            fit_objective=settings.fit_objective,
-                            auto_max_model_len=settings.auto_max_model_len)
+    decide = functools.partial(budget.decide, mode=settings.mode,
+                               margin_bytes=settings.margin_bytes,
+                               kv_cap_bytes=settings.kv_cap_bytes,
+                               advise_within=settings.advise_within,
+                               context_ladder=settings.context_ladder,
+                               fit_min_concurrency=settings.fit_min_concurrency,
+                               fit_objective=settings.fit_objective,
+                               auto_max_model_len=settings.auto_max_model_len)
+    decided = decide(measured.facts)
+    with session.clock("pool_fit"):  # the worst step fitted to the pool it leaves
+        facts, decided = pool_fit.fit_to_pool(
+            measured.driver, measured.facts, decided, decide, mode=settings.mode,
+            agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops)
     for note in decided.warnings:
         session.warn(note)
     if (note := unprofiled_note(measured.multimodal, measured.encoder,
@@ -122,9 +133,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     if decided.fit is not None and decided.fit.applied_why is not None:
         (log.info if decided.fit.applied_max_model_len else log.error)(
             "[wcprof] %s", decided.fit.applied_why)
-    facts, sweep = measured.facts, measured.facts.sweep
+    sweep = facts.sweep
     with session.clock("plan_check"):
-        fingerprints = gather_plan_fingerprints(sweep.steps)
+        fingerprints = gather_plan_fingerprints(
+            (*sweep.steps, *(sweep.pool_fit.steps if sweep.pool_fit else ())))
     session.record_profile(ProfileResult(
         sweep=sweep, cache=measured.cache, workspace=facts.workspace, warmup=facts.warmup,
         held=facts.held, admission=decided.admission, budget=decided.budget,
@@ -269,7 +281,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
         pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None,
         chunk_cap_measurements=measured_cap, chunk_cap_plan=cap_plan)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
-                            encoder=encoder, encoder_why_not=encoder_why_not)
+                            encoder=encoder, encoder_why_not=encoder_why_not, driver=driver,
+                            held=held)
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,

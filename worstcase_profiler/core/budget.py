@@ -160,9 +160,13 @@ def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
     None. The plan takes vLLM's own budget as an upper bound on the pool (pool_limits), which
     holds while the admitted transient is at least stock's: where the stock step is left out
     (SweepResult.stock_excluded) or the chunk cap admits less, a larger budget would hold more
-    requests at once than any planned step has. Not with an explicit KV size (the plan's)."""
+    requests at once than any planned step has. A sweep fitted to a smaller pool
+    (SweepResult.pool_fit, core/pool_fit.py) plans for that pool: `limits` then carry it. Not
+    with an explicit KV size (the plan's)."""
     tokens = m.limits.kv_capacity_tokens
-    if m.explicit_kv_bytes is not None or not tokens or not (m.sweep.stock_excluded or cap):
+    fitted = m.sweep.pool_fit is not None  # the worst step fitted to a pool: held at it
+    if m.explicit_kv_bytes is not None or not tokens or not (m.sweep.stock_excluded or cap
+                                                               or fitted):
         return None
     return tokens * m.bytes_per_token
 

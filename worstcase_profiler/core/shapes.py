@@ -409,25 +409,31 @@ def split_prefills(limits: Limits, rows: int) -> list[Shape]:
 def _extent_for(limits: Limits, num_reqs: int) -> int:
     """The longest sequence each of `num_reqs` requests can have at once: max_model_len, or what
     the KV capacity lets that many hold when that is smaller. An upper bound (the safe
-    direction): a request at extent E costs at least E * T / R capacity tokens (T =
-    tokens_per_full_request, R = rounded_model_len; T = R without windowed groups), so
-    without prefix caching E <= capacity * R / (n * T), capacity // n when T = R.
+    direction): a request at extent E costs at least E * B / R + S capacity tokens (S =
+    state_request_tokens, a recurrent state's blocks, held whatever E is; B =
+    tokens_per_full_request - S; R = rounded_model_len; B = R without windowed groups), so
+    without prefix caching E <= (capacity - n * S) * R / (n * B), capacity // n when B = R and
+    S = 0.
 
     With prefix caching the requests can share one cached prefix and each own at least one
-    block per group beyond it (block_size capacity tokens), so E * T / R + (n - 1) * block_size
-    <= capacity: max_model_len while the pool holds the shared full-length prefix plus a block
-    per request (n <= max_resident_requests), and above that count still far more than
-    capacity // n, which would plan those steps too short."""
+    block per group beyond it and their state (sibling_tokens), so E * B / R + S + (n - 1) *
+    sibling_tokens <= capacity: max_model_len while the pool holds the shared full-length
+    prefix plus a block per request (n <= max_resident_requests), and above that count still
+    far more than capacity // n, which would plan those steps too short. The state is not
+    scaled down with E: many short requests under speculative decoding are planned at the
+    extent such a pool leaves them, which requests on one cached prefix then reach."""
     if limits.kv_capacity_tokens is None:
         return limits.max_model_len
     resident = limits.max_resident_requests
     if limits.prefix_caching and resident is not None and num_reqs <= resident:
         return limits.max_model_len
-    rounded, per_req = limits.rounded_model_len, limits.tokens_per_full_request
-    extent = limits.kv_capacity_tokens * rounded // (num_reqs * per_req)
+    rounded, state = limits.rounded_model_len, limits.state_request_tokens
+    body = limits.tokens_per_full_request - state
+    cap = limits.kv_capacity_tokens
+    extent = max(0, cap - num_reqs * state) * rounded // (num_reqs * body)
     if limits.prefix_caching:  # never below the private bound (both bound the same steps)
-        shared = limits.kv_capacity_tokens - (num_reqs - 1) * limits.sibling_tokens
-        extent = max(extent, shared * rounded // per_req)
+        shared = cap - (num_reqs - 1) * limits.sibling_tokens - state
+        extent = max(extent, shared * rounded // body)
     return max(1, min(limits.max_model_len, extent))
 
 

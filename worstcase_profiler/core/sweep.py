@@ -477,6 +477,37 @@ def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (
                   seconds=time.perf_counter() - t0, others=others)
 
 
+def admitted_figures(sweep: SweepResult) -> dict[Shape, int]:
+    """Shape -> the figure the sweep's admitted transient counts it at: its largest full-model
+    peak where it ran on the full model (every step of a full sweep; a cut-down sweep's
+    confirmations and its stock step), else its cut-down peak plus depth_delta."""
+    if sweep.depth_delta or sweep.confirmed:  # a cut-down sweep
+        cut = sweep.cut_steps
+        out = {sh: p + sweep.depth_delta for sh, p in largest_peaks(cut).items()}
+        out.update(largest_peaks((*sweep.steps[len(cut):], sweep.stock, *_stock_worst(sweep))))
+        return out
+    return largest_peaks((*sweep.steps, sweep.stock, *_stock_worst(sweep)))
+
+
+def full_model_steps(sweep: SweepResult) -> tuple[StepResult, ...]:
+    """The sweep's readings on the full model: every step of a full sweep, a cut-down sweep's
+    confirmations; its stock step (and the worst, where that is the stock step's highest
+    reading) either way."""
+    ran = sweep.steps[len(sweep.cut_steps):] if (sweep.depth_delta or sweep.confirmed) \
+        else sweep.steps
+    return (*ran, sweep.stock, *_stock_worst(sweep))
+
+
+def certified_bound(sweep: SweepResult, limits: Limits) -> int:
+    """What the admitted transient holds for rows values the chord certificate never ran: a
+    cut-down sweep's certified bound (on its cut steps) plus depth_delta; 0 after a full sweep,
+    whose chord slack covers them."""
+    if not (sweep.depth_delta or sweep.confirmed):
+        return 0
+    return _certified_bound(dataclasses.replace(sweep, steps=sweep.cut_steps, confirmed=0),
+                            limits) + sweep.depth_delta
+
+
 def _stock_worst(sweep: SweepResult) -> tuple[StepResult, ...]:
     """The sweep's worst step when it is the stock step (its highest reading), else nothing."""
     return (sweep.worst,) if sweep.worst.shape.kind == "stock" else ()
@@ -495,13 +526,7 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     step drifts nothing where the cached sweep left it out: SweepResult.stock_excluded).
     A stock step read several times (stock_readings) is compared like with like: the cached
     worst, when it is the stock step, is its highest reading, as the replay's step is."""
-    if cached.depth_delta or cached.confirmed:  # a cut-down sweep
-        cut = cached.cut_steps
-        before = {sh: p + cached.depth_delta for sh, p in largest_peaks(cut).items()}
-        before.update(largest_peaks((*cached.steps[len(cut):], cached.stock,
-                                     *_stock_worst(cached))))
-    else:
-        before = largest_peaks((*cached.steps, cached.stock, *_stock_worst(cached)))
+    before = admitted_figures(cached)
 
     def bound(r: StepResult) -> int:
         if r.shape in before:

@@ -124,6 +124,28 @@ def certified_count(segments: Iterable, executed_rows: Iterable[int]) -> int:
     return total
 
 
+@dataclass(frozen=True, kw_only=True)
+class PoolFit:
+    """The worst step fitted to the KV pool the admission leaves (core/pool_fit.py). The sweep
+    plans for vLLM's own budget, an upper bound on the pool; where its worst shape has more
+    requests than the admitted pool holds (a hybrid's recurrent state under speculative decoding
+    holds blocks of every request), that step is never formed. The plan for the admitted pool
+    replaces it: its new shapes measured on the full model, the largest shape it keeps admitted,
+    and the pool allocated never above the plan's (more blocks would hold wider steps)."""
+
+    planned_pool_tokens: int = doc("the KV pool the sweep planned for (vLLM's own budget), in "
+                                   "capacity tokens")
+    pool_tokens: int = doc("the pool the fitted plan holds: what is allocated never exceeds it")
+    swept_worst: Shape = doc("the sweep's worst shape, which that pool cannot hold")
+    swept_peak_bytes: int = doc("the transient the sweep admitted for it")
+    dropped: tuple[Shape, ...] = doc("the planned shapes that pool cannot hold (not counted)")
+    steps: tuple[StepResult, ...] = doc("every step the fit measured on the full model, in "
+                                        "order: each round's shapes the sweep had not run (the "
+                                        "fitted plan counts the ones it holds)")
+    rounds: int = doc("plans fitted: the second plans for the pool the first one's transient "
+                      "leaves, capped at the pool it leaves in turn")
+
+
 @dataclass(frozen=True)
 class SweepResult:
     """The worst-case sweep: the stock step, every executed step in order, and the admitted
@@ -150,6 +172,9 @@ class SweepResult:
     stock_excluded: str | None = None
     """Why the stock step is left out of `worst` and `peak_bytes` (shapes.stock_excluded_why:
     it never runs beside the KV cache); None where it counts. `stock` is measured either way."""
+    pool_fit: PoolFit | None = None
+    """The worst step fitted to the admitted pool (core/pool_fit.py): `worst` and `peak_bytes`
+    are then the fitted plan's; None where the sweep's plan stands (the usual case)."""
 
     @property
     def cut_steps(self) -> tuple[StepResult, ...]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from ..core.admission import least_of, null_block_text
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
+from ..core.pool_fit import fit_text
 from ..core.replay_rules import replay_reached, validation_exceeded
 from ..core.timing import profiler_phases
 from ..report import Report, Shape, StepResult, Verdict
@@ -224,6 +225,9 @@ def details(report: Report) -> list[Detail]:
     if wc.stock_excluded:
         out.append(Detail("stock-excluded", f"stock step not in the worst case: "
                                             f"{wc.stock_excluded}"))
+    if wc.pool_fit is not None:
+        out.append(Detail("pool-fit", fit_text(wc.pool_fit, wc.worst_shape,
+                                               wc.peak_activation_bytes)))
     if report.chunk_cap is not None:
         out.append(Detail("chunk-cap", chunk_cap_text(report.chunk_cap)))
     if wc.sweep_mode not in ("full", ""):

@@ -1,0 +1,196 @@
+"""The worst step fitted to the admitted KV pool (core/pool_fit.py, adapter/pool_fit.py), on a
+fake driver whose step transient grows with its requests, as the GDN kernels' do under MTP, and
+the real budget decision: no vLLM, no torch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from worstcase_profiler.adapter.pool_fit import fit_to_pool
+from worstcase_profiler.core import budget
+from worstcase_profiler.core import pool_fit as core
+from worstcase_profiler.core import shapes as plan
+from worstcase_profiler.core.shapes import Limits
+from worstcase_profiler.core.sweep import run_cut_down, run_sweep
+from worstcase_profiler.core.types import HeldMemory, WarmupEstimate, Workspace
+
+from test_sweep import FakeDriver
+
+KiB, MiB = 1 << 10, 1 << 20
+BPT = KiB  # bytes per capacity token
+# A hybrid under MTP k=2: each request holds 3 recurrent-state blocks beside a block of its own,
+# so the pool bounds how many share a step: 12,800 tokens hold 200 (12,800 // (16 + 48)).
+LIMITS = Limits(max_model_len=4096, max_num_batched_tokens=1024, max_num_seqs=256,
+                num_speculative_tokens=2, block_size=16, kv_capacity_tokens=12_800,
+                prefix_caching=True, state_request_tokens=48)
+
+
+def per_request(shape) -> int:
+    """A transient that grows with the step's requests (64 KiB each) and its rows (1 KiB each)."""
+    return shape.num_reqs * 64 * KiB + shape.rows * KiB
+
+
+def one_chunk(shape) -> int:
+    """A transient set by rows alone: the single full chunk is the worst."""
+    return shape.rows * 64 * KiB
+
+
+def measured(sweep, *, consumed: int) -> budget.Measured:
+    return budget.Measured(
+        limits=LIMITS, sweep=sweep,
+        held=HeldMemory(requested_bytes=64 * MiB, consumed_bytes=consumed, weights_bytes=0,
+                        non_torch_bytes=0),
+        workspace=Workspace(), warmup=WarmupEstimate(), stock_kv_bytes=12_800 * BPT,
+        bytes_per_token=BPT, one_request_bytes=4096 * BPT, explicit_kv_bytes=None,
+        tolerance_bytes=0)
+
+
+def decide(m: budget.Measured) -> budget.Decided:
+    return budget.decide(m, mode="enforce", margin_bytes=0)
+
+
+def fitted_start(transient, consumed: int, **kw):
+    driver = FakeDriver(LIMITS, transient=transient)
+    sweep = run_sweep(driver, tolerance=0, attribute_ops=False)
+    facts = measured(sweep, consumed=consumed)
+    first = decide(facts)
+    driver.shapes.clear()
+    kw.setdefault("attribute", False)
+    facts2, second = fit_to_pool(driver, facts, first, decide, mode="enforce", **kw)
+    return driver, facts, first, facts2, second
+
+
+# 64 MiB requested, 64 MiB - 10 MiB consumed less the worst step: the admitted pool holds about
+# 10 MiB of KV (10,240 tokens, 160 requests at once) where the sweep planned for 12,800 (200).
+CONSUMED = 64 * MiB - 10 * MiB - 200 * 64 * KiB - 1024 * KiB
+
+
+def test_a_worst_step_wider_than_the_admitted_pool_is_fitted_to_it():
+    driver, facts, first, facts2, second = fitted_start(per_request, CONSUMED)
+    assert facts.sweep.worst.shape.num_reqs == 200  # what vLLM's own budget would hold
+    fit = facts2.sweep.pool_fit
+    assert fit is not None and fit.swept_worst == facts.sweep.worst.shape
+    assert fit.swept_worst in fit.dropped
+    # never less KV than the sweep's plan gave, and the transient is the fitted plan's
+    assert second.budget.budget_bytes >= first.budget.budget_bytes
+    assert facts2.sweep.peak_bytes < facts.sweep.peak_bytes
+    # the allocation is held at the pool the fitted plan is for ...
+    pool = second.budget.budget_bytes // BPT
+    assert pool <= fit.pool_tokens == facts2.limits.kv_capacity_tokens
+    # ... and every shape the scheduler can form in the allocated pool is covered
+    allocated = dataclasses.replace(LIMITS, kv_capacity_tokens=pool)
+    for shape in plan.extra_steps(allocated, facts.sweep.coverage.worst_rows):
+        assert per_request(shape) <= facts2.sweep.peak_bytes, shape
+    # the worst step is one that pool forms: its requests are what it holds at once, give or
+    # take the few the second round's smaller transient let in
+    held_at_once = allocated.max_concurrent_requests
+    worst = facts2.sweep.worst.shape
+    assert held_at_once <= worst.num_reqs <= held_at_once + 8
+    # the added shapes were measured, once each, and are in the record
+    assert driver.shapes and len(driver.shapes) == len(set(driver.shapes))
+    assert {r.shape for r in fit.steps} == set(driver.shapes)
+
+
+def test_the_second_round_gives_back_what_the_first_held_back():
+    _, _, first, facts2, second = fitted_start(per_request, CONSUMED)
+    assert facts2.sweep.pool_fit.rounds == 2
+    assert second.budget.budget_bytes > first.budget.budget_bytes
+
+
+def test_a_worst_step_the_pool_holds_is_left_alone():
+    driver, facts, first, facts2, second = fitted_start(one_chunk, CONSUMED)
+    assert facts.sweep.worst.shape.num_reqs == 1
+    assert facts2 is facts and second is first and driver.shapes == []
+
+
+@pytest.mark.parametrize("mode", ["report"])
+def test_outside_enforce_mode_nothing_is_fitted(mode):
+    driver = FakeDriver(LIMITS, transient=per_request)
+    facts = measured(run_sweep(driver, tolerance=0, attribute_ops=False), consumed=CONSUMED)
+    first = budget.decide(facts, mode=mode, margin_bytes=0)
+    out = fit_to_pool(driver, facts, first, decide, mode=mode)
+    assert out == (facts, first)
+
+
+def test_an_explicit_kv_size_is_the_pool_planned_and_is_not_fitted():
+    driver = FakeDriver(LIMITS, transient=per_request)
+    facts = dataclasses.replace(measured(run_sweep(driver, tolerance=0, attribute_ops=False),
+                                         consumed=CONSUMED), explicit_kv_bytes=8 * MiB)
+    first = decide(facts)
+    assert fit_to_pool(driver, facts, first, decide, mode="enforce") == (facts, first)
+
+
+def test_what_the_fit_leaves_held_is_subtracted():
+    readings = iter([100 * MiB, 100 * MiB + 3 * MiB])
+    _, _, _, facts2, _ = fitted_start(per_request, CONSUMED,
+                                      held=lambda phase: next(readings))
+    assert facts2.held.consumed_bytes == CONSUMED + 3 * MiB
+
+
+def test_the_attributed_worst_names_its_op():
+    _, _, _, facts2, _ = fitted_start(per_request, CONSUMED, attribute=True)
+    assert facts2.sweep.worst_op == "op"  # the fake driver's attribution
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_refit_over_the_sweeps_own_plan_admits_what_the_sweep_admitted(cut):
+    """The refit's formula over an unchanged plan is the sweep's own: full and cut-down."""
+    driver = FakeDriver(LIMITS, transient=per_request)
+    if cut:
+        driver.cut_down = _no_cut
+        sweep, _ = run_cut_down(driver, tolerance=0, attribute_ops=False,
+                                allocator_slack=2 * MiB)
+        assert sweep.confirmed
+    else:
+        sweep = run_sweep(driver, tolerance=0, attribute_ops=False, allocator_slack=2 * MiB)
+    same = core.Replan(limits=LIMITS, added=(), dropped=())
+    out = core.refit(sweep, LIMITS, same, (), allocator_slack=2 * MiB)
+    assert out.peak_bytes == sweep.peak_bytes and out.worst == sweep.worst
+
+
+def test_a_pool_no_smaller_than_planned_is_no_replan():
+    assert core.replan(LIMITS, 1024, 12_800) is None
+    assert core.replan(dataclasses.replace(LIMITS, kv_capacity_tokens=None), 1024, 10) is None
+    smaller = core.replan(LIMITS, 1024, 10_240)
+    assert smaller is not None and smaller.dropped and smaller.added
+    assert all(s.num_reqs <= 160 for s in smaller.added)
+
+
+def test_the_line_says_what_was_fitted():
+    _, _, _, facts2, _ = fitted_start(per_request, CONSUMED)
+    line = core.fit_line(facts2.sweep)
+    assert "reqs=200" in line and f"{facts2.sweep.pool_fit.pool_tokens:,}" in line
+
+
+class _no_cut:
+    """A cut_down() that keeps the whole fake model (the figures are the shape's either way)."""
+
+    def __init__(self):
+        pass
+
+    def __enter__(self):
+        return "1 of 1 layers"
+
+    def __exit__(self, *exc):
+        return False
+
+
+def stepped(shape) -> int:
+    """A transient that jumps at 175 requests (a kernel's split changing): the second round's
+    line, through 200 and 160 requests, lands above the jump and overshoots."""
+    return shape.rows * KiB + shape.num_reqs * 4 * KiB + (3 * MiB if shape.num_reqs >= 175 else 0)
+
+
+@pytest.mark.parametrize("transient,rounds", [(per_request, 2), (stepped, 3)])
+def test_the_last_round_allocates_exactly_the_pool_it_planned(transient, rounds):
+    """The answer's allocation is the fitted plan's pool, so its worst step is one that pool
+    holds: the second round where the line met the fixed point, else a third that settles
+    where the second one's transient leaves the pool."""
+    consumed = 64 * MiB - 10 * MiB - transient(plan.Shape("prefill", 1024, 0, 200))
+    _, _, first, facts2, second = fitted_start(transient, consumed)
+    fit = facts2.sweep.pool_fit
+    assert fit.rounds == rounds
+    assert -(-second.budget.budget_bytes // BPT) == fit.pool_tokens
+    assert second.budget.budget_bytes > first.budget.budget_bytes

@@ -1,0 +1,99 @@
+"""The worst step fitted to the admitted KV pool, on the engine (core/pool_fit.py has the why).
+
+fit_to_pool runs after the start's first decision: it plans for the pool that decision leaves,
+measures the shapes that plan adds on the same driver and provisional KV cache as the sweep,
+and decides again, at most ROUNDS times. Every rank plans for the largest pool any rank left
+(the safe direction: each rank's allocation is held at or below it) and stops where any rank
+stops, so the ranks measure the same steps in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable
+
+from ..core import pool_fit as core
+from ..core.budget import Decided, Measured
+from ..core.sweep import cannot_build
+from ..core.types import Shape, StepResult
+
+log = logging.getLogger("vllm.wcprof")
+
+ROUNDS = 3
+"""The first round plans for the pool the sweep's admission left; the second where the pool a
+plan's transient leaves meets the pool it plans for (core/pool_fit.next_pool); the third, where
+the second overshot, for the pool the second one's transient leaves (core/pool_fit.py)."""
+
+
+def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Measured], Decided],
+                *, mode: str, agree_max: Callable[[int], int] | None = None,
+                held: Callable[[str], int] | None = None, attribute: bool = True
+                ) -> tuple[Measured, Decided]:
+    """(facts, decision) with the worst step fitted to the admitted pool, or the ones given
+    where the sweep's plan stands: its worst shape fits the pool, the start is refused, the
+    pool is not the admission's (report mode, an explicit KV size, the chunk cap's plan), or
+    no pool was planned. `held(phase)` reads what the process holds: what the fit's steps
+    leave behind is added to the consumed memory the second decision subtracts."""
+    limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
+    if (mode != "enforce" or decided.budget.error is not None or not bpt
+            or facts.explicit_kv_bytes is not None or facts.chunk_cap_plan is not None
+            or limits.kv_capacity_tokens is None or sweep.pool_fit is not None):
+        return facts, decided
+    agree = agree_max or (lambda v: v)
+    slack = facts.allocator_slack_bytes
+    readings: dict[Shape, StepResult] = {}
+    skipped: dict[Shape, str] = {}
+    best: tuple[Measured, Decided] | None = None
+    tokens = agree(-(-decided.budget.budget_bytes // bpt))
+    before = held("pool_fit.before") if held is not None else 0
+    for rounds in range(1, ROUNDS + 1):
+        fitted = core.replan(limits, sweep.coverage.worst_rows, tokens)
+        if fitted is None or (best is None and sweep.worst.shape not in fitted.dropped):
+            break
+        with driver.provisional_kv():
+            for shape in fitted.added:
+                if shape in readings or shape in skipped:
+                    continue
+                why = cannot_build(driver, shape)
+                if why is not None:
+                    skipped[shape] = why
+                else:
+                    readings[shape] = driver.measure(shape)
+        refit = core.refit(sweep, limits, fitted,
+                           [readings[s] for s in fitted.added if s in readings],
+                           allocator_slack=slack, rounds=rounds,
+                           skipped=[(s, skipped[s]) for s in fitted.added if s in skipped],
+                           ran=readings.values())
+        trial = dataclasses.replace(facts, limits=fitted.limits, sweep=refit)
+        answer = decide(trial)
+        if agree(int(answer.budget.error is not None)):
+            break
+        best = (trial, answer)
+        # the pool this round's transient leaves under the sweep's own plan
+        left = agree(-(-decide(dataclasses.replace(
+            facts, sweep=dataclasses.replace(refit, pool_fit=None))).budget.budget_bytes // bpt))
+        if rounds == 1:  # next: where the pool left meets the pool planned
+            nxt = core.next_pool(limits.kv_capacity_tokens, tokens, left)
+            if nxt <= tokens:
+                break  # this transient leaves no more than the pool planned
+            tokens = nxt
+        elif left >= tokens:
+            break  # the allocation is this plan's pool: its worst step is one that pool forms
+        else:
+            tokens = left  # the line overshot: settle where this transient leaves the pool
+    if best is None:
+        return facts, decided
+    trial, answer = best
+    worst = trial.sweep.worst
+    if attribute and worst.shape in readings and worst.shape.kind != "stock":
+        with driver.provisional_kv():
+            top = driver.measure(worst.shape, attribute=True).top_op
+        trial = dataclasses.replace(trial, sweep=dataclasses.replace(trial.sweep, worst_op=top))
+    grown = max(0, held("pool_fit.after") - before) if held is not None else 0
+    if grown:  # what the fit's steps left behind is held, as the sweep's residue is
+        trial = dataclasses.replace(trial, held=dataclasses.replace(
+            trial.held, consumed_bytes=trial.held.consumed_bytes + grown))
+        answer = decide(trial)
+    log.info("[wcprof] %s", core.fit_line(trial.sweep))
+    return trial, answer

@@ -1,0 +1,130 @@
+"""The worst step fitted to the KV pool the admission leaves, pure.
+
+The sweep plans its shapes for vLLM's own KV budget (adapter/startup.pool_limits): an upper bound
+on the pool while the admitted transient is at least stock's. A shape whose request count the
+pool bounds (requests under speculative decoding each holding 1 + k blocks of a recurrent state;
+prefills lined up on a shared cached prefix) is then planned for more requests than the admitted
+pool holds. Where that shape is the worst, the admission reserves for a step no scheduler forms,
+and a replay of it from real requests forms only what the pool holds (docs/sweep.md has the
+measured case).
+
+The fit (adapter/pool_fit.fit_to_pool drives it):
+  1. `replan`: the plan for the admitted pool; the shapes it adds (never measured) and drops (the
+     pool cannot hold them);
+  2. the added shapes are measured on the full model;
+  3. `refit`: the admitted transient over the shapes the fitted plan keeps, the chord and
+     allocator slack as the sweep added them; the allocation is then held at the fitted plan's
+     pool (budget.planned_pool), so no wider step than was measured can form.
+A second round plans for the pool between the first's and the sweep's where the pool its transient
+leaves meets the pool it plans for (`next_pool`), held at the smaller of the two: every round's
+answer is safe (its transient covers every shape of a pool at least the allocated one), and the
+second gives back most of what the first held back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable
+
+from ..sizes import fmt_bytes
+from . import shapes as plan
+from .shapes import Limits
+from .sweep import admitted_figures, certified_bound, full_model_steps
+from .types import PoolFit, Shape, StepResult, SweepResult
+
+
+@dataclass(frozen=True)
+class Replan:
+    """The plan for a smaller pool, against the sweep's."""
+
+    limits: Limits
+    """The sweep's limits with the pool's capacity."""
+    added: tuple[Shape, ...]
+    """Its shapes the sweep's plan did not have, in plan order."""
+    dropped: tuple[Shape, ...]
+    """The sweep's plan's shapes it does not have: the pool cannot hold them."""
+
+
+def replan(limits: Limits, worst_rows: int, pool_tokens: int) -> Replan | None:
+    """The plan for a pool of `pool_tokens` capacity tokens (Limits.kv_capacity_tokens' unit),
+    or None where that pool is not smaller than the one planned (or none was). Only the shapes
+    beside the rows curve depend on the pool (shapes.extra_steps at the sweep's worst rows); the
+    prefill chunks and the context ladder are one request each. The stock step is not
+    re-judged: where it counted, it still counts."""
+    if limits.kv_capacity_tokens is None or pool_tokens >= limits.kv_capacity_tokens:
+        return None
+    fitted = dataclasses.replace(limits, kv_capacity_tokens=max(1, pool_tokens))
+    before = plan.extra_steps(limits, worst_rows)
+    after = plan.extra_steps(fitted, worst_rows)
+    return Replan(limits=fitted, added=tuple(s for s in after if s not in before),
+                  dropped=tuple(s for s in before if s not in after))
+
+
+def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable[StepResult],
+          *, allocator_slack: int = 0, rounds: int = 1,
+          skipped: Iterable[tuple[Shape, str]] = (),
+          ran: Iterable[StepResult] | None = None) -> SweepResult:
+    """`sweep` admitted for the fitted plan: `measured` holds the full-model readings of the
+    plan's added shapes (those the driver could build; the others in `skipped`, with why).
+
+    The admitted transient is every kept shape at the figure the sweep counted it at
+    (sweep.admitted_figures) and every added one at its reading, the largest plus the chord
+    certificate's slack, never below a cut-down sweep's certified bound, plus `allocator_slack`:
+    the sweep's own formula over the fitted plan's shapes. The worst step is the largest
+    full-model reading it keeps (by need, then peak); `worst_op` stays only where the worst shape
+    does. `limits`: the sweep's (its rows curve's shapes). `ran`: every step the fit measured,
+    earlier rounds' included, for the record (default `measured`)."""
+    measured = tuple(measured)
+    dropped = set(fitted.dropped)
+    figures = admitted_figures(sweep)
+    for r in measured:
+        figures[r.shape] = max(figures.get(r.shape, 0), r.peak_bytes)
+    counted = [p for sh, p in figures.items()
+               if sh not in dropped and not (sweep.stock_excluded and sh.kind == "stock")]
+    chord = max(0, sweep.coverage.bound - sweep.coverage.worst_peak)
+    peak = max(max(counted) + chord, certified_bound(sweep, limits)) + max(0, allocator_slack)
+    readings = [r for r in (*full_model_steps(sweep), *measured) if r.shape not in dropped
+                and not (sweep.stock_excluded and r.shape.kind == "stock")]
+    worst = max(readings, key=lambda r: (r.need_bytes, r.peak_bytes))
+    fit = PoolFit(planned_pool_tokens=int(limits.kv_capacity_tokens or 0),
+                  pool_tokens=int(fitted.limits.kv_capacity_tokens or 0),
+                  swept_worst=sweep.worst.shape, swept_peak_bytes=sweep.peak_bytes,
+                  dropped=fitted.dropped, steps=measured if ran is None else tuple(ran),
+                  rounds=rounds)
+    return dataclasses.replace(
+        sweep, worst=worst, peak_bytes=peak, pool_fit=fit,
+        worst_op=sweep.worst_op if worst.shape == sweep.worst.shape else worst.top_op,
+        skipped=(*sweep.skipped, *(s for s in skipped if s not in sweep.skipped)))
+
+
+def next_pool(planned: int, first: int, after_first: int) -> int:
+    """The pool the second round plans for (capacity tokens): where the line through the two
+    rounds' (pool planned, pool its transient leaves) points, (planned, first) and (first,
+    after_first), meets pool planned = pool left. A pool left grows as the plan's pool shrinks
+    (fewer requests a step, less transient), so the fixed point lies between `first` and
+    `planned`, and the line's is its estimate; no estimate is trusted for safety (the round's
+    allocation is held at its plan's pool either way), only for how much KV the round gives
+    back. `first` where the first round's transient leaves no more than it."""
+    if after_first <= first or planned <= first:
+        return first
+    slope = (after_first - first) / (planned - first)
+    return max(first, min(planned - 1, int((first + slope * planned) / (1 + slope))))
+
+
+def fit_line(sweep: SweepResult) -> str | None:
+    """What the fit did, in one line (the log's), or None where the sweep's plan stands."""
+    if sweep.pool_fit is None:
+        return None
+    return fit_text(sweep.pool_fit, sweep.worst.shape, sweep.peak_bytes)
+
+
+def fit_text(fit: PoolFit, worst: Shape, peak_bytes: int) -> str:
+    """The fit in one line, from its record and the worst step it admitted (the log and the
+    report's renderers say the same)."""
+    return (f"worst step fitted to the KV pool: the sweep's ({fit.swept_worst.label()}, "
+            f"{fmt_bytes(fit.swept_peak_bytes)} admitted) has more requests than the admitted "
+            f"pool holds ({fit.pool_tokens:,} of the {fit.planned_pool_tokens:,} tokens "
+            f"planned); the plan for that pool admits {fmt_bytes(peak_bytes)} at "
+            f"{worst.label()} ({len(fit.steps)} step(s) measured, {fit.rounds} round(s)), and "
+            f"the pool is held at it")
