@@ -46,3 +46,13 @@ if [ -d "$SITE/tilelang" ]; then
   done
   unset _wcp_jit _wcp_mark
 fi
+# Triton's kernel cache goes to /tmp too (its default is under $HOME). One brought back from an
+# earlier host (`tar -czf - -C /tmp triton_cache | split -b 15m - $OUT/triton-cache.tgz.part`,
+# kept here as .kcache214/ and carried) is unpacked once, so the GDN and sampler kernels do not
+# compile again inside a case's time (they are keyed by source, arguments and the GPU).
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache}
+if ls .kcache*/triton-cache.tgz.part* >/dev/null 2>&1 && [ ! -f "$TRITON_CACHE_DIR/.from-kcache" ]; then
+  mkdir -p "$TRITON_CACHE_DIR" && cat .kcache*/triton-cache.tgz.part* \
+    | tar -xzf - -C "$TRITON_CACHE_DIR" --strip-components=1 \
+    && touch "$TRITON_CACHE_DIR/.from-kcache" && echo "env.sh: Triton cache from .kcache" >&2
+fi
