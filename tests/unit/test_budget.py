@@ -37,7 +37,8 @@ def _measured(**kw) -> budget.Measured:
                                 weights_bytes=8 * GiB, non_torch_bytes=1 * GiB),
                 workspace=Workspace(), warmup=WarmupEstimate(graphs_bytes=512 * MiB),
                 stock_kv_bytes=28 * GiB, bytes_per_token=BPT, one_request_bytes=ONE_REQUEST,
-                explicit_kv_bytes=None, tolerance_bytes=MiB)
+                explicit_kv_bytes=None, tolerance_bytes=MiB,
+                alloc_conf="expandable_segments:True")
     base.update(kw)
     return budget.Measured(**base)
 
@@ -50,6 +51,25 @@ def test_enforce_admits_what_is_left_after_the_worst_step_warm_up_and_margin():
     assert d.budget.reason == "worst-case budget" and d.budget.error is None and d.advice is None
     assert d.admission.kv_tokens_worstcase == (want // (BPT * 16)) * 16
     assert d.warnings == ()  # on CUDA the budget does not follow free host memory
+
+
+@pytest.mark.parametrize("conf,warned", [(None, True), ("", True),
+                                         ("expandable_segments:False", True),
+                                         ("max_split_size_mb:512", True),
+                                         ("expandable_segments:True", False),
+                                         ("garbage_collection_threshold:0.8, "
+                                          "expandable_segments:True", False)])
+def test_cuda_without_expandable_segments_says_what_the_admission_does_not_bound(conf, warned):
+    """A held card can still run out of memory between segments (fragmentation): no step's
+    peak measures it, so the report says so and names the setting, on CUDA only."""
+    d = budget.decide(_measured(alloc_conf=conf), mode="enforce", margin_bytes=256 * MiB)
+    notes = [w for w in d.warnings if "expandable segments" in w]
+    assert bool(notes) == warned
+    if warned:
+        assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in notes[0]
+    cpu = budget.decide(_measured(alloc_conf=conf, device_kind="cpu", explicit_kv_bytes=GiB),
+                        mode="enforce", margin_bytes=256 * MiB)
+    assert not [w for w in cpu.warnings if "expandable segments" in w]
 
 
 def test_a_cpu_budget_without_an_explicit_size_says_it_follows_free_host_memory():

@@ -21,9 +21,13 @@ class Meter:
 
     def __init__(self):
         self.high = 0
+        self.held = 40  # what the process holds (in_use)
 
     def peak(self):
         return self.high
+
+    def in_use(self):
+        return self.held
 
 
 def _worker(meter, costs):
@@ -89,4 +93,34 @@ def test_the_step_is_named_in_the_ranks_answer(monkeypatch):
     worker.execute_model(sched({"a": 64}, {"a": 300}))
     out = validation._end(worker)
     assert out["peak_step"] == dict(rows=64, reqs=1, max_context=300, prefills=1,
-                                    largest_chunk=64, chunk_context=300, peak_bytes=7)
+                                    largest_chunk=64, chunk_context=300, start_bytes=0,
+                                    peak_bytes=7)
+
+
+def test_what_earlier_steps_left_live_is_told_apart_from_the_steps_own():
+    """A step that begins above the batch's start carries what earlier steps left live: the
+    record says how far above, so a mark above the prediction can be told apart from a step
+    that needed more (the traffic check's +2 MiB on dsv32_bf16)."""
+    meter = Meter()
+    worker = _worker(meter, {8192: 100, 8193: 105})
+    rec = StepRecorder(worker, meter)
+    worker.execute_model(sched({"a": 8192}, {"a": 0}))
+    meter.held += 6  # the first step's outputs, still live when the next one begins
+    worker.execute_model(sched({"d": 1, "c": 8192}, {"d": 131066, "c": 24581}, new=False))
+    rec.remove()
+    assert rec.peak_step["rows"] == 8193 and rec.peak_step["start_bytes"] == 6
+
+
+def test_a_meter_without_in_use_still_names_the_step():
+    class Bare:
+        high = 0
+
+        def peak(self):
+            return self.high
+
+    meter = Bare()
+    worker = _worker(meter, {64: 7})
+    rec = StepRecorder(worker, meter)
+    worker.execute_model(sched({"a": 64}, {"a": 0}))
+    rec.remove()
+    assert rec.peak_step["peak_bytes"] == 7 and rec.peak_step["start_bytes"] is None

@@ -32,20 +32,27 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
                 ) -> tuple[Measured, Decided]:
     """(facts, decision) with the worst step fitted to the admitted pool, or the ones given
     where the sweep's plan stands: its worst shape fits the pool, the start is refused, the
-    pool is not the admission's (report mode, an explicit KV size, the chunk cap's plan), or
-    no pool was planned. `held(phase)` reads what the process holds: what the fit's steps
+    pool is not the admission's (report mode, the chunk cap's plan), or no pool was planned.
+    The pool fitted is the usable one (core.usable_tokens: whole blocks, the null block held
+    back); an explicit KV size is that pool, and the plan fits it the same way. `held(phase)` reads what the process holds: what the fit's steps
     leave behind is added to the consumed memory the second decision subtracts."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     if (mode != "enforce" or decided.budget.error is not None or not bpt
-            or facts.explicit_kv_bytes is not None or facts.chunk_cap_plan is not None
-            or limits.kv_capacity_tokens is None or sweep.pool_fit is not None):
+            or facts.chunk_cap_plan is not None or limits.kv_capacity_tokens is None
+            or sweep.pool_fit is not None):
         return facts, decided
     agree = agree_max or (lambda v: v)
+
+    def usable(budget_bytes: int) -> int:  # every rank plans for the largest pool any rank has
+        return agree(core.usable_tokens(budget_bytes, bytes_per_token=bpt,
+                                        pool_block_bytes=facts.pool_block_bytes,
+                                        block_size=limits.block_size))
+
     slack = facts.allocator_slack_bytes
     readings: dict[Shape, StepResult] = {}
     skipped: dict[Shape, str] = {}
     best: tuple[Measured, Decided] | None = None
-    tokens = agree(-(-decided.budget.budget_bytes // bpt))
+    tokens = usable(decided.budget.budget_bytes)
     before = held("pool_fit.before") if held is not None else 0
     for rounds in range(1, ROUNDS + 1):
         fitted = core.replan(limits, sweep.coverage.worst_rows, tokens)
@@ -71,8 +78,8 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
             break
         best = (trial, answer)
         # the pool this round's transient leaves under the sweep's own plan
-        left = agree(-(-decide(dataclasses.replace(
-            facts, sweep=dataclasses.replace(refit, pool_fit=None))).budget.budget_bytes // bpt))
+        left = usable(decide(dataclasses.replace(
+            facts, sweep=dataclasses.replace(refit, pool_fit=None))).budget.budget_bytes)
         if rounds == 1:  # next: where the pool left meets the pool planned
             nxt = core.next_pool(limits.kv_capacity_tokens, tokens, left)
             if nxt <= tokens:

@@ -120,6 +120,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
             agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops)
     for note in decided.warnings:
         session.warn(note)
+        log.warning("[wcprof] %s", note)
     if (note := unprofiled_note(measured.multimodal, measured.encoder,
                                 measured.encoder_why_not)) is not None:
         session.warn(note)  # never a silent figure: the multimodal limits not covered
@@ -279,7 +280,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
         fit_measurements=measured_fit, device_total_bytes=session.facts.device.total_bytes,
         gpu_memory_utilization=session.facts.config.gpu_memory_utilization,
         pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None,
-        chunk_cap_measurements=measured_cap, chunk_cap_plan=cap_plan)
+        chunk_cap_measurements=measured_cap, chunk_cap_plan=cap_plan,
+        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF")))
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not, driver=driver,
                             held=held)

@@ -54,10 +54,14 @@ class StepRecorder:
         self.peak_bytes = 0
         self.peak_step: dict | None = None
         """The step that last raised the meter's high-water mark (StepShape's fields, the
-        largest chunk's own `chunk_context`, and `peak_bytes`: the mark above the batch's start,
-        before what the batch leaves live is taken off as `_end` does): read after each step,
-        and again before the next (what a step's sampling allocated after execute_model
-        returned is charged to it). None without a meter."""
+        largest chunk's own `chunk_context`, `start_bytes`: what the process held when the step
+        began above what it held when the batch began, and `peak_bytes`: the mark above the
+        batch's start, before what the batch leaves live is taken off as `_end` does): read
+        after each step, and again before the next (what a step's sampling allocated after
+        execute_model returned is charged to it). None without a meter. A step that began above
+        the batch's start carries what earlier steps left live (buffers grown, outputs not yet
+        freed) beside its own transient."""
+        self._held = self._in_use()
         self._had = "execute_model" in vars(worker)  # another wrapper (the guard) already there
         self._execute = worker.execute_model
         self.frontier: list = []
@@ -66,6 +70,13 @@ class StepRecorder:
         self.failed = False
         # vllm-touch: guard-step-hook
         worker.execute_model = self.execute_model
+
+    def _in_use(self) -> int | None:
+        """What the process holds now (the meter's in_use), or None where it cannot say."""
+        try:
+            return int(self._meter.in_use()) if self._meter is not None else None
+        except Exception:  # noqa: BLE001 - recording must never break the replay
+            return None
 
     def _charge(self, step: dict | None) -> None:
         """Read the meter; where it rose, `step` set the new high-water mark. A meter that
@@ -98,7 +109,10 @@ class StepRecorder:
                 if not any(s.rows > rows and s.reqs > reqs for s in self.frontier):
                     self.frontier = frontier_add(self.frontier, shape)
                 if self._meter is not None:
-                    step = dict(asdict(shape), chunk_context=_chunk_context(scheduler_output))
+                    now = self._in_use()
+                    step = dict(asdict(shape), chunk_context=_chunk_context(scheduler_output),
+                                start_bytes=None if now is None or self._held is None
+                                else now - self._held)
         except Exception as e:  # noqa: BLE001 - recording must never break the replay
             if not self.failed:
                 self.failed = True
@@ -183,12 +197,16 @@ def _end(wrapper) -> dict:
     encoder_items = recorder.encoder_items if recorder is not None else None
     peak_step = recorder.peak_step if recorder is not None else None
     if peak_step is not None:
+        began = peak_step.get("start_bytes")
         log.info("[wcprof] validation: the measured batch's high-water mark (%s above its start) "
                  "was set by a step of %d rows over %d requests (%d prefills; largest chunk %d "
-                 "rows on context %d; longest context %d)", fmt_bytes(peak_step["peak_bytes"]),
-                 peak_step["rows"], peak_step["reqs"], peak_step["prefills"],
-                 peak_step["largest_chunk"], peak_step["chunk_context"],
-                 peak_step["max_context"])
+                 "rows on context %d; longest context %d), which began %s",
+                 fmt_bytes(peak_step["peak_bytes"]), peak_step["rows"], peak_step["reqs"],
+                 peak_step["prefills"], peak_step["largest_chunk"], peak_step["chunk_context"],
+                 peak_step["max_context"],
+                 "at an unknown level" if began is None else
+                 f"{fmt_bytes(began)} above the batch's start" if began >= 0 else
+                 f"{fmt_bytes(-began)} below the batch's start")
     setattr(worker, _FORMED_ATTR, None)
     _pause_guard(worker, False)
     from . import workspace as ws

@@ -221,6 +221,27 @@ def host_memory_note(*, device_kind: str, explicit_kv: int | None,
             f"KV cache with {flag}")
 
 
+def allocator_note(*, device_kind: str, alloc_conf: str | None) -> str | None:
+    """On CUDA, where the caching allocator runs without expandable segments: the admission
+    bounds the bytes each step allocates, and on a card held to its budget a step can still fail
+    to find one free block that large among segments holding other tensors (fragmentation,
+    which no step's peak measures). Say so, and the setting that removes it. `alloc_conf`:
+    PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as the engine's process saw it. None
+    elsewhere, and where expandable segments are on."""
+    if device_kind != "cuda":
+        return None
+    pairs = dict(item.split(":", 1) for item in (alloc_conf or "").replace(" ", "").split(",")
+                 if ":" in item)
+    if pairs.get("expandable_segments", "").lower() == "true":
+        return None
+    return ("CUDA's caching allocator runs without expandable segments "
+            f"(PYTORCH_CUDA_ALLOC_CONF={alloc_conf or 'unset'}): the admission bounds what each "
+            "step allocates, but on a card held to its budget a step can still fail to find one "
+            "free block as large as it asks for among segments that hold other tensors "
+            "(fragmentation, which no step's peak measures); set "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where the engine starts")
+
+
 def _check_non_negative(**values: int) -> None:
     for name, value in values.items():
         if value < 0:

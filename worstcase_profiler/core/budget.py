@@ -17,11 +17,13 @@ from dataclasses import dataclass, replace
 
 import dataclasses
 
-from .admission import compute_admission, decide_budget, host_memory_note, kv_tokens
+from .admission import (allocator_note, compute_admission, decide_budget, host_memory_note,
+                        kv_tokens)
 from .advise import DEFAULT_WITHIN, advise
 from ..errors import DoesNotFit
 from .chunk_cap import tokens_per_s
 from .fit import FitFacts, apply_longest, fit
+from .pool_fit import pool_ceiling_bytes
 from .shapes import Limits
 from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, ChunkCap,
                     ChunkCapMeasurements, ChunkCapPlan, Fit, FitMeasurements, HeldMemory,
@@ -70,6 +72,10 @@ class Measured:
     chunk_cap_plan: ChunkCapPlan | None = None
     """The cap the adapter decided from them (core/chunk_cap.decide); `held` and `workspace`
     then count the capped workspace it sized."""
+    alloc_conf: str | None = None
+    """PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as the engine's process saw it: on CUDA,
+    without expandable segments, the report says what the admission does not bound
+    (admission.allocator_note)."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,7 @@ class Decided:
     advice: Advice | None = None
     fit: Fit | None = None
     warnings: tuple[str, ...] = ()
-    """What the report's warnings carry (admission.host_memory_note)."""
+    """What the report's warnings carry (admission.host_memory_note, allocator_note)."""
     chunk_cap: ChunkCap | None = None
     """The chunk cap's record; `admission` is then the capped one."""
     predicted_transient_bytes: int | None = None
@@ -148,10 +154,11 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
                            max_model_len=max_model_len, pool_ceiling=planned_pool(m, cap))
     if refusal is not None and mode == "enforce":
         budget = replace(budget, error=refusal)
-    note = host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
-                            admission=admission)
+    notes = (host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
+                              admission=admission),
+             allocator_note(device_kind=m.device_kind, alloc_conf=m.alloc_conf))
     return Decided(admission=admission, budget=budget, advice=advice, fit=fitted,
-                   warnings=(note,) if note else (), chunk_cap=capped,
+                   warnings=tuple(n for n in notes if n), chunk_cap=capped,
                    predicted_transient_bytes=admission.transient_bytes)
 
 
@@ -168,6 +175,10 @@ def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
     if m.explicit_kv_bytes is not None or not tokens or not (m.sweep.stock_excluded or cap
                                                                or fitted):
         return None
+    if fitted:  # the fitted plan's pool is the usable one: its whole blocks and the null block
+        return pool_ceiling_bytes(tokens, bytes_per_token=m.bytes_per_token,
+                                  pool_block_bytes=m.pool_block_bytes,
+                                  block_size=m.limits.block_size)
     return tokens * m.bytes_per_token
 
 

@@ -98,6 +98,25 @@ def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable
         skipped=(*sweep.skipped, *(s for s in skipped if s not in sweep.skipped)))
 
 
+def usable_tokens(budget_bytes: int, *, bytes_per_token: int,
+                  pool_block_bytes: int | None, block_size: int) -> int:
+    """The capacity tokens (Limits.kv_capacity_tokens' unit) requests can hold in a KV pool
+    allocated from `budget_bytes`: its whole blocks of `pool_block_bytes` (None: one block of
+    every attention layer, bytes_per_token x block_size), less the null block vLLM's block pool
+    holds back. A plan for this pool forms its steps block by block: a fraction of a block, or
+    the null block, holds no request's tokens."""
+    block = pool_block_bytes or bytes_per_token * block_size
+    return max(0, budget_bytes // block - 1) * block // bytes_per_token
+
+
+def pool_ceiling_bytes(tokens: int, *, bytes_per_token: int, pool_block_bytes: int | None,
+                       block_size: int) -> int:
+    """The allocation whose usable pool (`usable_tokens`) is `tokens`: its whole blocks and the
+    null block. Never more blocks than that pool has, so no wider step forms than was planned."""
+    block = pool_block_bytes or bytes_per_token * block_size
+    return (-(-tokens * bytes_per_token // block) + 1) * block
+
+
 def next_pool(planned: int, first: int, after_first: int) -> int:
     """The pool the second round plans for (capacity tokens): where the line through the two
     rounds' (pool planned, pool its transient leaves) points, (planned, first) and (first,
