@@ -164,12 +164,25 @@ def test_extra_steps_hold_both_mixed_steps_once():
 
 
 def test_context_ladder():
-    assert context_ladder(LIMITS, 1000) == [0, 512, 1024, 2048, 3096]
+    # the coarse rungs, and one token past each power of two of the KV length read (1,025 and
+    # 2,049 tokens for a 1,000-row chunk)
+    assert context_ladder(LIMITS, 1000) == [0, 25, 512, 1024, 1049, 2048, 3096]
     assert context_ladder(LIMITS, 3500) == [0, 512, 596]
     assert context_ladder(LIMITS, 4096) == [0]
     assert context_ladder(LIMITS, 1) == [0, 512, 1024, 2048, 4095]
     # a chunk spread over two requests tops out at the split chunk's own context
     assert context_ladder(LIMITS, 8000) == [0, 96]
+
+
+def test_the_ladder_reads_just_past_each_power_of_two_of_the_kv_length():
+    """A 131k engine's worst chunk (8,192 rows) is re-run where it reads 2^14 + 1, 2^15 + 1 and
+    2^16 + 1 tokens: a 131k DSv3.2 engine's traffic set its mark with a chunk reading 32,772,
+    above every coarse rung (h200-run53)."""
+    big = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024)
+    ladder = context_ladder(big, 8192)
+    assert [c + 8192 for c in ladder if c not in (0, 16384, 32768, 65536, 122880)] == \
+        [2 ** 14 + 1, 2 ** 15 + 1, 2 ** 16 + 1]
+    assert max(ladder) == prefill_chunk(big, 8192).context_len  # never past the chunk's own
 
 
 def test_stock_shape_matches_vllm_profile_run():
