@@ -205,3 +205,59 @@ def test_the_last_round_allocates_exactly_the_pool_it_planned(transient, rounds)
     assert fit.rounds in rounds
     assert usable(second.budget.budget_bytes) == fit.pool_tokens
     assert second.budget.budget_bytes > first.budget.budget_bytes
+
+
+@pytest.mark.parametrize("transient", [per_request, stepped])
+def test_every_step_of_the_allocated_pool_is_covered_over_many_budgets(transient):
+    """The safety property over a range of budgets (a review found a ceiling rounded up to a
+    whole block that held one more request than the fitted plan, for 1 budget in 8): every
+    shape the scheduler can form in the pool actually allocated is covered by the admitted
+    transient, whichever round answered."""
+    for spare in range(0, 4 * MiB, 37 * KiB + 123):
+        consumed = 64 * MiB - 9 * MiB - transient(plan.Shape("prefill", 1024, 0, 200)) - spare
+        _, facts, first, facts2, second = fitted_start(transient, consumed)
+        if second.budget.error is not None or first.budget.budget_bytes > 12_800 * BPT:
+            continue  # (a budget above vLLM's own figure: not a start that happens)
+        pool = usable(second.budget.budget_bytes)
+        assert pool <= facts2.limits.kv_capacity_tokens
+        allocated = dataclasses.replace(LIMITS, kv_capacity_tokens=pool)
+        for shape in plan.extra_steps(allocated, facts.sweep.coverage.worst_rows):
+            assert transient(shape) <= facts2.sweep.peak_bytes, (spare, shape)
+        # never fewer blocks than the unfitted answer (its bytes past a whole block hold none)
+        assert pool >= usable(first.budget.budget_bytes)
+
+
+def test_what_the_sweep_was_admitted_at_above_its_formula_carries_over():
+    """An encoder step, a cached replay's drift, a self-check's floor: raises the fit cannot
+    re-derive stay on top of the fitted figure."""
+    driver = FakeDriver(LIMITS, transient=per_request)
+    sweep = run_sweep(driver, tolerance=0, attribute_ops=False)
+    raised = dataclasses.replace(sweep, peak_bytes=sweep.peak_bytes + 3 * MiB)
+    same = core.Replan(limits=LIMITS, added=(), dropped=())
+    assert core.refit(raised, LIMITS, same, ()).peak_bytes == raised.peak_bytes
+    fitted = core.replan(LIMITS, sweep.coverage.worst_rows, 10_240)
+    readings = [driver.measure_in(s) for s in fitted.added]
+    plain = core.refit(sweep, LIMITS, fitted, readings)
+    assert core.refit(raised, LIMITS, fitted, readings).peak_bytes == plain.peak_bytes + 3 * MiB
+
+
+def test_a_first_round_that_does_not_fit_refuses_the_start():
+    """Its readings are steps the unfitted pool forms too (a kernel regime the sweep's request
+    counts skipped): falling back to the sweep's figure would admit below them."""
+    def regime(shape) -> int:
+        return per_request(shape) + (40 * MiB if 150 <= shape.num_reqs < 200 else 0)
+
+    _, facts, first, facts2, second = fitted_start(regime, CONSUMED)
+    assert first.budget.error is None
+    assert second.budget.error is not None
+    assert facts2.sweep.peak_bytes >= 40 * MiB
+
+
+def test_a_rank_that_refused_stops_every_rank_before_any_step():
+    driver = FakeDriver(LIMITS, transient=per_request)
+    facts = measured(run_sweep(driver, tolerance=0, attribute_ops=False), consumed=CONSUMED)
+    first = decide(facts)
+    driver.shapes.clear()
+    out = fit_to_pool(driver, facts, first, decide, mode="enforce",
+                      agree_max=lambda v: max(v, 1))  # another rank says "refused"
+    assert out == (facts, first) and driver.shapes == []

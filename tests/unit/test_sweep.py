@@ -33,6 +33,11 @@ class FakeDriver:
     def cannot_build(self, shape):
         return None
 
+    def measure_in(self, shape):
+        """measure() inside the provisional KV cache (tests that measure outside a sweep)."""
+        with self.provisional_kv():
+            return self.measure(shape)
+
     def measure(self, shape, attribute=False):
         assert self.in_provisional, "synthetic steps need the provisional KV cache"
         self.shapes.append(shape)

@@ -31,22 +31,25 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
                 held: Callable[[str], int] | None = None, attribute: bool = True
                 ) -> tuple[Measured, Decided]:
     """(facts, decision) with the worst step fitted to the admitted pool, or the ones given
-    where the sweep's plan stands: its worst shape fits the pool, the start is refused, the
-    pool is not the admission's (report mode, the chunk cap's plan), or no pool was planned.
-    The pool fitted is the usable one (core.usable_tokens: whole blocks, the null block held
-    back); an explicit KV size is that pool, and the plan fits it the same way. `held(phase)` reads what the process holds: what the fit's steps
-    leave behind is added to the consumed memory the second decision subtracts."""
+    where the sweep's plan stands: its worst shape fits the pool, the start is refused (on any
+    rank), the pool is not the admission's (report mode, the chunk cap's plan), or no pool was
+    planned. The pool fitted is the usable one (core.usable_tokens: whole blocks, the null
+    block held back); an explicit KV size is that pool, and its plan is fitted the same way.
+    A first round that does not fit is the answer (refused: its readings are steps the unfitted
+    pool forms too); a later one ends the fit with the round before. `held(phase)` reads what
+    the process holds: what the fit's steps leave behind is added to the consumed memory."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
-    if (mode != "enforce" or decided.budget.error is not None or not bpt
-            or facts.chunk_cap_plan is not None or limits.kv_capacity_tokens is None
-            or sweep.pool_fit is not None):
-        return facts, decided
     agree = agree_max or (lambda v: v)
+    if (mode != "enforce" or not bpt or facts.chunk_cap_plan is not None
+            or limits.kv_capacity_tokens is None or sweep.pool_fit is not None):
+        return facts, decided  # the same on every rank: the configuration's
+    if agree(int(decided.budget.error is not None)):
+        return facts, decided  # refused on some rank: every rank stops here alike
+    blocks = dict(bytes_per_token=bpt, pool_block_bytes=facts.pool_block_bytes,
+                  block_size=limits.block_size)
 
     def usable(budget_bytes: int) -> int:  # every rank plans for the largest pool any rank has
-        return agree(core.usable_tokens(budget_bytes, bytes_per_token=bpt,
-                                        pool_block_bytes=facts.pool_block_bytes,
-                                        block_size=limits.block_size))
+        return agree(core.usable_tokens(budget_bytes, **blocks))
 
     slack = facts.allocator_slack_bytes
     readings: dict[Shape, StepResult] = {}
@@ -75,13 +78,16 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
         trial = dataclasses.replace(facts, limits=fitted.limits, sweep=refit)
         answer = decide(trial)
         if agree(int(answer.budget.error is not None)):
+            if best is None:  # its readings are steps the unfitted pool forms too: refused
+                best = (trial, answer)
             break
         best = (trial, answer)
         # the pool this round's transient leaves under the sweep's own plan
         left = usable(decide(dataclasses.replace(
             facts, sweep=dataclasses.replace(refit, pool_fit=None))).budget.budget_bytes)
         if rounds == 1:  # next: where the pool left meets the pool planned
-            nxt = core.next_pool(limits.kv_capacity_tokens, tokens, left)
+            nxt = core.whole_blocks(core.next_pool(limits.kv_capacity_tokens, tokens, left),
+                                    **blocks)
             if nxt <= tokens:
                 break  # this transient leaves no more than the pool planned
             tokens = nxt
@@ -92,6 +98,9 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     if best is None:
         return facts, decided
     trial, answer = best
+    if answer.budget.error is not None:
+        log.error("[wcprof] %s", core.fit_line(trial.sweep))
+        return trial, answer
     worst = trial.sweep.worst
     if attribute and worst.shape in readings and worst.shape.kind != "stock":
         with driver.provisional_kv():

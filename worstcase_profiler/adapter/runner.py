@@ -15,7 +15,7 @@ import contextlib
 import math
 import time
 
-from ..core.shapes import Limits, stock_shape
+from ..core.shapes import Limits, most_requests, stock_shape
 from ..core.types import ProvisionalKV, Shape, StepResult
 from ..errors import DoesNotFit
 from . import kv as kvmod
@@ -245,6 +245,25 @@ class V1Driver(DriverBase):
         self._agree = agree_max
         self._pool_blocks = 0
         self._requests = ws.RequestRecorder()
+        # vllm-touch: kv-cache-config
+        self._hybrid = any("Mamba" in c.__name__ for s in runner.get_kv_cache_spec().values()
+                           for c in type(s).__mro__)
+
+    def cannot_build(self, shape: Shape) -> str | None:
+        """On a hybrid model every request of a step reads a recurrent-state slot of its own
+        (the CPU GDN kernels check one conv-state row per request): a step of more requests
+        than the provisional pool has slots (its blocks less the null block) cannot run."""
+        slots = self._provisional_blocks() - 1
+        if self._hybrid and shape.kind != "stock" and shape.num_reqs > slots:
+            return (f"{shape.num_reqs} requests need {shape.num_reqs} recurrent-state slots; the "
+                    f"provisional KV pool holds {slots}")
+        return None
+
+    def _provisional_blocks(self) -> int:
+        """One request at max_model_len plus the null block; on a hybrid model at least one
+        slot for every request of the plan's widest step (shapes.most_requests) too."""
+        one = math.ceil(self.limits.max_model_len / self.limits.block_size) + 1
+        return max(one, 1 + most_requests(self.limits)) if self._hybrid else one
 
     # -- the stock step ---------------------------------------------------------------------
     def run_stock(self) -> None:
@@ -262,7 +281,7 @@ class V1Driver(DriverBase):
         # vllm-touch: v1-dummy-run
         r = self.runner
         vllm_config = r.vllm_config
-        need_blocks = math.ceil(self.limits.max_model_len / self.limits.block_size) + 1
+        need_blocks = self._provisional_blocks()
         with _set_config_ctx(vllm_config):
             cfg, info = init_provisional_kv(
                 r, self.limits, self.meter, need_blocks,

@@ -16,9 +16,12 @@ The fit (adapter/pool_fit.fit_to_pool drives it):
      allocator slack as the sweep added them; the allocation is then held at the fitted plan's
      pool (budget.planned_pool), so no wider step than was measured can form.
 A second round plans for the pool between the first's and the sweep's where the pool its transient
-leaves meets the pool it plans for (`next_pool`), held at the smaller of the two: every round's
-answer is safe (its transient covers every shape of a pool at least the allocated one), and the
-second gives back most of what the first held back.
+leaves meets the pool it plans for (`next_pool`), in whole blocks, and a third settles at the pool
+the second one's transient leaves where that line overshot. Every round's allocation is held at
+(or below) the whole blocks of the pool its plan is for, and its transient covers every shape of
+that plan, so each round's answer is safe on its own; the later ones give back KV the first held
+back. A round that does not fit ends the fit with the last round that did, and a first round that
+does not fit refuses the start: its readings are steps the unfitted pool forms too.
 """
 
 from __future__ import annotations
@@ -68,24 +71,29 @@ def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable
     """`sweep` admitted for the fitted plan: `measured` holds the full-model readings of the
     plan's added shapes (those the driver could build; the others in `skipped`, with why).
 
-    The admitted transient is every kept shape at the figure the sweep counted it at
-    (sweep.admitted_figures) and every added one at its reading, the largest plus the chord
-    certificate's slack, never below a cut-down sweep's certified bound, plus `allocator_slack`:
-    the sweep's own formula over the fitted plan's shapes. The worst step is the largest
-    full-model reading it keeps (by need, then peak); `worst_op` stays only where the worst shape
-    does. `limits`: the sweep's (its rows curve's shapes). `ran`: every step the fit measured,
-    earlier rounds' included, for the record (default `measured`)."""
-    measured = tuple(measured)
+    The admitted transient is the sweep's own formula over the fitted plan's shapes (`_formula`:
+    every kept shape at the figure the sweep counted it at, sweep.admitted_figures, every added
+    one at its reading, the largest plus the chord certificate's slack, never below a cut-down
+    sweep's certified bound, plus `allocator_slack`), raised by whatever the sweep was admitted
+    at above that formula over its own plan: raises the fit cannot re-derive (the encoder step
+    of a multimodal model, a cached sweep's replay drift, a self-check's full-model floor, the
+    CPU's highest stock reading) carry over as the same excess. Where the stock step was left
+    out and its stand-in (the fitted plan's fresh prefill batch) could not be built, the stock
+    step counts again, as in the sweep. The worst step is the largest full-model reading kept
+    (by need, then peak); `worst_op` stays only where the worst shape does. `limits`: the
+    sweep's (its rows curve's shapes). `ran`: every step the fit measured, earlier rounds'
+    included, for the record (default `measured`)."""
+    measured, skipped = tuple(measured), tuple(skipped)
+    excluded = sweep.stock_excluded
+    stand_in = plan.fresh_prefill_batch(fitted.limits)
+    if excluded and stand_in is not None and any(s == stand_in for s, _ in skipped):
+        excluded = None  # its stand-in did not run: the stock step counts
+    carried = max(0, sweep.peak_bytes - _formula(sweep, limits, (), (), sweep.stock_excluded,
+                                                 allocator_slack))
+    peak = _formula(sweep, limits, measured, fitted.dropped, excluded, allocator_slack) + carried
     dropped = set(fitted.dropped)
-    figures = admitted_figures(sweep)
-    for r in measured:
-        figures[r.shape] = max(figures.get(r.shape, 0), r.peak_bytes)
-    counted = [p for sh, p in figures.items()
-               if sh not in dropped and not (sweep.stock_excluded and sh.kind == "stock")]
-    chord = max(0, sweep.coverage.bound - sweep.coverage.worst_peak)
-    peak = max(max(counted) + chord, certified_bound(sweep, limits)) + max(0, allocator_slack)
     readings = [r for r in (*full_model_steps(sweep), *measured) if r.shape not in dropped
-                and not (sweep.stock_excluded and r.shape.kind == "stock")]
+                and not (excluded and r.shape.kind == "stock")]
     worst = max(readings, key=lambda r: (r.need_bytes, r.peak_bytes))
     fit = PoolFit(planned_pool_tokens=int(limits.kv_capacity_tokens or 0),
                   pool_tokens=int(fitted.limits.kv_capacity_tokens or 0),
@@ -93,9 +101,23 @@ def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable
                   dropped=fitted.dropped, steps=measured if ran is None else tuple(ran),
                   rounds=rounds)
     return dataclasses.replace(
-        sweep, worst=worst, peak_bytes=peak, pool_fit=fit,
+        sweep, worst=worst, peak_bytes=peak, pool_fit=fit, stock_excluded=excluded,
         worst_op=sweep.worst_op if worst.shape == sweep.worst.shape else worst.top_op,
         skipped=(*sweep.skipped, *(s for s in skipped if s not in sweep.skipped)))
+
+
+def _formula(sweep: SweepResult, limits: Limits, measured: tuple[StepResult, ...],
+             dropped: Iterable[Shape], excluded: str | None, allocator_slack: int) -> int:
+    """The sweep's admitted-transient formula over its figures with `measured` added and
+    `dropped` left out (the stock step left out where `excluded` says so)."""
+    dropped = set(dropped)
+    figures = admitted_figures(sweep)
+    for r in measured:
+        figures[r.shape] = max(figures.get(r.shape, 0), r.peak_bytes)
+    counted = [p for sh, p in figures.items()
+               if sh not in dropped and not (excluded and sh.kind == "stock")]
+    chord = max(0, sweep.coverage.bound - sweep.coverage.worst_peak)
+    return max(max(counted) + chord, certified_bound(sweep, limits)) + max(0, allocator_slack)
 
 
 def usable_tokens(budget_bytes: int, *, bytes_per_token: int,
@@ -111,10 +133,20 @@ def usable_tokens(budget_bytes: int, *, bytes_per_token: int,
 
 def pool_ceiling_bytes(tokens: int, *, bytes_per_token: int, pool_block_bytes: int | None,
                        block_size: int) -> int:
-    """The allocation whose usable pool (`usable_tokens`) is `tokens`: its whole blocks and the
-    null block. Never more blocks than that pool has, so no wider step forms than was planned."""
+    """The largest allocation whose usable pool (`usable_tokens`) holds no more than `tokens`:
+    the whole blocks inside them and the null block. A fraction of a block rounds down: one
+    more block would hold a wider step than the plan for `tokens` has."""
     block = pool_block_bytes or bytes_per_token * block_size
-    return (-(-tokens * bytes_per_token // block) + 1) * block
+    return (tokens * bytes_per_token // block + 1) * block
+
+
+def whole_blocks(tokens: int, *, bytes_per_token: int, pool_block_bytes: int | None,
+                 block_size: int) -> int:
+    """`tokens` down to the pool's whole blocks (what an allocation held at
+    `pool_ceiling_bytes(tokens)` can hold): a round plans for exactly what it allocates."""
+    kw = dict(bytes_per_token=bytes_per_token, pool_block_bytes=pool_block_bytes,
+              block_size=block_size)
+    return usable_tokens(pool_ceiling_bytes(tokens, **kw), **kw)
 
 
 def next_pool(planned: int, first: int, after_first: int) -> int:

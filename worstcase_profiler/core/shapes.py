@@ -329,6 +329,16 @@ def most_fresh_requests(limits: Limits) -> int:
     return max([1, *(s.num_reqs for s in found if s is not None and s.context_len == 0)])
 
 
+def most_requests(limits: Limits) -> int:
+    """The most requests any step beside the rows curve holds (the split prefills at the full
+    budget, the decode batches, the mixed steps, the fresh prefill batch), at least 1: the
+    recurrent-state slots a driver whose every request needs one of its own (vLLM 0.32's CPU
+    GDN kernels: one conv-state row per request) gives a provisional pool."""
+    found = [*split_prefills(limits, limits.max_num_batched_tokens),
+             *extra_steps(limits, limits.max_num_batched_tokens)]
+    return max([1, *(s.num_reqs for s in found)])
+
+
 def state_slots_beyond_pool(shape: Shape, pool_blocks: int) -> str | None:
     """Why a driver that gives a dummy step's requests on no cached context the recurrent-state
     slots 1..n of its provisional KV pool (vLLM's V2 runner with valid_dummy_state_slots, on a
@@ -535,8 +545,8 @@ def split_rows(rows: int, n: int) -> list[int]:
 
 def context_ladder(limits: Limits, rows: int) -> list[int]:
     """KV extents at which a chunk of `rows` is re-run: empty, 1/8, 1/4, 1/2 and full length,
-    and, from mml / 16 up, one token past every power of two of the KV length the chunk reads
-    (context + rows): attention and sparse-indexer kernels pick splits and buffer sizes by
+    and one token past every power of two of the KV length the chunk reads (context + rows)
+    that is above both the chunk's rows and mml / 16: attention and sparse-indexer kernels pick splits and buffer sizes by
     powers of two of it, so a chunk that reads just past one can need more than the coarse
     rungs around it (a 131k DSv3.2 engine's traffic set its mark with a chunk reading 32,772
     tokens, 5 MiB above every coarse rung; whether the boundary is the cause is not measured

@@ -142,8 +142,9 @@ class PoolFit:
     steps: tuple[StepResult, ...] = doc("every step the fit measured on the full model, in "
                                         "order: each round's shapes the sweep had not run (the "
                                         "fitted plan counts the ones it holds)")
-    rounds: int = doc("plans fitted: the second plans for the pool the first one's transient "
-                      "leaves, capped at the pool it leaves in turn")
+    rounds: int = doc("plans fitted: the first for the pool the sweep's admission left, the "
+                      "second where the pool a plan's transient leaves meets the pool it plans "
+                      "for, a third where the second overshot")
 
 
 @dataclass(frozen=True)
