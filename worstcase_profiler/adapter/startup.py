@@ -114,7 +114,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                                fit_objective=settings.fit_objective,
                                auto_max_model_len=settings.auto_max_model_len)
     decided = decide(measured.facts)
-    with session.clock("pool_fit"):  # the worst step fitted to the pool it leaves
+    with session.clock("pool_fit"), gc_frozen():  # the worst step fitted to the pool it leaves
         facts, decided = pool_fit.fit_to_pool(
             measured.driver, measured.facts, decided, decide, mode=settings.mode,
             agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops)

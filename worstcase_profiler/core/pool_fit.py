@@ -174,8 +174,8 @@ def fit_text(fit: PoolFit, worst: Shape, peak_bytes: int) -> str:
     """The fit in one line, from its record and the worst step it admitted (the log and the
     report's renderers say the same)."""
     return (f"worst step fitted to the KV pool: the sweep's ({fit.swept_worst.label()}, "
-            f"{fmt_bytes(fit.swept_peak_bytes)} admitted) has more requests than the admitted "
-            f"pool holds ({fit.pool_tokens:,} of the {fit.planned_pool_tokens:,} tokens "
+            f"{fmt_bytes(fit.swept_peak_bytes)} admitted) holds more requests or context than "
+            f"the admitted pool ({fit.pool_tokens:,} of the {fit.planned_pool_tokens:,} tokens "
             f"planned); the plan for that pool admits {fmt_bytes(peak_bytes)} at "
             f"{worst.label()} ({len(fit.steps)} step(s) measured, {fit.rounds} round(s)), and "
             f"the pool is held at it")
