@@ -327,7 +327,11 @@ def traffic(srv: Server, a, rng_seed: int = 0, decodes_only: bool = False) -> di
 def run_mode(a, mode: str, out: Path) -> dict:
     r: dict = {"mode": mode, "model": a.model, "max_model_len": a.max_model_len,
                "max_num_batched_tokens": a.max_num_batched_tokens, "util": a.util,
-               "graphs": not a.eager, "prefix": a.prefix, "chunk": a.chunk}
+               "graphs": not a.eager, "prefix": a.prefix, "chunk": a.chunk,
+               # the allocator's settings the servers inherit: without expandable segments a
+               # held card can fail of fragmentation (docs/results/h200-run54)
+               "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF",
+                                            os.environ.get("PYTORCH_ALLOC_CONF"))}
     ballast = None
     if a.hold_slack_mib is not None:
         ballast = Ballast(a.util, a.hold_slack_mib << 20)
