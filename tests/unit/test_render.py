@@ -228,3 +228,26 @@ def test_an_explicit_size_below_one_request_is_named_on_the_flag_line(make_repor
                                      admission__fits=False))
     assert "explicit setting 1.00 MiB, less than the 4.00 MiB one request at max_model_len " \
            "needs" in text
+
+
+def test_a_fitted_report_draws_the_plan_it_admits_and_says_so(make_report):
+    """A worst step fitted to the admitted pool (worstcase.pool_fit): the shapes it dropped are
+    no step of that pool, so the rows curve and the markers leave them out (a dropped 8,192-row
+    split at full extent read above the fitted reserve), the fit's own steps are drawn, and the
+    terminal names the fit."""
+    from worstcase_profiler.render.view import full_extent_prefill, plan_steps
+    from conftest import _step
+
+    GiB = 1 << 30
+    dropped = _step("prefill", 8192, 4096 - 16, 9 * GiB, 512)
+    fitted = _step("prefill", 8192, 4096 - 20, 4 * GiB, 410)
+    report = make_report(**{
+        "worstcase__steps": [*make_report().worstcase.model_dump()["steps"], dropped],
+        "worstcase__pool_fit": {
+            "planned_pool_tokens": 9000, "pool_tokens": 8000,
+            "swept_worst": dropped["shape"], "swept_peak_bytes": 9 * GiB,
+            "dropped": [dropped["shape"]], "steps": [fitted], "rounds": 1}})
+    counts = {s.shape.num_reqs for s in plan_steps(report)}
+    assert 512 not in counts and 410 in counts
+    assert [s.shape.num_reqs for s in full_extent_prefill(report) if s.shape.rows == 8192] == [410]
+    assert "worst step fitted to the KV pool" in terminal_text(report)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..report import Report, Shape, StepResult, Verdict
 from ..sizes import GiB, MiB, fmt_bytes, fmt_tokens
-from .view import (build_view, full_extent_prefill, shape_text, short_model, signed,
+from .view import (build_view, full_extent_prefill, plan_steps, shape_text, short_model, signed,
                    transient_bytes)
 
 # category -> (colour, legend label). Colour-blind-safe (Okabe-Ito plus greys).
@@ -382,7 +382,8 @@ def _draw_rows(ax, report: Report) -> None:
         ax.plot(xs, [s.need_bytes for s in sweep], color="#D55E00", linewidth=1.6, marker="o",
                 markersize=3, label=f"need = transient + workspace ({len(sweep)} rows executed)")
     markers = {"decode": ("s", "#6a3d9a"), "mixed": ("D", "#1f78b4")}
-    for step in wc.steps:
+    steps = plan_steps(report)
+    for step in steps:
         if step.shape.kind in markers:
             m, c = markers[step.shape.kind]
             label = (f"{step.shape.kind}: {step.shape.num_reqs} reqs at ctx "
@@ -391,7 +392,7 @@ def _draw_rows(ax, report: Report) -> None:
                     markersize=6, zorder=6, label=label)
             markers.pop(step.shape.kind)
     _draw_reference_lines(ax, report)
-    worst = _find_step(wc.steps, wc.worst_shape)
+    worst = _find_step(steps, wc.worst_shape)
     if worst is not None:
         ax.plot([worst.shape.rows], [worst.need_bytes], marker="*", color="black", markersize=16,
                 linestyle="none", zorder=5, label=f"worst: {shape_text(worst.shape)}")

@@ -455,12 +455,24 @@ TRUST_TEXT = {"signed": "; signed under $WCPROF_CACHE_SECRET: no dominance re-ch
               "re-checked": "; the plan's heaviest shapes re-checked"}
 
 
+def plan_steps(report: Report) -> list[StepResult]:
+    """The steps of the plan the admission holds, in the order they ran: the sweep's, less the
+    shapes a fit to the admitted pool dropped (that pool cannot form them), and the fit's own
+    (worstcase.pool_fit). Without a fit, the sweep's steps."""
+    wc = report.worstcase
+    if wc.pool_fit is None:
+        return list(wc.steps)
+    dropped = set(wc.pool_fit.dropped)
+    return [s for s in (*wc.steps, *wc.pool_fit.steps) if s.shape not in dropped]
+
+
 def full_extent_prefill(report: Report) -> list[StepResult]:
     """The rows sweep: prefill chunks whose largest request ends exactly at max_model_len,
-    one per rows value (the last measurement wins), sorted by rows."""
+    one per rows value (the last measurement wins), sorted by rows; of the admitted plan's
+    steps (`plan_steps`)."""
     mml = report.config.max_model_len
     by_rows: dict[int, StepResult] = {}
-    for step in report.worstcase.steps:
+    for step in plan_steps(report):
         s = step.shape
         if s.kind != "prefill":
             continue
