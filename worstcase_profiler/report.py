@@ -47,7 +47,8 @@ SCHEMA_VERSION = "1.15"
 # fit.applied_max_model_len and fit.applied_why (the setting max_model_len: auto); 1.14: the
 # "multimodal" validation target (the encoder step from requests with images) and validation's
 # modality, encoder_items, encoder_items_formed; it gates before the worst-step one; 1.15:
-# worstcase.pool_fit (the worst step fitted to the admitted KV pool, core/pool_fit.py).
+# worstcase.pool_fit (the worst step fitted to the admitted KV pool, core/pool_fit.py) and
+# admission.pool_ceiling_bytes (the KV cache and recommended flag held at the planned pool).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

@@ -192,6 +192,21 @@ def test_check_over_budget_says_by_how_much_and_what_to_use(capsys):
     assert code == 1 and "1 B over" in out
 
 
+def test_check_holds_a_value_at_the_pool_the_plan_covers(capsys, tmp_path):
+    """A report whose plan covers a smaller KV pool than its budget (admission.pool_ceiling_bytes:
+    the worst step fitted to the admitted pool, or the sweep's pool where the stock step is left
+    out): a value between the two holds wider steps than any measured, so it is unsafe, and the
+    advice names the ceiling."""
+    adm = load_report(FP8).admission
+    ceiling = adm.budget_bytes - 3 * GiB
+    held = edited(tmp_path, FP8, "held.json", admission__pool_ceiling_bytes=ceiling,
+                  admission__recommended_kv_cache_memory_bytes=ceiling // 2**20 * 2**20)
+    code, out, _ = run(capsys, "check", held, "--kv-cache-memory-bytes", str(ceiling + GiB))
+    assert code == 1 and "over the KV pool the measured plan covers" in out, out
+    code, out, _ = run(capsys, "check", held, "--kv-cache-memory-bytes", str(ceiling))
+    assert code == 0, out
+
+
 def test_check_below_one_request_is_unsafe(capsys):
     report = load_report(FP8)
     one = check.one_request_bytes(report)

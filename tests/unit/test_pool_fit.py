@@ -261,3 +261,15 @@ def test_a_rank_that_refused_stops_every_rank_before_any_step():
     out = fit_to_pool(driver, facts, first, decide, mode="enforce",
                       agree_max=lambda v: max(v, 1))  # another rank says "refused"
     assert out == (facts, first) and driver.shapes == []
+
+
+def test_the_recommended_flag_is_held_at_the_fitted_pool():
+    """The flag an operator copies, and the KV the report says it gives, never exceed the pool
+    the fitted plan covers (a larger one would hold the dropped steps again)."""
+    _, _, first, facts2, second = fitted_start(per_request, CONSUMED)
+    adm = second.admission
+    ceiling = adm.pool_ceiling_bytes
+    assert ceiling is not None and ceiling == second.budget.budget_bytes
+    assert adm.recommended_kv_cache_memory_bytes <= ceiling and adm.kv_cache_bytes <= ceiling
+    assert adm.budget_bytes > ceiling  # the arithmetic still adds up to the uncapped figure
+    assert first.admission.pool_ceiling_bytes is None  # the unfitted plan: vLLM's own pool

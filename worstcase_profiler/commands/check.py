@@ -47,7 +47,8 @@ def run(argv: list[str]) -> int:
     """wcprof check REPORT.json --kv-cache-memory-bytes N   (or --kv-cache-memory 60GiB)
 
     Safe (exit 0) when the least KV cache vLLM starts with (one_request_bytes) <= N <= the
-    report's worst-case budget (admission.budget_bytes). Otherwise exit 1, saying by how much N
+    report's worst-case budget (admission.budget_bytes, held at admission.pool_ceiling_bytes
+    where the plan covers less). Otherwise exit 1, saying by how much N
     is off and what to pass instead (a range that is never empty). Exit 2: bad input."""
     ns = parser().parse_args(argv)
     from ..preflight import kv_bytes_as_vllm_reads
@@ -56,6 +57,8 @@ def run(argv: list[str]) -> int:
     report = load(ns.report)
     adm, cfg = report.admission, report.config
     budget, recommended = adm.budget_bytes, adm.recommended_kv_cache_memory_bytes
+    if adm.pool_ceiling_bytes is not None:  # a larger cache holds steps the plan never measured
+        budget = min(budget, adm.pool_ceiling_bytes)
     need_one = one_request_bytes(report)
     # the largest value to suggest: the admission's whole-MiB figure, unless rounding it down
     # to a MiB would put it under one request (a budget < 1 MiB above it): then the budget itself
@@ -80,8 +83,11 @@ def run(argv: list[str]) -> int:
                       f"{report.kv_audit.message}")
         return 1
     if value > budget:
+        what = ("KV pool the measured plan covers (a larger one holds wider steps than any "
+                "measured)" if adm.pool_ceiling_bytes is not None
+                and budget == adm.pool_ceiling_bytes else "worst-case budget")
         console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(value - budget)} over the "
-                      f"worst-case budget {fmt_bytes(budget)}; use --kv-cache-memory-bytes "
+                      f"{what} {fmt_bytes(budget)}; use --kv-cache-memory-bytes "
                       f"{upper} ({fmt_bytes(upper)}) or less, at least {need_one} ({where}).")
         return 1
     if value < need_one:

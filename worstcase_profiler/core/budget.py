@@ -23,6 +23,7 @@ from .advise import DEFAULT_WITHIN, advise
 from ..errors import DoesNotFit
 from .chunk_cap import tokens_per_s
 from .fit import FitFacts, apply_longest, fit
+from ..sizes import MiB
 from .pool_fit import pool_ceiling_bytes
 from .shapes import Limits
 from .types import (Admission, Advice, AdviceMeasurements, BudgetDecision, ChunkCap,
@@ -149,9 +150,11 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
         uncapped = admission
         admission = _admit(m, m.held, cap.transient_bytes, margin_bytes)
         capped = cap_record(m, cap, admission, uncapped, advice)
+    ceiling = planned_pool(m, cap)
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
                            worst_label=(cap.worst_shape if cap else sweep.worst.shape).label(),
-                           max_model_len=max_model_len, pool_ceiling=planned_pool(m, cap))
+                           max_model_len=max_model_len, pool_ceiling=ceiling)
+    admission = held_at_pool(admission, ceiling, m)
     if refusal is not None and mode == "enforce":
         budget = replace(budget, error=refusal)
     notes = (host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
@@ -180,6 +183,22 @@ def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
                                   pool_block_bytes=m.pool_block_bytes,
                                   block_size=m.limits.block_size)
     return tokens * m.bytes_per_token
+
+
+def held_at_pool(adm: Admission, ceiling: int | None, m: Measured) -> Admission:
+    """The admission with its KV cache and recommended flag held at `ceiling` (planned_pool)
+    where that is below them: a larger cache, passed back as --kv-cache-memory-bytes or checked
+    with `wcprof check`, would hold wider steps than the plan measured. The budget arithmetic
+    (budget_bytes) stays as it adds up; an explicit size is the user's and stays."""
+    if ceiling is None or ceiling >= max(adm.budget_bytes, 0):
+        return adm
+    kv = adm.kv_cache_bytes if adm.explicit_kv_cache_memory_bytes is not None \
+        else min(adm.kv_cache_bytes, ceiling)
+    return dataclasses.replace(
+        adm, pool_ceiling_bytes=ceiling, kv_cache_bytes=kv,
+        kv_tokens_worstcase=kv_tokens(kv, m.bytes_per_token, m.limits.block_size),
+        recommended_kv_cache_memory_bytes=min(adm.recommended_kv_cache_memory_bytes,
+                                              (ceiling // MiB) * MiB))
 
 
 def _admit(m: Measured, held: HeldMemory, transient: int, margin_bytes: int) -> Admission:

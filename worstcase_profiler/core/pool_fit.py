@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from ..sizes import fmt_bytes
+from .admission import pool_block, usable_kv_bytes
 from . import shapes as plan
 from .shapes import Limits
 from .sweep import admitted_figures, certified_bound, full_model_steps
@@ -123,12 +124,12 @@ def _formula(sweep: SweepResult, limits: Limits, measured: tuple[StepResult, ...
 def usable_tokens(budget_bytes: int, *, bytes_per_token: int,
                   pool_block_bytes: int | None, block_size: int) -> int:
     """The capacity tokens (Limits.kv_capacity_tokens' unit) requests can hold in a KV pool
-    allocated from `budget_bytes`: its whole blocks of `pool_block_bytes` (None: one block of
-    every attention layer, bytes_per_token x block_size), less the null block vLLM's block pool
-    holds back. A plan for this pool forms its steps block by block: a fraction of a block, or
-    the null block, holds no request's tokens."""
-    block = pool_block_bytes or bytes_per_token * block_size
-    return max(0, budget_bytes // block - 1) * block // bytes_per_token
+    allocated from `budget_bytes`: admission.usable_kv_bytes (its whole blocks of
+    `pool_block_bytes`, less the null block vLLM's block pool holds back) in tokens. A plan for
+    this pool forms its steps block by block: a fraction of a block, or the null block, holds
+    no request's tokens."""
+    return usable_kv_bytes(budget_bytes, bytes_per_token=bytes_per_token, block_size=block_size,
+                           pool_block_bytes=pool_block_bytes) // bytes_per_token
 
 
 def pool_ceiling_bytes(tokens: int, *, bytes_per_token: int, pool_block_bytes: int | None,
@@ -136,7 +137,7 @@ def pool_ceiling_bytes(tokens: int, *, bytes_per_token: int, pool_block_bytes: i
     """The largest allocation whose usable pool (`usable_tokens`) holds no more than `tokens`:
     the whole blocks inside them and the null block. A fraction of a block rounds down: one
     more block would hold a wider step than the plan for `tokens` has."""
-    block = pool_block_bytes or bytes_per_token * block_size
+    block = pool_block(bytes_per_token, block_size, pool_block_bytes)
     return (tokens * bytes_per_token // block + 1) * block
 
 

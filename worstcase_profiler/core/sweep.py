@@ -481,7 +481,7 @@ def admitted_figures(sweep: SweepResult) -> dict[Shape, int]:
     """Shape -> the figure the sweep's admitted transient counts it at: its largest full-model
     peak where it ran on the full model (every step of a full sweep; a cut-down sweep's
     confirmations and its stock step), else its cut-down peak plus depth_delta."""
-    if sweep.depth_delta or sweep.confirmed:  # a cut-down sweep
+    if _cut_down_sweep(sweep):
         cut = sweep.cut_steps
         out = {sh: p + sweep.depth_delta for sh, p in largest_peaks(cut).items()}
         out.update(largest_peaks((*sweep.steps[len(cut):], sweep.stock, *_stock_worst(sweep))))
@@ -493,16 +493,21 @@ def full_model_steps(sweep: SweepResult) -> tuple[StepResult, ...]:
     """The sweep's readings on the full model: every step of a full sweep, a cut-down sweep's
     confirmations; its stock step (and the worst, where that is the stock step's highest
     reading) either way."""
-    ran = sweep.steps[len(sweep.cut_steps):] if (sweep.depth_delta or sweep.confirmed) \
-        else sweep.steps
+    ran = sweep.steps[len(sweep.cut_steps):] if _cut_down_sweep(sweep) else sweep.steps
     return (*ran, sweep.stock, *_stock_worst(sweep))
+
+
+def _cut_down_sweep(sweep: SweepResult) -> bool:
+    """Whether `sweep` ran cut down (its figures then cut-down peaks plus depth_delta, but for
+    its confirmations)."""
+    return bool(sweep.depth_delta or sweep.confirmed)
 
 
 def certified_bound(sweep: SweepResult, limits: Limits) -> int:
     """What the admitted transient holds for rows values the chord certificate never ran: a
     cut-down sweep's certified bound (on its cut steps) plus depth_delta; 0 after a full sweep,
     whose chord slack covers them."""
-    if not (sweep.depth_delta or sweep.confirmed):
+    if not _cut_down_sweep(sweep):
         return 0
     return _certified_bound(dataclasses.replace(sweep, steps=sweep.cut_steps, confirmed=0),
                             limits) + sweep.depth_delta

@@ -363,6 +363,11 @@ class Admission:
     fits: bool = doc(
         "the KV cache given (the budget, or an explicit --kv-cache-memory-bytes within it) holds "
         "one request at max_model_len besides vLLM's null block (least_kv_cache_bytes or more)")
+    pool_ceiling_bytes: int | None = doc(
+        "the largest KV cache the measured plan covers, where it is below the budget (the pool "
+        "the sweep planned for, or the one the worst step was fitted to: a larger cache holds "
+        "wider steps than any measured); kv_cache_bytes and the recommended flag are held at "
+        "it. None where the budget is the bound", default=None)
 
 
 @dataclass(frozen=True)
