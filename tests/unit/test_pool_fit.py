@@ -130,6 +130,10 @@ def test_an_explicit_kv_size_is_the_pool_fitted_and_stays_the_allocation():
     facts2, second = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False)
     assert facts2.sweep.pool_fit.pool_tokens == usable(8 * MiB) == 8 * KiB - 16
     assert second.budget.budget_bytes == first.budget.budget_bytes == 8 * MiB
+    # the flag is held at the size the plan was fitted to, not the uncapped budget's
+    adm = second.admission
+    assert adm.kv_cache_bytes == 8 * MiB and adm.recommended_kv_cache_memory_bytes <= 8 * MiB
+    assert adm.budget_bytes > 8 * MiB and adm.pool_ceiling_bytes == 8 * MiB
     assert facts2.sweep.worst.shape.num_reqs == (8 * KiB - 16) // 64
 
 

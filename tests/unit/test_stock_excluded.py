@@ -155,6 +155,18 @@ def test_a_budget_above_the_planned_pool_is_held_at_it_where_the_stock_step_is_l
     assert held.admission.budget_bytes > pool * m.bytes_per_token
     assert held.budget.budget_bytes == pool * m.bytes_per_token
     assert "held at the KV pool the sweep planned" in held.budget.reason
+    # the flag an operator copies and the KV the report gives are held there too
+    adm = held.admission
+    assert adm.pool_ceiling_bytes == held.budget.budget_bytes
+    assert adm.recommended_kv_cache_memory_bytes <= adm.pool_ceiling_bytes >= adm.kv_cache_bytes
+    # a pool below one request's least cache: held at the least, as the allocation is
+    tiny = dataclasses.replace(m, limits=dataclasses.replace(limits, kv_capacity_tokens=64),
+                               sweep=sweep)
+    small = budget.decide(tiny, mode="enforce", margin_bytes=0)
+    least = small.admission.least_kv_cache_bytes
+    assert small.budget.budget_bytes == least
+    assert small.admission.recommended_kv_cache_memory_bytes >= least
+    assert small.admission.kv_cache_bytes == least == small.admission.pool_ceiling_bytes
     explicit = budget.decide(dataclasses.replace(m, limits=limits, sweep=sweep,
                                                  explicit_kv_bytes=8 * GiB),
                              mode="enforce", margin_bytes=0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import dataclasses
 
 from .admission import (allocator_note, compute_admission, decide_budget, host_memory_note,
-                        kv_tokens)
+                        kv_tokens, least_of)
 from .advise import DEFAULT_WITHIN, advise
 from ..errors import DoesNotFit
 from .chunk_cap import tokens_per_s
@@ -154,7 +154,8 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
     budget = decide_budget(admission, mode=mode, kv_cap=kv_cap_bytes,
                            worst_label=(cap.worst_shape if cap else sweep.worst.shape).label(),
                            max_model_len=max_model_len, pool_ceiling=ceiling)
-    admission = held_at_pool(admission, ceiling, m)
+    if cap is None:  # the chunk cap's own record says what its budgets hold
+        admission = held_at_pool(admission, fitted_pool(m) or ceiling, m)
     if refusal is not None and mode == "enforce":
         budget = replace(budget, error=refusal)
     notes = (host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
@@ -185,12 +186,26 @@ def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
     return tokens * m.bytes_per_token
 
 
+def fitted_pool(m: Measured) -> int | None:
+    """The allocation whose usable pool is the one the worst step was fitted to
+    (SweepResult.pool_fit), an explicit KV size's included; None without a fit."""
+    if m.sweep.pool_fit is None or not m.limits.kv_capacity_tokens:
+        return None
+    return pool_ceiling_bytes(m.limits.kv_capacity_tokens, bytes_per_token=m.bytes_per_token,
+                              pool_block_bytes=m.pool_block_bytes, block_size=m.limits.block_size)
+
+
 def held_at_pool(adm: Admission, ceiling: int | None, m: Measured) -> Admission:
-    """The admission with its KV cache and recommended flag held at `ceiling` (planned_pool)
-    where that is below them: a larger cache, passed back as --kv-cache-memory-bytes or checked
-    with `wcprof check`, would hold wider steps than the plan measured. The budget arithmetic
-    (budget_bytes) stays as it adds up; an explicit size is the user's and stays."""
-    if ceiling is None or ceiling >= max(adm.budget_bytes, 0):
+    """The admission with its KV cache and recommended flag held at `ceiling` (the fitted pool,
+    or planned_pool) where that is below them, never below the least KV cache vLLM starts with
+    (as decide_budget allocates): a larger cache, passed back as --kv-cache-memory-bytes or
+    checked with `wcprof check`, would hold wider steps than the plan measured. The budget
+    arithmetic (budget_bytes) stays as it adds up; an explicit size is the user's and stays the
+    KV cache given, its recommended flag held like any other."""
+    if ceiling is None:
+        return adm
+    ceiling = max(ceiling, least_of(adm))
+    if ceiling >= max(adm.budget_bytes, 0):
         return adm
     kv = adm.kv_cache_bytes if adm.explicit_kv_cache_memory_bytes is not None \
         else min(adm.kv_cache_bytes, ceiling)
@@ -198,7 +213,7 @@ def held_at_pool(adm: Admission, ceiling: int | None, m: Measured) -> Admission:
         adm, pool_ceiling_bytes=ceiling, kv_cache_bytes=kv,
         kv_tokens_worstcase=kv_tokens(kv, m.bytes_per_token, m.limits.block_size),
         recommended_kv_cache_memory_bytes=min(adm.recommended_kv_cache_memory_bytes,
-                                              (ceiling // MiB) * MiB))
+                                              max((ceiling // MiB) * MiB, least_of(adm))))
 
 
 def _admit(m: Measured, held: HeldMemory, transient: int, margin_bytes: int) -> Admission:

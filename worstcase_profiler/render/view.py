@@ -317,6 +317,10 @@ def flag_note(report: Report) -> str:
             note += ", more than the worst-case budget"
     if report.chunk_cap is not None:  # the budget holds only with the cap enforcing its steps
         note += f"; only with chunk_cap {report.chunk_cap.plan.rows} in the plugin's settings"
+    if adm.pool_ceiling_bytes is not None:
+        note += (f"; held at the KV pool the measured plan covers "
+                 f"({fmt_bytes(adm.pool_ceiling_bytes)}), below the budget's "
+                 f"{fmt_bytes(adm.budget_bytes)}: a larger pool holds wider steps")
     return note
 
 
