@@ -236,9 +236,13 @@ def test_a_fitted_report_draws_the_plan_it_admits_and_says_so(make_report):
     split at full extent read above the fitted reserve), the fit's own steps are drawn, and the
     terminal names the fit."""
     from worstcase_profiler.render.view import full_extent_prefill, plan_steps
-    from conftest import _step
 
     GiB = 1 << 30
+
+    def _step(kind, rows, ctx, peak, reqs):
+        return {"shape": {"kind": kind, "rows": rows, "context_len": ctx, "num_reqs": reqs},
+                "peak_bytes": peak, "seconds": 0.05, "top_op": None}
+
     dropped = _step("prefill", 8192, 4096 - 16, 9 * GiB, 512)
     fitted = _step("prefill", 8192, 4096 - 20, 4 * GiB, 410)
     report = make_report(**{

@@ -572,3 +572,19 @@ def test_a_decode_beside_the_full_chunk_is_swept_and_can_be_the_worst():
     out = run_sweep(d, tolerance=0, attribute_ops=False)
     assert Shape("mixed", 512, 4096 - 511, 2) in d.shapes
     assert out.worst.shape == Shape("mixed", 512, 4096 - 511, 2)
+
+
+def test_a_reused_sweep_keeps_its_post_profile_figure_within_the_resolution():
+    """The same configuration gets the same admission on a restart: the replay's post-profile
+    reading (RSS on the CPU, 4 KiB apart between starts) stands in for the cached one only when
+    it is more than the meter's resolution above it."""
+    from worstcase_profiler.core.sweep import replay, reused
+
+    d = FakeDriver(LIMITS, transient=lambda s: s.rows * 1000 + 5 * MiB)
+    cached = dataclasses.replace(run_sweep(d, tolerance=0, attribute_ops=False),
+                                 post_profile_bytes=7 + 4096 - 1)  # the fake replay reads 7
+    check = replay(d, cached.worst.shape)
+    assert reused(cached, check, MiB).post_profile_bytes == cached.post_profile_bytes
+    low = dataclasses.replace(cached, post_profile_bytes=7 - 4096)
+    assert reused(low, check, resolution=4096 - 1).post_profile_bytes == 7  # far above: the new
+    assert reused(low, check, resolution=MiB).post_profile_bytes == low.post_profile_bytes

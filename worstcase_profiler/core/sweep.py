@@ -530,7 +530,9 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     (cache_trust.reuse_transient); the stock step and provisional KV are this start's (the stock
     step drifts nothing where the cached sweep left it out: SweepResult.stock_excluded).
     A stock step read several times (stock_readings) is compared like with like: the cached
-    worst, when it is the stock step, is its highest reading, as the replay's step is."""
+    worst, when it is the stock step, is its highest reading, as the replay's step is. The
+    post-profile buffers stay the cached figure while the replay's reading is within the
+    meter's resolution above it (below it: the cached, larger figure stands)."""
     before = admitted_figures(cached)
 
     def bound(r: StepResult) -> int:
@@ -542,5 +544,10 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     stock = () if cached.stock_excluded else (check.stock,)
     replayed = max(bound(r) for r in (check.step, *check.others, *stock))
     peak = reuse_transient(cached.peak_bytes, replayed, resolution)
-    return dataclasses.replace(cached, stock=check.stock, peak_bytes=peak,
-                               post_profile_bytes=check.provisional.post_profile_bytes)
+    # what vLLM allocates after its profile, as the cached sweep read it while the replay reads
+    # no more than the meter's resolution above it (reuse_consumed's rule for the held memory:
+    # the same configuration gets the same admission; RSS read 4 KiB apart flipped a MiB flag)
+    post = check.provisional.post_profile_bytes
+    if post <= cached.post_profile_bytes + resolution:
+        post = cached.post_profile_bytes
+    return dataclasses.replace(cached, stock=check.stock, peak_bytes=peak, post_profile_bytes=post)
