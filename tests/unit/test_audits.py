@@ -70,6 +70,8 @@ def test_a_given_kv_size_below_the_budget_leaves_its_spare_for_what_warm_up_kept
     audit, error = warmup_verdict(**kw, spare=47 * GiB)
     assert error is None and audit.verdict == "ok" and audit.outside_bytes < 0
     assert "leaves 47.00 GiB of the worst-case KV budget unused" in audit.message
+    assert "explicit --kv-cache-memory-bytes, or the pool the measured plan covers" in \
+        audit.message
     # a spare smaller than what was kept still refuses, by the rest
     audit, error = warmup_verdict(**kw, spare=512 * MiB)
     assert isinstance(error, DoesNotFit)

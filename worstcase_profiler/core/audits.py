@@ -88,7 +88,8 @@ def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, m
     (`accounted`) plus `residue`, held memory it counted for buffers not yet allocated (a
     cached start's sweep residue, HeldMemory.residue_bytes), which warm-up may create, plus
     `spare`, the part of the worst-case KV budget the KV cache was not given (an explicit
-    --kv-cache-memory-bytes below it): that memory stays free beside the worst step's headroom.
+    --kv-cache-memory-bytes below it, or the KV cache held at the pool the measured plan covers:
+    Admission.pool_ceiling_bytes): that memory stays free beside the worst step's headroom.
     More than the margin outside all three eats the worst step's headroom: in enforce mode that
     refuses the start, naming what was kept and the flag value that fits (and, when the figure
     went into the sweep cache, that the next start subtracts it)."""
@@ -100,8 +101,9 @@ def warmup_verdict(*, resident: int, graphs: int, accounted: int, margin: int, m
         f"{fmt_bytes(accounted + residue)} ({fmt_bytes(accounted)} warm-up reserve, "
         f"{fmt_bytes(residue)} of the cached sweep's residue counted in held memory)")
     if spare:
-        aside += (f", and the given --kv-cache-memory-bytes leaves {fmt_bytes(spare)} of the "
-                  f"worst-case KV budget unused")
+        aside += (f", and the KV cache given (an explicit --kv-cache-memory-bytes, or the pool "
+                  f"the measured plan covers) leaves {fmt_bytes(spare)} of the worst-case KV "
+                  f"budget unused")
     msg = f"warm-up kept {kept} after the KV budget was fixed; admission set aside {aside}"
     msg += ": within the margin" if ok else f", so {fmt_bytes(outside)} of the worst step's headroom is gone"
     audit = WarmupAudit(resident_bytes=resident, graphs_bytes=graphs,
