@@ -246,8 +246,8 @@ class V1Driver(DriverBase):
         self._pool_blocks = 0
         self._requests = ws.RequestRecorder()
         # vllm-touch: kv-cache-config
-        self._hybrid = any("Mamba" in c.__name__ for s in runner.get_kv_cache_spec().values()
-                           for c in type(s).__mro__)
+        self._hybrid = any(kvmod.is_spec(s, "MambaSpec")
+                           for s in runner.get_kv_cache_spec().values())
 
     def cannot_build(self, shape: Shape) -> str | None:
         """On a hybrid model every request of a step reads a recurrent-state slot of its own

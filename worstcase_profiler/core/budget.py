@@ -180,9 +180,7 @@ def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
                                                                or fitted):
         return None
     if fitted:  # the fitted plan's pool is the usable one: its whole blocks and the null block
-        return pool_ceiling_bytes(tokens, bytes_per_token=m.bytes_per_token,
-                                  pool_block_bytes=m.pool_block_bytes,
-                                  block_size=m.limits.block_size)
+        return fitted_pool(m)
     return tokens * m.bytes_per_token
 
 

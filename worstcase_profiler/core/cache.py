@@ -37,9 +37,8 @@ SCHEMA = 7
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
 mixed pair, shapes.mixed_pair; 7: the context ladder's rungs past powers of two, and extents
 that no longer scale a recurrent state down) or admits differently for the same facts: an older
-entry is then
-a miss, never a worst case that skipped a step real traffic forms. What each value changed is
-in the commit that raised it."""
+entry is then a miss, never a worst case that skipped a step real traffic forms. What each
+value changed is in the commit that raised it."""
 
 
 def cache_dir(setting: str | None, environ: dict[str, str] | None = None) -> Path | None:

@@ -546,12 +546,12 @@ def split_rows(rows: int, n: int) -> list[int]:
 def context_ladder(limits: Limits, rows: int) -> list[int]:
     """KV extents at which a chunk of `rows` is re-run: empty, 1/8, 1/4, 1/2 and full length,
     and one token past every power of two of the KV length the chunk reads (context + rows)
-    that is above both the chunk's rows and mml / 16: attention and sparse-indexer kernels pick splits and buffer sizes by
-    powers of two of it, so a chunk that reads just past one can need more than the coarse
-    rungs around it (a 131k DSv3.2 engine's traffic set its mark with a chunk reading 32,772
-    tokens, 5 MiB above every coarse rung; whether the boundary is the cause is not measured
-    yet). The top rung is the prefill chunk's own context (max_model_len - rows for one
-    request)."""
+    that is above both the chunk's rows and mml / 16: attention and sparse-indexer kernels pick
+    splits and buffer sizes by powers of two of it, so a chunk that reads just past one can
+    need more than the coarse rungs around it (a 131k DSv3.2 engine's traffic set its mark with
+    a chunk reading 32,772 tokens, 5 MiB above every coarse rung; whether the boundary is the
+    cause is not measured yet). The top rung is the prefill chunk's own context (max_model_len
+    - rows for one request)."""
     top = prefill_chunk(limits, rows).context_len
     mml = limits.max_model_len
     rungs = {0, mml // 8, mml // 4, mml // 2, top}
