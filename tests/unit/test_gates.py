@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from worstcase_profiler.core.admission import pool_block
 from worstcase_profiler.commands import check, diff
 from worstcase_profiler.cli import main
 from worstcase_profiler.errors import ConfigError
@@ -205,6 +206,14 @@ def test_check_holds_a_value_at_the_pool_the_plan_covers(capsys, tmp_path):
     assert code == 1 and "over the KV pool the measured plan covers" in out, out
     code, out, _ = run(capsys, "check", held, "--kv-cache-memory-bytes", str(ceiling))
     assert code == 0, out
+    # vLLM allocates whole blocks: a value short of one more block holds the same pool (seed
+    # 000's explicit 6 GiB on the H200, h200-run56, sat 1.5 MiB above its whole blocks)
+    block = pool_block(adm.bytes_per_token, load_report(FP8).config.block_size,
+                       adm.pool_block_bytes)
+    code, out, _ = run(capsys, "check", held, "--kv-cache-memory-bytes", str(ceiling + block - 1))
+    assert code == 0, out
+    code, out, _ = run(capsys, "check", held, "--kv-cache-memory-bytes", str(ceiling + block))
+    assert code == 1 and "1 B over the KV pool the measured plan covers" in out, out
 
 
 def test_check_below_one_request_is_unsafe(capsys):

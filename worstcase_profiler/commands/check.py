@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from ..core.admission import bytes_for_one_request
+from ..core.admission import bytes_for_one_request, pool_block
 from ..errors import ArgParser
 from ..report import Report
 from ..sizes import fmt_bytes, fmt_tokens
@@ -47,8 +47,9 @@ def run(argv: list[str]) -> int:
     """wcprof check REPORT.json --kv-cache-memory-bytes N   (or --kv-cache-memory 60GiB)
 
     Safe (exit 0) when the least KV cache vLLM starts with (one_request_bytes) <= N <= the
-    report's worst-case budget (admission.budget_bytes, held at admission.pool_ceiling_bytes
-    where the plan covers less). Otherwise exit 1, saying by how much N
+    report's worst-case budget (admission.budget_bytes, held where the plan covers less at
+    the largest size whose whole pool blocks are admission.pool_ceiling_bytes': vLLM drops a
+    fraction of a block, so any N below the ceiling plus one block holds the planned pool). Otherwise exit 1, saying by how much N
     is off and what to pass instead (a range that is never empty). Exit 2: bad input."""
     ns = parser().parse_args(argv)
     from ..preflight import kv_bytes_as_vllm_reads
@@ -57,8 +58,11 @@ def run(argv: list[str]) -> int:
     report = load(ns.report)
     adm, cfg = report.admission, report.config
     budget, recommended = adm.budget_bytes, adm.recommended_kv_cache_memory_bytes
-    if adm.pool_ceiling_bytes is not None:  # a larger cache holds steps the plan never measured
-        budget = min(budget, adm.pool_ceiling_bytes)
+    ceiling = None
+    if adm.pool_ceiling_bytes is not None:  # one block more holds steps the plan never measured
+        block = pool_block(adm.bytes_per_token, cfg.block_size, adm.pool_block_bytes)
+        ceiling = adm.pool_ceiling_bytes + block - 1
+        budget = min(budget, ceiling)
     need_one = one_request_bytes(report)
     # the largest value to suggest: the admission's whole-MiB figure, unless rounding it down
     # to a MiB would put it under one request (a budget < 1 MiB above it): then the budget itself
@@ -84,8 +88,7 @@ def run(argv: list[str]) -> int:
         return 1
     if value > budget:
         what = ("KV pool the measured plan covers (a larger one holds wider steps than any "
-                "measured)" if adm.pool_ceiling_bytes is not None
-                and budget == adm.pool_ceiling_bytes else "worst-case budget")
+                "measured)" if budget == ceiling else "worst-case budget")
         console.print(f"[bold red]unsafe[/]: {shown} is {fmt_bytes(value - budget)} over the "
                       f"{what} {fmt_bytes(budget)}; use --kv-cache-memory-bytes "
                       f"{upper} ({fmt_bytes(upper)}) or less, at least {need_one} ({where}).")
