@@ -877,3 +877,48 @@ def test_decodes_compute_the_lookahead_so_their_hits_are_whole(make, lookahead):
         chunk = shape.rows - (shape.num_reqs - 1) * SMALL.rows_per_decode
         first = long.suffix_len - chunk
         assert first + sum(p.suffix_len for p in decodes) == SMALL.max_num_batched_tokens
+
+
+# The H200's three hybrid cases with prefix caching on vLLM 0.33 (h200-run56): each pool, the
+# fitted worst step, and how many of its requests the scheduler formed on the plan's context.
+HYBRID_POOLS = [
+    # (case, block, k, pool, shape ctx, requests planned, context replayed, formed there)
+    ("qwen35_mtp_eager", 800, 2, (5471, 3, 1, 4), 3189, 781, 2400, 780),
+    ("qwen35_mtp", 800, 2, (5332, 3, 1, 4), 3989, 761, 3200, 760),
+    ("qwen35_dflash_long_eager", 832, 8, (2257, 2, 1, 8), 5787, 225, 4992, 224),
+]
+
+
+@pytest.mark.parametrize("case,block,k,pool,ctx,n,replayed,formed", HYBRID_POOLS)
+def test_requests_on_a_hybrid_prefix_fit_the_pool_with_the_hits_cached_state(
+        case, block, k, pool, ctx, n, replayed, formed):
+    """Every request of the fitted worst step is resident at once on the prefix the plan
+    builds: the count that made the old plans form one request fewer (the measured `formed` at
+    `replayed`) says the old context does not fit, the plan's does, and one block more would
+    not."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    blocks, groups, prefix_groups, state = pool
+    lim = Limits(131072, 8192, 1024, num_speculative_tokens=k, block_size=block,
+                 kv_capacity_tokens=10**9, prefix_caching=True)
+    p = Pool(blocks=blocks, groups=groups, prefix_groups=prefix_groups, state_blocks=state)
+    plan = plan_for(Shape("prefill", 8192, ctx, n), lim, prefix_caching=True, pool=p)
+    (measured,) = _measured(plan)
+    assert len(measured.prompts) == n and sum(p_.suffix_len for p_ in measured.prompts) == 8192
+    assert all(q.prefix_len == plan.target.context_len for q in measured.prompts)
+
+    def held(prefix: int, reqs: int) -> int:
+        per = sum(-(-q.suffix_len // block) for q in measured.prompts[:reqs])
+        return 1 + prefix // block + (groups - prefix_groups) + per \
+            + reqs * ((groups - prefix_groups) + state)
+
+    assert held(replayed, n) > blocks >= held(replayed, formed)  # what the H200 formed
+    got = plan.target.context_len
+    assert 0 < got < replayed and got % block == 0
+    assert held(got, n) <= blocks < held(got + block, n)
+    assert plan.target == Shape("prefill", 8192, got, n)
+    assert f"with all {n} requests in the KV pool ({blocks} blocks)" in plan.note
+    # a pool with room to spare leaves the plan as it was
+    roomy = Pool(blocks=10**6, groups=groups, prefix_groups=prefix_groups, state_blocks=state)
+    assert plan_for(Shape("prefill", 8192, ctx, n), lim, prefix_caching=True, pool=roomy) \
+        == plan_for(Shape("prefill", 8192, ctx, n), lim, prefix_caching=True)

@@ -229,14 +229,15 @@ def _formed(wrapper) -> list[dict]:
 
 def pool_of(wrapper) -> dict | None:
     """Worker side: the KV pool the scheduler allocates from, as requests_plan.Pool's fields
-    (blocks; KV groups; groups that keep every block of a cached prefix: the non-Mamba ones),
-    from the runner's KVCacheConfig; None before the KV cache exists."""
+    (blocks; KV groups; groups that keep every block of a cached prefix: the non-Mamba ones;
+    the speculative state blocks a request holds), from the runner's KVCacheConfig; None before
+    the KV cache exists."""
     # vllm-touch: kv-holders
     worker = getattr(wrapper, "worker", wrapper)
     cfg = getattr(getattr(worker, "model_runner", None), "kv_cache_config", None)
     if cfg is None or not getattr(cfg, "kv_cache_groups", None):
         return None
-    from .kv import is_spec
+    from .kv import is_spec, speculative_state_blocks
 
     groups = cfg.kv_cache_groups
     mamba = sum(1 for g in groups if is_spec(g.kv_cache_spec, "MambaSpec"))
@@ -244,7 +245,8 @@ def pool_of(wrapper) -> dict | None:
     hit_unit = math.lcm(*sizes) if len(sizes) > 1 and 0 not in sizes and not mamba else 0
     return {"blocks": int(cfg.num_blocks), "groups": len(groups),
             "prefix_groups": max(1, len(groups) - mamba), "hit_unit": hit_unit,
-            "capacity_tokens": _capacity_tokens(worker, cfg)}
+            "capacity_tokens": _capacity_tokens(worker, cfg),
+            "state_blocks": sum(speculative_state_blocks(g.kv_cache_spec) for g in groups)}
 
 
 def _capacity_tokens(worker, cfg) -> int:

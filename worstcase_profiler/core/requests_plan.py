@@ -98,6 +98,14 @@ class Pool:
     capacity_tokens: int = 0
     """The tokens of context the pool holds at once, counted per KV group (vLLM's own
     get_kv_cache_capacity: max concurrency x max_model_len); 0 where that vLLM lacks it."""
+    state_blocks: int = 0
+    """The speculative blocks every request holds beyond its running state, summed over the
+    Mamba groups (adapter/kv.speculative_state_blocks: k each under MTP, EAGLE-3, DFlash)."""
+
+    @property
+    def state_groups(self) -> int:
+        """The Mamba groups: each keeps a cached prefix's state only at the hit."""
+        return self.groups - self.prefix_groups
 
 
 @dataclass(frozen=True)
@@ -333,6 +341,23 @@ def _stock(shape: Shape, limits: Limits) -> RequestPlan:
                        _fewer_rows_note(shape.rows, rows, n, limits))
 
 
+def _hit_prefix_room(prompts: tuple[Prompt, ...], limits: Limits, pool: Pool) -> int:
+    """The longest block-aligned cached prefix on which every one of `prompts` (one shared
+    prefix, no branches) is resident at once in a hybrid's `pool`, in tokens: 0 where not even
+    one block fits. vLLM 0.33's MambaManager in "align" mode, with its KV manager: the prefix's
+    blocks in every group that keeps them; in each Mamba group the state cached at the hit (a
+    block the first request that hits takes out of the free queue, beside its own); per request,
+    its tokens' new blocks in every such group and, in each Mamba group, one block for its
+    running state plus the speculative ones (pool.state_blocks); and the null block. Without
+    the hits' state blocks the count says a prefix two blocks too long still holds every
+    request, and the scheduler forms the step one request short (docs/sweep.md)."""
+    block, dropped = limits.block_size, limits.hit_drop
+    own = sum(pool.prefix_groups * -(-(p.suffix_len + dropped) // block) + pool.state_groups
+              for p in prompts) + pool.state_blocks * len(prompts)
+    spare = pool.blocks - 1 - pool.state_groups - own
+    return max(0, spare // pool.prefix_groups) * block if spare > 0 else 0
+
+
 def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, limits: Limits,
          pool: Pool) -> tuple[tuple[Prompt, ...], tuple[Batch, ...], int]:
     """The branched prompts of a distinct-hit plan (`_branch`) cut to what `pool` holds at once,
@@ -408,11 +433,18 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
         prompts = tuple(Prompt(1, shared, r - dropped) for r in split_rows(rows, n))
         prompts, warms = _warmed(prompts, 1, shared, limits, distinct_hits=distinct_hits)
         own = " (each on its own cached last block)" if len(warms) > 1 else ""
-        kept = n
+        kept, held = n, ""
         if pool is not None and len(warms) > 1:
             prompts, warms, kept = _fit(prompts, warms, 1, limits, pool)
+        elif pool is not None and pool.state_groups:
+            room = _hit_prefix_room(prompts, limits, pool)
+            if 0 < room < ctx:  # every request on a shorter prefix: n fit where they did not
+                ctx, held = room, f" with all {n} requests in the KV pool ({pool.blocks} blocks)"
+                shared = ctx + dropped
+                prompts = tuple(replace(p, prefix_len=shared) for p in prompts)
+                prompts, warms = _warmed(prompts, 1, shared, limits, distinct_hits=False)
         notes = [] if ctx == shape.context_len or not kept else \
-            [f"context {ctx}: the longest block-aligned one a real request reaches"]
+            [f"context {ctx}: the longest block-aligned one a real request reaches{held}"]
         label = f"{n} prompt(s) on a cached {shared}-token prefix{own}"
         if kept < n:
             label = f"{n} fresh prompts" if not kept else \
