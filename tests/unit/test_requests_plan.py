@@ -922,3 +922,65 @@ def test_requests_on_a_hybrid_prefix_fit_the_pool_with_the_hits_cached_state(
     roomy = Pool(blocks=10**6, groups=groups, prefix_groups=prefix_groups, state_blocks=state)
     assert plan_for(Shape("prefill", 8192, ctx, n), lim, prefix_caching=True, pool=roomy) \
         == plan_for(Shape("prefill", 8192, ctx, n), lim, prefix_caching=True)
+
+
+def test_vllms_own_step_is_checked_where_no_requests_form_it():
+    """The H200's qwen35_dflash_long (DFlash k=8 at 131k with graphs, h200-run56): its worst
+    step is vLLM's profile step over 1,024 requests, which the compiled warm-up runs again
+    beside a pool that holds 216 (2,170 blocks, 10 a request): the replay formed 216 and read
+    0.475. The check then runs vLLM's step itself; anywhere requests can form the worst step
+    they still do."""
+    from worstcase_profiler.adapter.validation import worst_workload
+    from worstcase_profiler.core.requests_plan import Pool, vllm_step_why
+
+    stock = Shape("stock", 8192, 0, 1024)
+    pool = Pool(blocks=2170, groups=2, prefix_groups=1, state_blocks=8)
+    why = vllm_step_why(stock, pool)
+    assert why is not None and "holds at most 216 requests at once" in why
+    lim = Limits(131072, 8192, 1024, num_speculative_tokens=8, block_size=832,
+                 kv_capacity_tokens=10**9, prefix_caching=True)
+    work = worst_workload(stock, lim, pool, 1000, prefix_caching=True, distinct_hits=False,
+                          hash_lookahead=0)
+    assert work.vllm_step and work.batches == () and work.shape == stock and work.note == why
+    assert work.target == "worst-step"
+    # a pool that holds every request, another kind of step, or no pool: requests as before
+    roomy = Pool(blocks=10 * 1024 + 1, groups=2, prefix_groups=1, state_blocks=8)
+    assert vllm_step_why(stock, roomy) is None
+    assert vllm_step_why(stock, Pool(blocks=10 * 1024, groups=2, prefix_groups=1,
+                                     state_blocks=8)) is not None
+    assert vllm_step_why(Shape("prefill", 8192, 0, 1024), pool) is None
+    assert vllm_step_why(stock, None) is None
+    plain = worst_workload(stock, lim, roomy, 1000, prefix_caching=True, distinct_hits=False,
+                           hash_lookahead=0)
+    assert not plain.vllm_step and plain.batches
+
+
+def test_a_vllm_step_workload_asks_the_workers_in_order_and_counts_as_formed():
+    """measure() on such a workload: begin, vLLM's step, end, and nothing sent as requests; the
+    step the worker recorded is the one the Validation reports as formed."""
+    import asyncio
+
+    from worstcase_profiler.adapter.validation import measure, vllm_step_workload
+    from worstcase_profiler.core.replay_rules import replay_reached
+
+    asked: list[str] = []
+
+    class Client:
+        async def ask(self, op):
+            asked.append(op)
+            if op == "end":
+                return [{"rank": 0, "transient": 900, "workspace": 0, "resolution": 1,
+                         "formed": [{"rows": 256, "reqs": 4, "max_context": 0, "prefills": 4}]}]
+            return [None]
+
+        async def prepare(self, prompts):
+            raise AssertionError("no requests")
+
+        async def run(self, *a):
+            raise AssertionError("no requests")
+
+    worst = Shape("stock", 256, 0, 4)
+    (v,) = asyncio.run(measure(Client(), vllm_step_workload(worst, "why"), {0: 1000}))
+    assert asked == ["begin", "vllm_step", "end"]
+    assert (v.measured_peak_bytes, v.predicted_peak_bytes, v.target) == (900, 1000, "worst-step")
+    assert replay_reached(v) is True and v.note == "why"
