@@ -203,6 +203,25 @@ def test_the_swept_configuration_is_never_given_less_than_its_start_admitted():
     assert swept.budget_bytes <= facts.admission.budget_bytes
 
 
+def test_the_swept_configuration_keeps_the_flag_held_at_the_planned_pool():
+    """Where the start's flag is held at the pool its measured plan covers (budget.held_at_pool:
+    the fit to the admitted pool, or the sweep's pool with stock left out), fit's candidate for
+    that very configuration recommends no more: a larger KV cache holds wider steps than any
+    measured. Other candidates are not held by it."""
+    f, facts, _ = _fit()
+    swept = next(c for c in f.candidates if c.limits == (4096, 1024, 8))
+    adm = facts.admission
+    held = adm.recommended_kv_cache_memory_bytes - 64 * MiB
+    facts = dataclasses.replace(facts, admission=dataclasses.replace(
+        adm, pool_ceiling_bytes=held, recommended_kv_cache_memory_bytes=held))
+    again = core.fit(facts, min_concurrency=1, objective="context")
+    after = next(c for c in again.candidates if c.limits == (4096, 1024, 8))
+    assert swept.kv_cache_bytes > held and after.kv_cache_bytes == held
+    others = [(c.limits, c.kv_cache_bytes) for c in f.candidates if c.limits != swept.limits]
+    assert others == [(c.limits, c.kv_cache_bytes) for c in again.candidates
+                      if c.limits != swept.limits]
+
+
 def test_the_context_objective_finds_the_longest_max_model_len_holding_n_requests():
     explicit = 8192 * BPT  # 8,192 tokens: two requests at 4,096, three at 2,720
     f, _, _ = _fit(n=3, explicit_kv=explicit)

@@ -279,3 +279,20 @@ def test_gates_import_neither_vllm_nor_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_diff_names_a_flag_held_at_the_planned_pool(capsys, tmp_path):
+    """A new report whose flag is held at the pool its measured plan covers (below its budget)
+    shows that beside the flag, so a smaller flag reads as the plan's limit, not as lost
+    memory; a flag not held shows no such note."""
+    adm = load_report(FP8).admission
+    ceiling = adm.budget_bytes - 3 * GiB
+    held = edited(tmp_path, FP8, "held.json", admission__pool_ceiling_bytes=ceiling,
+                  admission__recommended_kv_cache_memory_bytes=ceiling // 2**20 * 2**20)
+    code, out, _ = run(capsys, "diff", FP8, held, "--metric", "kv_flag", "--max-increase", "50%")
+    assert code == 0, out
+    flat = " ".join(out.split())
+    assert "the new report's kv_flag is held at the KV pool its measured plan covers" in flat, out
+    assert "old report's kv_flag is held" not in flat
+    code, out, _ = run(capsys, "diff", FP8, FP8, "--metric", "kv_flag")
+    assert "held at the pool" not in " ".join(out.split())

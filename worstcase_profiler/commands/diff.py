@@ -140,6 +140,20 @@ def _show(metric: Metric, report: Report, value: int | None) -> str:
     return _fmt(metric, value)
 
 
+def held_flag_notes(old: Report, new: Report) -> list[str]:
+    """A line for each report whose recommended flag is held at the KV pool its measured plan
+    covers (admission.pool_ceiling_bytes) below its worst-case budget: there the flag is the
+    plan's limit, so a smaller flag is not memory the profile lost to a larger peak."""
+    out = []
+    for which, r in (("old", old), ("new", new)):
+        a = r.admission
+        if a.pool_ceiling_bytes is not None and a.pool_ceiling_bytes < a.budget_bytes:
+            out.append(f"the {which} report's kv_flag is held at the KV pool its measured plan "
+                       f"covers ({fmt_bytes(a.pool_ceiling_bytes)}), below its worst-case "
+                       f"budget {fmt_bytes(a.budget_bytes)}")
+    return out
+
+
 def _fmt_change(metric: Metric, old: int, new: int) -> str:
     delta = new - old
     sign = "+" if delta > 0 else ""
@@ -213,6 +227,9 @@ def run(argv: list[str]) -> int:
     console.print(table)
     for line in config_differences(old, new):
         console.print(f"[yellow]note: the reports differ in {line}[/]")
+    if "kv_flag" in gated:
+        for line in held_flag_notes(old, new):
+            console.print(f"note: {line}")
     if old.verdict != new.verdict:
         console.print(f"verdict: {old.verdict} -> {new.verdict}")
     if failed:

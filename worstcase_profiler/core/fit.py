@@ -302,6 +302,12 @@ class _Weigher:
                          one_request=one)
         explicit = adm.explicit_kv_cache_memory_bytes
         kv = explicit if explicit is not None else a.recommended_kv_cache_memory_bytes
+        if adm.pool_ceiling_bytes is not None and explicit is None and \
+                (max_model_len, chunk, seqs) == (lim.max_model_len, lim.max_num_batched_tokens,
+                                                 lim.max_num_seqs):
+            # the start's own configuration: its flag is held at the pool its measured plan
+            # covers (budget.held_at_pool); a larger one holds wider steps than any measured
+            kv = min(kv, adm.recommended_kv_cache_memory_bytes)
         tokens = kv_tokens(kv, adm.bytes_per_token, lim.block_size)
         # vLLM's block pool holds one block back (its null block) from every request
         usable = usable_kv_bytes(kv, bytes_per_token=adm.bytes_per_token,
