@@ -984,3 +984,28 @@ def test_a_vllm_step_workload_asks_the_workers_in_order_and_counts_as_formed():
     assert asked == ["begin", "vllm_step", "end"]
     assert (v.measured_peak_bytes, v.predicted_peak_bytes, v.target) == (900, 1000, "worst-step")
     assert replay_reached(v) is True and v.note == "why"
+
+
+def test_a_hybrid_prefix_counts_checkpoint_and_lookahead_blocks_and_says_when_none_fits():
+    """Requests whose new tokens span a block may hold a prefill checkpoint block in each Mamba
+    group, and the scheduler allocates their attention blocks with k lookahead slots: both
+    counted (review of the hit-state count: a 200-block pool counted 197 where vLLM needed 205).
+    A pool that holds the requests on no cached prefix at all leaves the plan's context and
+    says the scheduler forms part of the step."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    lim = Limits(131072, 8192, 1024, num_speculative_tokens=2, block_size=800,
+                 kv_capacity_tokens=10**9, prefix_caching=True)
+    shape = Shape("prefill", 8192, 126976, 4)  # 2,048 new tokens a request: 3 blocks each
+    # per request: ceil((2048 + 2) / 800) = 3 attention blocks, 2 x (1 + 1 checkpoint) state
+    # blocks, 4 speculative: 11; the hit's 2 cached states and the null block: 3 more
+    per, fixed = 11, 3
+    for prefix_blocks in (1, 5):
+        pool = Pool(blocks=fixed + 4 * per + prefix_blocks, groups=3, prefix_groups=1,
+                    state_blocks=4)
+        plan = plan_for(shape, lim, prefix_caching=True, pool=pool)
+        assert plan.target.context_len == prefix_blocks * 800, plan.target
+    crowded = Pool(blocks=fixed + 4 * per, groups=3, prefix_groups=1, state_blocks=4)
+    plan = plan_for(shape, lim, prefix_caching=True, pool=crowded)
+    assert plan.target.context_len == shape.context_len // 800 * 800 and not plan.exact
+    assert "holds fewer than 4 requests on any cached prefix" in plan.note

@@ -49,8 +49,9 @@ def run(argv: list[str]) -> int:
     Safe (exit 0) when the least KV cache vLLM starts with (one_request_bytes) <= N <= the
     report's worst-case budget (admission.budget_bytes, held where the plan covers less at
     the largest size whose whole pool blocks are admission.pool_ceiling_bytes': vLLM drops a
-    fraction of a block, so any N below the ceiling plus one block holds the planned pool). Otherwise exit 1, saying by how much N
-    is off and what to pass instead (a range that is never empty). Exit 2: bad input."""
+    fraction of a block, so any N below the ceiling plus one block holds the planned pool).
+    Otherwise exit 1, saying by how much N is off and what to pass instead (a range that is
+    never empty). Exit 2: bad input."""
     ns = parser().parse_args(argv)
     from ..preflight import kv_bytes_as_vllm_reads
 

@@ -370,13 +370,24 @@ def _hit_prefix_room(prompts: tuple[Prompt, ...], limits: Limits, pool: Pool) ->
     one block fits. vLLM 0.33's MambaManager in "align" mode, with its KV manager: the prefix's
     blocks in every group that keeps them; in each Mamba group the state cached at the hit (a
     block the first request that hits takes out of the free queue, beside its own); per request,
-    its tokens' new blocks in every such group and, in each Mamba group, one block for its
-    running state plus the speculative ones (pool.state_blocks); and the null block. Without
-    the hits' state blocks the count says a prefix two blocks too long still holds every
-    request, and the scheduler forms the step one request short (docs/sweep.md)."""
+    its new tokens' blocks in every such group (with the scheduler's lookahead slots, k under
+    speculative decoding) and, in each Mamba group, one block for its running state, the
+    speculative ones (pool.state_blocks) and, where its new tokens span a block, one for the
+    prefill checkpoint vLLM may keep there; and the null block. Where vLLM holds less (no
+    checkpoint, no lookahead in that block) the prefix comes out shorter than it could be: the
+    replay still forms its step, on a shorter context, and says so. Without the hits' state
+    blocks the count says a prefix two blocks too long still holds every request, and the
+    scheduler forms the step one request short (docs/sweep.md)."""
     block, dropped = limits.block_size, limits.hit_drop
-    own = sum(pool.prefix_groups * -(-(p.suffix_len + dropped) // block) + pool.state_groups
-              for p in prompts) + pool.state_blocks * len(prompts)
+    ahead = limits.num_speculative_tokens
+
+    def blocks_of(p: Prompt) -> int:
+        new = p.suffix_len + dropped
+        checkpoint = 1 if new >= block else 0
+        return pool.prefix_groups * -(-(new + ahead) // block) \
+            + pool.state_groups * (1 + checkpoint)
+
+    own = sum(blocks_of(p) for p in prompts) + pool.state_blocks * len(prompts)
     spare = pool.blocks - 1 - pool.state_groups - own
     return max(0, spare // pool.prefix_groups) * block if spare > 0 else 0
 
@@ -456,7 +467,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
         prompts = tuple(Prompt(1, shared, r - dropped) for r in split_rows(rows, n))
         prompts, warms = _warmed(prompts, 1, shared, limits, distinct_hits=distinct_hits)
         own = " (each on its own cached last block)" if len(warms) > 1 else ""
-        kept, held = n, ""
+        kept, held, crowded = n, "", None
         if pool is not None and len(warms) > 1:
             prompts, warms, kept = _fit(prompts, warms, 1, limits, pool)
         elif pool is not None and pool.state_groups:
@@ -466,6 +477,9 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
                 shared = ctx + dropped
                 prompts = tuple(replace(p, prefix_len=shared) for p in prompts)
                 prompts, warms = _warmed(prompts, 1, shared, limits, distinct_hits=False)
+            elif room == 0:  # not even one block of prefix beside them: said, not reshaped
+                crowded = (f"the KV pool ({pool.blocks} blocks) holds fewer than {n} requests "
+                           f"on any cached prefix: the scheduler forms part of this step")
         notes = [] if ctx == shape.context_len or not kept else \
             [f"context {ctx}: the longest block-aligned one a real request reaches{held}"]
         label = f"{n} prompt(s) on a cached {shared}-token prefix{own}"
@@ -476,11 +490,13 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
                 f"{n - kept} of the {n} requests on no context: the KV pool ({pool.blocks} blocks"
                 f", {pool.groups} KV groups) holds {kept or 'fewer than 2'} on the {ctx}-token "
                 f"context, each with a cached last block and a new block in every group")
+        if crowded:
+            notes.append(crowded)
         return RequestPlan(
             target=Shape("prefill", rows, ctx if kept else 0, n),
             batches=(*warms,
                      Batch(f"{label}, {rows - n * dropped} new tokens in all", prompts, 1, True)),
-            exact=kept == n and shape.context_len - ctx <= limits.block_size,
+            exact=kept == n and not crowded and shape.context_len - ctx <= limits.block_size,
             note="; ".join(notes) or None)
     if n > 1:
         why = (f"a prefix-cache hit leaves each request at least {dropped + 1} rows to "
