@@ -16,6 +16,11 @@ Traffic per server (token-id prompts, random ids from a fixed seed, so every mod
             cached prefix, near max_model_len (the step vLLM's empty-KV profile never ran)
   decodes   --decodes concurrent requests of --decode-prompt tokens, --decode-tokens each
   mixed     the prefix plus other new tokens, sent while --decodes more decode
+  worst     (--worst N) N prompts of the prefix plus max_num_batched_tokens // N new tokens
+            each, sent while a fresh --prefix-token prompt (the blocker) fills the steps with its
+            chunks: the scheduler then takes them together, one step of N requests on the
+            cached prefix (the step vLLM's empty-KV profile never ran; the stock OOM on a held
+            card where one exists). Last, so the other traffic is measured either way
 After the traffic: /metrics, `wcprof guard URL` (plugin modes), then SIGINT and the exit.
 
 With --hold-slack-mib N a ballast process holds the card first so that free memory is exactly
@@ -71,6 +76,8 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--start-timeout-s", type=float, default=300)
     p.add_argument("--deadline", type=float, default=None, help="epoch s: skip modes past it")
     p.add_argument("--extra", default="", help="more `vllm serve` flags, one string")
+    p.add_argument("--worst", type=int, default=0,
+                   help="N: the worst-step traffic, N requests on the cached prefix (0: off)")
     return p.parse_args(argv)
 
 
@@ -321,7 +328,30 @@ def traffic(srv: Server, a, rng_seed: int = 0, decodes_only: bool = False) -> di
                                       extra=lambda: srv.post(a.model, prefix + other, 4))
         t["mixed"] = {"n": a.decodes, "ok": sum(1 for r in res if r and r["ok"]), "wall_s": wall,
                       "long": side, "errors": [r["error"] for r in res if r and not r["ok"]][:3]}
+    if a.worst and not decodes_only and srv.alive():
+        t["worst"] = worst_traffic(srv, a, prefix, _tokens(rng, a.prefix, vocab), rng, vocab)
     return t
+
+
+def worst_traffic(srv, a, prefix: list[int], blocker: list[int], rng, vocab: int,
+                  lead_s: float = 0.5) -> dict:
+    """--worst N: the blocker (a fresh prompt as long as the prefix) first; `lead_s` later the N
+    requests on the cached prefix, max_num_batched_tokens // N new tokens each, together; then
+    whether the server is still alive. The blocker's chunks take each step's whole token budget
+    while it runs, so the N queue and are scheduled in one step once it finishes."""
+    n = a.worst
+    rows = max(1, a.max_num_batched_tokens // n)
+    prompts = [prefix + _tokens(rng, rows, vocab) for _ in range(n)]
+    side: dict = {}
+    lead = threading.Thread(target=lambda: side.update(srv.post(a.model, blocker, 1)))
+    lead.start()
+    time.sleep(lead_s)
+    res, wall, _ = _concurrent(srv, a.model, prompts, 1)
+    lead.join()
+    return {"n": n, "rows_each": rows, "context": len(prefix), "wall_s": wall,
+            "ok": sum(1 for r in res if r and r["ok"]), "blocker": side,
+            "errors": [r["error"] for r in res if r and not r["ok"]][:3],
+            "alive_after": srv.alive()}
 
 
 def run_mode(a, mode: str, out: Path) -> dict:
@@ -388,7 +418,10 @@ def main(argv=None) -> int:
         print(f"serve_run: {mode}: healthy {r.get('healthy_s')}, alive after traffic "
               f"{r.get('alive_after_traffic')}, shutdown rc {sd['rc']} in {sd['stop_s']} s "
               f"(forced {sd['forced']}, left {sd['processes_left']}); oom {r['oom_lines'][:1]}; "
-              f"guard {(r.get('wcprof_guard') or {}).get('stdout', '').strip()}", flush=True)
+              f"guard {(r.get('wcprof_guard') or {}).get('stdout', '').strip()}"
+              + (f"; worst step over HTTP: {w['ok']} of {w['n']} served, alive after "
+                 f"{w['alive_after']}" if (w := (r.get('traffic') or {}).get('worst')) else ""),
+              flush=True)
         ok &= r.get("healthy_s") is not None and not sd["forced"] and not sd["processes_left"]
     write_json(out / "serve.json", summary)
     return 0 if ok else 1
