@@ -117,12 +117,10 @@ REGISTRY: tuple[Touch, ...] = (
     # -- the V1 runner driver ---------------------------------------------------------------------
     Touch("v1-dummy-run", "private-read",
           "GPUModelRunner._dummy_run(R, force_attention, profile_seq_lens, is_profile, skip_eplb, "
-          "uniform_decode, create_mixed_batch, remove_lora), ._dummy_sampler_run, "
-          ".initialize_kv_cache(is_profiling=True), ._cleanup_profiling_kv_cache, "
-          ".get_kv_cache_spec, ._sync_device",
+          "uniform_decode, create_mixed_batch), ._dummy_sampler_run, .initialize_kv_cache("
+          "is_profiling=True), ._cleanup_profiling_kv_cache, .get_kv_cache_spec, ._sync_device",
           "synthetic steps with attention metadata at a chosen KV extent, on a provisional KV "
-          "cache; the worst-step check's run of vLLM's warm-up step beside the real one "
-          "(validation._vllm_step)",
+          "cache",
           retire="a public profiling API taking (rows, context_len, num_reqs)"),
     Touch("v1-max-num-seqs-pin", "config-pin", "scheduler_config.max_num_seqs (for one step)",
           "V1 _dummy_run splits R rows over min(R, max_num_seqs) requests: pinned to the shape's "
@@ -135,13 +133,10 @@ REGISTRY: tuple[Touch, ...] = (
     # -- the V2 runner driver ---------------------------------------------------------------------
     Touch("v2-dummy-run", "private-read",
           "v1.worker.gpu.model_runner.GPUModelRunner._dummy_run(R, skip_attn, uniform_decode, "
-          "skip_eplb, is_profile[, context_len, valid_dummy_state_slots, randomize_inputs, "
-          "remove_lora]), ._dummy_sampler_run, ._dummy_pooler_run, "
-          ".initialize_kv_cache[(is_profiling)], .max_num_reqs, .max_num_tokens, "
-          ".decode_query_len, .dcp_size, .pooling_runner",
-          "synthetic steps at a chosen KV extent (context_len from 0.28; injected before); the "
-          "worst-step check's run of vLLM's compile warm-up step beside the KV cache "
-          "(validation._vllm_step)",
+          "skip_eplb, is_profile[, context_len, valid_dummy_state_slots, randomize_inputs]), "
+          "._dummy_sampler_run, ._dummy_pooler_run, .initialize_kv_cache[(is_profiling)], "
+          ".max_num_reqs, .max_num_tokens, .decode_query_len, .dcp_size, .pooling_runner",
+          "synthetic steps at a chosen KV extent (context_len from 0.28; injected before)",
           retire="a public profiling API taking per-request (query_len, context_len)"),
     Touch("v2-max-num-reqs-pin", "config-pin", "GPUModelRunner.max_num_reqs (for one step)",
           "V2 _dummy_run splits R rows over min(R, max_num_reqs) requests"),

@@ -17,6 +17,7 @@ import functools
 import logging
 
 from ..core import codec
+from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
 from ..core.replay_rules import replay_reached, replay_stops, validation_exceeded
 from ..core.types import Shape, Validation
@@ -25,7 +26,7 @@ from ..settings import resolve
 from ..sizes import fmt_bytes
 from .validation import (Workload, device_type_of, formed_on_every_rank, kv_tokens_of, measure,
                          multimodal_replay, pool_from, replay_sampling, traffic_workload,
-                         vllm_prompt, worst_workload)
+                         vllm_prompt, worst_step_workload)
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -83,12 +84,11 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
     pool = pool_from(await ask(client, "pool"))
+    plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching,
+                    distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
+                    hash_lookahead=hash_lookahead_tokens(client.vllm_config))
     vocab = int(client.model_config.get_vocab_size())
-    work = worst_workload(codec.decode(Shape, worst), limits, pool, vocab,
-                          prefix_caching=limits.prefix_caching,
-                          distinct_hits=sibling_hits_serialize(client.vllm_config),
-                          hash_lookahead=hash_lookahead_tokens(client.vllm_config))
-    results = await _measure(client, work, predicted, vocab)
+    results = await _measure(client, worst_step_workload(plan, vocab), predicted, vocab)
     results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab)
     if which == "all":
         work = traffic_workload(limits, vocab,

@@ -27,7 +27,7 @@ from ..core import codec
 from ..core.guard import StepShape, frontier_add
 from ..core.replay_rules import formed_for, replay_stops, target_formed
 from ..core.requests_plan import (Pool, Prompt, RequestPlan, multimodal_plan, plan_for,
-                                  quick_plan, token_ids, vllm_step_why)
+                                  quick_plan, token_ids)
 from ..core.shapes import Limits
 from ..core.types import Shape, Validation
 from ..settings import REPLAY_STOP_ENV, replay_stop
@@ -217,41 +217,6 @@ def _end(wrapper) -> dict:
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes), "formed": formed,
             "encoder_items": encoder_items, "peak_step": peak_step}
-
-
-def _vllm_step(wrapper) -> None:
-    """Worker side, between _begin and _end: vLLM's own profile step as its warm-up runs it
-    once the KV cache exists (compile_or_warm_up_model: the runner's _dummy_run of
-    max_num_batched_tokens tokens over min(tokens, max_num_seqs) requests, attention on), the
-    step recorded as formed (vLLM formed it)."""
-    import inspect
-
-    worker = getattr(wrapper, "worker", wrapper)
-    runner = worker.model_runner
-    # vllm-touch: worker-config
-    sched = worker.vllm_config.scheduler_config
-    rows = int(sched.max_num_batched_tokens)
-    reqs = min(int(sched.max_num_seqs), rows)
-    # vllm-touch: v1-dummy-run
-    # vllm-touch: v2-dummy-run
-    run = runner._dummy_run
-    params = inspect.signature(run).parameters
-    run(rows, **{k: v for k, v in (("skip_eplb", True), ("remove_lora", False)) if k in params})
-    if hasattr(runner, "_sync_device"):
-        runner._sync_device()
-    else:
-        _sync(worker)
-    recorder = getattr(worker, _FORMED_ATTR, None)
-    if recorder is not None:
-        recorder.frontier = frontier_add(recorder.frontier,
-                                         StepShape(rows=rows, reqs=reqs, prefills=reqs))
-
-
-def _sync(worker) -> None:
-    if str(getattr(worker, "device", "cpu")).startswith("cuda"):
-        import torch
-
-        torch.cuda.synchronize()
 
 
 def _formed(wrapper) -> list[dict]:
@@ -468,8 +433,6 @@ class Workload:
     note: str | None = None
     modality: str | None = None
     encoder_items: int = 0
-    vllm_step: bool = False
-    """No requests: the measured step is vLLM's own, run in every worker (_vllm_step)."""
 
     def stopped(self, n: int, stop: str) -> Workload:
         """This workload, its note saying that its replay stopped `n` requests (0: as it is),
@@ -503,27 +466,6 @@ def worst_step_workload(plan: RequestPlan, vocab: int, target: str = "worst-step
     note = plan.note if plan.exact else (plan.note or "approximate")
     return Workload(target, batches, tuple(b.label for b in plan.batches if b.measured),
                     shape=plan.target, note=note)
-
-
-def vllm_step_workload(worst: Shape, why: str) -> Workload:
-    """The worst step where no set of requests forms it (requests_plan.vllm_step_why): vLLM's
-    own warm-up step, run in every worker beside the KV cache, as the worst-step check."""
-    return Workload("worst-step", (), (f"no requests: vLLM's warm-up step ({worst.rows} "
-                                       f"tokens over {worst.num_reqs} requests) run beside "
-                                       f"the KV cache",),
-                    shape=worst, note=why, vllm_step=True)
-
-
-def worst_workload(worst: Shape, limits: Limits, pool: Pool | None, vocab: int, *,
-                   prefix_caching: bool, distinct_hits: bool, hash_lookahead: int) -> Workload:
-    """What the worst-step check runs, in-process and while serving alike: vLLM's own step
-    where no requests form it, else the requests that do (requests_plan.plan_for)."""
-    why = vllm_step_why(worst, pool)
-    if why is not None:
-        return vllm_step_workload(worst, why)
-    return worst_step_workload(plan_for(worst, limits, prefix_caching=prefix_caching,
-                                        distinct_hits=distinct_hits, pool=pool,
-                                        hash_lookahead=hash_lookahead), vocab)
 
 
 def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
@@ -628,10 +570,6 @@ async def measure(client: ReplayClient, work: Workload,
     peaks = RankPeaks()
     t0 = time.perf_counter()
     stopped, stop = 0, replay_stop()
-    if work.vllm_step:
-        await client.ask("begin")
-        await client.ask("vllm_step")
-        peaks.add(await client.ask("end"))
     for prompts, max_tokens, measured in work.batches:
         prompts = await client.prepare(prompts)
         if measured:
@@ -646,8 +584,7 @@ class InProcess:
     """ReplayClient over an LLM (its engine stepped here): worker ops go through collective_rpc
     as callables, a targeted batch through _generate_to, any other through llm.generate."""
 
-    OPS = {"begin": _begin, "end": _end, "formed": _formed, "pool": pool_of,
-           "vllm_step": _vllm_step}
+    OPS = {"begin": _begin, "end": _end, "formed": _formed, "pool": pool_of}
 
     def __init__(self, llm):
         self.llm = llm
@@ -709,11 +646,11 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
                         predicted)
     # vllm-touch: worker-config
     vllm_config = llm.llm_engine.vllm_config
-    work = worst_workload(worst, limits, pool_from(llm.collective_rpc(pool_of)), _vocab(llm),
-                          prefix_caching=prefix_caching,
-                          distinct_hits=sibling_hits_serialize(vllm_config),
-                          hash_lookahead=hash_lookahead_tokens(vllm_config))
-    return _measure(llm, work, predicted)
+    plan = plan_for(worst, limits, prefix_caching=prefix_caching,
+                    distinct_hits=sibling_hits_serialize(vllm_config),
+                    pool=pool_from(llm.collective_rpc(pool_of)),
+                    hash_lookahead=hash_lookahead_tokens(vllm_config))
+    return _measure(llm, worst_step_workload(plan, _vocab(llm)), predicted)
 
 
 def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder, *,
@@ -759,8 +696,6 @@ def worker_rpc(worker, op: str, payload=None):
         return pool_of(worker)
     if op == "formed":
         return _formed(worker)
-    if op == "vllm_step":
-        return _vllm_step(worker)
     session = session_of(worker)
     if op == "summary":
         if session is None or session.profile is None:

@@ -120,29 +120,6 @@ class RequestPlan:
     step schedules, so that the encoder runs on all of them in that step."""
 
 
-def vllm_step_why(worst: Shape, pool: Pool | None) -> str | None:
-    """Why no set of requests forms `worst`, a step vLLM itself runs beside the KV cache, or
-    None where requests can form it (then the replay builds it from requests as usual).
-
-    vLLM's profile step (kind "stock") is in the worst case only where vLLM runs it again once
-    the KV cache exists (shapes.Limits.stock_reruns_with_kv: a compiled model's warm-up at
-    max_num_batched_tokens, over min(rows, max_num_seqs) requests). Each request resident in
-    the scheduler's pool holds at least a block in every KV group and its speculative state
-    blocks, so a pool of B blocks holds at most (B - 1) // (groups + state_blocks) at once;
-    where the step has more, the scheduler never forms it and a replay measures some other
-    step. The check then runs the step the way vLLM's warm-up does, beside the KV cache
-    (adapter/validation.vllm_step_workload)."""
-    if worst.kind != "stock" or pool is None:
-        return None
-    most = (pool.blocks - 1) // max(1, pool.groups + pool.state_blocks)
-    if worst.num_reqs <= most:
-        return None
-    return (f"vLLM's own profile step ({worst.label()}) is the worst because its warm-up runs "
-            f"it again beside the KV cache; the KV pool ({pool.blocks} blocks) holds at most "
-            f"{most} requests at once, so no set of requests forms it: measured as vLLM's "
-            f"warm-up runs it")
-
-
 def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> Shape:
     """The step a worst-step validation builds from requests: the sweep's worst, or, when that
     is a prefill step whose requests each compute exactly 1 + k rows on a cached context, a
