@@ -221,34 +221,3 @@ def test_the_v2_driver_refuses_a_fresh_step_beyond_its_pool_on_a_hybrid_model():
     assert "64 requests" in V2Driver.cannot_build(drv(True), big)
     assert V2Driver.cannot_build(drv(True), ok) is None
     assert V2Driver.cannot_build(drv(False), big) is None
-
-
-@pytest.mark.parametrize("graphs, compile_sizes, sizes, reruns", [
-    ("FULL_AND_PIECEWISE", None, [], False),  # every capture size inside the one range: none
-    ("NONE", None, [8192], True),             # compiled without graphs: the range's end
-    ("FULL_AND_PIECEWISE", [8192], [8192], True),  # a compile size no graph captures
-    ("FULL_AND_PIECEWISE", [512], [], False),      # a compile size that is a capture size
-])
-def test_a_compiled_v2_worker_reruns_it_only_at_the_sizes_its_warm_up_runs(
-        graphs, compile_sizes, sizes, reruns):
-    """vLLM's compile warm-up (0.32 and 0.33 Worker.compile_or_warm_up_model) runs
-    _dummy_run(size) beside the KV cache only at compile sizes no graph captures and at the end
-    of a compile range that holds no size at all: with graphs on and the one default range
-    [1, max_num_batched_tokens], none (h200-run56's DFlash at 131k with graphs kept vLLM's
-    profile step as its worst, a step of 1,024 requests its pool of 216 never forms). Read
-    from vLLM's own CompilationConfig; a config not read leaves the step in."""
-    from vllm.config import CompilationConfig
-    from vllm.config.compilation import CompilationMode, CUDAGraphMode
-
-    from worstcase_profiler.adapter.facts import compile_warm_up_sizes, stock_reruns_with_kv
-
-    cfg, runner = _worker("cuda", "vllm.v1.worker.gpu.model_runner", "VLLM_COMPILE")
-    cfg.compilation_config = CompilationConfig(
-        mode=CompilationMode.VLLM_COMPILE, cudagraph_mode=CUDAGraphMode[graphs],
-        cudagraph_capture_sizes=[1, 2, 4, 8, 16, 256, 512], compile_sizes=compile_sizes,
-        compile_ranges_endpoints=[8192])
-    cfg.kernel_config = SimpleNamespace(enable_flashinfer_autotune=False)
-    assert compile_warm_up_sizes(cfg) == sizes
-    assert stock_reruns_with_kv(cfg, runner) is reruns
-    cfg.compilation_config = SimpleNamespace(mode=SimpleNamespace(name="VLLM_COMPILE"))
-    assert compile_warm_up_sizes(cfg) is None and stock_reruns_with_kv(cfg, runner) is True

@@ -62,14 +62,9 @@ def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
     * the CPU worker warms the model up only when it has no KV cache: False;
     * the GPU worker with the V1 runner warms its sampler up over min(max_num_seqs,
       max_num_batched_tokens) requests after the KV cache exists: True;
-    * with the V2 runner, a compiled model (CompilationMode.VLLM_COMPILE) is warmed up at the
-      sizes `compile_warm_up_sizes` reads (a compile range's end where no CUDA-graph capture
-      size or compile size falls inside it: max_num_batched_tokens when graphs are off, over
-      min(rows, max_num_seqs) requests): True where there is any; with graphs on and vLLM's one
-      default range every capture size is inside it, so none runs (the captures' own steps are
-      the graphs' measure); where the sizes cannot be read, True. So is eager, or a
-      compiled model without such sizes, with FlashInfer installed and its autotune not
-      switched off
+    * with the V2 runner, a compiled model (CompilationMode.VLLM_COMPILE; any mode but NONE is
+      taken as compiled) is warmed up at max_num_batched_tokens, over min(rows, max_num_seqs)
+      requests: True; so is eager with FlashInfer installed and its autotune not switched off
       (kernel_warmup's autotune runs _dummy_run(max_num_batched_tokens) once the pool exists),
       and elastic EP (warm_and_capture runs it too); otherwise eager (mode NONE), only the kernel
       warm-up runs (`v1/worker/gpu/warmup._warmup_kernels`), its requests capped at what the
@@ -86,10 +81,8 @@ def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
     if device != "cuda" or not is_v2_runner(runner):
         return True
     mode = getattr(vllm_config.compilation_config, "mode", None)
-    if getattr(mode, "name", str(mode)) != "NONE":
-        sizes = compile_warm_up_sizes(vllm_config)
-        if sizes is None or sizes:  # warmed up at those sizes (unknown: taken as warmed up)
-            return True
+    if getattr(mode, "name", str(mode)) != "NONE":  # any compiled mode: warmed up as compiled
+        return True
     if getattr(getattr(vllm_config, "parallel_config", None), "enable_elastic_ep", False):
         return True  # elastic EP's warm_and_capture reruns _dummy_run(max_num_tokens) uncapped
     autotune = getattr(getattr(vllm_config, "kernel_config", None), "enable_flashinfer_autotune",
@@ -99,33 +92,6 @@ def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
     # kernel_warmup's FlashInfer autotune: _dummy_run(max_num_batched_tokens, is_profile=True)
     # after the KV cache exists, min(rows, max_num_reqs) requests (not capped by the pool)
     return autotune is not False and importlib.util.find_spec("flashinfer") is not None
-
-
-def compile_warm_up_sizes(vllm_config) -> list[int] | None:
-    """The sizes vLLM's GPU worker runs `_dummy_run(size)` at in its compile warm-up, once the
-    KV cache exists (vLLM 0.32 and 0.33 `Worker.compile_or_warm_up_model`, the same rule in
-    both): for CompilationMode.VLLM_COMPILE, the compile sizes that are not CUDA-graph capture
-    sizes (graphs on), plus the end of every compile range that holds neither a capture size
-    nor such a compile size; [] for any other mode. None where the config does not say (an
-    older or newer layout): the caller then takes the step as run."""
-    # vllm-touch: worker-config
-    cc = getattr(vllm_config, "compilation_config", None)
-    try:
-        mode = getattr(cc.mode, "name", str(cc.mode))
-        if mode != "VLLM_COMPILE":
-            return []
-        sizes = list(cc.compile_sizes or [])
-        graphs = getattr(cc.cudagraph_mode, "name", str(cc.cudagraph_mode)) != "NONE"
-        captured = list(cc.cudagraph_capture_sizes or []) if graphs else []
-        sizes = [x for x in sizes if x not in captured]
-        known = set(captured) | {x for x in sizes if isinstance(x, int)}
-        for r in cc.get_compile_ranges():
-            if not any(x in r for x in known):
-                sizes.append(int(r.end))
-        return [int(x) for x in sizes if isinstance(x, int)] if all(
-            isinstance(x, int) for x in sizes) else None
-    except Exception:  # noqa: BLE001 - a layout not read here: the step stays in the worst case
-        return None
 
 
 def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]:
