@@ -62,9 +62,12 @@ def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
     * the CPU worker warms the model up only when it has no KV cache: False;
     * the GPU worker with the V1 runner warms its sampler up over min(max_num_seqs,
       max_num_batched_tokens) requests after the KV cache exists: True;
-    * with the V2 runner, a compiled model (CompilationMode.VLLM_COMPILE; any mode but NONE is
-      taken as compiled) is warmed up at max_num_batched_tokens, over min(rows, max_num_seqs)
-      requests: True; so is eager with FlashInfer installed and its autotune not switched off
+    * with the V2 runner, a compiled model (any mode but NONE is taken as compiled) runs steps
+      that wide beside the pool: its compile warm-up at max_num_batched_tokens where no graph
+      capture size falls in that compile range, graph captures of min(size, max_num_seqs)
+      requests (up to 512 x (1 + k) tokens under speculative decoding), adaptive
+      verification's profiling replays, and vLLM may lower the graph mode after this reads it:
+      True; so is eager with FlashInfer installed and its autotune not switched off
       (kernel_warmup's autotune runs _dummy_run(max_num_batched_tokens) once the pool exists),
       and elastic EP (warm_and_capture runs it too); otherwise eager (mode NONE), only the kernel
       warm-up runs (`v1/worker/gpu/warmup._warmup_kernels`), its requests capped at what the
