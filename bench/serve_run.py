@@ -295,6 +295,12 @@ def _concurrent(srv: Server, model: str, prompts: list[list[int]], max_tokens: i
     return results, time.perf_counter() - t0, side
 
 
+def _tally(results: list[dict | None]) -> dict:
+    """How many of a batch's answers were ok, and the first three errors."""
+    return {"ok": sum(1 for r in results if r and r["ok"]),
+            "errors": [r["error"] for r in results if r and not r["ok"]][:3]}
+
+
 def _metrics(text: str | None) -> dict:
     if not text:
         return {}
@@ -320,14 +326,12 @@ def traffic(srv: Server, a, rng_seed: int = 0, decodes_only: bool = False) -> di
     if srv.alive():
         res, wall, _ = _concurrent(srv, a.model, dec[:a.decodes], a.decode_tokens)
         done = sum(r["completion_tokens"] for r in res if r and r["ok"])
-        t["decodes"] = {"n": a.decodes, "ok": sum(1 for r in res if r and r["ok"]), "wall_s": wall,
-                        "tokens": done, "tokens_per_s": done / wall if wall else None,
-                        "errors": [r["error"] for r in res if r and not r["ok"]][:3]}
+        t["decodes"] = {"n": a.decodes, "wall_s": wall, "tokens": done,
+                        "tokens_per_s": done / wall if wall else None, **_tally(res)}
     if not decodes_only and srv.alive():
         res, wall, side = _concurrent(srv, a.model, dec[a.decodes:], a.decode_tokens,
                                       extra=lambda: srv.post(a.model, prefix + other, 4))
-        t["mixed"] = {"n": a.decodes, "ok": sum(1 for r in res if r and r["ok"]), "wall_s": wall,
-                      "long": side, "errors": [r["error"] for r in res if r and not r["ok"]][:3]}
+        t["mixed"] = {"n": a.decodes, "wall_s": wall, "long": side, **_tally(res)}
     if a.worst and not decodes_only and srv.alive():
         t["worst"] = worst_traffic(srv, a, prefix, _tokens(rng, a.prefix, vocab), rng, vocab)
     return t
@@ -348,10 +352,8 @@ def worst_traffic(srv, a, prefix: list[int], blocker: list[int], rng, vocab: int
     time.sleep(lead_s)
     res, wall, _ = _concurrent(srv, a.model, prompts, 1)
     lead.join()
-    return {"n": n, "rows_each": rows, "context": len(prefix), "wall_s": wall,
-            "ok": sum(1 for r in res if r and r["ok"]), "blocker": side,
-            "errors": [r["error"] for r in res if r and not r["ok"]][:3],
-            "alive_after": srv.alive()}
+    return {"n": n, "rows_each": rows, "context": len(prefix), "wall_s": wall, "blocker": side,
+            **_tally(res), "alive_after": srv.alive()}
 
 
 def run_mode(a, mode: str, out: Path) -> dict:

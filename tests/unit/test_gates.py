@@ -292,7 +292,7 @@ def test_diff_names_a_flag_held_at_the_planned_pool(capsys, tmp_path):
     code, out, _ = run(capsys, "diff", FP8, held, "--metric", "kv_flag", "--max-increase", "50%")
     assert code == 0, out
     flat = " ".join(out.split())
-    assert "the new report's kv_flag is held at the KV pool its measured plan covers" in flat, out
+    assert "the new report's kv_flag is held at the KV pool the measured plan covers" in flat, out
     assert "old report's kv_flag is held" not in flat
     code, out, _ = run(capsys, "diff", FP8, FP8, "--metric", "kv_flag")
     assert "held at the pool" not in " ".join(out.split())

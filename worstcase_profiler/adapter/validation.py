@@ -237,7 +237,7 @@ def pool_of(wrapper) -> dict | None:
     cfg = getattr(getattr(worker, "model_runner", None), "kv_cache_config", None)
     if cfg is None or not getattr(cfg, "kv_cache_groups", None):
         return None
-    from .kv import is_spec, speculative_state_blocks
+    from .kv import is_spec, request_floor
 
     groups = cfg.kv_cache_groups
     mamba = sum(1 for g in groups if is_spec(g.kv_cache_spec, "MambaSpec"))
@@ -246,7 +246,7 @@ def pool_of(wrapper) -> dict | None:
     return {"blocks": int(cfg.num_blocks), "groups": len(groups),
             "prefix_groups": max(1, len(groups) - mamba), "hit_unit": hit_unit,
             "capacity_tokens": _capacity_tokens(worker, cfg),
-            "state_blocks": sum(speculative_state_blocks(g.kv_cache_spec) for g in groups)}
+            "state_blocks": request_floor(cfg)["state_blocks"]}
 
 
 def _capacity_tokens(worker, cfg) -> int:

@@ -19,6 +19,7 @@ from typing import Callable, Literal
 from rich.console import Console
 from rich.table import Table
 
+from ..core.admission import pool_hold_text
 from ..errors import ArgParser, ConfigError
 from ..report import Report
 from ..sizes import fmt_bytes, fmt_tokens
@@ -142,16 +143,10 @@ def _show(metric: Metric, report: Report, value: int | None) -> str:
 
 def held_flag_notes(old: Report, new: Report) -> list[str]:
     """A line for each report whose recommended flag is held at the KV pool its measured plan
-    covers (admission.pool_ceiling_bytes) below its worst-case budget: there the flag is the
-    plan's limit, so a smaller flag is not memory the profile lost to a larger peak."""
-    out = []
-    for which, r in (("old", old), ("new", new)):
-        a = r.admission
-        if a.pool_ceiling_bytes is not None and a.pool_ceiling_bytes < a.budget_bytes:
-            out.append(f"the {which} report's kv_flag is held at the KV pool its measured plan "
-                       f"covers ({fmt_bytes(a.pool_ceiling_bytes)}), below its worst-case "
-                       f"budget {fmt_bytes(a.budget_bytes)}")
-    return out
+    covers (core.admission.pool_hold_text): there the flag is the plan's limit, so a smaller
+    flag is not memory the profile lost to a larger peak."""
+    held = ((which, pool_hold_text(r.admission)) for which, r in (("old", old), ("new", new)))
+    return [f"the {which} report's kv_flag is {text}" for which, text in held if text]
 
 
 def _fmt_change(metric: Metric, old: int, new: int) -> str:

@@ -203,6 +203,17 @@ def null_block_text(adm: Admission) -> str:
             f"{fmt_bytes(least)} in all")
 
 
+def pool_hold_text(adm: Admission) -> str | None:
+    """'held at the KV pool the measured plan covers (X), below the budget's Y', where the
+    recommended flag and KV cache are held there (Admission.pool_ceiling_bytes, set only below
+    the budget: budget.held_at_pool); None elsewhere. The report's flag note and `wcprof diff`
+    say it in these words."""
+    if adm.pool_ceiling_bytes is None:
+        return None
+    return (f"held at the KV pool the measured plan covers ({fmt_bytes(adm.pool_ceiling_bytes)}), "
+            f"below the budget's {fmt_bytes(adm.budget_bytes)}")
+
+
 def host_memory_note(*, device_kind: str, explicit_kv: int | None,
                      admission: Admission) -> str | None:
     """On the CPU, without --kv-cache-memory-bytes, the budget is vLLM's share of the host's

@@ -293,7 +293,8 @@ class _Weigher:
             worst_shape = plan.prefill_chunk(fit_limits(lim, max_model_len, seqs),
                                              top_row.shape.rows)
             bounded_by = top_row.shape
-        if (chunk, seqs) == (lim.max_num_batched_tokens, lim.max_num_seqs):
+        swept = (chunk, seqs) == (lim.max_num_batched_tokens, lim.max_num_seqs)
+        if swept:
             # what that start itself admitted: never less
             transient = max(transient, sweep.peak_bytes)
             ws = max(ws, f.workspace.total_bytes)
@@ -302,9 +303,8 @@ class _Weigher:
                          one_request=one)
         explicit = adm.explicit_kv_cache_memory_bytes
         kv = explicit if explicit is not None else a.recommended_kv_cache_memory_bytes
-        if adm.pool_ceiling_bytes is not None and explicit is None and \
-                (max_model_len, chunk, seqs) == (lim.max_model_len, lim.max_num_batched_tokens,
-                                                 lim.max_num_seqs):
+        if swept and max_model_len == lim.max_model_len and explicit is None \
+                and adm.pool_ceiling_bytes is not None:
             # the start's own configuration: its flag is held at the pool its measured plan
             # covers (budget.held_at_pool); a larger one holds wider steps than any measured
             kv = min(kv, adm.recommended_kv_cache_memory_bytes)

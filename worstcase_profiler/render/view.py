@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.admission import least_of, null_block_text
+from ..core.admission import least_of, null_block_text, pool_hold_text
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
 from ..core.pool_fit import fit_text
@@ -317,10 +317,9 @@ def flag_note(report: Report) -> str:
             note += ", more than the worst-case budget"
     if report.chunk_cap is not None:  # the budget holds only with the cap enforcing its steps
         note += f"; only with chunk_cap {report.chunk_cap.plan.rows} in the plugin's settings"
-    if adm.pool_ceiling_bytes is not None:
-        note += (f"; held at the KV pool the measured plan covers "
-                 f"({fmt_bytes(adm.pool_ceiling_bytes)}), below the budget's "
-                 f"{fmt_bytes(adm.budget_bytes)}: a larger pool holds wider steps")
+    held = pool_hold_text(adm)
+    if held is not None:
+        note += f"; {held}: a larger pool holds wider steps"
     return note
 
 
