@@ -925,7 +925,8 @@ def test_requests_on_a_hybrid_prefix_fit_the_pool_with_the_hits_cached_state(
 def test_a_hybrid_prefix_counts_checkpoint_and_lookahead_blocks_and_says_when_none_fits():
     """Requests whose new tokens span a block may hold a prefill checkpoint block in each Mamba
     group, and the scheduler allocates their attention blocks with k lookahead slots: both
-    counted (review of the hit-state count: a 200-block pool counted 197 where vLLM needed 205).
+    counted (a review reading vLLM 0.33's MambaManager found a 200-block pool counted 197 where
+    its allocation rule asks 205; worked out from the source, not run).
     A pool that holds the requests on no cached prefix at all leaves the plan's context and
     says the scheduler forms part of the step."""
     from worstcase_profiler.core.requests_plan import Pool
