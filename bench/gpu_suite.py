@@ -341,6 +341,13 @@ def _check_report(report: dict, name: str, put) -> None:
 
             put(f"{key}_formed", replay_reached(validation_model(v)) is True,
                 f"the closest step the scheduler formed: {v.get('formed')} (target {v['shape']})")
+    warm = report.get("warmup_audit") or {}
+    if warm.get("startup_transient_bytes") is not None:  # schema 1.16+
+        got, want = warm["startup_transient_bytes"], report["admission"]["transient_bytes"]
+        put("startup_within_prediction", got <= want + (1 << 20),
+            f"vLLM's own warm-up beside the KV cache: {got} above what it kept vs the worst "
+            f"step's {want} ({got / want:.4f}); high-water mark {warm['startup_peak_bytes']}, "
+            f"before graph capture {warm.get('startup_peak_before_capture_bytes')}")
     rows = {"min": 1, "max": flag_value(name, "--max-num-batched-tokens")}
     put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))
     if name == "scratch":  # seed 002: the scratch grows with KV extent, which stock never runs

@@ -132,3 +132,78 @@ def test_the_residue_credit_never_eats_the_entrys_own_warm_up_reserve(tmp_path, 
     startup.after_warm_up(worker, session.settings)
     assert session.phases.warmup.audit.verdict == "ok"
     assert cache.load("k").warmup.total_bytes == 50 * MiB
+
+
+class _WarmUpMeter:
+    """A meter whose marks the stand-in warm-up sets: `peak` above the start, `left` live."""
+
+    device_kind = "cuda"
+    resolution_bytes = MiB
+
+    def __init__(self):
+        self.peak_mark, self.left, self.began = 0, 0, False
+
+    def begin(self):
+        self.began = True
+
+    def peak(self):
+        return self.peak_mark
+
+    def end(self):
+        return max(0, self.peak_mark - self.left)
+
+
+def test_vllms_own_warm_up_is_metered_beside_the_kv_cache(tmp_path, consumed, monkeypatch):
+    """warm_up meters vLLM's warm-up from its start: the audit carries the high-water mark, the
+    part above what the warm-up kept, and compares it with the worst step's prediction."""
+    worker, session, _ = _worker(tmp_path, graphs=20 * MiB)
+    meter = _WarmUpMeter()
+    monkeypatch.setattr(startup, "meter_for", lambda device: meter)
+    predicted = session.profile.admission.transient_bytes
+    consumed["now"] = 1000 * MiB + 20 * MiB
+
+    def vllm_warm_up(w):
+        assert meter.began
+        meter.peak_mark, meter.left = predicted // 2 + 20 * MiB, 20 * MiB
+        return "done"
+
+    assert startup.warm_up(worker, vllm_warm_up, session.settings) == "done"
+    audit = session.phases.warmup.audit
+    assert audit.startup_peak_bytes == predicted // 2 + 20 * MiB
+    assert audit.startup_transient_bytes == predicted // 2
+    assert audit.startup_peak_before_capture_bytes is None  # no capture_model on this runner
+    assert "0.500 of it" in audit.message and not session.phases.warnings
+    report = json.loads((tmp_path / "r.json").read_text())["warmup_audit"]
+    assert report["startup_transient_bytes"] == predicted // 2
+
+
+def test_a_warm_up_above_the_prediction_is_a_warning(tmp_path, consumed, monkeypatch):
+    worker, session, _ = _worker(tmp_path)
+    meter = _WarmUpMeter()
+    monkeypatch.setattr(startup, "meter_for", lambda device: meter)
+    predicted = session.profile.admission.transient_bytes
+    consumed["now"] = 1000 * MiB
+
+    def vllm_warm_up(w):
+        meter.peak_mark = predicted + 2 * MiB  # beyond the meter's 1 MiB resolution
+
+    startup.warm_up(worker, vllm_warm_up, session.settings)
+    assert session.phases.warmup.audit.verdict == "ok"  # what it kept is within the reserve
+    assert any("2.00 MiB more than the worst case holds" in w for w in session.phases.warnings)
+
+
+def test_the_startup_note_names_the_phase_that_set_the_mark():
+    from worstcase_profiler.core.audits import warmup_verdict, with_startup
+
+    audit, _ = warmup_verdict(resident=0, graphs=0, accounted=0, margin=MiB, mode="enforce",
+                              kv_cache_bytes=0, cached=False)
+    by_capture, _ = with_startup(audit, peak=300 * MiB, transient=100 * MiB,
+                                 before_capture=50 * MiB, predicted=200 * MiB, resolution=MiB)
+    before, _ = with_startup(audit, peak=300 * MiB, transient=100 * MiB,
+                             before_capture=300 * MiB, predicted=200 * MiB, resolution=MiB)
+    assert "set by graph capture" in by_capture.message
+    assert "set before graph capture" in before.message
+    assert "0.500 of it" in before.message
+    _, within = with_startup(audit, peak=201 * MiB, transient=201 * MiB, before_capture=None,
+                             predicted=200 * MiB, resolution=MiB)
+    assert within is None  # within the meter's resolution

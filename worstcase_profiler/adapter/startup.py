@@ -32,7 +32,7 @@ from ..core import budget
 from ..core import chunk_cap as core_cap
 from ..core.advise import knee_line
 from ..core.audits import (concurrency_note, kv_audit_error, kv_audit_verdict, warmup_to_remember,
-                           warmup_verdict)
+                           warmup_verdict, with_startup)
 from ..core.cache_trust import reuse_consumed
 from ..core.multimodal import EncoderStep, MultimodalFacts, admit, encoder_line, unprofiled_note
 from ..core.replay_rules import plan_agreement
@@ -621,21 +621,29 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
 # --- compile_or_warm_up_model --------------------------------------------------------------
 
 def warm_up(worker, original, settings: ProfilerSettings, *args, **kwargs):
-    """vLLM's warm-up, with what CUDA-graph capture kept measured, then the warm-up audit."""
+    """vLLM's warm-up, metered (its high-water mark beside the KV cache, and where graph capture
+    began) with what CUDA-graph capture kept measured, then the warm-up audit."""
     import time
 
     session = session_of(worker)
+    meter = meter_for(getattr(worker, "device", "cpu")) if session is not None else None
     t0 = time.perf_counter()
-    with _recording_capture(worker, session):
+    if meter is not None:
+        meter.begin()
+    with _recording_capture(worker, session, meter):
         out = original(worker, *args, **kwargs)
+    if meter is not None:
+        session.measurements["startup_peak"] = int(meter.peak())
+        session.measurements["startup_transient"] = int(meter.end())
     after_warm_up(worker, settings, time.perf_counter() - t0)
     return out
 
 
 @contextlib.contextmanager
-def _recording_capture(worker, session: StartupSession | None):
+def _recording_capture(worker, session: StartupSession | None, meter=None):
     """Wrap the runner's capture_model for the warm-up: the free device memory it consumed is
-    what the graphs kept (measured like the held memory: synchronised, allocator cache emptied)."""
+    what the graphs kept (measured like the held memory: synchronised, allocator cache emptied),
+    and the warm-up meter's mark when it began (session.measurements["startup_before_capture"])."""
     runner = getattr(worker, "model_runner", None)
     original = getattr(runner, "capture_model", None)
     if session is None or original is None or meter_for(getattr(worker, "device", "cpu")).device_kind != "cuda":
@@ -649,6 +657,8 @@ def _recording_capture(worker, session: StartupSession | None):
         return int(torch.cuda.mem_get_info()[0])
 
     def capture_model(*args, **kwargs):
+        if meter is not None and "startup_before_capture" not in session.measurements:
+            session.measurements["startup_before_capture"] = int(meter.peak())
         before = free_now()
         out = original(*args, **kwargs)
         session.measurements["graphs"] = session.measurements.get("graphs", 0) + max(0, before - free_now())
@@ -683,6 +693,16 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
             remember = warmup_to_remember(
                 resident=resident, graphs=graphs, reserve=prof.admission.cudagraph_bytes,
                 residue=residue, ok=audit.verdict == "ok", exact=meter.device_kind == "cuda")
+            startup = session.measurements.get("startup_transient")
+            if startup is not None:
+                audit, over = with_startup(
+                    audit, peak=int(session.measurements["startup_peak"]), transient=int(startup),
+                    before_capture=session.measurements.get("startup_before_capture"),
+                    predicted=prof.admission.transient_bytes,
+                    resolution=int(meter.resolution_bytes))
+                if over is not None:
+                    session.warn(over)
+                    log.warning("[wcprof] %s", over)
             if cached and remember is not None:
                 sweep_cache.remember_warmup(prof.cache, remember)
         if audit.verdict != "ok" and error is None:

@@ -134,6 +134,30 @@ def warmup_to_remember(*, resident: int, graphs: int, reserve: int, residue: int
                           other_bytes=max(0, resident - graphs - credited), source="cache")
 
 
+def with_startup(audit: WarmupAudit, *, peak: int, transient: int, before_capture: int | None,
+                 predicted: int, resolution: int) -> tuple[WarmupAudit, str | None]:
+    """The audit with what vLLM's own warm-up needed beside the KV cache (adapter/startup.warm_up
+    meters it): its high-water mark above its start (`peak`), the part above what it left live
+    (`transient`), the mark the warm-ups before graph capture reached (`before_capture`, None
+    without capture); against the worst step's predicted transient (`predicted`). Its message
+    says which part set the mark; the second value is a warning when the transient exceeded the
+    prediction by more than the meter's `resolution` (a startup step the worst case did not
+    cover; the start itself survived it), else None."""
+    setter = ("" if before_capture is None else
+              ", set by graph capture" if peak > before_capture else
+              ", set before graph capture (compile and kernel warm-ups)")
+    note = (f"vLLM's own warm-up beside the KV cache needed {fmt_bytes(transient)} above what it "
+            f"kept (high-water mark {fmt_bytes(peak)} above its start{setter}); the worst step's "
+            f"predicted peak is {fmt_bytes(predicted)}"
+            + (f" ({transient / predicted:.3f} of it)" if predicted else ""))
+    audit = replace(audit, message=f"{audit.message}; {note}", startup_peak_bytes=peak,
+                    startup_transient_bytes=transient,
+                    startup_peak_before_capture_bytes=before_capture)
+    over = transient - predicted
+    return audit, (f"{note}: {fmt_bytes(over)} more than the worst case holds" if
+                   over > resolution else None)
+
+
 def _kept_text(resident: int, graphs: int) -> str:
     other = max(0, resident - graphs)
     if graphs and other:

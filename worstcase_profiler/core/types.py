@@ -430,6 +430,18 @@ class WarmupAudit:
     allowed_bytes: int = doc("the margin; more than this fails the start")
     verdict: Literal["ok", "outside-budget"]
     message: str
+    startup_peak_bytes: int | None = doc(
+        "the high-water mark of vLLM's own warm-up (compile and kernel warm-ups, graph capture), "
+        "run beside the allocated KV cache, above what the process held when it began (what it "
+        "kept included); None where not measured (a report written before schema 1.16, or a "
+        "start whose warm-up the plugin did not wrap)", default=None)
+    startup_transient_bytes: int | None = doc(
+        "of startup_peak_bytes, what lay above what the warm-up left live: the transient those "
+        "steps needed beside the KV cache, comparable with the worst step's predicted peak",
+        default=None)
+    startup_peak_before_capture_bytes: int | None = doc(
+        "the high-water mark the warm-ups before graph capture reached (None: no capture ran); "
+        "below startup_peak_bytes, graph capture set the mark", default=None)
 
 
 @dataclass(frozen=True)

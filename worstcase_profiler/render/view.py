@@ -248,6 +248,8 @@ def details(report: Report) -> list[Detail]:
                           INFO if a.verdict == "ok" else ERROR))
     if report.warmup_audit is not None and report.warmup_audit.verdict != "ok":
         out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}", ERROR))
+    elif report.warmup_audit is not None and report.warmup_audit.startup_transient_bytes is not None:
+        out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}"))
     for v in (report.validations or ([report.validation] if report.validation else [])):
         out.append(Detail("validation", validation_text(v),
                           ERROR if validation_exceeded(v)
