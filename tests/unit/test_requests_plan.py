@@ -946,3 +946,28 @@ def test_a_hybrid_prefix_counts_checkpoint_and_lookahead_blocks_and_says_when_no
     plan = plan_for(shape, lim, prefix_caching=True, pool=crowded)
     assert plan.target.context_len == shape.context_len // 800 * 800 and not plan.exact
     assert "holds fewer than 4 requests on any cached prefix" in plan.note
+
+
+def test_a_stock_step_wider_than_a_hybrid_pool_shares_its_rows_among_the_requests_it_holds():
+    """h200-run56's DFlash (k = 8) at 131k with graphs: vLLM's profile step (8,192 rows over
+    1,024 requests) was the worst step, and its replay of 1,024 fresh 8-token prompts formed
+    1,728 rows over 216 requests, the most the 2,170-block pool held (each request: a block of
+    attention, a running state block and 8 speculative ones). The plan now gives those 216
+    requests all 8,192 rows, and says why the step is narrower."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    lim = Limits(131072, 8192, 1024, num_speculative_tokens=8, block_size=832,
+                 kv_capacity_tokens=10**9, prefix_caching=True)
+    pool = Pool(blocks=2170, groups=2, prefix_groups=1, state_blocks=8)
+    plan = plan_for(Shape("stock", 8192, 0, 1024), lim, prefix_caching=True, pool=pool)
+    (measured,) = _measured(plan)
+    assert plan.target == Shape("stock", 8192, 0, 216) and not plan.exact
+    assert len(measured.prompts) == 216 and sum(p.suffix_len for p in measured.prompts) == 8192
+    assert "holds 216 of the step's 1024 requests" in plan.note
+    # one request more would not fit: 217 x 10 blocks and the null block
+    assert 1 + 217 * 10 > pool.blocks >= 1 + 216 * 10
+    # a pool that holds them all, or one without Mamba groups, leaves the plan as it was
+    for other in (Pool(blocks=10**6, groups=2, prefix_groups=1, state_blocks=8),
+                  Pool(blocks=2170, groups=1, prefix_groups=1)):
+        assert plan_for(Shape("stock", 8192, 0, 1024), lim, prefix_caching=True, pool=other) \
+            == plan_for(Shape("stock", 8192, 0, 1024), lim, prefix_caching=True)

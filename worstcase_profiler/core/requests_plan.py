@@ -182,7 +182,7 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     if pool is not None and pool.hit_unit > limits.block_size:
         limits = replace(limits, block_size=pool.hit_unit)
     if shape.kind == "stock":
-        plan = _stock(shape, limits)
+        plan = _stock(shape, limits, pool)
     elif shape.kind == "prefill":
         plan = _prefill(shape, limits, prefix_caching, distinct_hits, pool)
     elif shape.kind == "decode":
@@ -329,16 +329,28 @@ def _fewer_rows_note(rows: int, room: int, n: int, limits: Limits) -> str:
             f"{limits.max_model_len - 1} tokens each (one is left for the output)")
 
 
-def _stock(shape: Shape, limits: Limits) -> RequestPlan:
+def _stock(shape: Shape, limits: Limits, pool: Pool | None = None) -> RequestPlan:
+    """Fresh prompts sharing the step's rows, one per request. Where `pool` (the serving
+    engine's, with Mamba groups) holds fewer of them at once (`_fresh_room`: a hybrid's requests
+    each hold 1 + k state blocks under speculative decoding), as many as it holds share the
+    rows, and the note
+    says so: a wider step of that shape only vLLM's own start runs (its warm-up, metered beside
+    the KV cache in the warm-up audit)."""
     n = min(shape.num_reqs, limits.max_num_seqs, shape.rows)
-    rows = _prompt_room(shape.rows, n, limits)
-    prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n)))
-    return RequestPlan(target=Shape("stock", rows, 0, n),
-                       batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
+    held = _fresh_room(shape.rows, n, limits, pool) if pool is not None and pool.state_groups \
+        else n
+    rows = _prompt_room(shape.rows, held, limits)
+    prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, held)))
+    notes = [] if rows == shape.rows else [_fewer_rows_note(shape.rows, rows, held, limits)]
+    if held < n:
+        notes.append(f"the KV pool ({pool.blocks} blocks) holds {held} of the step's {n} "
+                     f"requests at once: {held} share its rows; wider steps of that shape run "
+                     f"only in vLLM's own start (its warm-up audit meters them)")
+    return RequestPlan(target=Shape("stock", rows, 0, held),
+                       batches=(Batch(f"{held} fresh prompts of {rows} tokens together",
                                       prompts, 1, True),),
-                       exact=n == shape.num_reqs and rows == shape.rows,
-                       note=None if rows == shape.rows else
-                       _fewer_rows_note(shape.rows, rows, n, limits))
+                       exact=held == shape.num_reqs and rows == shape.rows,
+                       note="; ".join(notes) or None)
 
 
 def _hit_prefix_room(prompts: tuple[Prompt, ...], limits: Limits, pool: Pool) -> int:
@@ -355,18 +367,33 @@ def _hit_prefix_room(prompts: tuple[Prompt, ...], limits: Limits, pool: Pool) ->
     replay still forms its step, on a shorter context, and says so. Without the hits' state
     blocks the count says a prefix two blocks too long still holds every request, and the
     scheduler forms the step one request short (docs/sweep.md)."""
-    block, dropped = limits.block_size, limits.hit_drop
-    ahead = limits.num_speculative_tokens
-
-    def blocks_of(p: Prompt) -> int:
-        new = p.suffix_len + dropped
-        checkpoint = 1 if new >= block else 0
-        return pool.prefix_groups * -(-(new + ahead) // block) \
-            + pool.state_groups * (1 + checkpoint)
-
-    own = sum(blocks_of(p) for p in prompts) + pool.state_blocks * len(prompts)
+    block = limits.block_size
+    own = sum(_request_blocks(p.suffix_len + limits.hit_drop, limits, pool) for p in prompts)
     spare = pool.blocks - 1 - pool.state_groups - own
     return max(0, spare // pool.prefix_groups) * block if spare > 0 else 0
+
+
+def _request_blocks(new: int, limits: Limits, pool: Pool) -> int:
+    """The blocks one request computing `new` tokens holds in a hybrid's `pool` beside any cached
+    prefix (`_hit_prefix_room` says whose allocation rule): its new tokens' blocks with the
+    scheduler's k lookahead slots in every group that keeps a prefix; in each Mamba group its
+    running state and, where the new tokens span a block, a prefill checkpoint; and its
+    speculative state blocks."""
+    block = limits.block_size
+    checkpoint = 1 if new >= block else 0
+    return pool.prefix_groups * -(-(new + limits.num_speculative_tokens) // block) \
+        + pool.state_groups * (1 + checkpoint) + pool.state_blocks
+
+
+def _fresh_room(rows: int, n: int, limits: Limits, pool: Pool) -> int:
+    """The most of `n` fresh prompts sharing `rows` (split_rows) that `pool` holds at once, the
+    null block kept back: `n` where it holds them all, at least 1."""
+    while n > 1:
+        need = 1 + sum(_request_blocks(r, limits, pool) for r in split_rows(rows, n))
+        if need <= pool.blocks:
+            return n
+        n = max(1, min(n - 1, (pool.blocks - 1) // max(1, need // n)))
+    return 1
 
 
 def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, limits: Limits,
