@@ -356,8 +356,10 @@ def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs_on: bool
     if graphs_on and graphs.bytes is None and not rehearsal.graphs_bytes:
         graph_bytes = cudagraph_applied(worker)  # vLLM's own figure, checked by the audit
     log.info("[wcprof] warm-up rehearsed in %.1fs: it keeps %s of CUDA graphs and %s of other "
-             "buffers beyond the KV cache", rehearsal.seconds, fmt_bytes(graph_bytes),
-             fmt_bytes(other))
+             "buffers beyond the KV cache%s", rehearsal.seconds, fmt_bytes(graph_bytes),
+             fmt_bytes(other), "" if rehearsal.transient_bytes is None else
+             f"; its steps needed {fmt_bytes(rehearsal.transient_bytes)} above what they kept "
+             f"(graph capture replaced)")
     return WarmupEstimate(graphs_bytes=graph_bytes, other_bytes=other, source="rehearsal")
 
 

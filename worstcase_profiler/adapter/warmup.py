@@ -44,6 +44,9 @@ class GraphMeasure:
 
     bytes: int | None = None
     profile: GraphProfile | None = None   # V2 0.29+: what the estimator's capture sampled
+    transient: int | None = None
+    """measure_graphs_apart: the captures' high-water mark above what they left live (their
+    eager warm-up runs, outside the graph pool), for the log; None where not metered."""
 
     def add(self, n: int) -> None:
         self.bytes = (self.bytes or 0) + max(0, int(n))
@@ -105,16 +108,40 @@ def measure_graphs_apart(worker, enabled: bool) -> GraphMeasure:
             getattr(runner, "profile_cudagraph_memory", None) is None or \
             needs_graph_rehearsal(runner):
         return GraphMeasure()
-    with exact_graphs(worker, enabled=True) as measure:
+    with exact_graphs(worker, enabled=True) as measure, metered(worker) as transient:
         figure = runner.profile_cudagraph_memory()
+    measure.transient = transient.get("bytes")
+    beside = "" if measure.transient is None else \
+        f"; their warm-up runs needed {fmt_bytes(measure.transient)} above what they kept"
     if measure.profile is not None:
         log.info("[wcprof] every CUDA graph captured apart from vLLM's profile: %s (%s; vLLM's "
-                 "estimator returned %s there, not used)", fmt_bytes(measure.bytes),
-                 describe(measure.profile), fmt_bytes(figure))
+                 "estimator returned %s there, not used%s)", fmt_bytes(measure.bytes),
+                 describe(measure.profile), fmt_bytes(figure), beside)
     elif measure.bytes is not None:
-        log.info("[wcprof] every CUDA graph captured apart from vLLM's profile: %s",
-                 fmt_bytes(measure.bytes))
+        log.info("[wcprof] every CUDA graph captured apart from vLLM's profile: %s%s",
+                 fmt_bytes(measure.bytes), beside)
     return measure
+
+
+@contextlib.contextmanager
+def metered(worker):
+    """For the duration, the device's meter from a reset high-water mark (adapter/meters): on
+    exit, out["bytes"] is the mark above what the block left live (the transient its steps
+    needed beside what was held), where the meter could be read; never raises for the meter."""
+    from .meters import meter_for
+
+    out: dict[str, int] = {}
+    try:
+        meter = meter_for(getattr(worker, "device", "cpu"))
+        meter.begin()
+    except Exception:  # noqa: BLE001 - a reading for the log, never the start's failure
+        meter = None
+    yield out
+    if meter is not None:
+        try:
+            out["bytes"] = int(meter.end())
+        except Exception:  # noqa: BLE001
+            pass
 
 
 @contextlib.contextmanager
@@ -246,6 +273,7 @@ class Rehearsal:
     kept_bytes: int       # held memory the warm-up added, on the provisional KV cache
     graphs_bytes: int     # of it, what graph capture took (V2 0.26-0.28 only; else 0)
     seconds: float
+    transient_bytes: int | None = None  # its high-water mark above what it kept (for the log)
 
 
 def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
@@ -261,11 +289,11 @@ def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
     measured = GraphMeasure()
     with _graph_capture_replaced(runner, measured, capture=graphs and needs_graph_rehearsal(runner)), \
             full_warm_up_batch(runner), _end_of_warm_up_deferred(worker), \
-            stall_watch("the warm-up rehearsal"):
+            stall_watch("the warm-up rehearsal"), metered(worker) as transient:
         warm_up()
     kept = max(0, held_now() - before)
     return Rehearsal(kept_bytes=kept, graphs_bytes=measured.bytes or 0,
-                     seconds=time.perf_counter() - t0)
+                     seconds=time.perf_counter() - t0, transient_bytes=transient.get("bytes"))
 
 
 STALL_DUMP_S = 120.0
