@@ -1,0 +1,293 @@
+"""bench/fit_run.py's pure parts (issue 37 point 4's device script): the commands it builds for
+fit, the fitted start and stock vLLM's auto-fit, the auto-fit length read from vLLM's log, the
+per-model checks tests/gpu/test_fit_gpu.py asserts, the summary and the deadline. No engine."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import fit_run  # noqa: E402
+
+GPU = fit_run.PRESETS["cuda"]
+FIT_FLAGS = ["--max-model-len", "105984", "--max-num-batched-tokens", "4096", "--max-num-seqs",
+             "256", "--gpu-memory-utilization", "0.5", "--kv-cache-memory-bytes", "55548166144"]
+
+
+def _flag(argv: list[str], name: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == name]
+
+
+def test_every_preset_names_a_model_that_is_here():
+    for kind, presets in fit_run.PRESETS.items():
+        for name, spec in presets.items():
+            assert (Path(spec["model"]) / "config.json").exists(), (kind, name)
+            assert 1 <= spec["n"], (kind, name)
+        assert set(fit_run.DEFAULT_MODELS[kind].split(",")) <= set(presets)
+
+
+@pytest.mark.parametrize("argv, drop, want", [
+    (["--a", "1", "--b", "--c", "x"], {"--a"}, ["--b", "--c", "x"]),
+    (["--a=1", "--b"], {"--a"}, ["--b"]),
+    (["--b", "--a"], {"--a"}, ["--b"]),  # a flag without a value, last
+    (["--e", "--a", "2"], {"--e"}, ["--a", "2"]),  # --enforce-eager style
+    (["--x", '{"k": 1}', "--a", "-1"], {"--a"}, ["--x", '{"k": 1}']),  # -1 is a value
+])
+def test_drop_flags(argv, drop, want):
+    assert fit_run.drop_flags(argv, drop) == want
+
+
+def test_fit_command_asks_for_the_longest_context_holding_n(tmp_path):
+    argv = fit_run.fit_argv(GPU["llama8b"], tmp_path, "llama8b")
+    assert argv[:3] == ["fit", "--model", str(GPU["llama8b"]["model"])]
+    assert _flag(argv, "--min-concurrency") == ["4"] and _flag(argv, "--objective") == ["context"]
+    assert _flag(argv, "--max-model-len") == ["131072"]
+    assert _flag(argv, "--max-num-batched-tokens") == ["8192"]
+    assert _flag(argv, "--gpu-memory-utilization") == ["0.5"]
+    assert "--enforce-eager" in argv and "--validate" not in argv  # fit refuses --validate
+    assert _flag(argv, "--json") == [str(tmp_path / "fit-llama8b.json")]
+    for f in ("--load-format", "--skip-tokenizer-init", "--seed"):
+        assert f in argv
+
+
+def test_fitted_command_takes_fits_flags_in_place_of_the_swept_limits(tmp_path):
+    spec = GPU["qwen35"]
+    argv = fit_run.fitted_argv(spec, FIT_FLAGS, tmp_path, "qwen35")
+    for flag in ("--max-model-len", "--max-num-batched-tokens", "--max-num-seqs",
+                 "--gpu-memory-utilization", "--kv-cache-memory-bytes"):
+        assert _flag(argv, flag) == _flag(FIT_FLAGS, flag), flag  # once, fit's value
+    assert _flag(argv, "--validate") == ["worst"]
+    assert _flag(argv, "--json") == [str(tmp_path / "fitted-qwen35.json")]
+    assert _flag(argv, "--additional-config") == ['{"gdn_prefill_backend": "triton"}']
+    assert "--enforce-eager" in argv and argv[:2] == ["--model", str(spec["model"])]
+    assert argv[0] != "fit"
+
+
+def test_stock_command_is_vllms_auto_fit_without_the_profiler():
+    argv = fit_run.stock_argv(GPU["qwen35"])
+    assert _flag(argv, "--max-model-len") == ["auto"]
+    assert _flag(argv, "--max-num-batched-tokens") == ["8192"]
+    assert _flag(argv, "--gpu-memory-utilization") == ["0.5"]
+    assert _flag(argv, "--additional-config") == ['{"gdn_prefill_backend": "triton"}']
+    for f in ("--validate", "--json", "--min-concurrency", "--profiler", "fit"):
+        assert f not in argv
+
+
+def test_stock_command_parses_as_vllm_reads_it():
+    """'auto' is what vLLM 0.32/0.33 read as -1 (human_readable_int_or_auto)."""
+    pytest.importorskip("vllm")
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    p = FlexibleArgumentParser()
+    EngineArgs.add_cli_args(p)
+    ns = p.parse_args(fit_run.stock_argv(fit_run.PRESETS["cpu"]["tiny"]))
+    assert ns.max_model_len == -1 and ns.kv_cache_memory_bytes == 8 << 20
+
+
+REDUCED = ("(EngineCore pid=1) INFO 12-04 05:29:46 [kv_cache_utils.py:2477] Auto-fit "
+           "max_model_len: reduced from 131072 to 105920 to fit in available KV cache memory "
+           "(51.73 GiB GPU)")
+FULL = ("INFO [kv_cache_planning.py:1396] Auto-fit max_model_len: full model context length "
+        "262144 fits in available KV cache memory (49.20 GiB GPU)")
+KV = ("INFO [kv_cache_utils.py:2327] GPU KV cache size: 423,792 tokens, Maximum concurrency for "
+      "105,920 tokens per request: 4.00x")
+
+
+def test_parse_auto_fit_reduced_and_full():
+    got = fit_run.parse_auto_fit(f"noise\n{REDUCED}\nmore\n")
+    assert got == {"from": 131072, "max_model_len": 105920, "reduced": True, "line": REDUCED}
+    got = fit_run.parse_auto_fit(FULL)
+    assert (got["from"], got["max_model_len"], got["reduced"]) == (262144, 262144, False)
+    assert fit_run.parse_auto_fit("INFO nothing of the kind") is None
+
+
+def test_parse_kv_line_takes_the_last():
+    text = KV.replace("423,792", "1,000") + "\n" + KV
+    got = fit_run.parse_kv_line(text)
+    assert (got["device"], got["kv_tokens"], got["max_model_len"], got["concurrency"]) == \
+        ("GPU", 423792, 105920, 4.0)
+    assert fit_run.parse_kv_line("") is None
+
+
+def test_stock_result_prefers_the_engines_own_config():
+    text = f"{REDUCED}\n{KV}\n{fit_run.MARKER} " + json.dumps({"max_model_len": 105920,
+                                                                "num_gpu_blocks": 26487})
+    got = fit_run.stock_result(text)
+    assert got["max_model_len"] == 105920 and got["num_gpu_blocks"] == 26487
+    assert got["auto_fit"]["from"] == 131072 and got["kv_line"]["kv_tokens"] == 423792
+    # without the marker (the engine died after logging): the log line's length
+    assert fit_run.stock_result(REDUCED)["max_model_len"] == 105920
+
+
+def _candidate(mml: int, conc: int, fits: bool = True, **kw) -> dict:
+    return {"max_model_len": mml, "max_num_batched_tokens": 4096, "max_num_seqs": 256,
+            "kv_cache_bytes": 55548166144, "kv_tokens": 423792, "one_request_bytes": mml * 131072,
+            "concurrency": conc, "transient_bytes": 2 << 30, "workspace_bytes": 0,
+            "budget_bytes": 55548192256, "fits": fits, "feasible": fits and conc >= 4, **kw}
+
+
+def _fit_report() -> dict:
+    rec = _candidate(105984, 4)
+    return {"vllm_version": "0.33.0", "admission": {"kv_cache_bytes": 1, "fits": False},
+            "fit": {"recommended": rec, "flags": FIT_FLAGS, "swept": [131072, 8192, 1024],
+                    "min_concurrency": 4, "gpu_memory_utilization": 0.5, "steps": [], "notes": [],
+                    "candidates": [_candidate(131072, 3), rec, _candidate(65536, 6),
+                                   _candidate(262144, 0, fits=False)]}}
+
+
+def _fitted_report(measured: int = 4_000_000_000, predicted: int = 4_001_000_000,
+                   kv: int = 55548166144, tokens: int = 423792, transient: int = 2 << 30) -> dict:
+    return {"vllm_version": "0.33.0",
+            "config": {"max_model_len": 105984, "max_num_batched_tokens": 4096,
+                       "max_num_seqs": 256},
+            "admission": {"fits": True, "kv_cache_bytes": kv, "kv_tokens_worstcase": tokens,
+                          "transient_bytes": transient, "budget_bytes": 55548192256},
+            "kv_audit": {"verdict": "ok", "ratio": 0.999},
+            "worstcase": {"worst_shape": {"kind": "prefill", "rows": 4096}},
+            "validations": [{"target": "traffic", "measured_peak_bytes": 1, "predicted_peak_bytes": 2,
+                             "ratio": 0.5},
+                            {"target": "worst-step", "measured_peak_bytes": measured,
+                             "predicted_peak_bytes": predicted, "ratio": measured / predicted,
+                             "resolution_bytes": 1 << 20}]}
+
+
+def test_fit_result_keeps_the_recommendation_and_the_one_request_answer():
+    got = fit_run.fit_result(_fit_report())
+    assert got["recommended"]["max_model_len"] == 105984 and got["flags"] == FIT_FLAGS
+    # what vLLM's auto-fit answers (one request, KV alone) from the same sweep's candidates
+    assert got["longest_for_one_request"]["max_model_len"] == 131072
+    assert got["candidates"] == 4
+    assert fit_run.fit_result(None) == {"recommended": None, "flags": []}
+
+
+def test_checks_hold_for_an_admitted_fit_within_its_prediction():
+    fit = fit_run.fit_result(_fit_report())
+    fitted = fit_run.fitted_result(_fitted_report(), 0, fit)
+    assert fitted["admitted"] and fitted["kv_delta_bytes"] == 0
+    assert fitted["worst_step"]["ratio"] == pytest.approx(4_000_000_000 / 4_001_000_000)
+    got = fit_run.checks(fit, fitted)
+    assert all(c["ok"] for c in got.values()), got
+    assert set(got) == {"fit_recommended", "fitted_admitted", "kv_as_fit_said",
+                        "transient_within_fit_bound", "worst_step_measured_le_predicted",
+                        "worst_step_within_1.02"}
+
+
+@pytest.mark.parametrize("change, failed", [
+    ({"measured": 4_002_000_000}, "worst_step_measured_le_predicted"),
+    ({"predicted": 4_100_000_000}, "worst_step_within_1.02"),  # 1.025x: too loose
+    ({"kv": 55548166144 - (2 << 20)}, "kv_as_fit_said"),  # two MiB below: beyond 1 MiB
+    ({"tokens": 423776}, "kv_as_fit_said"),
+    ({"transient": (2 << 30) + (2 << 20)}, "transient_within_fit_bound"),
+])
+def test_checks_fail_where_the_fit_did_not_hold(change, failed):
+    fit = fit_run.fit_result(_fit_report())
+    got = fit_run.checks(fit, fit_run.fitted_result(_fitted_report(**change), 1, fit))
+    assert not got[failed]["ok"]
+    assert [k for k, c in got.items() if not c["ok"]] == [failed]
+
+
+def test_a_start_that_never_allocated_kv_is_not_admitted():
+    fit = fit_run.fit_result(_fit_report())
+    rep = _fitted_report()
+    del rep["kv_audit"]
+    assert not fit_run.checks(fit, fit_run.fitted_result(rep, 1, fit))["fitted_admitted"]["ok"]
+    assert fit_run.fitted_result(None, 137, fit) == {"rc": 137, "admitted": False}
+
+
+def test_the_cpu_checks_allow_the_meters_resolution_and_leave_the_ratio_unheld():
+    fit = fit_run.fit_result(_fit_report())
+    fitted = fit_run.fitted_result(_fitted_report(measured=4_001_500_000, predicted=4_001_000_000),
+                                   1, fit)
+    assert not fit_run.checks(fit, fitted)["worst_step_measured_le_predicted"]["ok"]
+    cpu = fit_run.checks(fit, fitted, tight=False)
+    assert cpu["worst_step_measured_le_predicted"]["ok"] and "worst_step_within_1.02" not in cpu
+    slack = fit_run.fitted_result(_fitted_report(measured=3_000_000_000), 0, fit)
+    assert all(c["ok"] for c in fit_run.checks(fit, slack, tight=False).values())
+
+
+def _model(steps: dict, checks: dict | None = None) -> dict:
+    return {"spec": {}, "steps": steps, "checks": checks or {"x": {"ok": True, "detail": ""}},
+            "comparison": {"model": "m"}}
+
+
+def test_summary_is_all_ok_only_when_every_step_ran_and_held():
+    ok = {s: {"status": "ok", "vllm_version": "0.33.0"} for s in ("fit", "fitted", "stock")}
+    doc = fit_run.summary_doc({"out": "x"}, 1.0, {"m": _model(ok)}, 12.34)
+    assert doc["kind"] == "fit_run" and doc["all_ok"] and doc["vllm_versions"] == ["0.33.0"]
+    assert doc["comparison"] == [{"model": "m"}] and doc["wall_s"] == 12.3
+    skipped = {**ok, "stock": {"status": "skipped", "why": "past the deadline"}}
+    assert not fit_run.summary_doc({}, 1.0, {"m": _model(skipped)}, 1)["all_ok"]
+    assert not fit_run.summary_doc({}, 1.0, {"m": _model({"fit": ok["fit"]})}, 1)["all_ok"]
+    bad = _model(ok, {"x": {"ok": False, "detail": ""}})
+    assert not fit_run.summary_doc({}, 1.0, {"m": bad}, 1)["all_ok"]
+    assert not fit_run.summary_doc({}, 1.0, {}, 1)["all_ok"]
+    json.dumps(doc)
+
+
+def test_comparison_row_sets_the_three_answers_side_by_side():
+    fit = fit_run.fit_result(_fit_report())
+    fitted = fit_run.fitted_result(_fitted_report(), 0, fit)
+    stock = fit_run.stock_result(f"{REDUCED}\n{KV}")
+    row = fit_run.comparison_row("llama8b", GPU["llama8b"], fit, fitted, stock)
+    assert (row["vllm_auto_max_model_len"], row["vllm_auto_upper_bound"],
+            row["vllm_auto_kv_tokens"]) == (105920, 131072, 423792)
+    assert (row["fit_one_request_max_model_len"], row["fit_max_model_len"],
+            row["fit_concurrency"]) == (131072, 105984, 4)
+    assert row["fitted_admitted"] is True and row["n"] == 4 and row["util"] == 0.5
+
+
+def test_plan_orders():
+    assert fit_run.plan(["a", "b"], "phases") == [
+        ("a", "fit"), ("a", "fitted"), ("b", "fit"), ("b", "fitted"), ("a", "stock"),
+        ("b", "stock")]
+    assert fit_run.plan(["a"], "models") == [("a", "fit"), ("a", "fitted"), ("a", "stock")]
+
+
+def test_budget_skips_what_would_not_finish_and_caps_the_rest():
+    assert fit_run.budget("fit", 100.0, None, 170, 480) == (480, None)
+    assert fit_run.budget("fit", 100.0, 1000.0, 170, 480) == (480, None)
+    assert fit_run.budget("fit", 100.0, 400.0, 170, 480) == (300.0, None)
+    timeout, why = fit_run.budget("fitted", 100.0, 200.0, 150, 420)
+    assert timeout is None and "past the deadline" in why and "100 s left" in why
+
+
+def test_an_unknown_model_is_refused_before_anything_runs(tmp_path, capsys):
+    assert fit_run.main(["--out", str(tmp_path), "--models", "nope"]) == 2
+    assert "unknown model" in capsys.readouterr().err
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_everything_past_the_deadline_is_skipped_and_the_summary_says_so(tmp_path, capsys):
+    """A deadline already passed: no process starts, every step is recorded as skipped."""
+    rc = fit_run.main(["--out", str(tmp_path), "--models", "llama8b", "--deadline", "1"])
+    assert rc == 1
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    steps = doc["models"]["llama8b"]["steps"]
+    assert [steps[s]["status"] for s in ("fit", "fitted", "stock")] == ["skipped"] * 3
+    assert not doc["all_ok"] and not list(tmp_path.glob("*.tmp"))
+    assert "llama8b fit: skipped (past the deadline" in capsys.readouterr().out
+
+
+def test_mirror_packs_all_but_the_summary_atomically(tmp_path):
+    import tarfile
+
+    out, dest = tmp_path / "out", tmp_path / "dest"
+    out.mkdir()
+    (out / "summary.json").write_text('{"kind": "fit_run"}')
+    (out / "fit-m.json").write_text("{}")
+    (out / "fit-m.log").write_text("log")
+    (out / "half.json.tmp").write_text("{")
+    fit_run.mirror(out, dest)
+    assert json.loads((dest / "summary.json").read_text()) == {"kind": "fit_run"}
+    with tarfile.open(dest / fit_run.PACK) as tar:
+        assert sorted(tar.getnames()) == ["fit-m.json", "fit-m.log"]
+    assert sorted(p.name for p in dest.iterdir()) == [fit_run.PACK, "summary.json"]
+    fit_run.mirror(out, out)  # the same folder: nothing packed into itself
+    assert not (out / fit_run.PACK).exists()
