@@ -25,7 +25,15 @@ Cases (models under tests/gpu/models/, config.json only, dummy weights, token-id
                 seed's limits: max_model_len 262144, 4 sequences, 4096-token steps, fp8_ds_mla KV,
                 block 256, prefix caching; eager, and FULL_AND_PIECEWISE CUDA graphs. Needs the
                 extra piece (TileLang) on the 0.32 stack (docs/gpu.md)
-The others at max_model_len 131072, max_num_batched_tokens 8192; all at gpu_memory_utilization 0.5.
+  qwen25vl, qwen25vl_eager
+                issue 36, a common VLM (named only): the Qwen2.5-VL-32B-Instruct layout (64 layers,
+                5120 wide, 32-block vision tower; tests/gpu/models/qwen2.5-vl-32b-layout: dummy
+                weights, a local tokenizer, the real processor config), graphs on and off, at
+                131072 / 8192 with its tokenizer (no --skip-tokenizer-init), two images of up to
+                4,096 tokens a prompt, no video, the V1 runner (the encoder step is not built on
+                V2 yet), gpu_memory_utilization 0.9 (~62 GiB of weights); needs torchvision
+The others at max_model_len 131072, max_num_batched_tokens 8192; all at gpu_memory_utilization 0.5
+(but the VLM cases).
 
 Writes DIR/<case>.json (wcprof's report), DIR/<case>.log, and, after every case, DIR/summary.json
 (each case's rc, timings, checks and full report) and DIR/summary.md. Exit code 0 iff every
@@ -86,6 +94,22 @@ DSPARK = ["--speculative-config", json.dumps({"method": "dspark", "num_speculati
 SEED002 = ["--max-model-len", "262144", "--max-num-seqs", "4", "--max-num-batched-tokens", "4096",
            "--kv-cache-dtype", "fp8_ds_mla", "--block-size", "256", "--enable-prefix-caching"]
 FULL_AND_PIECEWISE = ["--compilation-config", json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
+# issue 36: a common VLM at its real geometry. Two images of at most 4,096 tokens (max_pixels
+# 4096 x 28 x 28: 1792x1792) fill the 8,192-token encoder budget in one step, as the CPU test's two
+# 256-token images fill its 512 (tests/cpu/test_qwen25vl_cpu.py); no video: the encoder step picks
+# the modality with the most tokens per item and its replay builds images only. ~62 GiB of bf16
+# weights leave no room at 0.5 of the card for one 131,072-token request (64 layers x 8 KV heads x
+# 128 x 2 x 2 B = 256 KiB a token, 32 GiB), hence 0.9. The config's 128,000 positions need vLLM's
+# long-length override for 131,072. The V1 runner: the encoder step is not built on V2 yet
+# (adapter/multimodal.encoder_step). The processor is transformers' own (torchvision on the host):
+# no WCP_FIXTURES_QWEN_VL_CPU here.
+QWEN25VL = MODELS / "qwen2.5-vl-32b-layout"
+VLM_IMAGES, VLM_IMAGE_TOKENS = 2, 4096
+VLM = ["--limit-mm-per-prompt", json.dumps({"image": VLM_IMAGES, "video": 0}),
+       "--mm-processor-kwargs", json.dumps({"max_pixels": VLM_IMAGE_TOKENS * 28 * 28}),
+       "--gpu-memory-utilization", "0.9"]
+VLM_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 # vLLM logs every workspace resize and the lock (issue 32, point 2: none after the lock)
 WORKSPACE_DEBUG = {"VLLM_DEBUG_WORKSPACE": "1"}
 FIXTURES = ROOT / "plugins" / "wcp_fixtures"
@@ -170,18 +194,23 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     # V1 refuses DSpark, config/vllm.py)
     "dsv4_dspark_eager": (DSV4, [*SEED002, "--enforce-eager", *DSPARK], WORKSPACE_DEBUG, "v2"),
     "dsv4_dspark_graphs": (DSV4, [*SEED002, *FULL_AND_PIECEWISE, *DSPARK], WORKSPACE_DEBUG, "v2"),
+    # issue 36: the VLM, graphs on and off, with its tokenizer (_cli_argv drops
+    # --skip-tokenizer-init)
+    "qwen25vl": (QWEN25VL, [*LONG, *VLM], VLM_ENV, "v1"),
+    "qwen25vl_eager": (QWEN25VL, [*LONG, "--enforce-eager", *VLM], VLM_ENV, "v1"),
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
 DRAFTER_CASES = ("llama8b_eagle3", "llama8b_eagle3_eager", "qwen35_dflash", "qwen35_dflash_eager",
                  "qwen35_dflash_long", "qwen35_dflash_long_eager")
 DSPARK_CASES = ("dsv4_dspark_eager", "dsv4_dspark_graphs")
+MULTIMODAL_CASES = ("qwen25vl", "qwen25vl_eager")
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
               "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
               "dsv4_mtp_fp8_short_quick",
               "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")),
-              *DRAFTER_CASES, *DSPARK_CASES)
+              *DRAFTER_CASES, *DSPARK_CASES, *MULTIMODAL_CASES)
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
                  and n not in NAMED_ONLY]
 V2_EVIDENCE = "[wcprof] V2 context injected"
@@ -191,6 +220,11 @@ RESTART_HINT = "start again with the same config"
 def _cli_argv(name: str, out: Path) -> list[str]:
     model, extra, _, _ = CASES[name]
     common = list(COMMON)
+    if name in MULTIMODAL_CASES:  # a VLM's prompts need its tokenizer and processor
+        common.remove("--skip-tokenizer-init")
+    if "--gpu-memory-utilization" in extra:  # the case's own share replaces COMMON's
+        at = common.index("--gpu-memory-utilization")
+        del common[at:at + 2]
     if proves(name):  # the proof compares two sweeps; the admitted one is validated elsewhere
         common.remove("--validate")
     elif name in NAMED_ONLY:  # the report's own worst step, built from real requests
@@ -304,6 +338,8 @@ def _check(report: dict | None, name: str, rc: int, log_text: str) -> dict:
     _check_report(report, name, put)
     if name in DSPARK_CASES:
         _check_dspark(report, name, log_text, put)
+    if name in MULTIMODAL_CASES:
+        _check_multimodal(report, name, put)
     tp = tp_size(name)
     if tp > 1:
         _check_ranks(report, tp, put)
@@ -331,10 +367,11 @@ def _check_report(report: dict, name: str, put) -> None:
         put("validation_within_prediction", val["measured_peak_bytes"] <= val["predicted_peak_bytes"],
             f"measured {val['measured_peak_bytes']} vs predicted {val['predicted_peak_bytes']}")
     for v in report.get("validations") or []:
-        key = {"worst-step": "worst_step", "quick": "quick"}.get(v.get("target"), "traffic")
+        key = {"worst-step": "worst_step", "quick": "quick",
+               "multimodal": "multimodal"}.get(v.get("target"), "traffic")
         put(f"{key}_within_prediction", v["measured_peak_bytes"] <= v["predicted_peak_bytes"],
             f"ratio {v['ratio']:.4f} ({v.get('note') or 'exact'})")
-        if key in ("worst_step", "quick") and v.get("shape") and \
+        if key in ("worst_step", "quick", "multimodal") and v.get("shape") and \
                 tuple(map(int, str(report.get("schema_version", "0")).split("."))) >= (1, 6):
             from worstcase_profiler.core.replay_rules import replay_reached
             from worstcase_profiler.report import validation_model
@@ -415,6 +452,41 @@ def _check_drafter(report: dict, name: str, put) -> None:
         v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
         and v["predicted_peak_bytes"] <= 1.02 * v["measured_peak_bytes"] for v in worst),
         "; ".join(f"{v['ratio']:.4f}" for v in worst) or "no worst-step validation")
+
+
+def _within_two_percent(put, key: str, vals: list[dict], what: str) -> None:
+    """measured <= predicted <= 1.02 x measured for every validation in `vals` (none: fails)."""
+    put(key, bool(vals) and all(
+        v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
+        and v["predicted_peak_bytes"] <= 1.02 * v["measured_peak_bytes"] for v in vals),
+        "; ".join(f"{v['ratio']:.4f}" for v in vals) or f"no {what} validation")
+
+
+def _check_multimodal(report: dict, name: str, put) -> None:
+    """Issue 36: a VLM. The encoder step ran (VLM_IMAGES images of VLM_IMAGE_TOKENS tokens, what
+    one step's encoder budget runs) with its outputs held through the worst text step; `--validate
+    worst` built that step from requests with real images (its encoder on every planned item in
+    one measured step, the target step formed) within 1.02 of the admitted figure; the text worst
+    step within 1.02 of the text sweep's; no multimodal limit left unprofiled in the warnings."""
+    enc = report["worstcase"].get("encoder_step") or {}
+    put("encoder_step_measured", (enc.get("modality"), enc.get("items"), enc.get("tokens_per_item"))
+        == ("image", VLM_IMAGES, VLM_IMAGE_TOKENS) and enc.get("peak_bytes", 0) > 0,
+        json.dumps({k: enc.get(k) for k in ("modality", "items", "tokens_per_item", "peak_bytes",
+                                            "held_bytes", "text_peak_bytes", "sets_transient")})
+        if enc else "no worstcase.encoder_step in the report")
+    mm = [v for v in report.get("validations") or [] if v.get("target") == "multimodal"]
+    put("multimodal_items_formed", bool(mm) and all(
+        v.get("modality") == "image" and v.get("encoder_items") == VLM_IMAGES
+        and (v.get("encoder_items_formed") or 0) >= VLM_IMAGES for v in mm),
+        "; ".join(f"{v.get('encoder_items_formed')} of {v.get('encoder_items')} {v.get('modality')} "
+                  f"item(s) through the encoder; formed {v.get('formed')} (target {v.get('shape')})"
+                  for v in mm) or "no multimodal validation: " + "; ".join(
+            w for w in report.get("warnings") or [] if "multimodal" in w or "--validate" in w)[:600])
+    _within_two_percent(put, "multimodal_within_1.02", mm, "multimodal")
+    _within_two_percent(put, "worst_step_within_1.02", [
+        v for v in report.get("validations") or [] if v.get("target") == "worst-step"], "worst-step")
+    left = [w for w in report.get("warnings") or [] if w.startswith("multimodal steps")]
+    put("no_unprofiled_multimodal_limit", not left, left[0][:600] if left else "none")
 
 
 RESIZED, LOCKED = "[WORKSPACE DEBUG] Resized workspace", "[WORKSPACE DEBUG] Workspace locked"
