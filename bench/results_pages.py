@@ -26,7 +26,7 @@ from pathlib import Path
 from common import ROOT, gib, md_table, read_json
 
 RES = ROOT / "docs" / "results"
-KINDS = ("suite", "soak", "repro", "startup", "serve", "logs")
+KINDS = ("suite", "soak", "repro", "startup", "serve", "fit", "logs")
 STATUSES = ("current", "superseded", "invalid")
 REQUIRED = ("run", "sequence", "date", "gpu", "vllm", "host", "commit", "added_in", "note", "cases",
             "commands")
@@ -71,7 +71,17 @@ class Run:
     @cached_property
     def suite(self) -> dict[str, dict]:
         s = read_json(self.folder / "summary.json", {"cases": []})
-        return {c["case"]: c for c in s["cases"]}
+        return {c["case"]: c for c in s.get("cases", [])}  # bench/fit_run.py's has none
+
+    @cached_property
+    def fit(self) -> dict[str, dict]:
+        """bench/fit_run.py's models (its summary.json, kind "fit_run"): model -> its row of the
+        side-by-side comparison, with "checks" its checks."""
+        s = read_json(self.folder / "summary.json", {})
+        if s.get("kind") != "fit_run":
+            return {}
+        return {row["model"]: {**row, "checks": s["models"][row["model"]].get("checks") or {}}
+                for row in s.get("comparison", [])}
 
     @cached_property
     def soak(self) -> dict[str, dict]:
@@ -147,7 +157,7 @@ def configurations(runs: list[Run]) -> dict[str, list[Run]]:
     return out
 
 
-def current_folders(runs: list[Run], kinds=("suite", "soak")) -> list[Path]:
+def current_folders(runs: list[Run], kinds=("suite", "soak", "fit")) -> list[Path]:
     """The folders holding current cases of these kinds, oldest first: what tests/gpu reads
     (--results, a later folder replacing the cases it re-ran)."""
     return [r.folder for r in runs if r.has_current(kinds)]
@@ -429,6 +439,9 @@ def _traffic_cell(t: dict | None) -> str:
         return "none sent"
     parts = [f"{k} {'ok' if t[k]['ok'] else 'failed'}" for k in ("long", "cached") if k in t]
     parts += [f"{k} {t[k]['ok']}/{t[k]['n']}" for k in ("decodes", "mixed") if k in t]
+    if "worst" in t:  # --worst N: the worst step's requests on the cached prefix
+        parts.append(f"worst step {t['worst']['ok']}/{t['worst']['n']} on "
+                     f"{t['worst']['context']:,} cached")
     return ", ".join(parts)
 
 
@@ -455,6 +468,32 @@ def serve_table(items: list[tuple[Run, str, dict]], source: bool = False) -> str
     """bench/serve_run.py: `vllm serve` with vLLM's default multiprocessing, HTTP traffic over
     127.0.0.1; the worst step the report names built from real requests before it took traffic."""
     return _table(SERVE_HEADERS, [(run, _serve_cells(name, m)) for run, name, m in items], source)
+
+
+FIT_HEADERS = ["model", "util", "N", "vLLM auto-fit max_model_len (concurrency)",
+               "wcprof fit max_model_len / chunk / max_num_seqs", "fit KV GiB (tokens)",
+               "fitted start admitted", "its worst step measured/predicted", "checks"]
+
+
+def _fit_cells(name: str, row: dict) -> list:
+    checks = row.get("checks") or {}
+    failed = [k for k, c in checks.items() if not c.get("ok")]
+    ratio = row.get("fitted_worst_step_ratio")
+    return [name, row.get("util"), row.get("n"),
+            f"{row.get('vllm_auto_max_model_len'):,} ({row.get('vllm_auto_concurrency')}x)"
+            if row.get("vllm_auto_max_model_len") else "not run",
+            f"{row['fit_max_model_len']:,} / {row['fit_chunk']:,} / {row['fit_max_num_seqs']}"
+            if row.get("fit_max_model_len") else "none",
+            f"{gib(row.get('fit_kv_cache_bytes'))} ({row.get('fit_kv_tokens') or 0:,})",
+            "yes" if row.get("fitted_admitted") else "no",
+            f"{ratio:.4f}" if ratio is not None else "-",
+            "all ok" if checks and not failed else ", ".join(failed) or "-"]
+
+
+def fit_table(items: list[tuple[Run, str, dict]], source: bool = False) -> str:
+    """bench/fit_run.py: `wcprof fit`, an engine started with its recommended flags (its worst
+    step built from real requests), and vLLM's own --max-model-len auto, per model."""
+    return _table(FIT_HEADERS, [(run, _fit_cells(name, row)) for run, name, row in items], source)
 
 
 def logs_list(items: list[tuple[Run, str]]) -> str:
@@ -498,6 +537,8 @@ SECTIONS = [
      lambda runs, st, src: startup_table([(r, c, r.startup[c]) for r, c in _pick(runs, "startup", st)], src)),
     ("`vllm serve` under HTTP traffic (vLLM's default multiprocessing)",
      lambda runs, st, src: serve_table([(r, c, r.serve[c]) for r, c in _pick(runs, "serve", st)], src)),
+    ("What fits: `wcprof fit` against vLLM's auto-fit, the fitted start validated",
+     lambda runs, st, src: fit_table([(r, c, r.fit[c]) for r, c in _pick(runs, "fit", st)], src)),
     ("Logs (not tabulated)", lambda runs, st, src: logs_list(_pick(runs, "logs", st))),
 ]
 

@@ -231,7 +231,14 @@ class Server:
         return None
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        """The server process runs and its /health answers 200: after its engine core died (a
+        CUDA OOM in a step) the API server process may still run for a while, answering 500s."""
+        if self.proc.poll() is not None:
+            return False
+        try:
+            return urllib.request.urlopen(self.url + "/health", timeout=5).status == 200
+        except OSError:
+            return False
 
     def post(self, model: str, prompt: list[int], max_tokens: int, timeout: float = 600) -> dict:
         body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,

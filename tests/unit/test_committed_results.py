@@ -182,3 +182,22 @@ def test_a_served_run_is_tabulated_from_its_serve_json():
     run = next(r for r in RUNS if r.name == "h200-run34")
     bare = results_pages.Run(run.folder, {**run.m, "cases": {**run.m["cases"], "serve": {}}})
     assert f"{run.name}: serve serve/worstcase has no status in the manifest" in results_pages.problems([bare])
+
+
+def test_a_fit_run_folder_is_read_as_fit_results_not_as_a_suite(tmp_path):
+    """bench/fit_run.py writes summary.json with kind "fit_run" and no suite cases: the pages
+    read it as the fit kind (its comparison row and checks), and the suite reader finds none."""
+    from results_pages import Run, fit_table
+
+    summary = {"kind": "fit_run", "models": {"m": {"checks": {"a": {"ok": True},
+                                                              "b": {"ok": False}}}},
+               "comparison": [{"model": "m", "util": 0.5, "n": 4, "vllm_auto_max_model_len": 131072,
+                               "vllm_auto_concurrency": 3.34, "fit_max_model_len": 109008,
+                               "fit_chunk": 4096, "fit_max_num_seqs": 64, "fit_kv_tokens": 436080,
+                               "fit_kv_cache_bytes": 57157877760, "fitted_admitted": True,
+                               "fitted_worst_step_ratio": 0.9955}]}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    run = Run(tmp_path, {"cases": {"fit": {"m": {"status": "current"}}}})
+    assert run.suite == {} and list(run.fit) == ["m"] and run.found("fit") == ["m"]
+    table = fit_table([(run, "m", run.fit["m"])])
+    assert "109,008 / 4,096 / 64" in table and "131,072 (3.34x)" in table and "| b |" in table
