@@ -96,6 +96,21 @@ def report_of(c: dict) -> dict:
     return r
 
 
+def worst_step_within_two_percent(name: str, report: dict) -> None:
+    """The report's worst-step validations (at least one): each measured <= predicted and
+    predicted/measured <= 1.02."""
+    worst = [v for v in report.get("validations") or [] if v.get("target") == "worst-step"]
+    assert worst, f"{name}: no worst-step validation"
+    for v in worst:
+        within_two_percent(v)
+
+
+def within_two_percent(v: dict) -> None:
+    """One validation: measured <= predicted and predicted/measured <= 1.02."""
+    assert v["measured_peak_bytes"] <= v["predicted_peak_bytes"], v
+    assert v["predicted_peak_bytes"] <= 1.02 * v["measured_peak_bytes"], v
+
+
 def asked(case: dict, flag: str) -> int:
     """The integer the suite passed for `flag` on this case's wcprof command line."""
     argv = case["cli_argv"]

@@ -18,7 +18,7 @@ too."""
 from __future__ import annotations
 
 import pytest
-from gpu_results import asked, report_of
+from gpu_results import asked, report_of, within_two_percent, worst_step_within_two_percent
 
 VLM = {"qwen25vl": False, "qwen25vl_eager": True}  # name -> --enforce-eager
 IMAGES, IMAGE_TOKENS = 2, 4096  # bench/gpu_suite.py VLM_IMAGES, VLM_IMAGE_TOKENS
@@ -30,11 +30,6 @@ def vlm(case) -> tuple[str, dict] | None:
     """The VLM case among the results' cases (conftest parametrizes `case` over them); None for
     any other case, whose tests then check nothing here."""
     return (case["case"], case) if case["case"] in VLM else None
-
-
-def _within_two_percent(v: dict) -> None:
-    assert v["measured_peak_bytes"] <= v["predicted_peak_bytes"], v
-    assert v["predicted_peak_bytes"] <= 1.02 * v["measured_peak_bytes"], v
 
 
 def test_vlm_case_started_first_time_as_asked(vlm):
@@ -77,7 +72,7 @@ def test_the_multimodal_step_is_formed_from_image_requests_within_two_percent(vl
         f, s = v["formed"], v["shape"]
         assert f["rows"] >= s["rows"] and f["num_reqs"] >= s["num_reqs"] and \
             f["context_len"] >= s["context_len"], v
-        _within_two_percent(v)
+        within_two_percent(v)
     assert r["validation"]["target"] == "multimodal", r["validation"]  # it gates
 
 
@@ -85,10 +80,7 @@ def test_the_text_worst_step_within_two_percent(vlm):
     if vlm is None:
         return
     name, c = vlm
-    worst = [v for v in report_of(c).get("validations") or [] if v.get("target") == "worst-step"]
-    assert worst, f"{name}: no worst-step validation"
-    for v in worst:
-        _within_two_percent(v)
+    worst_step_within_two_percent(name, report_of(c))
 
 
 def test_no_multimodal_limit_is_left_unprofiled(vlm):
