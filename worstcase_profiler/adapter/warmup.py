@@ -46,9 +46,9 @@ class GraphMeasure:
     profile: GraphProfile | None = None   # V2 0.29+: what the estimator's capture sampled
     transient: int | None = None
     """measure_graphs_apart: the high-water mark above what was left once the estimator released
-    its captures (the throwaway pool's graphs included, not only their eager warm-up runs: on
-    the H200 11.88 GiB for 44 FULL graphs that kept 1.48 GiB in the real start), for the log;
-    None where not metered."""
+    its captures (the throwaway pool's graphs included, not only their eager warm-up runs: many
+    times what the real start's graphs keep, docs/gpu.md), for the log; None where not
+    metered."""
 
     def add(self, n: int) -> None:
         self.bytes = (self.bytes or 0) + max(0, int(n))

@@ -145,7 +145,7 @@ def with_startup(audit: WarmupAudit, *, peak: int, transient: int, before_captur
     cover; the start itself survived it), else None."""
     setter = ("" if before_capture is None else
               ", set by graph capture" if peak > before_capture else
-              ", set before graph capture (compile and kernel warm-ups)")
+              ", set before graph capture, by the compile and kernel warm-ups")
     note = (f"vLLM's own warm-up beside the KV cache needed {fmt_bytes(transient)} above what it "
             f"kept (high-water mark {fmt_bytes(peak)} above its start{setter}); the worst step's "
             f"predicted peak is {fmt_bytes(predicted)}"

@@ -347,7 +347,7 @@ def _stock(shape: Shape, limits: Limits, pool: Pool | None = None) -> RequestPla
                      f"requests at once: {held} share its rows; wider steps of that shape run "
                      f"only in vLLM's own start (its warm-up audit meters them)")
     return RequestPlan(target=Shape("stock", rows, 0, held),
-                       batches=(Batch(f"{held} fresh prompts of {rows} tokens together",
+                       batches=(Batch(f"{held} fresh prompts sharing {rows} tokens, together",
                                       prompts, 1, True),),
                        exact=held == shape.num_reqs and rows == shape.rows,
                        note="; ".join(notes) or None)
@@ -455,7 +455,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
     if shape.context_len == 0 and n > 1:  # fresh prompts (shapes.fresh_prefill_batch)
         return RequestPlan(
             target=shape,
-            batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
+            batches=(Batch(f"{n} fresh prompts sharing {rows} tokens, together",
                            tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
                            1, True),),
             exact=True)
@@ -510,7 +510,7 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
                "lined up in one step")
         return RequestPlan(
             target=Shape("prefill", rows, 0, n),
-            batches=(Batch(f"{n} fresh prompts of {rows} tokens together",
+            batches=(Batch(f"{n} fresh prompts sharing {rows} tokens, together",
                            tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
                            1, True),),
             exact=False, note=f"{why}: measured on an empty context")
