@@ -256,6 +256,10 @@ def fitted_result(report: dict | None, rc: int | None, fit: dict) -> dict:
     })
     if adm.get("kv_cache_bytes") is not None and rec.get("kv_cache_bytes") is not None:
         r["kv_delta_bytes"] = adm["kv_cache_bytes"] - rec["kv_cache_bytes"]
+    if adm.get("budget_bytes") is not None and rec.get("kv_cache_bytes") is not None:
+        # fit's flags pin the KV size, so the admitted KV is fit's by construction; what the
+        # fitted start measured for itself is its budget, the KV its own worst case leaves
+        r["budget_over_fit_kv_bytes"] = adm["budget_bytes"] - rec["kv_cache_bytes"]
     if adm.get("transient_bytes") is not None and rec.get("transient_bytes") is not None:
         r["transient_over_bound_bytes"] = adm["transient_bytes"] - rec["transient_bytes"]
     if v and v.get("measured_peak_bytes"):
@@ -272,7 +276,9 @@ def fitted_result(report: dict | None, rc: int | None, fit: dict) -> dict:
 def checks(fit: dict, fitted: dict, tight: bool = True) -> dict:
     """Issue 37's criteria for one model (tests/gpu/test_fit_gpu.py asserts the same): fit's
     recommendation admitted at its limits, the KV it admitted is fit's figure within the meter's
-    resolution, its own worst transient within fit's bound, and the worst step built from real
+    resolution (fit's flags pin it, so this checks the flags reached the engine), the budget the
+    fitted start measured for itself holds that KV (the check fit's flags cannot make true), its
+    own worst transient within fit's bound, and the worst step built from real
     requests measured <= predicted with predicted/measured <= 1.02 (`tight`; on the CPU, whose
     meter reads RSS at 512 KiB, a tiny model's step is mostly that noise: measured <= predicted
     plus the resolution, and the ratio recorded, not held)."""
@@ -297,6 +303,13 @@ def checks(fit: dict, fitted: dict, tight: bool = True) -> dict:
     put("kv_as_fit_said", kv_ok, f"admitted {adm.get('kv_cache_bytes')} B / "
         f"{adm.get('kv_tokens_worstcase')} tokens, fit {rec.get('kv_cache_bytes')} B / "
         f"{rec.get('kv_tokens')} tokens (resolution {res} B)")
+    spare = fitted.get("budget_over_fit_kv_bytes")
+    put("own_budget_holds_fit_kv", spare is not None and spare >= -res,
+        f"the fitted start's own budget {adm.get('budget_bytes')} B (its worst case measured at "
+        f"its own start) vs fit's KV {rec.get('kv_cache_bytes')} B, which fit's flags pin: "
+        + ("not read" if spare is None else
+           f"{spare:+d} B ({spare / rec['kv_cache_bytes']:+.2%} of fit's KV)"
+           if rec.get("kv_cache_bytes") else f"{spare:+d} B"))
     over = fitted.get("transient_over_bound_bytes")
     put("transient_within_fit_bound", over is not None and over <= res,
         f"fitted engine's worst transient {adm.get('transient_bytes')} B vs fit's bound "

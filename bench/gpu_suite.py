@@ -384,7 +384,8 @@ def _check_report(report: dict, name: str, put) -> None:
         put("startup_within_prediction", got <= want + (1 << 20),
             f"vLLM's own warm-up beside the KV cache: {got} above what it kept vs the worst "
             f"step's {want} ({got / want:.4f}); high-water mark {warm['startup_peak_bytes']}, "
-            f"before graph capture {warm.get('startup_peak_before_capture_bytes')}")
+            f"before graph capture {warm.get('startup_peak_before_capture_bytes')}, after it "
+            f"{warm.get('startup_peak_after_capture_bytes')}")
     rows = {"min": 1, "max": flag_value(name, "--max-num-batched-tokens")}
     put("rows_covered", wc["rows_covered"] == rows, json.dumps(wc["rows_covered"]))
     if name == "scratch":  # seed 002: the scratch grows with KV extent, which stock never runs

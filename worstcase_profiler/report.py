@@ -29,7 +29,7 @@ from .core.multimodal import EncoderStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.16"
+SCHEMA_VERSION = "1.17"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -50,7 +50,8 @@ SCHEMA_VERSION = "1.16"
 # worstcase.pool_fit (the worst step fitted to the admitted KV pool, core/pool_fit.py) and
 # admission.pool_ceiling_bytes (the KV cache and recommended flag held at the planned pool);
 # 1.16: warmup_audit's startup_peak_bytes, startup_transient_bytes and
-# startup_peak_before_capture_bytes (vLLM's own warm-up metered beside the KV cache).
+# startup_peak_before_capture_bytes (vLLM's own warm-up metered beside the KV cache); 1.17:
+# warmup_audit's startup_peak_after_capture_bytes (the mark when graph capture ended).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

@@ -5,7 +5,8 @@
 
 A folder is fit_run's when its summary.json says kind "fit_run" (gpu_suite's folders are passed
 over). Per model whose fitted start ran: fit's recommended configuration was admitted at fit's
-limits, the KV it admitted is fit's figure within the meter's resolution (the same tokens), and
+limits, the KV it admitted is fit's figure within the meter's resolution (the same tokens; fit's
+flags pin it) and the fitted start's own measured budget holds it, and
 the worst step built from real requests measured <= predicted with predicted/measured <= 1.02.
 The figures are recomputed from the folder's own reports (fit-<model>.json,
 fitted-<model>.json) where they are there, else read from the summary. Skips when there is no
@@ -120,6 +121,8 @@ def test_the_admitted_kv_is_fits_figure(fit_model):
     assert abs(adm["kv_cache_bytes"] - rec["kv_cache_bytes"]) <= resolution, (adm, rec)
     assert adm["kv_tokens_worstcase"] == rec["kv_tokens"]
     assert rec["concurrency"] >= fit["min_concurrency"]
+    # fit's flags pin that KV: what can fail is the budget the fitted start measured for itself
+    assert adm["budget_bytes"] >= rec["kv_cache_bytes"] - resolution, (adm, rec)
 
 
 def test_the_worst_step_measured_within_the_prediction(fit_model):

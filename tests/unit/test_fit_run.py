@@ -143,12 +143,13 @@ def _fit_report() -> dict:
 
 
 def _fitted_report(measured: int = 4_000_000_000, predicted: int = 4_001_000_000,
-                   kv: int = 55548166144, tokens: int = 423792, transient: int = 2 << 30) -> dict:
+                   kv: int = 55548166144, tokens: int = 423792, transient: int = 2 << 30,
+                   budget: int = 55548192256) -> dict:
     return {"vllm_version": "0.33.0",
             "config": {"max_model_len": 105984, "max_num_batched_tokens": 4096,
                        "max_num_seqs": 256},
             "admission": {"fits": True, "kv_cache_bytes": kv, "kv_tokens_worstcase": tokens,
-                          "transient_bytes": transient, "budget_bytes": 55548192256},
+                          "transient_bytes": transient, "budget_bytes": budget},
             "kv_audit": {"verdict": "ok", "ratio": 0.999},
             "worstcase": {"worst_shape": {"kind": "prefill", "rows": 4096}},
             "validations": [{"target": "traffic", "measured_peak_bytes": 1, "predicted_peak_bytes": 2,
@@ -175,7 +176,7 @@ def test_checks_hold_for_an_admitted_fit_within_its_prediction():
     got = fit_run.checks(fit, fitted)
     assert all(c["ok"] for c in got.values()), got
     assert set(got) == {"fit_recommended", "fitted_admitted", "kv_as_fit_said",
-                        "transient_within_fit_bound", "worst_step_measured_le_predicted",
+                        "own_budget_holds_fit_kv", "transient_within_fit_bound", "worst_step_measured_le_predicted",
                         "worst_step_within_1.02"}
 
 
@@ -185,6 +186,8 @@ def test_checks_hold_for_an_admitted_fit_within_its_prediction():
     ({"kv": 55548166144 - (2 << 20)}, "kv_as_fit_said"),  # two MiB below: beyond 1 MiB
     ({"tokens": 423776}, "kv_as_fit_said"),
     ({"transient": (2 << 30) + (2 << 20)}, "transient_within_fit_bound"),
+    # the start's own worst case left less than fit's pinned KV: fit was optimistic
+    ({"budget": 55548166144 - (2 << 20)}, "own_budget_holds_fit_kv"),
 ])
 def test_checks_fail_where_the_fit_did_not_hold(change, failed):
     fit = fit_run.fit_result(_fit_report())

@@ -221,3 +221,51 @@ def test_the_v2_driver_refuses_a_fresh_step_beyond_its_pool_on_a_hybrid_model():
     assert "64 requests" in V2Driver.cannot_build(drv(True), big)
     assert V2Driver.cannot_build(drv(True), ok) is None
     assert V2Driver.cannot_build(drv(False), big) is None
+
+
+class _Range:  # vLLM's config.utils.Range: inclusive at both ends
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+    def __contains__(self, x):
+        return self.start <= x <= self.end
+
+
+def _compiled_v2(capture=(1, 2, 4, 8, 512), compile_sizes=(), ranges=((1, 8192),),
+                 graph_mode="FULL_AND_PIECEWISE", method=None):
+    cfg, runner = _worker("cuda", "vllm.v1.worker.gpu.model_runner", "VLLM_COMPILE")
+    cc = cfg.compilation_config
+    cc.cudagraph_mode = SimpleNamespace(name=graph_mode)
+    cc.cudagraph_capture_sizes, cc.compile_sizes = list(capture), list(compile_sizes)
+    cc.get_compile_ranges = lambda: [_Range(a, b) for a, b in ranges]
+    cfg.kernel_config = SimpleNamespace(enable_flashinfer_autotune=False)
+    cfg.speculative_config = SimpleNamespace(method=method) if method else None
+    return cfg, runner
+
+
+@pytest.mark.parametrize("change, why", [
+    ({}, None),  # every capture size inside the one compile range: no compile warm-up (h200-run59)
+    ({"ranges": ((1, 2048), (2049, 8192))}, "the compile warm-up at size(s) 8192"),
+    ({"compile_sizes": (8192,)}, "the compile warm-up at size(s) 8192"),
+    ({"compile_sizes": (512,)}, None),  # a compile size that is also captured: no extra run
+    ({"graph_mode": "NONE"}, "the compile warm-up at size(s) 8192"),  # nothing captured
+    ({"method": "dspark"}, "adaptive verification's profiling replays (DSpark)"),
+])
+def test_a_compiled_v2_worker_reruns_the_stock_step_only_where_vllms_warm_up_does(change, why):
+    """vLLM's _compile_or_warm_up_model (0.32, 0.33): _dummy_run(size) for compile sizes no
+    capture size equals, and for each compile range's end where no size falls in the range."""
+    from worstcase_profiler.adapter.facts import stock_rerun_why, stock_reruns_with_kv
+
+    cfg, runner = _compiled_v2(**change)
+    assert stock_rerun_why(cfg, runner) == why
+    assert stock_reruns_with_kv(cfg, runner) is (why is not None)
+
+
+def test_an_unread_compiled_config_keeps_the_stock_step():
+    from worstcase_profiler.adapter.facts import stock_rerun_why
+
+    cfg, runner = _compiled_v2()
+    del cfg.compilation_config.get_compile_ranges  # a vLLM whose config has no such method
+    assert stock_rerun_why(cfg, runner) == "the compile warm-up (its sizes not read)"
+    cfg, runner = _worker("cuda", "vllm.v1.worker.gpu.model_runner", "STOCK_TORCH_COMPILE")
+    assert "not read" in stock_rerun_why(cfg, runner)

@@ -201,9 +201,121 @@ def test_the_startup_note_names_the_phase_that_set_the_mark():
                                  before_capture=50 * MiB, predicted=200 * MiB, resolution=MiB)
     before, _ = with_startup(audit, peak=300 * MiB, transient=100 * MiB,
                              before_capture=300 * MiB, predicted=200 * MiB, resolution=MiB)
-    assert "set by graph capture" in by_capture.message
+    after, _ = with_startup(audit, peak=300 * MiB, transient=100 * MiB, before_capture=50 * MiB,
+                            after_capture=120 * MiB, predicted=200 * MiB, resolution=MiB)
+    during, _ = with_startup(audit, peak=300 * MiB, transient=100 * MiB, before_capture=50 * MiB,
+                             after_capture=300 * MiB, predicted=200 * MiB, resolution=MiB)
+    assert "set during graph capture" in by_capture.message
+    assert "set during graph capture" in during.message
+    assert "set after graph capture" in after.message  # V1: the sampler warm-up follows capture
+    assert after.startup_peak_after_capture_bytes == 120 * MiB
     assert "set before graph capture" in before.message
     assert "0.500 of it" in before.message
     _, within = with_startup(audit, peak=201 * MiB, transient=201 * MiB, before_capture=None,
                              predicted=200 * MiB, resolution=MiB)
     assert within is None  # within the meter's resolution
+
+
+def test_a_meter_that_fails_never_fails_vllms_start(tmp_path, consumed, monkeypatch):
+    """The warm-up meter is a reading: where it raises (begin, peak or end), vLLM's warm-up
+    still runs and returns, the audit carries no startup figure, and nothing is warned."""
+    for broken in ("begin", "peak", "end"):
+        worker, session, _ = _worker(tmp_path)
+        meter = _WarmUpMeter()
+
+        def boom(*a):
+            raise RuntimeError("CUDA driver says no")
+
+        setattr(meter, broken, boom)
+        monkeypatch.setattr(startup, "meter_for", lambda device: meter)
+        consumed["now"] = 1000 * MiB
+        assert startup.warm_up(worker, lambda w: "done", session.settings) == "done"
+        audit = session.phases.warmup.audit
+        assert audit.startup_transient_bytes is None and audit.startup_peak_bytes is None, broken
+        assert not any("worst case holds" in w for w in session.phases.warnings)
+
+
+def test_the_capture_marks_split_the_warm_up_into_before_during_and_after(tmp_path, consumed,
+                                                                           monkeypatch):
+    """On CUDA the runner's capture_model is wrapped: the meter's mark when the first capture
+    began and when the last returned reach the audit, which names the phase that set the peak."""
+    worker, session, _ = _worker(tmp_path, graphs=20 * MiB)
+    meter = _WarmUpMeter()
+    monkeypatch.setattr(startup, "meter_for", lambda device: meter)
+    monkeypatch.setattr(startup, "_cuda_free_now", lambda: 0)  # no torch.cuda here
+    consumed["now"] = 1000 * MiB + 20 * MiB
+
+    def vllm_warm_up(w):
+        meter.peak_mark = 40 * MiB  # kernel warm-ups
+        w.model_runner.capture_model()
+        w.model_runner.capture_model()
+        meter.peak_mark = 90 * MiB  # the sampler's warm-up after capture (V1)
+
+    def capture():
+        meter.peak_mark = max(meter.peak_mark, 60 * MiB)
+
+    worker.model_runner = SimpleNamespace(capture_model=capture)
+    startup.warm_up(worker, vllm_warm_up, session.settings)
+    audit = session.phases.warmup.audit
+    assert (audit.startup_peak_before_capture_bytes, audit.startup_peak_after_capture_bytes,
+            audit.startup_peak_bytes) == (40 * MiB, 60 * MiB, 90 * MiB)
+    assert "set after graph capture" in audit.message
+
+
+
+@pytest.mark.parametrize("mode", ["enforce", "observe"])
+def test_a_warm_up_that_reruns_the_step_the_worst_case_left_out_is_refused_before_it_runs(
+        tmp_path, consumed, monkeypatch, mode):
+    """The plan left vLLM's profile step out because no warm-up was to rerun it; vLLM resolves
+    the graph mode at KV initialisation, after the plan. If the resolved config now reruns it,
+    enforce refuses before vLLM's warm-up runs (the report says why); observe warns and goes on."""
+    import dataclasses
+
+    from worstcase_profiler.errors import ConfigError
+
+    worker, session, _ = _worker(tmp_path, mode=mode)
+    session.phases.profile = dataclasses.replace(session.profile, sweep=dataclasses.replace(
+        session.profile.sweep, stock_excluded="the pool holds at most 216 requests at once"))
+    monkeypatch.setattr(startup, "stock_rerun_why",
+                        lambda cfg, runner: "the compile warm-up at size(s) 8192")
+    worker.vllm_config = SimpleNamespace(compilation_config=SimpleNamespace(
+        cudagraph_mode=SimpleNamespace(name="NONE")))
+    consumed["now"] = 1000 * MiB
+    ran = []
+    if mode == "enforce":
+        with pytest.raises(ConfigError) as exc:
+            startup.warm_up(worker, lambda w: ran.append(1), session.settings)
+        assert ran == []  # refused before vLLM's warm-up ran the step
+        assert "graph mode NONE" in exc.value.message and "compile warm-up" in exc.value.message
+        assert "-cc.cudagraph_mode" in exc.value.hint
+        assert "compile warm-up" in json.loads((tmp_path / "r.json").read_text())["warnings"][-1]
+    else:
+        startup.warm_up(worker, lambda w: ran.append(1), session.settings)
+        assert ran == [1] and any("compile warm-up" in w for w in session.phases.warnings)
+    # where nothing reruns it, the warm-up runs as before
+    monkeypatch.setattr(startup, "stock_rerun_why", lambda cfg, runner: None)
+    worker, session, _ = _worker(tmp_path, mode=mode)
+    startup.warm_up(worker, lambda w: ran.append(2), session.settings)
+    assert ran[-1] == 2
+
+
+def test_a_capture_warm_up_beyond_the_admitted_transient_is_named_before_the_kv_decision():
+    """vLLM warms each graph up with graphs off before capturing it, with up to max_num_seqs
+    requests whatever the pool holds; metered apart from vLLM's profile, it is checked against
+    the worst case's admitted transient (plus the allocator slack), within the margin."""
+    from worstcase_profiler.adapter.warmup import GraphMeasure
+    from worstcase_profiler.core.audits import capture_warmup_verdict
+
+    seen = GraphMeasure()
+    for tokens, reqs, transient in ((512, 512, 30 * MiB), (4608, 1024, 90 * MiB), (8, 8, MiB)):
+        seen.warm_up_ran(tokens, reqs, transient)
+    assert (seen.capture_warmup_bytes, seen.capture_warmup_shape) == (90 * MiB, (4608, 1024))
+    kw = dict(transient=seen.capture_warmup_bytes, shape=seen.capture_warmup_shape,
+              margin=64 * MiB)
+    assert capture_warmup_verdict(admitted=100 * MiB, slack=0, **kw) is None
+    assert capture_warmup_verdict(admitted=30 * MiB, slack=0, **kw) is None  # within the margin
+    over = capture_warmup_verdict(admitted=30 * MiB, slack=8 * MiB, **kw)
+    assert over is not None and "4608 tokens over 1024 requests" in over
+    assert "68.00 MiB more" in over
+    assert capture_warmup_verdict(transient=None, shape=None, admitted=0, slack=0,
+                                  margin=0) is None  # not metered: eager, cached, V1

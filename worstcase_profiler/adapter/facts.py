@@ -57,44 +57,101 @@ def draft_slots(spec) -> int:
 
 def stock_reruns_with_kv(vllm_config, runner=None) -> bool:
     """Whether vLLM runs its own profile step again once the KV cache exists (Limits'
-    `stock_reruns_with_kv`), read from vLLM 0.32's worker warm-ups (`compile_or_warm_up_model`):
+    `stock_reruns_with_kv`): stock_rerun_why names the warm-up that does, or None."""
+    return stock_rerun_why(vllm_config, runner) is not None
 
-    * the CPU worker warms the model up only when it has no KV cache: False;
+
+def stock_rerun_why(vllm_config, runner=None) -> str | None:
+    """The warm-up that runs vLLM's own profile step (max_num_batched_tokens rows, requests not
+    capped by the pool) again beside the KV cache, or None where none does; read from vLLM
+    0.32/0.33's worker warm-ups (`compile_or_warm_up_model`):
+
+    * the CPU worker warms the model up only when it has no KV cache: None;
     * the GPU worker with the V1 runner warms its sampler up over min(max_num_seqs,
-      max_num_batched_tokens) requests after the KV cache exists: True;
-    * with the V2 runner, a compiled model (any mode but NONE is taken as compiled) runs steps
-      that wide beside the pool: its compile warm-up at max_num_batched_tokens where no graph
-      capture size falls in that compile range, graph captures of min(size, max_num_seqs)
-      requests (up to 512 x (1 + k) tokens under speculative decoding), adaptive
-      verification's profiling replays, and vLLM may lower the graph mode after this reads it:
-      True; so is eager with FlashInfer installed and its autotune not switched off
-      (kernel_warmup's autotune runs _dummy_run(max_num_batched_tokens) once the pool exists),
-      and elastic EP (warm_and_capture runs it too); otherwise eager (mode NONE), only the kernel
-      warm-up runs (`v1/worker/gpu/warmup._warmup_kernels`), its requests capped at what the
-      pool holds ((num_blocks - 1) // blocks per request): False.
+      max_num_batched_tokens) requests after the KV cache exists;
+    * the V2 runner: its compile warm-up (mode VLLM_COMPILE) runs _dummy_run(size) for every
+      compile size no graph capture size equals and for the end of every compile range holding
+      none of them (compile_warmup_sizes); kernel_warmup's FlashInfer autotune (installed, not
+      switched off) and elastic EP's warm_and_capture run _dummy_run(max_num_batched_tokens);
+      adaptive verification (DSpark) replays its profiling steps; a compiled mode other than
+      VLLM_COMPILE is not read. Otherwise only capped steps run: the kernel warm-up
+      (`warmup_kernels`, its requests capped at what the pool holds) and graph captures, whose
+      eager warm-ups (min(size, max_num_seqs) requests, forward only) are metered before the
+      KV decision (warmup.measure_graphs_apart) and checked against the worst case.
 
-    True without the worker's runner (a front-end process) and wherever the device is neither:
-    the stock step then stays in the worst case."""
+    The graph mode and capture sizes read here are the config's before vLLM resolves them
+    against the attention backends (at KV initialisation); adapter/startup.warm_up reads them
+    again before vLLM's warm-up runs and refuses a start whose resolved config reruns the step
+    the worst case left out. Not read (the stock step stays): no runner (a front end), a device
+    that is neither CPU nor CUDA."""
     # vllm-touch: worker-config
     if runner is None:
-        return True
+        return "not read without the worker's runner"
     device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "")
     if device == "cpu":
-        return False
-    if device != "cuda" or not is_v2_runner(runner):
-        return True
-    mode = getattr(vllm_config.compilation_config, "mode", None)
-    if getattr(mode, "name", str(mode)) != "NONE":  # any compiled mode: warmed up as compiled
-        return True
+        return None
+    if device != "cuda":
+        return f"not read on device {device or 'unknown'}"
+    if not is_v2_runner(runner):
+        return "the V1 runner's sampler warm-up"
     if getattr(getattr(vllm_config, "parallel_config", None), "enable_elastic_ep", False):
-        return True  # elastic EP's warm_and_capture reruns _dummy_run(max_num_tokens) uncapped
+        return "elastic EP's warm_and_capture"
     autotune = getattr(getattr(vllm_config, "kernel_config", None), "enable_flashinfer_autotune",
                        None)
     import importlib.util
 
-    # kernel_warmup's FlashInfer autotune: _dummy_run(max_num_batched_tokens, is_profile=True)
-    # after the KV cache exists, min(rows, max_num_reqs) requests (not capped by the pool)
-    return autotune is not False and importlib.util.find_spec("flashinfer") is not None
+    if autotune is not False and importlib.util.find_spec("flashinfer") is not None:
+        return "kernel_warmup's FlashInfer autotune"
+    if getattr(runner, "adaptive_verification", None) is not None or \
+            getattr(getattr(runner, "speculator", None), "enable_adaptive_verification", False) \
+            or _spec_method(vllm_config) == "dspark":
+        return "adaptive verification's profiling replays (DSpark)"
+    mode = getattr(vllm_config.compilation_config, "mode", None)
+    mode = str(getattr(mode, "name", mode))
+    if mode in ("NONE", "0", "None"):
+        return None
+    if mode not in ("VLLM_COMPILE", "3"):
+        return f"compiled mode {mode} (its warm-up not read)"
+    sizes = compile_warmup_sizes(vllm_config, runner)
+    if sizes is None:
+        return "the compile warm-up (its sizes not read)"
+    return (f"the compile warm-up at size(s) {', '.join(map(str, sizes))}" if sizes else None)
+
+
+def _spec_method(vllm_config) -> str:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return str(getattr(spec, "method", "") or "") if spec is not None else ""
+
+
+def compile_warmup_sizes(vllm_config, runner=None) -> list[int] | None:
+    """The token counts vLLM's compile warm-up runs `_dummy_run` at beside the KV cache (0.32 and
+    0.33 `_compile_or_warm_up_model`, mode VLLM_COMPILE with a compiled submodule): the compile
+    sizes no capture size equals (all of them where the graph mode is NONE), then the end of
+    every compile range that none of those sizes or the capture sizes falls in. None where the
+    config cannot be read (the caller keeps the stock step)."""
+    # vllm-touch: worker-config
+    cc = vllm_config.compilation_config
+    model = getattr(runner, "model", None) if runner is not None else None
+    try:  # vllm-touch: v2-graph-estimate
+        from vllm.v1.worker.gpu.cudagraph_utils import has_compiled_submodule
+    except ImportError:
+        has_compiled_submodule = None
+    try:
+        if model is not None and has_compiled_submodule is not None and \
+                not has_compiled_submodule(model):
+            return []
+        sizes = [x for x in (getattr(cc, "compile_sizes", None) or []) if isinstance(x, int)]
+        capture: list[int] = []
+        if str(getattr(getattr(cc, "cudagraph_mode", None), "name", "NONE")) != "NONE":
+            capture = list(getattr(cc, "cudagraph_capture_sizes", None) or [])
+            sizes = [x for x in sizes if x not in capture]
+        every = set(capture) | set(sizes)
+        for r in cc.get_compile_ranges():
+            if not any(x in r for x in every):
+                sizes.append(int(r.end))
+    except Exception:  # noqa: BLE001 - an unread config keeps the stock step in the worst case
+        return None
+    return sorted(set(sizes), reverse=True)
 
 
 def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]:

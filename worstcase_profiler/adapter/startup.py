@@ -31,8 +31,8 @@ from typing import NamedTuple
 from ..core import budget
 from ..core import chunk_cap as core_cap
 from ..core.advise import knee_line
-from ..core.audits import (concurrency_note, kv_audit_error, kv_audit_verdict, warmup_to_remember,
-                           warmup_verdict, with_startup)
+from ..core.audits import (capture_warmup_verdict, concurrency_note, kv_audit_error,
+                           kv_audit_verdict, warmup_to_remember, warmup_verdict, with_startup)
 from ..core.cache_trust import reuse_consumed
 from ..core.multimodal import EncoderStep, MultimodalFacts, admit, encoder_line, unprofiled_note
 from ..core.replay_rules import plan_agreement
@@ -46,6 +46,7 @@ from ..core.sweep_depth import sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
                           SweepResult, WarmupEstimate, WarmupResult, Workspace)
+from ..errors import ConfigError, DoesNotFit
 from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
@@ -54,7 +55,7 @@ from . import advice, chunk_cap, fitting, guard, pool_fit, sweep_cache, warmup
 from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
-                    sibling_hits_serialize, world_rank)
+                    sibling_hits_serialize, stock_rerun_why, world_rank)
 from .meters import device_bytes_held, gc_frozen, meter_for, non_torch
 from .runner import V1Driver, is_v2_runner
 from .runner_v2 import V2Driver
@@ -97,6 +98,9 @@ class StartMeasurement(NamedTuple):
     """The step driver the sweep ran on (the pool fit measures on it)."""
     held: object = None
     """held(phase): what the process holds now, timed as that phase."""
+    capture_warmup: tuple[int, tuple[int, int]] | None = None
+    """The widest graph capture's eager warm-up, metered apart from vLLM's profile: (its
+    transient, (tokens, requests)); None where not metered (eager, a cached start, V1)."""
 
 
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
@@ -121,6 +125,23 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     for note in decided.warnings:
         session.warn(note)
         log.warning("[wcprof] %s", note)
+    capture_error = None
+    if measured.capture_warmup is not None:
+        over = capture_warmup_verdict(
+            transient=measured.capture_warmup[0], shape=measured.capture_warmup[1],
+            admitted=decided.admission.transient_bytes, margin=settings.margin_bytes,
+            slack=facts.allocator_slack_bytes)
+        if over is not None:
+            session.warn(over)
+            log.warning("[wcprof] %s", over)
+            if settings.mode == "enforce":
+                capture_error = DoesNotFit(over, hint=(
+                    "lower --max-num-seqs or -cc.max_cudagraph_capture_size (the warm-up's "
+                    "requests and tokens), or start with --enforce-eager"))
+    agree = agree_max_fn()
+    if agree is not None and agree(int(capture_error is not None)) and capture_error is None:
+        capture_error = DoesNotFit("another rank's graph-capture warm-up needs more than the "
+                                   "worst case admits (its log says how much)")
     if (note := unprofiled_note(measured.multimodal, measured.encoder,
                                 measured.encoder_why_not)) is not None:
         session.warn(note)  # never a silent figure: the multimodal limits not covered
@@ -146,7 +167,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         encoder=measured.encoder, chunk_cap=decided.chunk_cap))
     write_report(session)
     error = plan_agreement(fingerprints, rank=session.facts.rank,
-                           steps=len(sweep.steps)) or decided.budget.error
+                           steps=len(sweep.steps)) or decided.budget.error or capture_error
     if error is not None:
         raise error
     if decided.chunk_cap is not None:
@@ -228,8 +249,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
         measured_fit = fitting.measure(driver, limits, sweep, measured_advice, settings,
                                        clock)  # wcprof fit
         measured_cap = chunk_cap.measure(driver, limits, sweep, settings, clock)
+        capture_warmup = None
         if entry is None and cuda:
-            estimate = rehearse_warm_up(worker, driver, held, clock, graphs_on)
+            estimate, graphs = rehearse_warm_up(worker, driver, held, clock, graphs_on)
+            if graphs.capture_warmup_bytes is not None:
+                capture_warmup = (graphs.capture_warmup_bytes, graphs.capture_warmup_shape)
         else:
             estimate = cached_warmup(worker, entry)
         with clock("workspace_grow"):
@@ -284,7 +308,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF")))
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not, driver=driver,
-                            held=held)
+                            held=held, capture_warmup=capture_warmup)
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,
@@ -332,7 +356,7 @@ def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt
 
 
 def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs_on: bool
-                     ) -> WarmupEstimate:
+                     ) -> tuple[WarmupEstimate, warmup.GraphMeasure]:
     """A CUDA start's warm-up reserve where no cached entry gives it (a first start, or one
     whose entry was dropped: capacity, stale replay, dominance): CUDA graphs as measured apart
     from vLLM's profile (measure_graphs; or, on V2 runners without an estimator, by the
@@ -356,11 +380,12 @@ def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs_on: bool
     if graphs_on and graphs.bytes is None and not rehearsal.graphs_bytes:
         graph_bytes = cudagraph_applied(worker)  # vLLM's own figure, checked by the audit
     log.info("[wcprof] warm-up rehearsed in %.1fs: it keeps %s of CUDA graphs and %s of other "
-             "buffers beyond the KV cache%s", rehearsal.seconds, fmt_bytes(graph_bytes),
+             "buffers beyond the KV cache%s; %s stayed held once its provisional KV cache was "
+             "freed", rehearsal.seconds, fmt_bytes(graph_bytes),
              fmt_bytes(other), "" if rehearsal.transient_bytes is None else
-             f"; its steps needed {fmt_bytes(rehearsal.transient_bytes)} above what they kept "
-             f"(graph capture replaced)")
-    return WarmupEstimate(graphs_bytes=graph_bytes, other_bytes=other, source="rehearsal")
+             f"; its steps needed {fmt_bytes(rehearsal.transient_bytes)} above what they kept",
+             fmt_bytes(max(0, survived)))
+    return WarmupEstimate(graphs_bytes=graph_bytes, other_bytes=other, source="rehearsal"), graphs
 
 
 def make_driver(worker, limits: Limits, meter, agree_max=None):
@@ -623,52 +648,88 @@ def initialize_from_config(worker, original, kv_cache_config, settings: Profiler
 # --- compile_or_warm_up_model --------------------------------------------------------------
 
 def warm_up(worker, original, settings: ProfilerSettings, *args, **kwargs):
-    """vLLM's warm-up, metered (its high-water mark beside the KV cache, and where graph capture
-    began) with what CUDA-graph capture kept measured, then the warm-up audit."""
+    """vLLM's warm-up, metered (its high-water mark beside the KV cache, and that mark when graph
+    capture began and when it ended) with what CUDA-graph capture kept measured, then the
+    warm-up audit. The meter never fails the start: an unreadable meter leaves no figure."""
     import time
 
     session = session_of(worker)
-    meter = meter_for(getattr(worker, "device", "cpu")) if session is not None else None
+    if session is not None and (refused := _rerun_since_the_plan(worker, session, settings)):
+        write_report(session)  # the report says why before vLLM's start ends
+        raise refused
     t0 = time.perf_counter()
-    if meter is not None:
-        meter.begin()
-    with _recording_capture(worker, session, meter):
+    with warmup.metered(worker, enabled=session is not None, meter_for=meter_for) as reading, \
+            _recording_capture(worker, session, reading):
         out = original(worker, *args, **kwargs)
-    if meter is not None:
-        session.measurements["startup_peak"] = int(meter.peak())
-        session.measurements["startup_transient"] = int(meter.end())
+    if session is not None and reading.bytes is not None:
+        session.measurements["startup_peak"] = reading.peak
+        session.measurements["startup_transient"] = reading.bytes
     after_warm_up(worker, settings, time.perf_counter() - t0)
     return out
 
 
+def _rerun_since_the_plan(worker, session: StartupSession, settings: ProfilerSettings):
+    """Where the worst case left vLLM's profile step out (no warm-up was to run it beside the KV
+    cache), the same question asked of the config vLLM resolved at KV initialisation (graph mode
+    and capture sizes), before its warm-up runs. A warm-up that now reruns it: the error to
+    raise under enforce (the KV cache is sized without it), a warning otherwise; else None."""
+    prof = session.profile
+    if prof is None or not prof.sweep.stock_excluded:
+        return None
+    # vllm-touch: worker-config
+    why = stock_rerun_why(worker.vllm_config, getattr(worker, "model_runner", None))
+    if why is None:
+        return None
+    mode = getattr(worker.vllm_config.compilation_config, "cudagraph_mode", None)
+    note = (f"the worst case left vLLM's profile step out ({prof.sweep.stock_excluded}), but "
+            f"the config vLLM resolved at KV initialisation (graph mode "
+            f"{getattr(mode, 'name', mode)}) runs it beside the KV cache: {why}")
+    hint = ("start again with that graph mode set (-cc.cudagraph_mode=...) so the plan reads it, "
+            "or with --enforce-eager")
+    session.warn(note)
+    log.warning("[wcprof] %s (%s)", note, hint)
+    return ConfigError(note, hint=hint) if settings.mode == "enforce" else None
+
+
 @contextlib.contextmanager
-def _recording_capture(worker, session: StartupSession | None, meter=None):
+def _recording_capture(worker, session: StartupSession | None, reading=None):
     """Wrap the runner's capture_model for the warm-up: the free device memory it consumed is
     what the graphs kept (measured like the held memory: synchronised, allocator cache emptied),
-    and the warm-up meter's mark when it began (session.measurements["startup_before_capture"])."""
+    and the warm-up meter's mark (`reading`, a warmup.MeterReading) when the first capture began
+    and when the last one returned (session.measurements["startup_before_capture"] and
+    ["startup_after_capture"]): what ran before, during and after capture."""
     runner = getattr(worker, "model_runner", None)
     original = getattr(runner, "capture_model", None)
     if session is None or original is None or meter_for(getattr(worker, "device", "cpu")).device_kind != "cuda":
         yield
         return
-    import torch
 
-    def free_now() -> int:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        return int(torch.cuda.mem_get_info()[0])
+    def mark(name: str, first_only: bool) -> None:
+        value = reading.mark() if reading is not None else None
+        if value is not None and not (first_only and name in session.measurements):
+            session.measurements[name] = value
 
     def capture_model(*args, **kwargs):
-        if meter is not None and "startup_before_capture" not in session.measurements:
-            session.measurements["startup_before_capture"] = int(meter.peak())
-        before = free_now()
+        mark("startup_before_capture", first_only=True)
+        before = _cuda_free_now()
         out = original(*args, **kwargs)
-        session.measurements["graphs"] = session.measurements.get("graphs", 0) + max(0, before - free_now())
+        session.measurements["graphs"] = session.measurements.get("graphs", 0) + \
+            max(0, before - _cuda_free_now())
+        mark("startup_after_capture", first_only=False)
         return out
 
     # vllm-touch: runner-capture-model
     with warmup.replaced(runner, "capture_model", capture_model):
         yield
+
+
+def _cuda_free_now() -> int:
+    """Free device memory, read like the held memory: synchronised, allocator cache emptied."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info()[0])
 
 
 def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0.0) -> None:
@@ -700,6 +761,7 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
                 audit, over = with_startup(
                     audit, peak=int(session.measurements["startup_peak"]), transient=int(startup),
                     before_capture=session.measurements.get("startup_before_capture"),
+                    after_capture=session.measurements.get("startup_after_capture"),
                     predicted=prof.admission.transient_bytes,
                     resolution=int(meter.resolution_bytes))
                 if over is not None:

@@ -44,14 +44,20 @@ class GraphMeasure:
 
     bytes: int | None = None
     profile: GraphProfile | None = None   # V2 0.29+: what the estimator's capture sampled
-    transient: int | None = None
-    """measure_graphs_apart: the high-water mark above what was left once the estimator released
-    its captures (the throwaway pool's graphs included, not only their eager warm-up runs: many
-    times what the real start's graphs keep, docs/gpu.md), for the log; None where not
-    metered."""
+
+    capture_warmup_bytes: int | None = None
+    """The largest transient of a capture's eager warm-up run (V2 0.32+: each graph's descriptor
+    runs once with graphs off before it is captured; min(size, max_num_seqs) requests, forward
+    only), above what was allocated when it began and what it left: a step vLLM's start runs
+    beside the KV cache, read before the KV decision. None where not metered."""
+    capture_warmup_shape: tuple[int, int] | None = None  # its (tokens, requests)
 
     def add(self, n: int) -> None:
         self.bytes = (self.bytes or 0) + max(0, int(n))
+
+    def warm_up_ran(self, tokens: int, reqs: int, transient: int) -> None:
+        if self.capture_warmup_bytes is None or transient > self.capture_warmup_bytes:
+            self.capture_warmup_bytes, self.capture_warmup_shape = int(transient), (tokens, reqs)
 
     def sampled(self, profile: GraphProfile | None) -> None:
         self.profile = profile
@@ -110,12 +116,12 @@ def measure_graphs_apart(worker, enabled: bool) -> GraphMeasure:
             getattr(runner, "profile_cudagraph_memory", None) is None or \
             needs_graph_rehearsal(runner):
         return GraphMeasure()
-    with exact_graphs(worker, enabled=True) as measure, metered(worker) as transient:
+    with exact_graphs(worker, enabled=True) as measure, capture_warm_ups_metered(measure):
         figure = runner.profile_cudagraph_memory()
-    measure.transient = transient.get("bytes")
-    beside = "" if measure.transient is None else \
-        (f"; the high-water mark rose {fmt_bytes(measure.transient)} above what was left once "
-         f"they were released (the graphs captured into the estimator's pool included)")
+    beside = "" if measure.capture_warmup_bytes is None else \
+        (f"; the widest eager warm-up before a capture ({measure.capture_warmup_shape[0]} "
+         f"tokens over {measure.capture_warmup_shape[1]} requests) needed "
+         f"{fmt_bytes(measure.capture_warmup_bytes)} beside what was held")
     if measure.profile is not None:
         log.info("[wcprof] every CUDA graph captured apart from vLLM's profile: %s (%s; vLLM's "
                  "estimator returned %s there, not used%s)", fmt_bytes(measure.bytes),
@@ -127,24 +133,103 @@ def measure_graphs_apart(worker, enabled: bool) -> GraphMeasure:
 
 
 @contextlib.contextmanager
-def metered(worker):
-    """For the duration, the device's meter from a reset high-water mark (adapter/meters): on
-    exit, out["bytes"] is the mark above what the block left live (the transient its steps
-    needed beside what was held), where the meter could be read; never raises for the meter."""
-    from .meters import meter_for
-
-    out: dict[str, int] = {}
+def capture_warm_ups_metered(measure: GraphMeasure):
+    """For the duration, every V2 graph capture's eager warm-up run (CudaGraphManager.capture
+    calls create_forward_fn(desc, warmup=True), then that function with graphs off) is metered
+    on its own: synchronised, the allocator's high-water mark reset, its transient above
+    max(what was allocated before, what it left) kept in `measure` with its (tokens, requests).
+    The high-water mark is reset per run, so no other peak meter may be open around it. A no-op
+    where vLLM has no such manager (V1, 0.26-0.31) or the device is not CUDA."""
+    # vllm-touch: v2-graph-estimate
     try:
-        meter = meter_for(getattr(worker, "device", "cpu"))
-        meter.begin()
-    except Exception:  # noqa: BLE001 - a reading for the log, never the start's failure
-        meter = None
-    yield out
-    if meter is not None:
+        import torch
+        from vllm.v1.worker.gpu import cudagraph_utils
+    except ImportError:
+        yield
+        return
+    manager_cls = getattr(cudagraph_utils, "CudaGraphManager", None)
+    mode_cls = getattr(cudagraph_utils, "CUDAGraphMode", None)
+    original = getattr(manager_cls, "capture", None)
+    if original is None or mode_cls is None or not torch.cuda.is_available():
+        yield
+        return
+
+    def capture(self, create_forward_fn, *args, **kwargs):
+        def create(desc, warmup):
+            fn = create_forward_fn(desc, warmup)
+            if not warmup:
+                return fn
+            reqs = int(getattr(desc, "num_reqs", None) or
+                       min(int(desc.num_tokens), int(getattr(self, "max_num_reqs", desc.num_tokens))))
+
+            def run(cg_mode):
+                if cg_mode != mode_cls.NONE:
+                    return fn(cg_mode)
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                out = fn(cg_mode)
+                torch.cuda.synchronize()
+                left = torch.cuda.memory_allocated()
+                measure.warm_up_ran(int(desc.num_tokens), reqs,
+                                    max(0, torch.cuda.max_memory_allocated() - max(base, left)))
+                return out
+            return run
+        return original(self, create, *args, **kwargs)
+
+    with replaced(manager_cls, "capture", capture):
+        yield
+
+
+@dataclass
+class MeterReading:
+    """What `metered` read: `bytes`, the high-water mark above what the block left live (the
+    transient its steps needed beside what was held), and `peak`, the mark above the block's
+    start; both None where the meter could not be read."""
+    bytes: int | None = None
+    peak: int | None = None
+    meter: object = None
+
+    def mark(self) -> int | None:
+        """The high-water mark so far, above the block's start (None: no meter); never raises."""
         try:
-            out["bytes"] = int(meter.end())
+            return None if self.meter is None else int(self.meter.peak())
+        except Exception:  # noqa: BLE001 - a reading, never the start's failure
+            return None
+
+    def open(self, meter_for, device) -> None:
+        """Begin on `meter_for(device)`; a meter that fails leaves the reading empty."""
+        try:
+            meter = meter_for(device)
+            meter.begin()
+            self.meter = meter
+        except Exception:  # noqa: BLE001 - a reading for the log, never the start's failure
+            self.meter = None
+
+    def close(self) -> None:
+        """Read the mark and the transient; a meter that fails leaves both None."""
+        if self.meter is None:
+            return
+        try:
+            self.peak = int(self.meter.peak())
+            self.bytes = int(self.meter.end())
         except Exception:  # noqa: BLE001
-            pass
+            self.peak = self.bytes = None
+
+
+@contextlib.contextmanager
+def metered(worker, enabled: bool = True, meter_for=None):
+    """For the duration, the device's meter (`meter_for(device)`, default adapter/meters') from a
+    reset high-water mark; the MeterReading it yields is filled on exit. Never raises for the
+    meter: a meter that fails leaves the reading empty and the block runs as it would have."""
+    if meter_for is None:
+        from .meters import meter_for
+
+    reading = MeterReading()
+    if enabled:
+        reading.open(meter_for, getattr(worker, "device", "cpu"))
+    yield reading
+    reading.close()
 
 
 @contextlib.contextmanager
@@ -296,7 +381,7 @@ def rehearse(worker, warm_up, held_now, *, graphs: bool) -> Rehearsal:
         warm_up()
     kept = max(0, held_now() - before)
     return Rehearsal(kept_bytes=kept, graphs_bytes=measured.bytes or 0,
-                     seconds=time.perf_counter() - t0, transient_bytes=transient.get("bytes"))
+                     seconds=time.perf_counter() - t0, transient_bytes=transient.bytes)
 
 
 STALL_DUMP_S = 120.0
@@ -362,7 +447,13 @@ def _end_of_warm_up_deferred(worker):
     _maybe_activate_jit_monitor, 0.26 through vllm.utils.jit_monitor.activate, which the 0.26
     warm-up imports at call time, so it too comes on inside the rehearsal unless replaced) and,
     under VLLM_GPU_SYNC_CHECK, the sync check (0.26+). After the rehearsal the real warm-up still
-    has to run, so for the rehearsal both stay off; the real warm-up switches them on as usual."""
+    has to run, so for the rehearsal both stay off; the real warm-up switches them on as usual.
+
+    It ends too by freezing the heap (`freeze_gc_heap`: gc.freeze() after full collections, 0.32+).
+    Inside the rehearsal that would freeze the provisional KV cache's reference cycles, which
+    only the collector frees: the V1 runner's teardown (`_cleanup_profiling_kv_cache`) drops its
+    references and collects, and a frozen cycle survives it, so the held memory read one
+    provisional cache too many (docs/gpu.md has the measured case). The freeze, and vLLM's gc debug callback beside it, wait for the real warm-up too."""
     # vllm-touch: warm-up-serving-checks
     import sys
 
@@ -381,8 +472,9 @@ def _end_of_warm_up_deferred(worker):
             stack.enter_context(replaced(worker, "_maybe_activate_jit_monitor", off))
         if callable(getattr(jit, "activate", None)):
             stack.enter_context(replaced(jit, "activate", off))
-        if module is not None and callable(getattr(module, "enable_gpu_sync_check", None)):
-            stack.enter_context(replaced(module, "enable_gpu_sync_check", off))
+        for name in ("enable_gpu_sync_check", "freeze_gc_heap", "maybe_attach_gc_debug_callback"):
+            if module is not None and callable(getattr(module, name, None)):
+                stack.enter_context(replaced(module, name, off))
         yield
 
 

@@ -135,27 +135,54 @@ def warmup_to_remember(*, resident: int, graphs: int, reserve: int, residue: int
 
 
 def with_startup(audit: WarmupAudit, *, peak: int, transient: int, before_capture: int | None,
-                 predicted: int, resolution: int) -> tuple[WarmupAudit, str | None]:
+                 predicted: int, resolution: int, after_capture: int | None = None
+                 ) -> tuple[WarmupAudit, str | None]:
     """The audit with what vLLM's own warm-up needed beside the KV cache (adapter/startup.warm_up
     meters it): its high-water mark above its start (`peak`), the part above what it left live
-    (`transient`), the mark the warm-ups before graph capture reached (`before_capture`, None
-    without capture); against the worst step's predicted transient (`predicted`). Its message
-    says which part set the mark; the second value is a warning when the transient exceeded the
-    prediction by more than the meter's `resolution` (a startup step the worst case did not
-    cover; the start itself survived it), else None."""
-    setter = ("" if before_capture is None else
-              ", set by graph capture" if peak > before_capture else
-              ", set before graph capture, by the compile and kernel warm-ups")
+    (`transient`), the mark when graph capture began (`before_capture`) and when it ended
+    (`after_capture`; both None without capture); against the worst step's predicted transient
+    (`predicted`). Its message says which part set the mark (a rise within the meter's
+    `resolution` is not counted): the warm-ups before capture, capture itself, or what ran after
+    it (the V1 runner warms its sampler up after capture). The second value is a warning when
+    the transient exceeded the prediction by more than `resolution` (a startup step the worst
+    case did not cover; the start itself survived it), else None."""
+    setter = ""
+    if before_capture is not None:
+        after = before_capture if after_capture is None else max(before_capture, after_capture)
+        setter = (", set after graph capture, by the warm-ups that follow it"
+                  if after_capture is not None and peak > after + resolution else
+                  ", set during graph capture" if peak > before_capture + resolution else
+                  ", set before graph capture, by the compile and kernel warm-ups")
     note = (f"vLLM's own warm-up beside the KV cache needed {fmt_bytes(transient)} above what it "
             f"kept (high-water mark {fmt_bytes(peak)} above its start{setter}); the worst step's "
             f"predicted peak is {fmt_bytes(predicted)}"
             + (f" ({transient / predicted:.3f} of it)" if predicted else ""))
     audit = replace(audit, message=f"{audit.message}; {note}", startup_peak_bytes=peak,
                     startup_transient_bytes=transient,
-                    startup_peak_before_capture_bytes=before_capture)
+                    startup_peak_before_capture_bytes=before_capture,
+                    startup_peak_after_capture_bytes=after_capture)
     over = transient - predicted
     return audit, (f"{note}: {fmt_bytes(over)} more than the worst case holds" if
                    over > resolution else None)
+
+
+def capture_warmup_verdict(*, transient: int | None, shape: tuple[int, int] | None,
+                           admitted: int, slack: int, margin: int) -> str | None:
+    """A graph capture's eager warm-up (metered before the KV decision: warmup.
+    capture_warm_ups_metered) against the worst case's admitted transient: vLLM's start runs it
+    beside the KV cache, with up to max_num_seqs requests whatever the pool holds. None where it
+    fits within the admitted transient plus the margin (or was not metered); else what it needs
+    beyond, for a warning, or the refusal under enforce (the KV cache is not allocated yet)."""
+    if transient is None or shape is None:
+        return None
+    over = transient + max(0, slack) - admitted
+    if over <= margin:
+        return None
+    return (f"vLLM's graph capture warms each graph up with graphs off first; the widest of "
+            f"those runs ({shape[0]} tokens over {shape[1]} requests) needed "
+            f"{fmt_bytes(transient)} beside what was held, {fmt_bytes(over)} more than the worst "
+            f"case's admitted {fmt_bytes(admitted)} (beyond the {fmt_bytes(margin)} margin): its "
+            f"start would run it beside a KV cache sized without it")
 
 
 def _kept_text(resident: int, graphs: int) -> str:

@@ -333,9 +333,9 @@ def _stock(shape: Shape, limits: Limits, pool: Pool | None = None) -> RequestPla
     """Fresh prompts sharing the step's rows, one per request. Where `pool` (the serving
     engine's, with Mamba groups) holds fewer of them at once (`_fresh_room`: a hybrid's requests
     each hold 1 + k state blocks under speculative decoding), as many as it holds share the
-    rows, and the note
-    says so: a wider step of that shape only vLLM's own start runs (its warm-up, metered beside
-    the KV cache in the warm-up audit)."""
+    rows, and the note says so: the step itself is vLLM's profile step, run before the KV cache
+    exists; the warm-up audit meters what vLLM's start then ran beside the pool, and so records
+    whether anything that wide did."""
     n = min(shape.num_reqs, limits.max_num_seqs, shape.rows)
     held = _fresh_room(shape.rows, n, limits, pool) if pool is not None and pool.state_groups \
         else n
@@ -344,8 +344,9 @@ def _stock(shape: Shape, limits: Limits, pool: Pool | None = None) -> RequestPla
     notes = [] if rows == shape.rows else [_fewer_rows_note(shape.rows, rows, held, limits)]
     if held < n:
         notes.append(f"the KV pool ({pool.blocks} blocks) holds {held} of the step's {n} "
-                     f"requests at once: {held} share its rows; wider steps of that shape run "
-                     f"only in vLLM's own start (its warm-up audit meters them)")
+                     f"requests at once: {held} share its rows; the step itself is vLLM's "
+                     f"profile step, run before the KV cache exists (the warm-up audit meters "
+                     f"what vLLM's start then ran beside the pool)")
     return RequestPlan(target=Shape("stock", rows, 0, held),
                        batches=(Batch(f"{held} fresh prompts sharing {rows} tokens, together",
                                       prompts, 1, True),),

@@ -441,7 +441,12 @@ class WarmupAudit:
         default=None)
     startup_peak_before_capture_bytes: int | None = doc(
         "the high-water mark the warm-ups before graph capture reached (None: no capture ran); "
-        "below startup_peak_bytes, graph capture set the mark", default=None)
+        "below startup_peak_bytes, graph capture or what followed it set the mark",
+        default=None)
+    startup_peak_after_capture_bytes: int | None = doc(
+        "the high-water mark when the last graph capture returned (None: no capture ran, or a "
+        "report before schema 1.17); below startup_peak_bytes, a warm-up after capture (the V1 "
+        "runner's sampler warm-up) set the mark", default=None)
 
 
 @dataclass(frozen=True)
