@@ -304,3 +304,17 @@ def test_an_entry_of_the_previous_schema_is_neither_found_nor_reused(tmp_path):
     previous = cache_mod.json.dumps({"schema": cache_mod.SCHEMA - 1, **FACTS}, sort_keys=True,
                                     separators=(",", ":"), default=str)
     assert cache_mod.hashlib.sha256(previous.encode()).hexdigest()[:24] != key
+
+
+def test_a_refused_start_forgets_the_entry_it_stored(tmp_path):
+    """A start refused after its sweep was cached (a capture warm-up beyond the worst case)
+    removes that entry, so the next start measures again instead of reusing the refused plan."""
+    from worstcase_profiler.adapter import sweep_cache
+    from worstcase_profiler.core.types import CacheUse
+
+    path = tmp_path / "entry.json"
+    path.write_text("{}")
+    sweep_cache.forget(CacheUse(status="stored", key="k", path=str(path)))
+    assert not path.exists()
+    sweep_cache.forget(CacheUse(status="stored", key="k", path=str(path)))  # already gone: fine
+    sweep_cache.forget(CacheUse(status="off"))  # nothing stored: nothing to do

@@ -230,7 +230,84 @@ def test_vllms_warm_up_still_ends_in_the_calls_the_rehearsal_defers():
     if spec is None or not spec.origin:
         __import__("pytest").skip("vLLM's GPU worker is not installed")
     text = open(spec.origin).read()
-    body = text[text.index("def compile_or_warm_up_model"):]
+    # 0.33 moved the body into _compile_or_warm_up_model (the public method wraps it)
+    name = "def _compile_or_warm_up_model" if "def _compile_or_warm_up_model" in text else \
+        "def compile_or_warm_up_model"
+    body = text[text.index(name):]
     body = body[:re.search(r"\n    def ", body[1:]).start() + 1]
     for name in ("freeze_gc_heap()", "enable_gpu_sync_check()", "_maybe_activate_jit_monitor()"):
         assert name in body, name  # read as text: importing the worker needs CUDA
+
+
+def test_each_capture_warm_up_is_metered_and_the_capture_itself_left_alone():
+    """capture_warm_ups_metered wraps CudaGraphManager.capture's create_forward_fn: the warm-up
+    function (warmup=True) is metered from before it is made (its inputs and attention metadata
+    count) through its run with graphs off; the capture's own function (warmup=False) is the
+    original, untouched (nothing may synchronise inside a capture)."""
+    NONE, PIECEWISE, FULL = "NONE", "PIECEWISE", "FULL"
+
+    class Cuda:  # the allocator's counters, driven by the fake forward functions
+        def __init__(self):
+            self.now, self.peak, self.syncs = 100, 100, 0
+
+        def synchronize(self):
+            self.syncs += 1
+
+        def memory_allocated(self):
+            return self.now
+
+        def max_memory_allocated(self):
+            return self.peak
+
+        def reset_peak_memory_stats(self):
+            self.peak = self.now
+
+        def alloc(self, n):
+            self.now += n
+            self.peak = max(self.peak, self.now)
+
+    cuda = Cuda()
+
+    class Manager:  # vLLM's base class: warm up with graphs off, then capture
+        max_num_reqs = 1024
+
+        def capture(self, create_forward_fn, desc_text="Capturing"):
+            for desc in self.descs:
+                fn = create_forward_fn(desc, warmup=True)
+                fn(NONE)
+                if desc.mode == PIECEWISE:
+                    fn(PIECEWISE)
+                else:
+                    create_forward_fn(desc, warmup=False)(NONE)
+
+    class ModelManager(Manager):
+        def capture(self, *a, **kw):
+            return super().capture(*a, **kw)
+
+    made = []
+
+    def create_forward_fn(desc, warmup):
+        cuda.alloc(desc.metadata)  # inputs and attention metadata, before the run
+        made.append((desc.num_tokens, warmup))
+
+        def fn(mode):
+            cuda.alloc(desc.transient)
+            cuda.alloc(-desc.transient - desc.metadata)
+        fn.warmup = warmup
+        return fn
+
+    mgr = ModelManager()
+    mgr.descs = [SimpleNamespace(num_tokens=4608, num_reqs=None, mode=PIECEWISE, metadata=7,
+                                 transient=50),
+                 SimpleNamespace(num_tokens=4608, num_reqs=512, mode=FULL, metadata=3,
+                                 transient=20)]
+    measure = warmup.GraphMeasure()
+    with warmup.capture_warm_ups_metered(measure, cuda=cuda, manager_cls=Manager, mode_none=NONE):
+        mgr.capture(create_forward_fn)
+    assert (measure.capture_warmup_bytes, measure.capture_warmup_shape) == (57, (4608, 1024))
+    assert made == [(4608, True), (4608, True), (4608, False)]  # PIECEWISE reuses its warm-up fn
+    # unwrapped again afterwards
+    before = cuda.syncs
+    Manager.descs = mgr.descs
+    Manager().capture(create_forward_fn)
+    assert cuda.syncs == before

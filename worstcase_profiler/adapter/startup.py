@@ -129,12 +129,14 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     if measured.capture_warmup is not None:
         over = capture_warmup_verdict(
             transient=measured.capture_warmup[0], shape=measured.capture_warmup[1],
-            admitted=decided.admission.transient_bytes, margin=settings.margin_bytes,
+            admitted=decided.admission.transient_bytes, margin=facts.tolerance_bytes,
             slack=facts.allocator_slack_bytes)
         if over is not None:
             session.warn(over)
             log.warning("[wcprof] %s", over)
-            if settings.mode == "enforce":
+            if settings.mode == "enforce":  # and the sweep just cached is not reused
+                if measured.cache.status == "stored":
+                    sweep_cache.forget(measured.cache)
                 capture_error = DoesNotFit(over, hint=(
                     "lower --max-num-seqs or -cc.max_cudagraph_capture_size (the warm-up's "
                     "requests and tokens), or start with --enforce-eager"))
@@ -224,6 +226,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
+        # vLLM's profile resolved the graph mode against the attention backends (it may lower
+        # it, and with it add a compile warm-up): read the rerun question again from what it
+        # settled (warm_up asks once more before vLLM's warm-up runs)
+        limits = dataclasses.replace(limits, stock_reruns_with_kv=stock_rerun_why(
+            vllm_config, runner) is not None)
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
                              kv_cap=settings.kv_cap_bytes)

@@ -142,3 +142,15 @@ def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
         cache.store(entry.replace(warmup=warmup))
     except OSError as e:
         log.warning("[wcprof] could not update the sweep cache: %s", e)
+
+
+def forget(use: CacheUse) -> None:
+    """Remove the entry this start stored (a start refused after its sweep was cached: the next
+    start must measure again, not reuse a plan that was refused)."""
+    if use.path is None:
+        return
+    try:
+        Path(use.path).unlink(missing_ok=True)
+        log.info("[wcprof] sweep cache entry %s removed: this start was refused", use.path)
+    except OSError as e:
+        log.warning("[wcprof] could not remove the sweep cache entry %s: %s", use.path, e)

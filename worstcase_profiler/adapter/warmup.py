@@ -133,46 +133,53 @@ def measure_graphs_apart(worker, enabled: bool) -> GraphMeasure:
 
 
 @contextlib.contextmanager
-def capture_warm_ups_metered(measure: GraphMeasure):
-    """For the duration, every V2 graph capture's eager warm-up run (CudaGraphManager.capture
-    calls create_forward_fn(desc, warmup=True), then that function with graphs off) is metered
-    on its own: synchronised, the allocator's high-water mark reset, its transient above
-    max(what was allocated before, what it left) kept in `measure` with its (tokens, requests).
-    The high-water mark is reset per run, so no other peak meter may be open around it. A no-op
-    where vLLM has no such manager (V1, 0.26-0.31) or the device is not CUDA."""
+def capture_warm_ups_metered(measure: GraphMeasure, cuda=None, manager_cls=None, mode_none=None):
+    """For the duration, every V2 graph capture's eager warm-up (CudaGraphManager.capture makes
+    create_forward_fn(desc, warmup=True), which builds the descriptor's inputs and attention
+    metadata, then runs it with graphs off) is metered on its own: synchronised and the
+    allocator's high-water mark reset before that function is made, read after its run with
+    graphs off; its transient above max(what was allocated before, what it left) is kept in
+    `measure` with its (tokens, requests). The function made for the capture itself
+    (warmup=False) is left as it is: nothing may synchronise inside a capture. The mark is reset
+    per warm-up, so no other peak meter may be open around it. A no-op where vLLM has no such
+    manager (V1, 0.26-0.31) or the device is not CUDA. `cuda`, `manager_cls`, `mode_none`: the
+    allocator API (torch.cuda), the manager class and CUDAGraphMode.NONE (tests pass fakes)."""
     # vllm-touch: v2-graph-estimate
-    try:
-        import torch
-        from vllm.v1.worker.gpu import cudagraph_utils
-    except ImportError:
-        yield
-        return
-    manager_cls = getattr(cudagraph_utils, "CudaGraphManager", None)
-    mode_cls = getattr(cudagraph_utils, "CUDAGraphMode", None)
+    if cuda is None or manager_cls is None or mode_none is None:
+        try:
+            import torch
+            from vllm.v1.worker.gpu import cudagraph_utils
+        except ImportError:
+            yield
+            return
+        mode_cls = getattr(cudagraph_utils, "CUDAGraphMode", None)
+        cuda = cuda or (torch.cuda if torch.cuda.is_available() else None)
+        manager_cls = manager_cls or getattr(cudagraph_utils, "CudaGraphManager", None)
+        mode_none = mode_none if mode_none is not None else getattr(mode_cls, "NONE", None)
     original = getattr(manager_cls, "capture", None)
-    if original is None or mode_cls is None or not torch.cuda.is_available():
+    if cuda is None or original is None or mode_none is None:
         yield
         return
 
     def capture(self, create_forward_fn, *args, **kwargs):
         def create(desc, warmup):
-            fn = create_forward_fn(desc, warmup)
             if not warmup:
-                return fn
+                return create_forward_fn(desc, warmup)
+            tokens = int(desc.num_tokens)
             reqs = int(getattr(desc, "num_reqs", None) or
-                       min(int(desc.num_tokens), int(getattr(self, "max_num_reqs", desc.num_tokens))))
+                       min(tokens, int(getattr(self, "max_num_reqs", tokens))))
+            cuda.synchronize()
+            base = cuda.memory_allocated()
+            cuda.reset_peak_memory_stats()
+            fn = create_forward_fn(desc, warmup)
 
             def run(cg_mode):
-                if cg_mode != mode_cls.NONE:
-                    return fn(cg_mode)
-                torch.cuda.synchronize()
-                base = torch.cuda.memory_allocated()
-                torch.cuda.reset_peak_memory_stats()
                 out = fn(cg_mode)
-                torch.cuda.synchronize()
-                left = torch.cuda.memory_allocated()
-                measure.warm_up_ran(int(desc.num_tokens), reqs,
-                                    max(0, torch.cuda.max_memory_allocated() - max(base, left)))
+                if cg_mode == mode_none:
+                    cuda.synchronize()
+                    left = cuda.memory_allocated()
+                    measure.warm_up_ran(tokens, reqs,
+                                        max(0, cuda.max_memory_allocated() - max(base, left)))
                 return out
             return run
         return original(self, create, *args, **kwargs)

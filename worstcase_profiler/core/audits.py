@@ -171,8 +171,9 @@ def capture_warmup_verdict(*, transient: int | None, shape: tuple[int, int] | No
     """A graph capture's eager warm-up (metered before the KV decision: warmup.
     capture_warm_ups_metered) against the worst case's admitted transient: vLLM's start runs it
     beside the KV cache, with up to max_num_seqs requests whatever the pool holds. None where it
-    fits within the admitted transient plus the margin (or was not metered); else what it needs
-    beyond, for a warning, or the refusal under enforce (the KV cache is not allocated yet)."""
+    fits within the admitted transient plus `margin` (the meter's resolution: the safety margin
+    is kept for what nothing measured) or was not metered; else what it needs beyond, for a
+    warning, or the refusal under enforce (the KV cache is not allocated yet)."""
     if transient is None or shape is None:
         return None
     over = transient + max(0, slack) - admitted
@@ -181,7 +182,7 @@ def capture_warmup_verdict(*, transient: int | None, shape: tuple[int, int] | No
     return (f"vLLM's graph capture warms each graph up with graphs off first; the widest of "
             f"those runs ({shape[0]} tokens over {shape[1]} requests) needed "
             f"{fmt_bytes(transient)} beside what was held, {fmt_bytes(over)} more than the worst "
-            f"case's admitted {fmt_bytes(admitted)} (beyond the {fmt_bytes(margin)} margin): its "
+            f"case's admitted {fmt_bytes(admitted)} (beyond the meter's {fmt_bytes(margin)}): its "
             f"start would run it beside a KV cache sized without it")
 
 

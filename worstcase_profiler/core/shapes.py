@@ -86,10 +86,11 @@ class Limits:
     stock_reruns_with_kv: bool = True
     """Whether vLLM runs its own profile step (stock_shape) again once the KV cache exists, so
     that it shares the device with the pool. On vLLM 0.32's GPU worker the V1 runner does (its
-    sampler warm-up over min(max_num_seqs, max_num_batched_tokens) requests), and so does a
-    compiled model's warm-up at max_num_batched_tokens; an eager V2 runner's kernel warm-up caps
-    its requests at what the pool holds, and the CPU worker warms up before the KV cache only
-    (adapter/facts.stock_reruns_with_kv). True unless the adapter knows otherwise: where it is
+    sampler warm-up over min(max_num_seqs, max_num_batched_tokens) requests), and so do a V2
+    runner's compile warm-up where its sizes include one, FlashInfer's autotune, elastic EP and
+    adaptive verification; otherwise a V2 runner's kernel warm-up caps its requests at what the
+    pool holds, and the CPU worker warms up before the KV cache only
+    (adapter/facts.stock_rerun_why). True unless the adapter knows otherwise: where it is
     False and the pool holds fewer requests at once than stock's, no step vLLM or its
     scheduler runs beside the KV cache has stock's shape (stock_excluded_why)."""
 
