@@ -12,6 +12,7 @@ V2 runner: see runner_v2.py.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 
@@ -22,6 +23,8 @@ from . import kv as kvmod
 from . import workspace as ws
 from .meters import PeakAttributor
 from .versions import unsupported
+
+log = logging.getLogger("vllm.wcprof")
 
 
 def _set_config_ctx(vllm_config):
@@ -292,6 +295,7 @@ class V1Driver(DriverBase):
             finally:
                 self._clear_block_tables()
                 r._cleanup_profiling_kv_cache()
+                _drop_kv_views(r)
                 self._pool_blocks = 0
 
     # -- synthetic steps ----------------------------------------------------------------------
@@ -415,3 +419,36 @@ class V1Driver(DriverBase):
 
 
 __all__ = ["DriverBase", "V1Driver", "is_v2_runner", "v1_prefill_lens"]
+
+
+def _drop_kv_views(runner) -> None:
+    """After vLLM's own cleanup of a profiling KV cache (V1 `_cleanup_profiling_kv_cache`, which
+    resets only the forward context's layers), the same reset on every module of the model and
+    the drafter: a module outside the forward context that kept a view of the cache would hold
+    the whole provisional cache alive. Then collect and release the allocator's cache."""
+    # vllm-touch: v1-dummy-run
+    import gc
+
+    import torch
+
+    modules = []
+    for owner in (runner, getattr(runner, "drafter", None)):
+        model = getattr(owner, "model", None)
+        if isinstance(model, torch.nn.Module):
+            modules.extend(model.modules())
+    dropped = 0
+    for m in modules:
+        cache = vars(m).get("kv_cache")
+        if isinstance(cache, torch.Tensor) and cache.numel():
+            m.kv_cache = torch.tensor([])
+            dropped += 1
+        elif isinstance(cache, (list, tuple)) and any(
+                isinstance(t, torch.Tensor) and t.numel() for t in cache):
+            m.kv_cache = []
+            dropped += 1
+    if dropped:
+        log.warning("[wcprof] %d module(s) outside vLLM's forward context still held a view of "
+                    "the provisional KV cache after its cleanup: dropped", dropped)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

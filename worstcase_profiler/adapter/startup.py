@@ -242,7 +242,12 @@ def measure_start(worker, original, settings: ProfilerSettings,
         driver = make_driver(worker, limits, meter, agree_fn)
         tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None \
             else meter.resolution_bytes
-        held = lambda phase: device_bytes_held(worker, meter, clock=clock, phase=phase)  # noqa: E731
+        def held(phase: str) -> int:  # logged: where a phase leaves memory held shows
+            now = device_bytes_held(worker, meter, clock=clock, phase=phase)
+            log.info("[wcprof] held at %s: %s (torch allocated %s)", phase, fmt_bytes(now),
+                     fmt_bytes(meter.in_use()))
+            return now
+
         with clock("measure_baseline"):
             baseline = held("measure_baseline")
         sweep, use, entry, sweep_mode, proof = sweep_cache.sweep_or_reuse(
@@ -250,8 +255,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
             full_sweep=lambda: _full_sweep(driver, limits, settings, tolerance, clock))
         encoder, encoder_why_not = None, ""
         if mm_facts is not None and mm_facts.modalities:
+            held("sweep.after")
             with clock("encoder_step"):  # every start: it is not kept in the sweep cache
                 encoder, encoder_why_not = mm.encoder_step(driver, mm_facts, sweep.worst.shape)
+            held("encoder_step.after")
         measured_advice = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         measured_fit = fitting.measure(driver, limits, sweep, measured_advice, settings,
                                        clock)  # wcprof fit
