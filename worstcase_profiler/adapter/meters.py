@@ -265,6 +265,16 @@ def device_bytes_held(worker, meter, gc_generation: int = 2, clock=None, phase: 
     return meter.in_use()
 
 
+def reserved_bytes(meter) -> int:
+    """What torch's caching allocator reserves on CUDA (its segments, live tensors or not); on
+    the CPU what the process holds."""
+    if meter.device_kind == "cuda":
+        import torch
+
+        return int(torch.cuda.memory_reserved())
+    return meter.in_use()
+
+
 def non_torch(meter, consumed: int) -> int:
     if meter.device_kind == "cuda":
         import torch

@@ -56,7 +56,7 @@ from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sibling_hits_serialize, stock_rerun_why, world_rank)
-from .meters import device_bytes_held, gc_frozen, meter_for, non_torch
+from .meters import device_bytes_held, gc_frozen, meter_for, non_torch, reserved_bytes
 from .runner import V1Driver, is_v2_runner
 from .runner_v2 import V2Driver
 
@@ -244,8 +244,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
             else meter.resolution_bytes
         def held(phase: str) -> int:  # logged: where a phase leaves memory held shows
             now = device_bytes_held(worker, meter, clock=clock, phase=phase)
-            log.info("[wcprof] held at %s: %s (torch allocated %s)", phase, fmt_bytes(now),
-                     fmt_bytes(meter.in_use()))
+            log.info("[wcprof] held at %s: %s (torch allocated %s, reserved %s)", phase,
+                     fmt_bytes(now), fmt_bytes(meter.in_use()), fmt_bytes(reserved_bytes(meter)))
             return now
 
         with clock("measure_baseline"):
