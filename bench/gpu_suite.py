@@ -108,8 +108,12 @@ VLM_IMAGES, VLM_IMAGE_TOKENS = 2, 4096
 VLM = ["--limit-mm-per-prompt", json.dumps({"image": VLM_IMAGES, "video": 0}),
        "--mm-processor-kwargs", json.dumps({"max_pixels": VLM_IMAGE_TOKENS * 28 * 28}),
        "--gpu-memory-utilization", "0.9"]
+# Expandable segments, as the profiler advises: without them the V1 runner's sweep on 0.33 left a
+# freed provisional KV cache's segment in torch's allocator (32 GiB held, the start refused;
+# docs/results/h200-run62)
 VLM_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 # vLLM logs every workspace resize and the lock (issue 32, point 2: none after the lock)
 WORKSPACE_DEBUG = {"VLLM_DEBUG_WORKSPACE": "1"}
 FIXTURES = ROOT / "plugins" / "wcp_fixtures"

@@ -72,6 +72,22 @@ def test_cuda_without_expandable_segments_says_what_the_admission_does_not_bound
     assert not [w for w in cpu.warnings if "expandable segments" in w]
 
 
+def test_memory_the_allocator_kept_beyond_its_live_tensors_is_named_in_the_note():
+    """Without expandable segments a freed tensor's segment that a live one still shares stays
+    reserved; it counts as held (h200-run62: a VLM start refused, 32 GiB). From 1 GiB on, the
+    note says how much and that the KV budget is that much smaller."""
+    kept = budget.decide(_measured(alloc_conf=None, allocator_kept_free_bytes=32 * GiB),
+                         mode="enforce", margin_bytes=256 * MiB)
+    note = [w for w in kept.warnings if "expandable segments" in w][0]
+    assert "32.00 GiB that the allocator kept reserved beyond its live tensors" in note
+    small = budget.decide(_measured(alloc_conf=None, allocator_kept_free_bytes=512 * MiB),
+                          mode="enforce", margin_bytes=256 * MiB)
+    assert "kept reserved" not in [w for w in small.warnings if "expandable" in w][0]
+    on = budget.decide(_measured(allocator_kept_free_bytes=32 * GiB), mode="enforce",
+                       margin_bytes=256 * MiB)
+    assert not [w for w in on.warnings if "kept reserved" in w]  # expandable segments: no note
+
+
 def test_a_cpu_budget_without_an_explicit_size_says_it_follows_free_host_memory():
     d = budget.decide(_measured(device_kind="cpu"), mode="enforce", margin_bytes=0)
     assert len(d.warnings) == 1 and "free memory" in d.warnings[0]

@@ -283,6 +283,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
                 workspace = chunk_cap.size_workspace(workspace, cap_plan)
         with clock("measure_held"):
             held_now = held("measure_held")
+            kept_free = max(0, reserved_bytes(meter) - meter.in_use()) if cuda else 0
     consumed = held_now
     if entry is not None:  # a cached start: the full sweep's residue, the same answer as then
         consumed = reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,
@@ -319,7 +320,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
         gpu_memory_utilization=session.facts.config.gpu_memory_utilization,
         pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None,
         chunk_cap_measurements=measured_cap, chunk_cap_plan=cap_plan,
-        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF")))
+        alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF")),
+        allocator_kept_free_bytes=kept_free)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not, driver=driver,
                             held=held, capture_warmup=capture_warmup)

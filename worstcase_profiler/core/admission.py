@@ -232,12 +232,19 @@ def host_memory_note(*, device_kind: str, explicit_kv: int | None,
             f"KV cache with {flag}")
 
 
-def allocator_note(*, device_kind: str, alloc_conf: str | None) -> str | None:
+KEPT_FREE_NOTE_BYTES = 1 << 30
+"""Free memory kept inside torch's allocator worth naming in allocator_note."""
+
+
+def allocator_note(*, device_kind: str, alloc_conf: str | None, kept_free: int = 0) -> str | None:
     """On CUDA, where the caching allocator runs without expandable segments: the admission
     bounds the bytes each step allocates, and on a card held to its budget a step can still fail
     to find one free block that large among segments holding other tensors (fragmentation,
     which no step's peak measures). Say so, and the setting that removes it. `alloc_conf`:
-    PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as the engine's process saw it. None
+    PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as the engine's process saw it. `kept_free`:
+    what the allocator kept reserved beyond its live tensors when the held memory was read;
+    from KEPT_FREE_NOTE_BYTES on, the note says that it counted as held (a freed tensor's
+    segment that a live one still shares cannot be released; expandable segments can). None
     elsewhere, and where expandable segments are on."""
     if device_kind != "cuda":
         return None
@@ -249,8 +256,11 @@ def allocator_note(*, device_kind: str, alloc_conf: str | None) -> str | None:
             f"(PYTORCH_CUDA_ALLOC_CONF={alloc_conf or 'unset'}): the admission bounds what each "
             "step allocates, but on a card held to its budget a step can still fail to find one "
             "free block as large as it asks for among segments that hold other tensors "
-            "(fragmentation, which no step's peak measures); set "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where the engine starts")
+            "(fragmentation, which no step's peak measures)"
+            + (f"; here {fmt_bytes(kept_free)} that the allocator kept reserved beyond its live "
+               f"tensors (segments it could not release) counted as held memory, and the KV "
+               f"budget is that much smaller" if kept_free >= KEPT_FREE_NOTE_BYTES else "")
+            + "; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True where the engine starts")
 
 
 def _check_non_negative(**values: int) -> None:

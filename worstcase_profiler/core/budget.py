@@ -77,6 +77,9 @@ class Measured:
     """PYTORCH_CUDA_ALLOC_CONF (or PYTORCH_ALLOC_CONF) as the engine's process saw it: on CUDA,
     without expandable segments, the report says what the admission does not bound
     (admission.allocator_note)."""
+    allocator_kept_free_bytes: int = 0
+    """CUDA: what torch's caching allocator reserved beyond its live tensors when the held memory
+    was read (after emptying its cache): segments it could not release, counted as held."""
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,8 @@ def decide(m: Measured, *, mode: str, margin_bytes: int, kv_cap_bytes: int | Non
         budget = replace(budget, error=refusal)
     notes = (host_memory_note(device_kind=m.device_kind, explicit_kv=m.explicit_kv_bytes,
                               admission=admission),
-             allocator_note(device_kind=m.device_kind, alloc_conf=m.alloc_conf))
+             allocator_note(device_kind=m.device_kind, alloc_conf=m.alloc_conf,
+                            kept_free=m.allocator_kept_free_bytes))
     return Decided(admission=admission, budget=budget, advice=advice, fit=fitted,
                    warnings=tuple(n for n in notes if n), chunk_cap=capped,
                    predicted_transient_bytes=admission.transient_bytes)
