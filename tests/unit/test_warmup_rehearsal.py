@@ -6,6 +6,7 @@ warm-up follows vLLM 0.32's cap (v1/worker/gpu/warmup.py) stands for vLLM."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 from worstcase_profiler.adapter import warmup
@@ -146,12 +147,7 @@ def test_the_scratch_swap_takes_vllms_own_append_block_ids_signature():
 
 
 def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():
-    import sys
-    import types
-
     calls = []
-    module = types.ModuleType("fake_gpu_worker")
-    module.enable_gpu_sync_check = lambda: calls.append("sync")
 
     class Worker:
         def _maybe_activate_jit_monitor(self):
@@ -161,9 +157,7 @@ def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():
             self._maybe_activate_jit_monitor()
             module.enable_gpu_sync_check()
 
-    Worker.__module__ = Worker.compile_or_warm_up_model.__module__ = module.__name__
-    sys.modules[module.__name__] = module
-    try:
+    with _worker_module(Worker, enable_gpu_sync_check=lambda: calls.append("sync")) as module:
         worker = Worker()
         worker.model_runner = SimpleNamespace(block_tables=OldTables())
         warmup.rehearse(worker, worker.compile_or_warm_up_model, lambda: 0, graphs=False)
@@ -175,28 +169,39 @@ def test_the_rehearsal_leaves_vllms_serving_checks_to_the_real_warm_up():
         worker.compile_or_warm_up_model()  # the real warm-up, afterwards
         assert calls == ["jit", "sync"]
         assert "_maybe_activate_jit_monitor" not in vars(worker)
+
+
+@contextlib.contextmanager
+def _worker_module(worker_cls, **functions):
+    """A stand-in for vLLM's gpu_worker module holding `functions` at module level, registered
+    in sys.modules for the duration, as the module `worker_cls`'s warm-up is defined in (the
+    rehearsal replaces names in that module's globals)."""
+    import sys
+    import types
+
+    module = types.ModuleType(f"fake_gpu_worker_{worker_cls.__qualname__}_{id(worker_cls)}")
+    for name, fn in functions.items():
+        setattr(module, name, fn)
+    worker_cls.__module__ = worker_cls.compile_or_warm_up_model.__module__ = module.__name__
+    sys.modules[module.__name__] = module
+    try:
+        yield module
     finally:
         del sys.modules[module.__name__]
 
 
-
 def test_the_rehearsal_leaves_the_heap_freeze_to_the_real_warm_up():
-    """vLLM's warm-up ends in freeze_gc_heap() (gc.freeze()). Run inside the rehearsal, it froze
-    the provisional KV cache's reference cycles, so the V1 teardown's collection could not free
-    them (h200-run59: one 131,072-token request's KV still held). The rehearsal defers it; a
-    cycle made during the rehearsal is collected afterwards, and the real warm-up still freezes."""
+    """vLLM's warm-up ends in freeze_gc_heap() (gc.freeze()). Run inside the rehearsal, it would
+    freeze any reference cycle holding a view of the provisional KV cache, which the V1
+    teardown's collection then could not free. The rehearsal defers it; a cycle made during the
+    rehearsal is collected afterwards, and the real warm-up still freezes."""
     import gc
-    import sys
-    import types
     import weakref
 
     class Cache:  # stands in for a KV tensor held by a cycle (a layer <-> its views)
         def __init__(self):
             self.me = self
 
-    module = types.ModuleType("fake_gpu_worker_gc")
-    module.freeze_gc_heap = lambda: (gc.collect(), gc.freeze())
-    module.maybe_attach_gc_debug_callback = lambda: None
     made = []
 
     class Worker:
@@ -204,20 +209,19 @@ def test_the_rehearsal_leaves_the_heap_freeze_to_the_real_warm_up():
             made.append(weakref.ref(Cache()))  # a cycle only the collector frees
             module.freeze_gc_heap()
 
-    Worker.__module__ = Worker.compile_or_warm_up_model.__module__ = module.__name__
-    sys.modules[module.__name__] = module
-    try:
+    with _worker_module(Worker, freeze_gc_heap=lambda: (gc.collect(), gc.freeze()),
+                        maybe_attach_gc_debug_callback=lambda: None) as module:
         worker = Worker()
         worker.model_runner = SimpleNamespace(block_tables=OldTables())
         warmup.rehearse(worker, worker.compile_or_warm_up_model, lambda: 0, graphs=False)
         assert gc.get_freeze_count() == 0  # the rehearsal froze nothing
         gc.collect()
         assert made[0]() is None  # its cycle was collected
-        worker.compile_or_warm_up_model()  # the real warm-up freezes as vLLM means it to
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-        del sys.modules[module.__name__]
+        try:
+            worker.compile_or_warm_up_model()  # the real warm-up freezes as vLLM means it to
+            assert gc.get_freeze_count() > 0
+        finally:
+            gc.unfreeze()
 
 
 def test_vllms_warm_up_still_ends_in_the_calls_the_rehearsal_defers():

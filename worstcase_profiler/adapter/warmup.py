@@ -457,10 +457,10 @@ def _end_of_warm_up_deferred(worker):
     has to run, so for the rehearsal both stay off; the real warm-up switches them on as usual.
 
     It ends too by freezing the heap (`freeze_gc_heap`: gc.freeze() after full collections, 0.32+).
-    Inside the rehearsal that would freeze the provisional KV cache's reference cycles, which
-    only the collector frees: the V1 runner's teardown (`_cleanup_profiling_kv_cache`) drops its
-    references and collects, and a frozen cycle survives it, so the held memory read one
-    provisional cache too many (docs/gpu.md has the measured case). The freeze, and vLLM's gc debug callback beside it, wait for the real warm-up too."""
+    Inside the rehearsal that would freeze any reference cycle holding a view of the provisional
+    KV cache, which only the collector frees (the V1 runner's teardown,
+    `_cleanup_profiling_kv_cache`, drops its references and collects): the cache would stay
+    held. The freeze, and vLLM's gc debug callback beside it, wait for the real warm-up too."""
     # vllm-touch: warm-up-serving-checks
     import sys
 
