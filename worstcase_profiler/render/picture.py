@@ -232,12 +232,16 @@ def build_figure(report: Report):
 
     cfg = report.config
     verdict = report.verdict
+    import textwrap
+
+    # bold 15 pt runs about 0.62 em a character: wrap the long line to the figure's width
+    width = max(40, int(fig.get_figwidth() * 72 / (15 * 0.62)))
     fig.suptitle(f"{verdict}  —  {short_model(cfg.model)}   "
                  f"max_model_len={fmt_tokens(cfg.max_model_len)}"
                  f"  max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}"
                  f"  max_num_seqs={cfg.max_num_seqs}\n"
-                 f"recommended: {view.flag}  {view.flag_note}",
-                 fontsize=15, fontweight="bold", color=VERDICT_COLOURS[verdict], wrap=True)
+                 + textwrap.fill(f"recommended: {view.flag}  {view.flag_note}", width),
+                 fontsize=15, fontweight="bold", color=VERDICT_COLOURS[verdict])
     stock_bar, worst_bar = card_bars(report)
     _draw_card(ax_card, report, stock_bar, worst_bar)
     _draw_waterfall(ax_fall, report, stock_bar, worst_bar)
