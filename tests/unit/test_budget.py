@@ -73,9 +73,9 @@ def test_cuda_without_expandable_segments_says_what_the_admission_does_not_bound
 
 
 def test_memory_the_allocator_kept_beyond_its_live_tensors_is_named_in_the_note():
-    """Without expandable segments a freed tensor's segment that a live one still shares stays
-    reserved; it counts as held (h200-run62: a VLM start refused, 32 GiB). From 1 GiB on, the
-    note says how much and that the KV budget is that much smaller."""
+    """Without expandable segments torch's allocator can keep memory reserved beyond its live
+    tensors (a segment it cannot release); it counts as held (h200-run62: a VLM start refused,
+    32 GiB). From 1 GiB on, the note says how much and that the KV budget is that much smaller."""
     kept = budget.decide(_measured(alloc_conf=None, allocator_kept_free_bytes=32 * GiB),
                          mode="enforce", margin_bytes=256 * MiB)
     note = [w for w in kept.warnings if "expandable segments" in w][0]

@@ -213,15 +213,15 @@ def test_the_rehearsal_leaves_the_heap_freeze_to_the_real_warm_up():
                         maybe_attach_gc_debug_callback=lambda: None) as module:
         worker = Worker()
         worker.model_runner = SimpleNamespace(block_tables=OldTables())
-        warmup.rehearse(worker, worker.compile_or_warm_up_model, lambda: 0, graphs=False)
-        assert gc.get_freeze_count() == 0  # the rehearsal froze nothing
-        gc.collect()
-        assert made[0]() is None  # its cycle was collected
         try:
+            warmup.rehearse(worker, worker.compile_or_warm_up_model, lambda: 0, graphs=False)
+            assert gc.get_freeze_count() == 0  # the rehearsal froze nothing
+            gc.collect()
+            assert made[0]() is None  # its cycle was collected
             worker.compile_or_warm_up_model()  # the real warm-up freezes as vLLM means it to
             assert gc.get_freeze_count() > 0
         finally:
-            gc.unfreeze()
+            gc.unfreeze()  # never leave the heap frozen for later tests
 
 
 def test_vllms_warm_up_still_ends_in_the_calls_the_rehearsal_defers():
@@ -315,3 +315,25 @@ def test_each_capture_warm_up_is_metered_and_the_capture_itself_left_alone():
     Manager.descs = mgr.descs
     Manager().capture(create_forward_fn)
     assert cuda.syncs == before
+
+
+def test_a_kv_view_left_outside_the_forward_context_is_dropped_through_a_graph_wrapper():
+    """After vLLM's cleanup of a profiling KV cache, _drop_kv_views resets any module still
+    holding a view of it: found through get_model() where vLLM wrapped the model (a CUDA-graph
+    or ubatch wrapper is not an nn.Module), and through unwrap() for the drafter's wrapper."""
+    import torch
+
+    from worstcase_profiler.adapter.runner import _drop_kv_views
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.kv_cache = torch.zeros(4)
+
+    target, draft = torch.nn.Sequential(Layer()), torch.nn.Sequential(Layer())
+    wrapper = SimpleNamespace(unwrap=lambda: draft)  # not an nn.Module
+    runner = SimpleNamespace(model=SimpleNamespace(), get_model=lambda: target,
+                             drafter=SimpleNamespace(model=wrapper))
+    _drop_kv_views(runner)
+    assert target[0].kv_cache.numel() == 0 and draft[0].kv_cache.numel() == 0
+    _drop_kv_views(SimpleNamespace())  # nothing to reach: nothing done

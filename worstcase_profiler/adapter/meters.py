@@ -271,7 +271,7 @@ def reserved_bytes(meter) -> int:
     if meter.device_kind == "cuda":
         import torch
 
-        return int(torch.cuda.memory_reserved())
+        return int(torch.cuda.memory_reserved(getattr(meter, "_device", None)))
     return meter.in_use()
 
 

@@ -434,6 +434,12 @@ def _drop_kv_views(runner) -> None:
     modules = []
     for owner in (runner, getattr(runner, "drafter", None)):
         model = getattr(owner, "model", None)
+        get_model = getattr(owner, "get_model", None)  # under a CUDA-graph or ubatch wrapper
+        if not isinstance(model, torch.nn.Module) and callable(get_model):
+            model = get_model()
+        unwrap = getattr(model, "unwrap", None)
+        if not isinstance(model, torch.nn.Module) and callable(unwrap):
+            model = unwrap()
         if isinstance(model, torch.nn.Module):
             modules.extend(model.modules())
     dropped = 0

@@ -283,7 +283,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
                 workspace = chunk_cap.size_workspace(workspace, cap_plan)
         with clock("measure_held"):
             held_now = held("measure_held")
-            kept_free = max(0, reserved_bytes(meter) - meter.in_use()) if cuda else 0
+            # a cached start's consumed figure is the cached one: the note is a first start's
+            kept_free = max(0, reserved_bytes(meter) - meter.in_use()) \
+                if cuda and entry is None else 0
     consumed = held_now
     if entry is not None:  # a cached start: the full sweep's residue, the same answer as then
         consumed = reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,

@@ -240,7 +240,8 @@ def build_figure(report: Report):
                  f"max_model_len={fmt_tokens(cfg.max_model_len)}"
                  f"  max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)}"
                  f"  max_num_seqs={cfg.max_num_seqs}\n"
-                 + textwrap.fill(f"recommended: {view.flag}  {view.flag_note}", width),
+                 + textwrap.fill(f"recommended: {view.flag}  {view.flag_note}", width,
+                                 break_on_hyphens=False, break_long_words=False),
                  fontsize=15, fontweight="bold", color=VERDICT_COLOURS[verdict])
     stock_bar, worst_bar = card_bars(report)
     _draw_card(ax_card, report, stock_bar, worst_bar)
