@@ -176,8 +176,8 @@ def test_checks_hold_for_an_admitted_fit_within_its_prediction():
     got = fit_run.checks(fit, fitted)
     assert all(c["ok"] for c in got.values()), got
     assert set(got) == {"fit_recommended", "fitted_admitted", "kv_as_fit_said",
-                        "own_budget_holds_fit_kv", "transient_within_fit_bound", "worst_step_measured_le_predicted",
-                        "worst_step_within_1.02"}
+                        "own_budget_holds_fit_kv", "transient_within_fit_bound",
+                        "worst_step_measured_le_predicted", "worst_step_within_1.02"}
 
 
 @pytest.mark.parametrize("change, failed", [

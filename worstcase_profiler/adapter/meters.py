@@ -276,8 +276,5 @@ def reserved_bytes(meter) -> int:
 
 
 def non_torch(meter, consumed: int) -> int:
-    if meter.device_kind == "cuda":
-        import torch
-
-        return max(0, consumed - int(torch.cuda.memory_reserved()))
-    return 0
+    """CUDA: what the process holds outside torch's allocator (consumed less reserved); 0 on CPU."""
+    return max(0, consumed - reserved_bytes(meter)) if meter.device_kind == "cuda" else 0

@@ -290,9 +290,9 @@ def stock_excluded_why(limits: Limits) -> str | None:
     if limits.stock_reruns_with_kv or cap is None or reqs <= cap:
         return None
     return (f"vLLM's profile step ({stock_shape(limits).label()}) runs only before the KV "
-            f"cache exists, and the KV pool the sweep planned ({limits.kv_capacity_tokens:,} tokens) "
-            f"holds at most {cap} requests at once, so neither "
-            f"vLLM nor its scheduler runs a step of {reqs} requests beside it")
+            f"cache exists, and the KV pool the sweep planned "
+            f"({limits.kv_capacity_tokens:,} tokens) holds at most {cap} requests at once, so "
+            f"neither vLLM nor its scheduler runs a step of {reqs} requests beside it")
 
 
 def fresh_prefill_batch(limits: Limits) -> Shape | None:
