@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (CPU_RESOLUTION, assert_multimodal_replay, assert_text_side_holds, engine_env,
-                      run_python, run_wcprof, vlm_args)
+                      run_python, run_wcprof, vlm_args, within_prediction)
 
 pytestmark = pytest.mark.engine
 
@@ -160,3 +160,57 @@ def test_every_served_step_stays_within_the_prediction(served):
     assert served["above"] == 0 and served["max_need"] <= served["predicted"] + CPU_RESOLUTION, \
         served
     assert served["max_need"] > served["predicted"] // 2, served  # an image step: not text-sized
+
+
+WIDE_VOCAB, WIDE_SEQS = 151_936, 128  # Qwen2.5-VL's own vocabulary; 128 requests a step
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    """The same layout with Qwen2.5-VL's own vocabulary and 128 requests a step: the worst text
+    step is then vLLM's profile step (512 rows over 128 fresh requests, whose logits and sampler
+    set its peak), as on the H200's Qwen2.5-VL-32B (8,192 rows over 1,024, run 62)."""
+    tmp = tmp_path_factory.mktemp("qwen25vl-wide")
+    model = tmp / "model"
+    model.mkdir()
+    for f in MODEL.iterdir():
+        if f.is_file():
+            (model / f.name).write_bytes(f.read_bytes())
+    config = json.loads((MODEL / "config.json").read_text())
+    config["vocab_size"] = WIDE_VOCAB
+    if "text_config" in config:
+        config["text_config"]["vocab_size"] = WIDE_VOCAB
+    (model / "config.json").write_text(json.dumps(config))
+    args = vlm_args(model, max_model_len=MML, batched=MNBT, seqs=WIDE_SEQS, pool=POOL,
+                    limits=LIMITS)
+    r = run_wcprof([*args, "--validate", "worst"], tmp, env=engine_env(**ENV))
+    assert r.rc == 0, r.text[-3000:]
+    return r
+
+
+def test_a_wide_encoder_step_is_replayed_with_its_own_requests(wide):
+    """The encoder step held its outputs through a 128-request text step (the profile step, or
+    a mixed one a hair above it); the multimodal replay forms that step's rows over its requests
+    (127 text prompts, then one prompt of two images that the budget cuts one token into the
+    second), the encoder runs on both images in it, and it measures within the admitted figure
+    and as much as the text replay of the same requests does: the 128 requests' logits are in
+    it. Before, one request on a long context carried the images and left the requests out
+    (0.679 on the H200). On the CPU both replays sample with vLLM's defaults (replay_sampling),
+    so both read far below their figures here."""
+    report = wide.report
+    worst = report["worstcase"]["worst_shape"]
+    assert (worst["rows"], worst["num_reqs"]) == (MNBT, WIDE_SEQS), worst
+    (text,) = [v for v in report["validations"] if v["target"] == "worst-step"]
+    v = report["validation"]
+    print("wide text validation", text["measured_peak_bytes"], round(text["ratio"], 4),
+          "multimodal", v["measured_peak_bytes"], round(v["ratio"], 4), v["requests"])
+    assert within_prediction(text), text
+    assert v["target"] == "multimodal" and v["encoder_items_formed"] == IMAGES, v
+    assert v["shape"]["kind"] == "prefill" and v["shape"]["num_reqs"] == WIDE_SEQS, v
+    assert v["shape"]["context_len"] <= worst["context_len"], v
+    assert v["formed"]["rows"] == MNBT and v["formed"]["num_reqs"] == WIDE_SEQS, v
+    assert "127 text prompts" in v["requests"][0] and "cut by the step's budget" in v["requests"][0]
+    assert within_prediction(v), v
+    # the 128 requests' logits alone (fp32) are 74 MiB: a one-request step holds none of them
+    assert v["measured_peak_bytes"] > 0.9 * text["measured_peak_bytes"], (v, text)
+    assert v["measured_peak_bytes"] > WIDE_SEQS * WIDE_VOCAB * 4, v

@@ -168,3 +168,104 @@ def test_lookahead_hashes_make_a_cached_prefix_plan_approximate():
     limits = dataclasses.replace(LIMITS, prefix_caching=False)
     assert multimodal_plan(IDEFICS, limits, prefix_caching=False, hash_lookahead=1) == \
         multimodal_plan(IDEFICS, limits, prefix_caching=False)
+
+
+# the H200 case of docs/results/h200-run62 (Qwen2.5-VL-32B layout, eager, V1): vLLM's profile
+# step, 8,192 rows over 1,024 fresh requests, is the encoder step's text step; two images of
+# 4,096 image tokens (plus vision start and end) run through the encoder in one step
+WIDE = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024, block_size=16,
+              prefix_caching=True)
+QWEN = ItemSpec("image", items=2, item_len=4098, limit_per_prompt=2, start=1)
+PROFILE_STEP = Shape("stock", 8192, 0, 1024)
+
+
+def _first_step(plan, limits):
+    """(rows, requests, items encoded, context) of the measured batch's first step, scheduled as
+    vLLM's V1 scheduler does for waiting requests: in submission order, each prompt past its
+    cached prefix (every warmed prefix hit whole) for min(what it has left, the budget left);
+    an item is encoded where its first placeholder token is scheduled, and with chunked
+    multimodal input off a request stops before an item it cannot take whole."""
+    cached = {p.prefix_id: p.prefix_len for b in plan.batches if not b.measured
+              for p in b.prompts}
+    budget, rows, reqs, items, ctx = limits.max_num_batched_tokens, 0, 0, 0, 0
+    for p in _measured(plan).prompts:
+        if budget <= 0 or reqs == limits.max_num_seqs:
+            break
+        hit = min(p.prefix_len, cached.get(p.prefix_id, 0)) if p.prefix_len else 0
+        new = min(p.length - hit, budget)
+        first = p.prefix_len + p.branch_len + p.suffix_len  # the first item's first token
+        for i in range(p.items):
+            at = first + i * p.item_len
+            if at + QWEN.start < hit + new:
+                items += 1
+        rows, reqs, budget, ctx = rows + new, reqs + 1, budget - new, max(ctx, hit)
+    return rows, reqs, items, ctx
+
+
+def test_a_wide_text_step_is_formed_with_the_items_inside_it():
+    """The encoder step held its outputs through vLLM's profile step: the replay forms that
+    step's 1,024 requests over 8,192 rows (1,023 text prompts, then one prompt of two images
+    that the budget cuts one token into the second), so the scheduler encodes both images in the
+    same step. One long request at long context (the plan before) read 0.679 of the prediction
+    on the H200: it left out the 1,024 requests' logits."""
+    plan, why = multimodal_plan(QWEN, WIDE, prefix_caching=True, text=PROFILE_STEP)
+    assert not why and plan.exact and plan.items == 2
+    assert plan.target == Shape("prefill", 8192, 0, 1024)
+    (measured,) = plan.batches  # fresh prompts: nothing to warm
+    assert [p.items for p in measured.prompts] == [0] * 1023 + [2]
+    assert _first_step(plan, WIDE) == (8192, 1024, 2, 0)
+    assert "cut by the step's budget one token into its last item" in measured.label
+    _fits(plan, WIDE)
+
+
+def test_one_image_a_prompt_puts_the_first_whole_and_cuts_the_last():
+    one = dataclasses.replace(QWEN, limit_per_prompt=1)
+    plan, _ = multimodal_plan(one, WIDE, prefix_caching=True, text=PROFILE_STEP)
+    (measured,) = plan.batches
+    assert [p.items for p in measured.prompts[-3:]] == [0, 1, 1] and plan.exact
+    assert _first_step(plan, WIDE) == (8192, 1024, 2, 0)
+
+
+def test_without_chunked_multimodal_input_every_item_is_whole_and_fewer_fit():
+    """--disable-chunked-mm-input: no request is cut inside an item, so two whole images (8,196
+    rows) do not fit beside 1,023 other requests in 8,192; one does, and the note says why."""
+    whole = dataclasses.replace(QWEN, chunked=False)
+    plan, _ = multimodal_plan(whole, WIDE, prefix_caching=True, text=PROFILE_STEP)
+    assert plan.items == 1 and not plan.exact and "1 of 2 items" in plan.note
+    assert _first_step(plan, WIDE) == (8192, 1024, 1, 0)
+
+
+def test_a_wide_prefill_on_a_long_context_shares_a_cached_prefix_that_leaves_the_items_room():
+    text = Shape("prefill", 8192, 131031, 64)
+    plan, _ = multimodal_plan(QWEN, WIDE, prefix_caching=True, text=text)
+    warm, measured = plan.batches
+    shared = warm.prompts[0].prefix_len
+    assert shared % 16 == 0 and shared + 2 * 4098 <= 131071
+    assert {p.prefix_len for p in measured.prompts} == {shared}
+    assert plan.target == Shape("prefill", 8192, shared, 64) and not plan.exact
+    assert "131,031" in plan.note
+    assert _first_step(plan, WIDE) == (8192, 64, 2, shared)
+    _fits(plan, WIDE)
+
+
+def test_where_no_item_fits_the_wide_step_the_one_request_plan_says_so():
+    """Whole images of 4,098 tokens beside 8,000 requests of a row each do not fit 8,192 rows:
+    the one-request plan, not exact, names the text step it did not form."""
+    limits = dataclasses.replace(WIDE, max_num_seqs=8192)
+    whole = dataclasses.replace(QWEN, chunked=False)
+    plan, _ = multimodal_plan(whole, limits, prefix_caching=True, text=Shape("stock", 8192, 0, 8000))
+    assert plan.target.num_reqs == 1 and not plan.exact
+    assert "text step (stock rows=8192 ctx=0 reqs=8000) not formed with items" in plan.note
+
+
+def test_a_wide_mixed_text_step_is_formed_as_a_prefill_of_its_rows_and_requests():
+    text = Shape("mixed", 512, 3711, 128)
+    limits = Limits(max_model_len=4096, max_num_batched_tokens=512, max_num_seqs=128,
+                    block_size=16, prefix_caching=True)
+    spec = ItemSpec("image", items=2, item_len=258, limit_per_prompt=2, start=1)
+    plan, _ = multimodal_plan(spec, limits, prefix_caching=True, text=text)
+    ctx = plan.target.context_len
+    assert plan.target == Shape("prefill", 512, ctx, 128) and ctx % 16 == 0
+    assert ctx + 2 * 258 <= 4095 and "formed as a prefill" in plan.note and not plan.exact
+    assert _first_step(plan, limits) == (512, 128, 2, ctx)
+    _fits(plan, limits)

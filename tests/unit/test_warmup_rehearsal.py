@@ -230,6 +230,7 @@ def test_vllms_warm_up_still_ends_in_the_calls_the_rehearsal_defers():
     import importlib.util
     import re
 
+    __import__("pytest").importorskip("vllm")
     spec = importlib.util.find_spec("vllm.v1.worker.gpu_worker")
     if spec is None or not spec.origin:
         __import__("pytest").skip("vLLM's GPU worker is not installed")
@@ -321,7 +322,7 @@ def test_a_kv_view_left_outside_the_forward_context_is_dropped_through_a_graph_w
     """After vLLM's cleanup of a profiling KV cache, _drop_kv_views resets any module still
     holding a view of it: found through get_model() where vLLM wrapped the model (a CUDA-graph
     or ubatch wrapper is not an nn.Module), and through unwrap() for the drafter's wrapper."""
-    import torch
+    torch = __import__("pytest").importorskip("torch")
 
     from worstcase_profiler.adapter.runner import _drop_kv_views
 

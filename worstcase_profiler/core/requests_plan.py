@@ -722,7 +722,14 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
     prefix caching over several prompts, or past the per-prompt limit. Approximate too under
     lookahead block hashes (`hash_lookahead`, as plan_for's) with prefix caching: the tokens
     after the cached text are item placeholders in the measured prompts and not in the
-    warm-up's, so each may hit its prefix a block short."""
+    warm-up's, so each may hit its prefix a block short.
+
+    Where the encoder step's text step (`text`) holds several requests (vLLM's profile step,
+    fresh prompts sharing 8,192 rows over 1,024 requests; a prefill or mixed step of many), the
+    plan forms a prefill of that step's rows over its requests on its context with the items
+    inside it (`_wide_multimodal`): that step's requests, not one long one, are what its peak
+    holds (their logits and sampler). Where not one item fits beside its requests, the one-request plan above, said
+    not exact."""
     mnbt, mml, seqs = limits.max_num_batched_tokens, limits.max_model_len, limits.max_num_seqs
     want, length = spec.items, spec.item_len
     if want < 1 or length < 1:
@@ -730,6 +737,20 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
     if length > mml - 1:
         return None, (f"one {spec.modality} item is {length:,} prompt tokens, more than "
                       f"max_model_len - 1 = {mml - 1:,}")
+    if text is not None and text.num_reqs > 1 and text.kind in ("stock", "prefill", "mixed") \
+            and (prefix_caching or text.context_len == 0):
+        wide, why_not = _wide_multimodal(spec, limits, text, prefix_caching, hash_lookahead)
+        if wide is not None:
+            return wide, ""
+        narrow, why = multimodal_plan(spec, limits, prefix_caching=prefix_caching,
+                                      text=replace(text, num_reqs=1),
+                                      hash_lookahead=hash_lookahead)
+        if narrow is None:
+            return None, why
+        said = (f"the encoder step's text step ({text.label()}) not formed with items: "
+                f"{why_not}")
+        return replace(narrow, exact=False,
+                       note="; ".join(x for x in (said, narrow.note) if x)), ""
     per = max(1, min(spec.limit_per_prompt, want))
     notes: list[str] = []
     items = min(want, per * seqs)
@@ -804,3 +825,90 @@ def token_ids(prompt: Prompt, vocab: int, salt: int) -> list[int]:
     shared = min(prompt.lookahead, prompt.suffix_len)
     return ids(1000 + prompt.prefix_id, prompt.prefix_len) + branch + \
         ids(60000 + prompt.prefix_id, shared) + ids(50000 + salt, prompt.suffix_len - shared)
+
+
+def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching: bool,
+                     hash_lookahead: int) -> tuple[RequestPlan | None, str]:
+    """The encoder step's own text step (`text`: its rows over its requests, on its context)
+    with items inside it: (the plan, "") or (None, why no item fits it).
+
+    The encoder step holds the outputs of every item it encodes through the sweep's worst text
+    step; where that step is wide (vLLM's profile step: 8,192 rows over 1,024 requests), one
+    request on a long context reaches the items but not the step's requests, and its logits and
+    sampler are what set that step's peak (docs/sweep.md, "A wide text step"). Here the text
+    requests come first, each on the step's context (a shared cached prefix; fresh prompts on
+    context 0), then the item requests, one prompt per up to limit_per_prompt items, all
+    submitted together. vLLM's scheduler takes waiting
+    requests in order and cuts only the last one its token budget reaches: so where the step's
+    rows are the whole budget and chunked multimodal input is on, the last prompt is cut one
+    token past its last item's first placeholder token (the encoder runs on every item whose
+    first placeholder token a step schedules), and every other prompt's items are scheduled
+    whole. The text requests share what the items leave, at least one row each beyond a
+    drafter's dropped block. A mixed step (decodes beside a chunk) is formed as a prefill of
+    its rows over its requests on its chunk's context, the note says so: what its peak holds
+    by request (logits, sampler) and by row is the same, and no request in it is cut inside an
+    item but the last. Fewer items than asked where they do not fit beside the step's requests
+    (the note says); None where not one does."""
+    mnbt, mml, block = limits.max_num_batched_tokens, limits.max_model_len, limits.block_size
+    rows, n = text.rows, text.num_reqs
+    fresh = text.context_len == 0
+    before = 0 if fresh else limits.hit_drop
+    length, start = spec.item_len, spec.start
+    cut = spec.chunked and rows == mnbt
+    per = max(1, min(spec.limit_per_prompt, spec.items, (mml - 1 - before) // length))
+    if (mml - 1 - before) // length < 1:
+        return None, f"one prompt cannot hold a {length:,}-token item beside a drafter's hit"
+
+    def item_rows(counts: list[int]) -> int:
+        whole = sum(before + c * length for c in counts)
+        return whole - (length - start - 1) if cut else whole
+
+    items = min(spec.items, per * n)
+    while items > 0:
+        counts = [min(per, items - i) for i in range(0, items, per)]
+        if len(counts) < n and item_rows(counts) + (n - len(counts)) * (before + 1) <= rows:
+            break
+        items -= 1
+    if items < 1:
+        return None, (f"not one {length:,}-token {spec.modality} item's first token fits beside "
+                      f"{n - 1:,} other request(s) in {rows:,} rows")
+    notes: list[str] = []
+    if text.kind == "mixed":
+        notes.append(f"the mixed text step ({text.label()}) formed as a prefill of its rows over "
+                     f"its requests")
+    if items < spec.items:
+        notes.append(f"{items} of {spec.items} items: the step's {n:,} requests over {rows:,} "
+                     f"rows leave room for the first token of {items}")
+    text_rows = split_rows(rows - item_rows(counts), n - len(counts))
+    longest = max(counts) * length
+    ctx = 0 if fresh else _down(min(text.context_len, mml - 1 - longest - before), block)
+    if text.context_len - ctx > block:
+        notes.append(f"context {ctx:,}: a prompt's {max(counts)} item(s) must fit behind it in "
+                     f"max_model_len {mml:,} (the encoder step's text step ran at context "
+                     f"{text.context_len:,})")
+    shared = ctx + before
+    label_items = (f"{counts[0]} {spec.modality} item(s) of {length:,} tokens each"
+                   if len(set(counts)) == 1 else
+                   f"{'/'.join(map(str, counts))} {spec.modality} items of {length:,} tokens")
+    how = (f"the last cut by the step's budget one token into its last item" if cut else
+           "every item scheduled whole")
+    if fresh:
+        prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(text_rows)) + tuple(
+            Prompt(100 + len(text_rows) + j, 0, 0, items=c, item_len=length)
+            for j, c in enumerate(counts))
+        where = "fresh"
+        warms: tuple[Batch, ...] = ()
+    else:
+        prompts = tuple(Prompt(1, shared, r - before) for r in text_rows) + tuple(
+            Prompt(1, shared, 0, items=c, item_len=length) for c in counts)
+        where = f"on a cached {shared:,}-token text prefix"
+        warms = (_warm(1, shared, limits),)
+    measured = Batch(f"{len(text_rows):,} text prompts sharing {sum(text_rows):,} tokens, then "
+                     f"{len(counts)} prompt(s) of {label_items}, all {where} and together "
+                     f"({how}): the encoder runs on {items} in the first step",
+                     prompts, 1, True)
+    plan = RequestPlan(target=Shape("prefill", rows, ctx, n), batches=(*warms, measured),
+                       exact=not notes, note="; ".join(notes) or None, items=items)
+    if prefix_caching and not fresh and hash_lookahead > 0:
+        plan = _share_lookahead(plan, hash_lookahead, limits)
+    return plan, ""
