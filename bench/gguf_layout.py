@@ -6,10 +6,12 @@ milliseconds.
 
   python3 bench/gguf_layout.py tests/gpu/models/llama-3.1-8b-layout /tmp/llama8b-f16.gguf
 
-Weights are F16 (the norms F32, as llama.cpp's converter writes them); the vocabulary is
-llama.cpp's "no_vocab" with the config's vocab_size dummy tokens (a tokenizer plays no part in
-the memory plan). Contract: `write(config, path)` writes GGUF v3 with the llama.* keys llama.cpp
-reads for a LlamaForCausalLM and returns the tensor bytes; only that architecture is taken."""
+Weights are F16 (the norms F32, as llama.cpp's converter writes them). The vocabulary is a
+SentencePiece-type one of the config's vocab_size dummy pieces (unknown, BOS, EOS, the 256 byte
+pieces, then one piece per id): a tokenizer plays no part in the memory plan, but llama-server
+turns every sampled token into text, which llama.cpp's "no_vocab" refuses. Contract:
+`write(config, path)` writes GGUF v3 with the llama.* keys llama.cpp reads for a
+LlamaForCausalLM and returns the tensor bytes; only that architecture is taken."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from pathlib import Path
 
 ALIGN = 32  # GGUF's default alignment of every tensor's data
 F32, F16 = 0, 1  # ggml types
-UINT32, FLOAT32, STRING = 4, 6, 8  # GGUF value types
+UINT32, INT32, FLOAT32, STRING, ARRAY = 4, 5, 6, 8, 9  # GGUF value types
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6  # llama.cpp's token types
 
 
 def _str(s: str) -> bytes:
@@ -29,6 +32,12 @@ def _str(s: str) -> bytes:
 
 
 def _kv(key: str, value) -> bytes:
+    if isinstance(value, tuple):  # (element type, values): an array
+        kind, items = value
+        head = _str(key) + struct.pack("<IIQ", ARRAY, kind, len(items))
+        if kind == STRING:
+            return head + b"".join(_str(x) for x in items)
+        return head + struct.pack(f"<{len(items)}{'f' if kind == FLOAT32 else 'i'}", *items)
     if isinstance(value, str):
         return _str(key) + struct.pack("<I", STRING) + _str(value)
     if isinstance(value, float):
@@ -67,8 +76,21 @@ def metadata(c: dict, name: str) -> dict:
         "llama.attention.key_length": hd, "llama.attention.value_length": hd,
         "llama.rope.dimension_count": hd, "llama.rope.freq_base": float(c.get("rope_theta", 1e4)),
         "llama.attention.layer_norm_rms_epsilon": float(c.get("rms_norm_eps", 1e-5)),
-        "llama.vocab_size": c["vocab_size"], "tokenizer.ggml.model": "no_vocab",
+        "llama.vocab_size": c["vocab_size"], **vocabulary(c["vocab_size"]),
     }
+
+
+def vocabulary(n: int) -> dict:
+    """A SentencePiece-type vocabulary of `n` dummy pieces, as llama.cpp loads one."""
+    pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+    types = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256
+    pieces += [f"\u2581t{i}" for i in range(len(pieces), n)]
+    types += [NORMAL] * (n - len(types))
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": (STRING, pieces[:n]),
+            "tokenizer.ggml.scores": (FLOAT32, [0.0] * n),
+            "tokenizer.ggml.token_type": (INT32, types[:n]),
+            "tokenizer.ggml.unknown_token_id": 0, "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2}
 
 
 def _pad(n: int) -> int:

@@ -86,14 +86,14 @@ def poll_peak(stop: threading.Event, box: dict) -> None:
         time.sleep(0.05)
 
 
-def serve(s: Summary, bin_dir: Path, gguf: Path, n_ctx: int, parallel: int, env: dict,
+def serve(s: Summary, bin_dir: Path, gguf: Path, n_ctx: int, ngl: int, parallel: int, env: dict,
           deadline: float) -> dict:
     """llama-server with the fitted flags; one slot's context filled by one prompt of token ids
-    (the model has no vocabulary); nvidia-smi's used memory polled throughout."""
+    (the model's pieces are dummies); nvidia-smi's used memory polled throughout."""
     before = smi()
     port = 18123
     cmd = [str(bin_dir / "llama-server"), "-m", str(gguf), "-c", str(n_ctx), "-np", str(parallel),
-           "-ngl", "999", "--fit", "off", "--host", "127.0.0.1", "--port", str(port)]
+           "-ngl", str(ngl), "--fit", "off", "--host", "127.0.0.1", "--port", str(port)]
     box: dict = {}
     stop = threading.Event()
     poller = threading.Thread(target=poll_peak, args=(stop, box), daemon=True)
@@ -115,7 +115,7 @@ def serve(s: Summary, bin_dir: Path, gguf: Path, n_ctx: int, parallel: int, env:
         rec["ready_s"] = round(time.time() - t0, 2)
         rec["loaded_used_mib"] = smi()["used_mib"]
         slot = n_ctx // parallel
-        ids = [(i * 7919) % 120000 + 1000 for i in range(slot - 8)]
+        ids = [(i * 7919) % 120000 + 1000 for i in range(slot - 8)]  # normal pieces only
         body = json.dumps({"prompt": ids, "n_predict": 4, "cache_prompt": False}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=body,
                                      headers={"Content-Type": "application/json"})
@@ -184,7 +184,8 @@ def main() -> int:
     s.data["fits"] = {str(k): v for k, v in fits.items()}
     s.save()
     if fits.get(a.parallel) and left() > 40:
-        serve(s, a.bin, gguf, fits[a.parallel]["n_ctx"], a.parallel, env, a.deadline - 5)
+        fit = fits[a.parallel]
+        serve(s, a.bin, gguf, fit["n_ctx"], fit["ngl"], a.parallel, env, a.deadline - 5)
     print(json.dumps({"fits": s.data["fits"], "card": card, "fit_target_mib": margin}))
     return 0
 

@@ -179,24 +179,33 @@ QWEN = ItemSpec("image", items=2, item_len=4098, limit_per_prompt=2, start=1)
 PROFILE_STEP = Shape("stock", 8192, 0, 1024)
 
 
-def _first_step(plan, limits):
+def _first_step(plan, limits, spec=QWEN):
     """(rows, requests, items encoded, context) of the measured batch's first step, scheduled as
     vLLM's V1 scheduler does for waiting requests: in submission order, each prompt past its
-    cached prefix (every warmed prefix hit whole) for min(what it has left, the budget left);
-    an item is encoded where its first placeholder token is scheduled, and with chunked
+    cached prefix for min(what it has left, the budget left). A warmed prefix is hit whole but
+    for the block a drafter drops (hit_drop), and only where the prompt's first `lookahead`
+    tokens after it are the warm-up's (0.33's lookahead block hashes: else a block short). An
+    item is encoded where its first embedding token (`spec.start`) is scheduled; with chunked
     multimodal input off a request stops before an item it cannot take whole."""
-    cached = {p.prefix_id: p.prefix_len for b in plan.batches if not b.measured
-              for p in b.prompts}
+    cached = {p.prefix_id: p for b in plan.batches if not b.measured for p in b.prompts}
     budget, rows, reqs, items, ctx = limits.max_num_batched_tokens, 0, 0, 0, 0
     for p in _measured(plan).prompts:
         if budget <= 0 or reqs == limits.max_num_seqs:
             break
-        hit = min(p.prefix_len, cached.get(p.prefix_id, 0)) if p.prefix_len else 0
+        hit = 0
+        warm = cached.get(p.prefix_id)
+        if p.prefix_len and warm is not None:
+            hit = min(p.prefix_len, warm.prefix_len) - limits.hit_drop
+            if p.lookahead < warm.lookahead:
+                hit -= limits.block_size
         new = min(p.length - hit, budget)
         first = p.prefix_len + p.branch_len + p.suffix_len  # the first item's first token
         for i in range(p.items):
             at = first + i * p.item_len
-            if at + QWEN.start < hit + new:
+            if not spec.chunked and at < hit + new < at + p.item_len:
+                new = at - hit  # vLLM rolls a partial item back
+                break
+            if at + spec.start < hit + new:
                 items += 1
         rows, reqs, budget, ctx = rows + new, reqs + 1, budget - new, max(ctx, hit)
     return rows, reqs, items, ctx
@@ -232,7 +241,7 @@ def test_without_chunked_multimodal_input_every_item_is_whole_and_fewer_fit():
     whole = dataclasses.replace(QWEN, chunked=False)
     plan, _ = multimodal_plan(whole, WIDE, prefix_caching=True, text=PROFILE_STEP)
     assert plan.items == 1 and not plan.exact and "1 of 2 items" in plan.note
-    assert _first_step(plan, WIDE) == (8192, 1024, 1, 0)
+    assert _first_step(plan, WIDE, whole) == (8192, 1024, 1, 0)
 
 
 def test_a_wide_prefill_on_a_long_context_shares_a_cached_prefix_that_leaves_the_items_room():
@@ -267,5 +276,52 @@ def test_a_wide_mixed_text_step_is_formed_as_a_prefill_of_its_rows_and_requests(
     ctx = plan.target.context_len
     assert plan.target == Shape("prefill", 512, ctx, 128) and ctx % 16 == 0
     assert ctx + 2 * 258 <= 4095 and "formed as a prefill" in plan.note and not plan.exact
-    assert _first_step(plan, limits) == (512, 128, 2, ctx)
+    assert _first_step(plan, limits, spec) == (512, 128, 2, ctx)
     _fits(plan, limits)
+
+
+@pytest.mark.parametrize("text, limits", [
+    (Shape("prefill", 8192, 126975, 2), WIDE),  # 2 requests: the text one takes ~4,000 rows
+    (Shape("stock", 8192, 0, 2), dataclasses.replace(WIDE, max_model_len=4096)),
+])
+def test_no_prompt_of_a_wide_plan_outgrows_max_model_len(text, limits):
+    small = dataclasses.replace(QWEN, item_len=258)
+    plan, why = multimodal_plan(small, limits, prefix_caching=True, text=text)
+    if plan is None:
+        assert "max_model_len" in why
+        return
+    _fits(plan, limits)
+    if text.context_len:
+        assert plan.target.context_len < text.context_len and "must fit behind it" in plan.note
+
+
+def test_lookahead_hashes_and_a_drafters_dropped_block_still_encode_every_item():
+    """Under 0.33's lookahead block hashes the item prompts start with the tokens the warm-up's
+    block hashes cover beyond the prefix, as the text prompts do, so each hits the whole prefix;
+    a drafter's dropped block is computed again by every prompt. The budget still cuts the last
+    prompt one token into its last item."""
+    limits = dataclasses.replace(WIDE, prefix_hit_drop=16, prefix_hit_min_rows=17)
+    text = Shape("prefill", 8192, 120000, 64)
+    plan, _ = multimodal_plan(QWEN, limits, prefix_caching=True, text=text, hash_lookahead=1)
+    ctx = plan.target.context_len
+    assert _first_step(plan, limits) == (8192, 64, 2, ctx)
+    assert "a block short" not in (plan.note or "")
+    _fits(plan, limits)
+
+
+def test_a_decode_text_step_or_no_prefix_caching_on_a_context_falls_back_and_says_so():
+    for text, caching in ((Shape("decode", 1024, 120000, 1024), True),
+                          (Shape("prefill", 8192, 50000, 64), False)):
+        limits = dataclasses.replace(WIDE, prefix_caching=caching)
+        plan, _ = multimodal_plan(QWEN, limits, prefix_caching=caching, text=text)
+        assert plan.target.num_reqs == 1 and not plan.exact
+        assert f"text step ({text.label()}) not formed with items" in plan.note
+
+
+def test_an_item_whose_range_opens_with_tokens_that_take_no_embedding_is_cut_after_them():
+    """Idefics3's range opens with tile markers: the encoder runs in the step that schedules the
+    first embedding token (`start`), so the cut lands one token past it."""
+    marked = dataclasses.replace(QWEN, start=7)
+    plan, _ = multimodal_plan(marked, WIDE, prefix_caching=True, text=PROFILE_STEP)
+    assert _first_step(plan, WIDE, marked) == (8192, 1024, 2, 0)
+    assert _first_step(plan, WIDE, dataclasses.replace(marked, start=9))[2] == 1

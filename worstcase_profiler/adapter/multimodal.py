@@ -252,6 +252,9 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
     expanded = list(out["prompt_token_ids"])
     embed = getattr(place, "is_embed", None)
     embed_tokens = int(embed.sum()) if embed is not None else int(place.length)
+    # vLLM's scheduler encodes an item in the step that schedules its first embedding token: a
+    # range may open with tokens that take none (Idefics3's tile markers, Gemma-3's)
+    first_embed = int(embed.nonzero()[0][0]) if embed is not None and bool(embed.any()) else 0
     avoid = set(expanded) | set(inputs.prompt) | set(getattr(tokenizer, "all_special_ids", ()))
     avoid |= set((tokenizer.get_added_vocab() or {}).values())
     vocab = min(int(model_config.get_vocab_size()), len(tokenizer))
@@ -259,7 +262,7 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
     if not allowed:
         return None, "every token id of the tokenizer is a placeholder or added token"
     spec = ItemSpec(modality=m, items=encoder.items, item_len=len(expanded),
-                    limit_per_prompt=limit, start=int(place.offset),
+                    limit_per_prompt=limit, start=int(place.offset) + first_embed,
                     chunked=not bool(getattr(scheduler_config, "disable_chunked_mm_input", False)))
     return ReplayItems(spec, tuple(inputs.prompt), allowed, sample, embed_tokens), ""
 

@@ -695,8 +695,9 @@ class ItemSpec:
     """Prompt tokens one item takes once its placeholder is expanded."""
     limit_per_prompt: int
     start: int = 0
-    """Offset of the item's placeholder range in those tokens: the encoder runs in the step that
-    schedules the token there."""
+    """Offset of the item's first embedding token in those tokens (its placeholder range's
+    offset, plus any tokens at the range's start that take no embedding): the encoder runs in
+    the step that schedules the token there."""
     chunked: bool = True
     """Whether an item's tokens may span prefill chunks (vLLM's chunked multimodal input; off:
     --disable-chunked-mm-input keeps every item's tokens inside one chunk)."""
@@ -737,18 +738,25 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
     if length > mml - 1:
         return None, (f"one {spec.modality} item is {length:,} prompt tokens, more than "
                       f"max_model_len - 1 = {mml - 1:,}")
-    if text is not None and text.num_reqs > 1 and text.kind in ("stock", "prefill", "mixed") \
-            and (prefix_caching or text.context_len == 0):
-        wide, why_not = _wide_multimodal(spec, limits, text, prefix_caching, hash_lookahead)
+    if text is not None and text.num_reqs > 1:
+        if text.kind not in ("stock", "prefill", "mixed"):
+            why_not = f"a {text.kind} step carries no prefill rows for an item"
+            wide = None
+        elif not prefix_caching and text.context_len > 0:
+            why_not = ("without prefix caching several requests each on a long context cannot "
+                       "be lined up in one step")
+            wide = None
+        else:
+            wide, why_not = _wide_multimodal(spec, limits, text, prefix_caching, hash_lookahead)
         if wide is not None:
             return wide, ""
+        said = (f"the encoder step's text step ({text.label()}) not formed with items: "
+                f"{why_not}")
         narrow, why = multimodal_plan(spec, limits, prefix_caching=prefix_caching,
                                       text=replace(text, num_reqs=1),
                                       hash_lookahead=hash_lookahead)
         if narrow is None:
-            return None, why
-        said = (f"the encoder step's text step ({text.label()}) not formed with items: "
-                f"{why_not}")
+            return None, f"{said}; {why}"
         return replace(narrow, exact=False,
                        note="; ".join(x for x in (said, narrow.note) if x)), ""
     per = max(1, min(spec.limit_per_prompt, want))
@@ -844,29 +852,35 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
     token past its last item's first placeholder token (the encoder runs on every item whose
     first placeholder token a step schedules), and every other prompt's items are scheduled
     whole. The text requests share what the items leave, at least one row each beyond a
-    drafter's dropped block. A mixed step (decodes beside a chunk) is formed as a prefill of
-    its rows over its requests on its chunk's context, the note says so: what its peak holds
-    by request (logits, sampler) and by row is the same, and no request in it is cut inside an
-    item but the last. Fewer items than asked where they do not fit beside the step's requests
-    (the note says); None where not one does."""
+    drafter's dropped block, and the item prompts start with the tokens a cached block's hash
+    covers beyond it (`hash_lookahead`), as the text prompts do, so that each hits the whole
+    prefix. Every prompt stays within max_model_len: the context is lowered where a prompt
+    would not fit behind it (the note says). A mixed step (decodes beside a chunk) is formed as
+    a prefill of its rows over its requests on its chunk's context, not exact (the note says):
+    without a drafter what its peak holds by request (logits, sampler) and by row is the same;
+    under speculative decoding its decodes carry 1 + k logits rows each and the rejection
+    sampler, which the prefill does not. Fewer items than asked where they do not fit beside
+    the step's requests (the note says); None where not one does."""
     mnbt, mml, block = limits.max_num_batched_tokens, limits.max_model_len, limits.block_size
     rows, n = text.rows, text.num_reqs
     fresh = text.context_len == 0
     before = 0 if fresh else limits.hit_drop
+    pre = hash_lookahead if prefix_caching and not fresh else 0  # the items' shared suffix
     length, start = spec.item_len, spec.start
     cut = spec.chunked and rows == mnbt
-    per = max(1, min(spec.limit_per_prompt, spec.items, (mml - 1 - before) // length))
-    if (mml - 1 - before) // length < 1:
+    per = max(1, min(spec.limit_per_prompt, spec.items, (mml - 1 - before - pre) // length))
+    if (mml - 1 - before - pre) // length < 1:
         return None, f"one prompt cannot hold a {length:,}-token item beside a drafter's hit"
 
     def item_rows(counts: list[int]) -> int:
-        whole = sum(before + c * length for c in counts)
+        whole = sum(before + pre + c * length for c in counts)
         return whole - (length - start - 1) if cut else whole
 
     items = min(spec.items, per * n)
     while items > 0:
         counts = [min(per, items - i) for i in range(0, items, per)]
-        if len(counts) < n and item_rows(counts) + (n - len(counts)) * (before + 1) <= rows:
+        if len(counts) < n and \
+                item_rows(counts) + (n - len(counts)) * (before + max(1, pre)) <= rows:
             break
         items -= 1
     if items < 1:
@@ -880,12 +894,16 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
         notes.append(f"{items} of {spec.items} items: the step's {n:,} requests over {rows:,} "
                      f"rows leave room for the first token of {items}")
     text_rows = split_rows(rows - item_rows(counts), n - len(counts))
-    longest = max(counts) * length
+    if fresh and max(text_rows) > mml - 1:
+        return None, (f"{n - len(counts):,} fresh text prompt(s) sharing "
+                      f"{rows - item_rows(counts):,} rows each take more than max_model_len - 1")
+    # every prompt behind the context: the items' whole length, a text prompt's own rows
+    longest = max(pre + max(counts) * length, max(text_rows) - before)
     ctx = 0 if fresh else _down(min(text.context_len, mml - 1 - longest - before), block)
     if text.context_len - ctx > block:
-        notes.append(f"context {ctx:,}: a prompt's {max(counts)} item(s) must fit behind it in "
-                     f"max_model_len {mml:,} (the encoder step's text step ran at context "
-                     f"{text.context_len:,})")
+        notes.append(f"context {ctx:,}: every prompt ({max(counts)} item(s) on one) must fit "
+                     f"behind it in max_model_len {mml:,} (the encoder step's text step ran at "
+                     f"context {text.context_len:,})")
     shared = ctx + before
     label_items = (f"{counts[0]} {spec.modality} item(s) of {length:,} tokens each"
                    if len(set(counts)) == 1 else
@@ -900,7 +918,7 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
         warms: tuple[Batch, ...] = ()
     else:
         prompts = tuple(Prompt(1, shared, r - before) for r in text_rows) + tuple(
-            Prompt(1, shared, 0, items=c, item_len=length) for c in counts)
+            Prompt(1, shared, pre, items=c, item_len=length) for c in counts)
         where = f"on a cached {shared:,}-token text prefix"
         warms = (_warm(1, shared, limits),)
     measured = Batch(f"{len(text_rows):,} text prompts sharing {sum(text_rows):,} tokens, then "
