@@ -52,8 +52,11 @@ def test_the_sweep_and_the_kv_audit_run_on_the_vlm(profiled):
 
 def test_the_multimodal_step_is_built_from_image_requests_within_the_admitted_figure(profiled):
     """`--validate worst` builds the encoder step from a request with a real image behind a
-    cached text prefix: the scheduler ran the encoder on that image in one step, and the
-    replay measured no more than the admitted figure (the encoder step's), which gates."""
+    cached text prefix (or, where the worst text step the encoder step held its output through
+    is one of several requests, in that step beside text prompts): the scheduler ran the
+    encoder on that image in one step, and the replay measured no more than the admitted
+    figure (the encoder step's), which gates. The sweep's worst text step here is one request
+    or the 4-request profile step, by the meter's noise."""
     # 8,191 - 2,913 image tokens, block-aligned: the chunk after the cached prefix starts the image
     assert_multimodal_replay(profiled.report, profiled.out, items=1, context=5248, batched=MNBT)
 
