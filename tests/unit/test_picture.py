@@ -226,3 +226,29 @@ def test_the_picture_shows_the_value_to_paste(fp8):
     texts = [fig._suptitle.get_text()] + [t.get_text() for t in fig.texts]
     flag = f"--kv-cache-memory-bytes {fp8.admission.recommended_kv_cache_memory_bytes}"
     assert any(flag in t for t in texts)
+
+
+def test_the_rows_panel_marks_the_encoder_step_and_what_it_left_unprofiled(tile):
+    """A VLM's encoder step (its items through the encoder, then the worst text step with their
+    outputs held) is drawn on the rows panel at the worst text step's rows, at its need, and the
+    legend says whether it set the reserve and whether any multimodal limit went unprofiled."""
+    assert picture.encoder_mark(tile) is None
+    enc = {"modality": "image", "items": 2, "tokens_per_item": 256, "peak_bytes": 5 << 20,
+           "held_bytes": 1 << 17, "encoder_peak_bytes": 3 << 20,
+           "text_shape": tile.worstcase.worst_shape.label(), "sets_transient": True}
+    data = tile.model_dump(mode="json")
+    data["worstcase"]["encoder_step"] = enc
+    vlm = type(tile).model_validate(data)
+    rows, need, label = picture.encoder_mark(vlm)
+    assert rows == tile.worstcase.worst_shape.rows
+    assert need == (5 << 20) + tile.worstcase.workspace_bytes
+    assert label.startswith("encoder step: 2 image item(s) of 256 tokens,\nthen ")
+    assert "sets the worst-case reserve" in label and "every multimodal limit profiled" in label
+    data["warnings"] = [*data["warnings"], "multimodal steps are only partly in the worst case"]
+    warned = type(tile).model_validate(data)
+    assert "other multimodal limits not profiled" in picture.encoder_mark(warned)[2]
+    fig = picture.build_figure(warned)
+    labels = [t.get_text() for ax in fig.axes if ax.get_legend()
+              for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("encoder step: 2 image") for t in labels), labels
+

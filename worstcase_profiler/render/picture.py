@@ -396,6 +396,11 @@ def _draw_rows(ax, report: Report) -> None:
             ax.plot([step.shape.rows], [step.need_bytes], marker=m, color=c, linestyle="none",
                     markersize=6, zorder=6, label=label)
             markers.pop(step.shape.kind)
+    encoder = encoder_mark(report)
+    if encoder is not None:
+        rows, need, label = encoder
+        ax.plot([rows], [need], marker="P", color="#e7298a", markersize=10, linestyle="none",
+                zorder=7, label=label)
     _draw_reference_lines(ax, report)
     worst = _find_step(steps, wc.worst_shape)
     if worst is not None:
@@ -405,6 +410,23 @@ def _draw_rows(ax, report: Report) -> None:
     _finish_step_axes(ax, report, "rows in the step (prefill chunk at full KV extent)",
                       report.config.max_num_batched_tokens, strip)
     ax.set_title("what a step needs vs its rows value", loc="left", fontsize=12)
+
+
+def encoder_mark(report: Report) -> tuple[int, int, str] | None:
+    """(rows, need, legend label) of the encoder step on the rows panel (core/multimodal.
+    EncoderStep: its items through the encoder, then the worst text step with their outputs
+    held), and which multimodal limits the report says were not profiled; None without one."""
+    wc = report.worstcase
+    enc = wc.encoder_step
+    if enc is None:
+        return None
+    verdict = "sets the worst-case reserve" if enc.sets_transient else "within the text sweep's"
+    missing = any(w.startswith("multimodal steps") for w in report.warnings)
+    label = (f"encoder step: {enc.items} {enc.modality} item(s) of {fmt_tokens(enc.tokens_per_item)}"
+             f" tokens,\nthen {enc.text_shape} ({verdict}"
+             + ("; other multimodal limits not profiled: warnings)" if missing else
+                "; every multimodal limit profiled)"))
+    return wc.worst_shape.rows, enc.peak_bytes + wc.workspace_bytes, label
 
 
 def _coverage_strip(ax, report: Report) -> list:
