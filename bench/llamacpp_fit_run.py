@@ -166,7 +166,8 @@ def main() -> int:
                                name=a.layout.name)
     card = smi()
     margin = max(0, card["free_mib"] - int(a.util * card["total_mib"]))
-    s.data.update({"layout": str(a.layout.relative_to(ROOT)), "gguf_tensor_bytes": weights,
+    s.data.update({"layout": str(a.layout.resolve()).removeprefix(f"{ROOT}/"),
+                   "gguf_tensor_bytes": weights,
                    "card": card, "util": a.util, "parallel": a.parallel,
                    "fit_target_mib": margin, "ld_library_path": env["LD_LIBRARY_PATH"]})
     s.save()
