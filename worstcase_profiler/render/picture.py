@@ -359,7 +359,7 @@ def _draw_waterfall(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
                              label="stock (left of each pair)"),
                        Patch(facecolor="#777777", edgecolor="#333333",
                              label="worst-case (right of each pair)")],
-              loc="upper left", fontsize=9, frameon=False)
+              loc="best", fontsize=9, frameon=False)
     adm = report.admission
     ax.set_title(f"everything but the KV cache (waterfall): worst-case transient "
                  f"{fmt_bytes(transient_bytes(report))} vs stock "
