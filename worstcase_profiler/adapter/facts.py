@@ -398,6 +398,8 @@ def engine_config(vllm_config) -> EngineConfig:
         enforce_eager=bool(vllm_config.model_config.enforce_eager),
         gpu_memory_utilization=float(vllm_config.cache_config.gpu_memory_utilization),
         tensor_parallel_size=int(vllm_config.parallel_config.tensor_parallel_size),
+        pipeline_parallel_size=int(getattr(vllm_config.parallel_config,
+                                           "pipeline_parallel_size", 1) or 1),
     )
 
 

@@ -274,7 +274,7 @@ class V1Driver(DriverBase):
         # vllm-touch: v1-dummy-run
         r = self.runner
         hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
-        out = r._dummy_sampler_run(last)
+        out = _sample(r, last)
         r._sync_device() if hasattr(r, "_sync_device") else None
         del hidden, last, out
 
@@ -381,7 +381,7 @@ class V1Driver(DriverBase):
                 sched.max_num_seqs = shape.num_reqs
                 self._fill_block_tables(shape.num_reqs, seq_len)
                 hidden, last = r._dummy_run(shape.rows, **kwargs)
-            out = r._dummy_sampler_run(last)
+            out = _sample(r, last)
             if hasattr(r, "_sync_device"):
                 r._sync_device()
             del hidden, last, out
@@ -458,3 +458,11 @@ def _drop_kv_views(runner) -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _sample(runner, last):
+    """The sampler on a step's last hidden states, as vLLM's profile_run runs it: on the last
+    pipeline stage only. An earlier stage's _dummy_run hands intermediate tensors on and returns
+    no last hidden states (None), and samples nothing."""
+    # vllm-touch: v1-dummy-run
+    return runner._dummy_sampler_run(last) if last is not None else None

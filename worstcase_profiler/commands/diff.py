@@ -168,7 +168,7 @@ def load(path: str) -> Report:
 
 def config_differences(old: Report, new: Report) -> list[str]:
     keys = ("model", "max_model_len", "max_num_batched_tokens", "max_num_seqs", "kv_cache_dtype",
-            "tensor_parallel_size")
+            "tensor_parallel_size", "pipeline_parallel_size")
     a, b = dataclasses.asdict(old.config), dataclasses.asdict(new.config)
     out = [f"{k}: {a[k]} -> {b[k]}" for k in keys if a[k] != b[k]]
     if old.device.name != new.device.name:

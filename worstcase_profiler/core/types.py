@@ -509,6 +509,8 @@ class EngineConfig:
     enforce_eager: bool = True
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = doc("vLLM's pipeline_parallel_size: each stage sweeps its own "
+                                      "layers; the ranks agree on one budget", default=1)
 
 
 @dataclass(frozen=True)

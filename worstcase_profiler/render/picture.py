@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 from ..report import Report, Shape, StepResult, Verdict
 from ..sizes import GiB, MiB, fmt_bytes, fmt_tokens
-from .view import (build_view, full_extent_prefill, plan_steps, shape_text, short_model, signed,
-                   transient_bytes)
+from .view import (build_view, full_extent_prefill, parallel_text, plan_steps, shape_text,
+                   short_model, signed, transient_bytes)
 
 # category -> (colour, legend label). Colour-blind-safe (Okabe-Ito plus greys).
 CATEGORIES: dict[str, tuple[str, str]] = {
@@ -250,7 +250,7 @@ def build_figure(report: Report):
     _draw_context(ax_ctx, report)
     notes = worst_bar.notes + stock_bar.notes
     foot = (f"{report.device.name} · vLLM {report.vllm_version} "
-            f"({report.runner.runner} runner) · TP={cfg.tensor_parallel_size} · "
+            f"({report.runner.runner} runner) · {parallel_text(cfg)} · "
             f"wcprof {report.tool_version} · {report.created_at}")
     if notes:
         foot = "note: " + "; ".join(notes) + "\n" + foot

@@ -170,7 +170,7 @@ def build_view(report: Report) -> View:
               f"max_num_batched_tokens={fmt_tokens(cfg.max_num_batched_tokens)} "
               f"max_num_seqs={cfg.max_num_seqs}")
     where = (f"{report.device.name}, vLLM {report.vllm_version} {report.runner.runner}, "
-             f"TP={cfg.tensor_parallel_size}")
+             f"{parallel_text(cfg)}")
     rows = [Row("peak activation (transient)", fmt_bytes(stock.peak_activation_bytes),
                 fmt_bytes(wc.peak_activation_bytes),
                 signed(wc.peak_activation_bytes - stock.peak_activation_bytes))]
@@ -406,7 +406,8 @@ def ranks_text(report: Report) -> str:
             text += f", validation {r.validation.ratio:.3f}{quick}"
         return text
 
-    return ("TP ranks: " + "; ".join(one(r) for r in report.ranks)
+    kind = "TP" if report.config.pipeline_parallel_size == 1 else parallel_text(report.config)
+    return (f"{kind} ranks: " + "; ".join(one(r) for r in report.ranks)
             + (" (identical sweep on every rank)" if same else " (SWEEPS DIFFER)"))
 
 
@@ -718,3 +719,9 @@ def proof_text(proof) -> str:
             f"{fmt_bytes(proof.full_peak_bytes)} full, {proof.cut_worst.label()} "
             f"{fmt_bytes(proof.confirmed_peak_bytes)} confirmed; sweep {proof.full_seconds:.1f}s "
             f"full, {proof.cut_seconds:.1f}s cut down")
+
+
+def parallel_text(cfg) -> str:
+    """"TP=2", or "TP=1 PP=2" where the engine runs pipeline stages."""
+    pp = getattr(cfg, "pipeline_parallel_size", 1) or 1
+    return f"TP={cfg.tensor_parallel_size}" + (f" PP={pp}" if pp > 1 else "")
