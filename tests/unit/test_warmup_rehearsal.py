@@ -338,3 +338,42 @@ def test_a_kv_view_left_outside_the_forward_context_is_dropped_through_a_graph_w
     _drop_kv_views(runner)
     assert target[0].kv_cache.numel() == 0 and draft[0].kv_cache.numel() == 0
     _drop_kv_views(SimpleNamespace())  # nothing to reach: nothing done
+
+
+def test_a_later_pipeline_stage_holds_the_received_tensors_through_each_sweep_step(monkeypatch):
+    """Serving, a stage after the first receives the previous stage's intermediate tensors into
+    new tensors every step and holds them beside the runner's buffer: pp_received holds `rows`
+    of each of the buffer's keys for the step (making the buffer as vLLM's _dummy_run does where
+    it is missing), and nothing on the first stage."""
+    torch = __import__("pytest").importorskip("torch")
+    from worstcase_profiler.adapter import runner as runner_mod
+
+    class Buffer:
+        def __init__(self, n):
+            self.tensors = {"hidden_states": torch.zeros(n, 8), "residual": torch.zeros(n, 8)}
+
+    class Model:
+        def make_empty_intermediate_tensors(self, batch_size, dtype, device):
+            return Buffer(batch_size)
+
+    class Runner:
+        max_num_tokens, device, intermediate_tensors, model = 64, "cpu", None, Model()
+        model_config = type("C", (), {"dtype": torch.float32})()
+
+    seen = []
+    real_clone = torch.Tensor.clone
+
+    def clone(self, *a, **k):
+        seen.append(tuple(self.shape))
+        return real_clone(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "clone", clone)
+    r = Runner()
+    monkeypatch.setattr(runner_mod, "_later_pp_stage", lambda: False)
+    with runner_mod.pp_received(r, 16):
+        pass
+    assert seen == [] and r.intermediate_tensors is None
+    monkeypatch.setattr(runner_mod, "_later_pp_stage", lambda: True)
+    with runner_mod.pp_received(r, 16):
+        assert seen == [(16, 8), (16, 8)]
+    assert isinstance(r.intermediate_tensors, Buffer)

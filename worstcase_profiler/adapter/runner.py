@@ -273,8 +273,9 @@ class V1Driver(DriverBase):
         """vLLM's own profile step, as profile_run does it (no attention metadata)."""
         # vllm-touch: v1-dummy-run
         r = self.runner
-        hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
-        out = _sample(r, last)
+        with pp_received(r, r.max_num_tokens):
+            hidden, last = r._dummy_run(r.max_num_tokens, is_profile=True)
+            out = _sample(r, last)
         r._sync_device() if hasattr(r, "_sync_device") else None
         del hidden, last, out
 
@@ -366,27 +367,34 @@ class V1Driver(DriverBase):
         kwargs = dict(force_attention=True, profile_seq_lens=seq_len, is_profile=True,
                       skip_eplb=True)
         try:
-            if shape.kind == "decode":
-                sched.max_num_seqs = shape.num_reqs
-                self._fill_block_tables(shape.num_reqs, shape.context_len + r.uniform_decode_query_len)
-                kwargs["profile_seq_lens"] = shape.context_len + r.uniform_decode_query_len
-                hidden, last = r._dummy_run(shape.rows, uniform_decode=True, **kwargs)
-            elif shape.kind == "mixed":
-                # create_mixed_batch: min(max_num_seqs-1, R//2) one-token decodes + one prefill.
-                sched.max_num_seqs = shape.num_reqs
-                kwargs["profile_seq_lens"] = self.limits.max_model_len
-                self._fill_block_tables(shape.num_reqs, self.limits.max_model_len)
-                hidden, last = r._dummy_run(shape.rows, create_mixed_batch=True, **kwargs)
-            else:
-                sched.max_num_seqs = shape.num_reqs
-                self._fill_block_tables(shape.num_reqs, seq_len)
-                hidden, last = r._dummy_run(shape.rows, **kwargs)
-            out = _sample(r, last)
-            if hasattr(r, "_sync_device"):
-                r._sync_device()
-            del hidden, last, out
+            with pp_received(r, shape.rows):
+                self._run_shape(shape, seq_len, kwargs)
         finally:
             sched.max_num_seqs = saved
+
+    def _run_shape(self, shape: Shape, seq_len: int, kwargs: dict) -> None:
+        # vllm-touch: v1-max-num-seqs-pin
+        r = self.runner
+        sched = r.scheduler_config
+        if shape.kind == "decode":
+            sched.max_num_seqs = shape.num_reqs
+            self._fill_block_tables(shape.num_reqs, shape.context_len + r.uniform_decode_query_len)
+            kwargs["profile_seq_lens"] = shape.context_len + r.uniform_decode_query_len
+            hidden, last = r._dummy_run(shape.rows, uniform_decode=True, **kwargs)
+        elif shape.kind == "mixed":
+            # create_mixed_batch: min(max_num_seqs-1, R//2) one-token decodes + one prefill.
+            sched.max_num_seqs = shape.num_reqs
+            kwargs["profile_seq_lens"] = self.limits.max_model_len
+            self._fill_block_tables(shape.num_reqs, self.limits.max_model_len)
+            hidden, last = r._dummy_run(shape.rows, create_mixed_batch=True, **kwargs)
+        else:
+            sched.max_num_seqs = shape.num_reqs
+            self._fill_block_tables(shape.num_reqs, seq_len)
+            hidden, last = r._dummy_run(shape.rows, **kwargs)
+        out = _sample(r, last)
+        if hasattr(r, "_sync_device"):
+            r._sync_device()
+        del hidden, last, out
 
     def _block_tables(self):
         # vllm-touch: v1-input-batch
@@ -462,7 +470,41 @@ def _drop_kv_views(runner) -> None:
 
 def _sample(runner, last):
     """The sampler on a step's last hidden states, as vLLM's profile_run runs it: on the last
-    pipeline stage only. An earlier stage's _dummy_run hands intermediate tensors on and returns
-    no last hidden states (None), and samples nothing."""
+    pipeline stage only (an earlier stage's _dummy_run hands intermediate tensors on and returns
+    no last hidden states: None). Generative models only, as before: no pooler branch."""
     # vllm-touch: v1-dummy-run
     return runner._dummy_sampler_run(last) if last is not None else None
+
+
+@contextlib.contextmanager
+def pp_received(runner, rows: int):
+    """A pipeline stage after the first, serving: vLLM's worker receives the previous stage's
+    intermediate tensors into new tensors every step (irecv_tensor_dict allocates them) and holds
+    them through the step, beside the runner's own buffer, which _dummy_run reads instead. So
+    each sweep step there holds tensors of that size, `rows` of each of the buffer's keys, for
+    its duration (about rows x hidden x 2 tensors x dtype: 128 MiB at 8,192 rows of an 8B
+    model in bf16). The buffer is made first where vLLM has not yet (its _dummy_run makes it
+    the same way on a later stage's first step), so that no step, the first stock reading
+    included, goes without. Nothing on the first stage."""
+    # vllm-touch: v1-dummy-run
+    held = None
+    if _later_pp_stage():
+        if getattr(runner, "intermediate_tensors", None) is None:
+            runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+                batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype,
+                device=runner.device)
+        held = {k: v[:rows].clone() for k, v in runner.intermediate_tensors.tensors.items()}
+    try:
+        yield
+    finally:
+        del held
+
+
+def _later_pp_stage() -> bool:
+    # vllm-touch: worker-config
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return not get_pp_group().is_first_rank
+    except Exception:  # noqa: BLE001 - no pipeline group: one stage
+        return False

@@ -60,7 +60,7 @@ from ..core.types import Shape
 from ..errors import UnsupportedModel
 from . import workspace as ws
 from .versions import unsupported
-from .runner import DriverBase, _set_config_ctx, init_provisional_kv
+from .runner import DriverBase, _set_config_ctx, init_provisional_kv, pp_received
 
 log = logging.getLogger("vllm.wcprof")
 _HINT = "this vLLM version's V2 model runner is not supported by worstcase_profiler; " \
@@ -176,9 +176,10 @@ class V2Driver(DriverBase):
         r = self.runner
         kw = self._common_kwargs()
         kw.pop("skip_eplb")  # profile_run steps EPLB like a real step
-        hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **kw)
-        self._sample(hidden, last)
-        del hidden, last
+        with pp_received(r, r.max_num_tokens):
+            hidden, last = r._dummy_run(r.max_num_tokens, skip_attn=True, **kw)
+            self._sample(hidden, last)
+            del hidden, last
 
     # -- provisional KV cache -----------------------------------------------------------------
     def _provisional_blocks(self) -> int:
@@ -266,10 +267,11 @@ class V2Driver(DriverBase):
         saved = r.max_num_reqs
         r.max_num_reqs = n
         try:
-            with contextlib.nullcontext() if native else self._injecting(layout):
-                hidden, last = r._dummy_run(rows, **kwargs)
-            self._sample(hidden, last)
-            del hidden, last
+            with pp_received(r, rows):
+                with contextlib.nullcontext() if native else self._injecting(layout):
+                    hidden, last = r._dummy_run(rows, **kwargs)
+                self._sample(hidden, last)
+                del hidden, last
         finally:
             r.max_num_reqs = saved
 

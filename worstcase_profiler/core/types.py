@@ -509,8 +509,9 @@ class EngineConfig:
     enforce_eager: bool = True
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = doc("vLLM's pipeline_parallel_size: each stage sweeps its own "
-                                      "layers; the ranks agree on one budget", default=1)
+    pipeline_parallel_size: int = doc("vLLM's pipeline_parallel_size: every stage runs the sweep "
+                                      "on its own layers, each step's peak the largest over the "
+                                      "ranks; each rank reports its own budget", default=1)
 
 
 @dataclass(frozen=True)
