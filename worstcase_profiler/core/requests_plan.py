@@ -729,8 +729,8 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
     fresh prompts sharing 8,192 rows over 1,024 requests; a prefill or mixed step of many), the
     plan forms a prefill of that step's rows over its requests on its context with the items
     inside it (`_wide_multimodal`): that step's requests, not one long one, are what its peak
-    holds (their logits and sampler). Where not one item fits beside its requests, the one-request plan above, said
-    not exact."""
+    holds (their logits and sampler). Where that step is not formed with an item, the
+    one-request plan above, said not exact, and why."""
     mnbt, mml, seqs = limits.max_num_batched_tokens, limits.max_model_len, limits.max_num_seqs
     want, length = spec.items, spec.item_len
     if want < 1 or length < 1:
@@ -739,15 +739,7 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
         return None, (f"one {spec.modality} item is {length:,} prompt tokens, more than "
                       f"max_model_len - 1 = {mml - 1:,}")
     if text is not None and text.num_reqs > 1:
-        if text.kind not in ("stock", "prefill", "mixed"):
-            why_not = f"a {text.kind} step carries no prefill rows for an item"
-            wide = None
-        elif not prefix_caching and text.context_len > 0:
-            why_not = ("without prefix caching several requests each on a long context cannot "
-                       "be lined up in one step")
-            wide = None
-        else:
-            wide, why_not = _wide_multimodal(spec, limits, text, prefix_caching, hash_lookahead)
+        wide, why_not = _wide_multimodal(spec, limits, text, prefix_caching, hash_lookahead)
         if wide is not None:
             return wide, ""
         said = (f"the encoder step's text step ({text.label()}) not formed with items: "
@@ -838,7 +830,9 @@ def token_ids(prompt: Prompt, vocab: int, salt: int) -> list[int]:
 def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching: bool,
                      hash_lookahead: int) -> tuple[RequestPlan | None, str]:
     """The encoder step's own text step (`text`: its rows over its requests, on its context)
-    with items inside it: (the plan, "") or (None, why no item fits it).
+    with items inside it: (the plan, "") or (None, why it is not formed: a decode step carries
+    no prefill rows for an item; without prefix caching requests on a context are not lined up
+    in one step; or no item fits).
 
     The encoder step holds the outputs of every item it encodes through the sweep's worst text
     step; where that step is wide (vLLM's profile step: 8,192 rows over 1,024 requests), one
@@ -846,12 +840,11 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
     sampler are what set that step's peak (docs/sweep.md, "A wide text step"). Here the text
     requests come first, each on the step's context (a shared cached prefix; fresh prompts on
     context 0), then the item requests, one prompt per up to limit_per_prompt items, all
-    submitted together. vLLM's scheduler takes waiting
-    requests in order and cuts only the last one its token budget reaches: so where the step's
-    rows are the whole budget and chunked multimodal input is on, the last prompt is cut one
-    token past its last item's first placeholder token (the encoder runs on every item whose
-    first placeholder token a step schedules), and every other prompt's items are scheduled
-    whole. The text requests share what the items leave, at least one row each beyond a
+    submitted together. vLLM's scheduler takes waiting requests in order and cuts only the last
+    one its token budget reaches: so where the step's rows are the whole budget and chunked
+    multimodal input is on, the last prompt is cut one token past its last item's first
+    embedding token (`spec.start`; the encoder runs on every item whose first embedding token a
+    step schedules), and every other prompt's items are scheduled whole. The text requests share what the items leave, at least one row each beyond a
     drafter's dropped block, and the item prompts start with the tokens a cached block's hash
     covers beyond it (`hash_lookahead`), as the text prompts do, so that each hits the whole
     prefix. Every prompt stays within max_model_len: the context is lowered where a prompt
@@ -861,6 +854,11 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
     under speculative decoding its decodes carry 1 + k logits rows each and the rejection
     sampler, which the prefill does not. Fewer items than asked where they do not fit beside
     the step's requests (the note says); None where not one does."""
+    if text.kind not in ("stock", "prefill", "mixed"):
+        return None, f"a {text.kind} step carries no prefill rows for an item"
+    if not prefix_caching and text.context_len > 0:
+        return None, ("without prefix caching several requests each on a long context cannot "
+                      "be lined up in one step")
     mnbt, mml, block = limits.max_num_batched_tokens, limits.max_model_len, limits.block_size
     rows, n = text.rows, text.num_reqs
     fresh = text.context_len == 0
@@ -908,7 +906,7 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
     label_items = (f"{counts[0]} {spec.modality} item(s) of {length:,} tokens each"
                    if len(set(counts)) == 1 else
                    f"{'/'.join(map(str, counts))} {spec.modality} items of {length:,} tokens")
-    how = (f"the last cut by the step's budget one token into its last item" if cut else
+    how = ("the last cut by the step's budget one token into its last item" if cut else
            "every item scheduled whole")
     if fresh:
         prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(text_rows)) + tuple(
