@@ -26,10 +26,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gguf_layout  # noqa: E402
+from common import ROOT, write_json  # noqa: E402
 
 
 def smi() -> dict:
@@ -45,9 +45,7 @@ class Summary:
         self.out, self.data = out, {"kind": "llamacpp_fit_run", "steps": []}
 
     def save(self) -> None:
-        tmp = self.out / "summary.json.part"
-        tmp.write_text(json.dumps(self.data, indent=1))
-        tmp.replace(self.out / "summary.json")
+        write_json(self.out / "summary.json", self.data)
 
     def run(self, name: str, cmd: list[str], env: dict, timeout: float) -> dict:
         t0 = time.time()
