@@ -41,6 +41,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -75,7 +76,9 @@ def _parse(argv=None) -> argparse.Namespace:
     p.add_argument("--hold-slack-mib", type=int, default=None)
     p.add_argument("--start-timeout-s", type=float, default=300)
     p.add_argument("--deadline", type=float, default=None, help="epoch s: skip modes past it")
-    p.add_argument("--extra", default="", help="more `vllm serve` flags, one string")
+    p.add_argument("--extra", default="",
+                   help="more `vllm serve` flags, one string split as a shell would (quote a "
+                        "JSON value); an --additional-config in it is merged into the plugin's")
     p.add_argument("--worst", type=int, default=0,
                    help="N: the worst-step traffic, N requests on the cached prefix (0: off)")
     return p.parse_args(argv)
@@ -197,22 +200,45 @@ class GpuSampler:
                 "timeline_s_used_bytes": self.timeline}
 
 
+def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
+    """`vllm serve ...` for one mode. --extra is split as a shell would (shlex: a quoted JSON
+    value stays one argument); an `--additional-config` in it is merged into the plugin modes'
+    own (vLLM keeps only the last one given), its keys beside "worstcase_profiler"."""
+    extra = shlex.split(a.extra)
+    more: dict = {}
+    if mode != "stock":
+        kept, i = [], 0
+        while i < len(extra):
+            name, eq, value = extra[i].partition("=")
+            if name == "--additional-config":
+                if not eq:
+                    i += 1
+                    value = extra[i]
+                more.update(json.loads(value))
+            else:
+                kept.append(extra[i])
+            i += 1
+        extra = kept
+    cmd = ["serve", a.model, "--load-format", "dummy", "--skip-tokenizer-init",
+           "--max-model-len", str(a.max_model_len),
+           "--max-num-batched-tokens", str(a.max_num_batched_tokens),
+           "--gpu-memory-utilization", str(a.util), "--host", "127.0.0.1",
+           "--port", str(port), *(["--enforce-eager"] if a.eager else []), *extra]
+    if mode != "stock":
+        cfg = {"validate_on_start": a.validate} if mode == "worstcase" else {"guard": "off"}
+        cmd += ["--profiler", "worstcase", "--profiler-report", str(report),
+                "--additional-config", json.dumps({**more, "worstcase_profiler": cfg})]
+    return cmd
+
+
 class Server:
     def __init__(self, a, mode: str, out: Path):
         self.mode, self.port = mode, _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = out / f"serve-{mode}.log"
         self.report = out / f"report-{mode}.json"
-        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", a.model,
-               "--load-format", "dummy", "--skip-tokenizer-init",
-               "--max-model-len", str(a.max_model_len),
-               "--max-num-batched-tokens", str(a.max_num_batched_tokens),
-               "--gpu-memory-utilization", str(a.util), "--host", "127.0.0.1",
-               "--port", str(self.port), *(["--enforce-eager"] if a.eager else []), *a.extra.split()]
-        if mode != "stock":
-            cfg = {"validate_on_start": a.validate} if mode == "worstcase" else {"guard": "off"}
-            cmd += ["--profiler", "worstcase", "--profiler-report", str(self.report),
-                    "--additional-config", json.dumps({"worstcase_profiler": cfg})]
+        cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main",
+               *server_argv(a, mode, self.port, self.report)]
         env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
         self.cmd = cmd
         self.log = open(self.log_path, "w")
@@ -413,6 +439,8 @@ def main(argv=None) -> int:
     a = _parse(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    # a SIGTERM (a driver's timeout) unwinds like Ctrl-C: run_mode's finally stops the server
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     summary = {"args": vars(a), "modes": []}
     ok = True
     for mode in a.modes.split(","):
