@@ -38,10 +38,13 @@ class FakeProbe:
         self.needs = list(needs)
         self.started = 0
 
+        self.above_start = []
+
     def start(self):
         self.started += 1
 
-    def end(self):
+    def end(self, above_start=False):
+        self.above_start.append(above_start)
         return self.needs.pop(0)
 
 
@@ -202,6 +205,24 @@ def test_cpu_probe_sees_an_allocation_inside_the_step():
     assert probe.end() >= 60 * MiB
     probe.start()
     assert probe.end() < 8 * MiB
+
+
+def test_a_step_that_ran_the_encoder_is_read_above_its_start():
+    """The encoder cache keeps a step's encoder outputs after it: such a step's need is its mark
+    above its start; a text step's stays above what it left live."""
+    probe = g.CpuProbe()
+    probe.start()
+    kept = bytearray(64 * MiB)  # touched and kept, as the encoder cache keeps its outputs
+    assert probe.end() < 8 * MiB and probe.end(above_start=True) >= 60 * MiB
+    del kept
+    guard, _ = _guard([MiB, 2 * MiB])
+    text, image = sched(64), sched(64)
+    image.scheduled_encoder_inputs = {"r0": [0, 1]}
+    guard.execute_model(text)
+    guard.sample_tokens(None)
+    guard.execute_model(image)
+    guard.sample_tokens(None)
+    assert guard._probe.above_start == [False, True]
 
 
 def test_the_guard_is_on_under_vllm_serve_only_unless_forced():
@@ -574,3 +595,23 @@ def test_the_in_process_replay_runs_inside_a_running_event_loop():
 
     with pytest.raises(RuntimeError, match="suspends"):
         run_now(suspends())
+
+
+def test_a_multimodal_batch_is_read_above_its_start_not_above_what_it_left():
+    """The encoder cache keeps a multimodal batch's outputs after it: the multimodal validation
+    reads the mark above the batch's start (`raw`); a text one above what the batch left live."""
+    from worstcase_profiler.adapter import validation as v
+
+    peaks = v.RankPeaks()
+    peaks.add([{"rank": 0, "transient": 100 * MiB, "raw": 180 * MiB, "workspace": 0,
+                "resolution": MiB}])
+    text = peaks.results({0: 200 * MiB}, ("r",), 1.0, target="worst-step")
+    mm = peaks.results({0: 200 * MiB}, ("r",), 1.0, target="multimodal", modality="image",
+                       encoder_items=2)
+    assert text[0].measured_peak_bytes == 100 * MiB
+    assert mm[0].measured_peak_bytes == 180 * MiB and mm[0].ratio == 0.9
+    # an answer from a worker without `raw` (an older plugin on a remote rank) reads as before
+    old = v.RankPeaks()
+    old.add([{"rank": 0, "transient": 100 * MiB, "workspace": 0, "resolution": MiB}])
+    assert old.results({0: 200 * MiB}, (), 1.0, target="multimodal",
+                       encoder_items=1)[0].measured_peak_bytes == 100 * MiB

@@ -13,7 +13,9 @@ sample_tokens that follows returns. Per step, on the host only (no device synchr
   CPU   the process high-water mark reset through /proc/self/clear_refs and VmRSS at the start,
         VmHWM and VmRSS at the end (the CpuMeter's instrument, without its gc.collect).
 
-The step's transient is peak - max(start, end), the sweep's definition (core/types.StepResult).
+The step's transient is peak - max(start, end), the sweep's definition (core/types.StepResult);
+a step that ran the multimodal encoder is read above its start (peak - start), since the encoder
+cache keeps its outputs after it and the prediction holds them (adapter/multimodal.encoder_step).
 The figures go into a core.guard.StepLedger; a step above the prediction is counted, and the
 first one is logged once, with its shape read off the scheduler's output.
 
@@ -163,9 +165,9 @@ class CudaProbe:
         self._reset(self._index)
         self._base = self._stats(self._index)["allocated_bytes"]["all"]["current"]
 
-    def end(self) -> int:
+    def end(self, above_start: bool = False) -> int:
         a = self._stats(self._index)["allocated_bytes"]["all"]
-        return max(0, a["peak"] - max(self._base, a["current"]))
+        return max(0, a["peak"] - (self._base if above_start else max(self._base, a["current"])))
 
 
 class CpuProbe:
@@ -190,9 +192,9 @@ class CpuProbe:
         os.write(self._clear, b"5")
         self._base = self._read()[1]
 
-    def end(self) -> int:
+    def end(self, above_start: bool = False) -> int:
         hwm, rss = self._read()
-        return max(0, hwm - max(self._base, rss))
+        return max(0, hwm - (self._base if above_start else max(self._base, rss)))
 
 
 def make_probe(device):
@@ -281,7 +283,10 @@ class StepGuard:
     def _close(self) -> None:
         so, self._open = self._open, None
         try:
-            need = self._probe.end()
+            # a step that ran the encoder leaves its outputs in the encoder cache, live through
+            # the forward that read them and counted in the prediction: read above its start
+            # vllm-touch: guard-step-hook
+            need = self._probe.end(bool(getattr(so, "scheduled_encoder_inputs", None)))
             ledger = self.ledger
             above_before = ledger.above
             largest, first = ledger.record(need)

@@ -191,6 +191,7 @@ def _end(wrapper) -> dict:
     worker = getattr(wrapper, "worker", wrapper)
     meter = getattr(worker, _METER_ATTR)
     transient = int(meter.end())
+    raw = int(meter.peak())  # after end()'s synchronize: the mark above the batch's start
     # vllm-touch: worker-session
     recorder = getattr(worker, _FORMED_ATTR, None)
     formed = recorder.remove() if recorder is not None else []
@@ -213,7 +214,7 @@ def _end(wrapper) -> dict:
     from .facts import world_rank
 
     mgr = ws.manager()
-    return {"rank": world_rank(), "transient": transient,
+    return {"rank": world_rank(), "transient": transient, "raw": max(raw, transient),
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes), "formed": formed,
             "encoder_items": encoder_items, "peak_step": peak_step}
@@ -379,12 +380,14 @@ def _generate_to(llm, prompts: list, max_tokens: int, target: Shape,
 
 
 class RankPeaks:
-    """What the measured batches left per rank: the largest transient over them, the workspace
-    after them, and the meter's resolution (from the workers' `_end` answers, in-process or
-    through Worker.wcprof_rpc)."""
+    """What the measured batches left per rank: the largest transient over them (above what
+    each batch left live, and `raw`: above each batch's start), the workspace after them, and
+    the meter's resolution (from the workers' `_end` answers, in-process or through
+    Worker.wcprof_rpc)."""
 
     def __init__(self) -> None:
         self.transient: dict[int, int] = {}
+        self.raw: dict[int, int] = {}
         self.workspace: dict[int, int] = {}
         self.resolution: dict[int, int] = {}
         self.formed: dict[int, list] = {}
@@ -394,6 +397,7 @@ class RankPeaks:
         for out in answers:
             rank = out["rank"]
             self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
+            self.raw[rank] = max(self.raw.get(rank, 0), out.get("raw", out["transient"]))
             self.workspace[rank] = out["workspace"]
             self.resolution[rank] = out["resolution"]
             if out.get("encoder_items") is not None:
@@ -407,9 +411,17 @@ class RankPeaks:
                 modality: str | None = None, encoder_items: int = 0) -> list[Validation]:
         """One Validation per rank: transient + workspace against the rank's predicted transient
         (rank 0's when it has none) + the same workspace; a multimodal one (`encoder_items`) with
-        the most items the rank's scheduler sent through the encoder in one step."""
+        the most items the rank's scheduler sent through the encoder in one step.
+
+        A multimodal batch's transient is its mark above the batch's start (`raw`), not above
+        what it left live: the encoder cache keeps the items' outputs after the batch (vLLM
+        frees them at a later step, or keeps them for reuse), they were live through the text
+        forward that read them, and the prediction holds them there (adapter/multimodal.
+        encoder_step reads its own mark above its start, the same way). Taking them off hid
+        them on the H200: the wide replay of Qwen2.5-VL read its text step alone, 8 KB from the
+        text-only replay, with 80 MiB of outputs still in the encoder cache."""
         out = []
-        for rank, transient in sorted(self.transient.items()):
+        for rank, transient in sorted((self.raw if encoder_items else self.transient).items()):
             w = self.workspace[rank]
             want = predicted.get(rank, predicted.get(0, 0)) + w
             got = transient + w
