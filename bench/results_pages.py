@@ -76,12 +76,16 @@ class Run:
     @cached_property
     def fit(self) -> dict[str, dict]:
         """bench/fit_run.py's models (its summary.json, kind "fit_run"): model -> its row of the
-        side-by-side comparison, with "checks" its checks."""
+        side-by-side comparison, with "checks" its checks. A model whose fit was taken from an
+        earlier run (--fit-from) has no row here: that run holds it; its served start is a
+        `serve` case (DIR/serve.json)."""
         s = read_json(self.folder / "summary.json", {})
         if s.get("kind") != "fit_run":
             return {}
-        return {row["model"]: {**row, "checks": s["models"][row["model"]].get("checks") or {}}
-                for row in s.get("comparison", [])}
+        models = s["models"]
+        return {row["model"]: {**row, "checks": models[row["model"]].get("checks") or {}}
+                for row in s.get("comparison", [])
+                if not ((models[row["model"]].get("steps") or {}).get("fit") or {}).get("fit_from")}
 
     @cached_property
     def soak(self) -> dict[str, dict]:
