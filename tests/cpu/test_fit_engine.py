@@ -96,3 +96,36 @@ def test_an_engine_started_with_the_fitted_flags_admits_what_fit_said(fitted, tm
           f"budget {got['budget_bytes']} B, consumed {got['consumed_bytes']} B (fit's run "
           f"{fitted.report['admission']['consumed_bytes']} B), vLLM concurrency "
           f"{conc.group(2)}x")
+
+
+def test_vllm_serve_started_with_fits_flags_serves_within_the_prediction(tmp_path):
+    """Issue 37 point 4 as an operator runs it: bench/fit_run.py's `tiny` preset fits, then starts
+    `vllm serve --profiler worstcase` (the engine core in its own process) with the recommended
+    flags, its startup validation building the worst step from real requests, and sends HTTP
+    traffic within the fitted limits; every served check must hold (the CPU meter's resolution
+    allowed on the worst step, as on the fitted engine above)."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT, engine_env
+
+    env = engine_env()
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # vLLM's default: the engine core apart
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "fit_run.py"), "--out",
+                        str(tmp_path / "out"), "--device-kind", "cpu", "--models", "tiny",
+                        "--serve", "--skip", "fitted,stock"],
+                       capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    model = summary["models"]["tiny"]
+    assert p.returncode == 0 and summary["all_ok"], (p.stdout[-3000:], p.stderr[-3000:])
+    served = model["steps"]["served"]["result"]
+    rec = model["steps"]["fit"]["result"]["recommended"]
+    assert served["config"] == [rec["max_model_len"], rec["max_num_batched_tokens"],
+                                rec["max_num_seqs"]]
+    assert served["admission"]["kv_cache_bytes"] == rec["kv_cache_bytes"]
+    assert served["worst_step"]["formed"] == served["worst_step"]["shape"]
+    assert served["guard"]["steps_total"] > 0 and served["guard"]["steps_above_prediction_total"] == 0
+    assert {k for k, c in model["checks"].items() if c["ok"]} >= {
+        "served_healthy_and_clean", "served_admitted_at_fit_limits", "served_kv_as_fit_said",
+        "served_worst_step_measured_le_predicted", "served_traffic_served", "served_guard_held"}
