@@ -584,9 +584,11 @@ def _commands_block(run: Run) -> list[str]:
 
 
 def _intro(config: str, cur: list[Run]) -> list[str]:
-    hosts = sorted({r.m["host"] for r in cur})
+    # the machine kinds; each run's full host line (stack, staging, caches) is in the runs table
+    machines = sorted({r.m.get("machine") or r.m["host"] for r in cur})
     return [f"# {config}: current results", "",
-            f"Stock vLLM against `--profiler worstcase` on {'; '.join(hosts)}. Only the current figure of "
+            f"Stock vLLM against `--profiler worstcase` on {', '.join(machines)} (each run's host, "
+            "stack and code: [Runs, hosts and code](#runs-hosts-and-code)). Only the current figure of "
             f"each case: from {', '.join(f'`{r.name}/`' for r in cur)}, a later run replacing the cases it "
             "re-ran. Every run, superseded and invalid ones included, is in [history.md](history.md). "
             "Rendered by `python3 bench/results_pages.py` from each folder's `manifest.json` and the JSON "
