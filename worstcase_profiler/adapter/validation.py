@@ -417,9 +417,8 @@ class RankPeaks:
         what it left live: the encoder cache keeps the items' outputs after the batch (vLLM
         frees them at a later step, or keeps them for reuse), they were live through the text
         forward that read them, and the prediction holds them there (adapter/multimodal.
-        encoder_step reads its own mark above its start, the same way). Taking them off hid
-        them on the H200: the wide replay of Qwen2.5-VL read its text step alone, 8 KB from the
-        text-only replay, with 80 MiB of outputs still in the encoder cache."""
+        encoder_step reads its own mark above its start, the same way). Taken off, they hide:
+        the batch then reads as its text step alone (docs/sweep.md, "A wide text step")."""
         out = []
         for rank, transient in sorted((self.raw if encoder_items else self.transient).items()):
             w = self.workspace[rank]
