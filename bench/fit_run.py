@@ -288,6 +288,15 @@ GUARD_METRICS = ("steps_total", "steps_above_prediction_total", "observed_need_b
                  "largest_step_reqs", "largest_step_context_tokens")
 
 
+def admitted_at(report: dict, rec: dict) -> dict:
+    """A started engine's report against fit's recommendation `rec`: admitted (admission fit
+    and vLLM allocated the KV cache), the limits it ran with and the ones fit recommended."""
+    cfg, adm = report.get("config") or {}, report.get("admission") or {}
+    limits = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
+    return {"admitted": adm.get("fits") is True and report.get("kv_audit") is not None,
+            "config": [cfg.get(k) for k in limits], "fit_config": [rec.get(k) for k in limits]}
+
+
 def served_result(doc: dict | None, report: dict | None, rc: int | None, fit: dict) -> dict:
     """The served engine against fit's recommendation, from serve_run's serve.json (its
     worstcase mode: health, traffic, guard, shutdown) and the server's own report (config,
@@ -296,7 +305,7 @@ def served_result(doc: dict | None, report: dict | None, rc: int | None, fit: di
     mode = modes[0] if modes else {}
     rec = fit.get("recommended") or {}
     report = report or {}
-    adm, cfg = report.get("admission") or {}, report.get("config") or {}
+    adm = report.get("admission") or {}
     worst = [v for v in report.get("validations") or [] if v.get("target") == "worst-step"]
     v = worst[0] if worst else None
     g, gm = mode.get("wcprof_guard") or {}, mode.get("guard_metrics") or {}
@@ -309,11 +318,7 @@ def served_result(doc: dict | None, report: dict | None, rc: int | None, fit: di
         "traffic": traffic_ok(mode.get("traffic")),
         "guard": {"rc": g.get("rc"), "line": (g.get("stdout") or "").strip()[:400] or None,
                   **{k: gm.get(f"wcprof_guard_{k}") for k in GUARD_METRICS}},
-        "admitted": adm.get("fits") is True and report.get("kv_audit") is not None,
-        "config": [cfg.get("max_model_len"), cfg.get("max_num_batched_tokens"),
-                   cfg.get("max_num_seqs")],
-        "fit_config": [rec.get("max_model_len"), rec.get("max_num_batched_tokens"),
-                       rec.get("max_num_seqs")],
+        **admitted_at(report, rec),
         "admission": _pick(adm, "kv_cache_bytes", "kv_tokens_worstcase", "transient_bytes",
                            "budget_bytes", "fits"),
         "kv_audit": _pick(report.get("kv_audit"), "verdict", "ratio", "allocated_bytes",
@@ -460,18 +465,14 @@ def fitted_result(report: dict | None, rc: int | None, fit: dict) -> dict:
     r: dict = {"rc": rc, "admitted": False}
     if not report:
         return r
-    adm, cfg = report.get("admission") or {}, report.get("config") or {}
+    adm = report.get("admission") or {}
     rec = fit.get("recommended") or {}
     worst = [v for v in report.get("validations") or [] if v.get("target") == "worst-step"]
     v = worst[0] if worst else None
     r.update({
         # the engine started with them: admission fit and vLLM allocated the KV cache (an rc of
         # 1 after that is the validation's verdict, kept apart)
-        "admitted": adm.get("fits") is True and report.get("kv_audit") is not None,
-        "config": [cfg.get("max_model_len"), cfg.get("max_num_batched_tokens"),
-                   cfg.get("max_num_seqs")],
-        "fit_config": [rec.get("max_model_len"), rec.get("max_num_batched_tokens"),
-                       rec.get("max_num_seqs")],
+        **admitted_at(report, rec),
         "admission": _pick(adm, "requested_bytes", "consumed_bytes", "transient_bytes",
                            "cudagraph_bytes", "margin_bytes", "budget_bytes", "kv_cache_bytes",
                            "explicit_kv_cache_memory_bytes", "kv_tokens_worstcase",
