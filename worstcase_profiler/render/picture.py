@@ -325,17 +325,18 @@ def _draw_waterfall(ax, report: Report, stock_bar: Bar, worst_bar: Bar) -> None:
             segs = [s for s in bar.non_kv() if s.category == cat]
             if not segs:
                 continue
-            lines = []
             for j, seg in enumerate(segs):
                 ax.bar(i + offset, seg.nbytes, bottom=running, width=width * 0.95,
                        color=CATEGORIES[cat][0], edgecolor="#333333", linewidth=0.6,
                        hatch="xx" if is_stock else ("\\\\" if j % 2 else None),
                        alpha=0.55 if is_stock else 1)
                 running += seg.nbytes
-                lines.append(f"{seg.label.removeprefix('workspace ')} {fmt_bytes(seg.nbytes)}"
-                             if len(segs) > 1 else fmt_bytes(seg.nbytes).replace(" ", "\n"))
-            ax.text(i + offset, running, "\n".join(lines), ha="center", va="bottom",
-                    fontsize=8)
+            # one figure a bar, as wide as the bar: several segments (the workspace slots, told
+            # apart by their hatching and counted in the slot's name) are labelled with their
+            # sum; each slot's size is in the report's workspace line
+            ax.text(i + offset, running,
+                    fmt_bytes(sum(seg.nbytes for seg in segs)).replace(" ", "\n"),
+                    ha="center", va="bottom", fontsize=8)
         n = len(order)
         ax.bar(n + offset, running, width=width * 0.95,
                color="#bbbbbb" if is_stock else "#444444", edgecolor="#333333", linewidth=0.6,
