@@ -117,6 +117,20 @@ VLM_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"
            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
 # vLLM logs every workspace resize and the lock (issue 32, point 2: none after the lock)
 WORKSPACE_DEBUG = {"VLLM_DEBUG_WORKSPACE": "1"}
+# issue 36: seed 002's own VLM, DeepSeek-V4 with its vision tower (DeepseekV4ForConditionalGeneration;
+# tests/gpu/models/dsv4-vision-4l/README.md), at 131,072 with the seed's other limits. vLLM budgets
+# 387 tokens an image (384 + up to 3 alignment pads), so one 4,096-token step encodes 10 of them;
+# on CUDA vLLM forces --disable-chunked-mm-input for this model (the seed's build did too). The V1
+# runner: DSpark needs V2, where the encoder step is not built yet (adapter/multimodal.encoder_step),
+# so these cases run without the drafter.
+DSV4VL = MODELS / "dsv4-vision-4l"
+DSV4VL_IMAGES, DSV4VL_IMAGE_TOKENS = 10, 387
+DSV4VL_FLAGS = ["--max-model-len", "131072", "--max-num-seqs", "4", "--max-num-batched-tokens",
+                "4096", "--kv-cache-dtype", "fp8_ds_mla", "--block-size", "256",
+                "--enable-prefix-caching", "--disable-chunked-mm-input",
+                "--limit-mm-per-prompt", json.dumps({"image": DSV4VL_IMAGES})]
+DSV4VL_ENV = {"VLLM_USE_V2_MODEL_RUNNER": "0", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+              "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **WORKSPACE_DEBUG}
 FIXTURES = ROOT / "plugins" / "wcp_fixtures"
 SCRATCH = FIXTURES / "wcp_fixtures" / "configs" / "scratch"
 COMMON = ["--load-format", "dummy", "--skip-tokenizer-init", "--gpu-memory-utilization", "0.5",
@@ -209,13 +223,24 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "qwen25vl_eager_default_alloc": (
         QWEN25VL, [*LONG, "--enforce-eager", *VLM],
         {k: v for k, v in VLM_ENV.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}, "v1"),
+    # issue 36: seed 002's VLM (above), eager and with FULL_AND_PIECEWISE graphs
+    "dsv4vl_eager": (DSV4VL, [*DSV4VL_FLAGS, "--enforce-eager"], DSV4VL_ENV, "v1"),
+    "dsv4vl_graphs": (DSV4VL, [*DSV4VL_FLAGS, *FULL_AND_PIECEWISE], DSV4VL_ENV, "v1"),
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
 DRAFTER_CASES = ("llama8b_eagle3", "llama8b_eagle3_eager", "qwen35_dflash", "qwen35_dflash_eager",
                  "qwen35_dflash_long", "qwen35_dflash_long_eager")
 DSPARK_CASES = ("dsv4_dspark_eager", "dsv4_dspark_graphs")
-MULTIMODAL_CASES = ("qwen25vl", "qwen25vl_eager", "qwen25vl_eager_default_alloc")
+MULTIMODAL_CASES = ("qwen25vl", "qwen25vl_eager", "qwen25vl_eager_default_alloc", "dsv4vl_eager",
+                    "dsv4vl_graphs")
+
+
+def mm_expected(name: str) -> tuple[int, int]:
+    """(images, tokens per image) one encoder step of the multimodal case `name` runs."""
+    return (DSV4VL_IMAGES, DSV4VL_IMAGE_TOKENS) if name.startswith("dsv4vl") \
+        else (VLM_IMAGES, VLM_IMAGE_TOKENS)
+
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
               "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
@@ -475,21 +500,22 @@ def _within_two_percent(put, key: str, vals: list[dict], what: str) -> None:
 
 
 def _check_multimodal(report: dict, name: str, put) -> None:
-    """Issue 36: a VLM. The encoder step ran (VLM_IMAGES images of VLM_IMAGE_TOKENS tokens, what
+    """Issue 36: a VLM. The encoder step ran (the case's images of their tokens, mm_expected: what
     one step's encoder budget runs) with its outputs held through the worst text step; `--validate
     worst` built that step from requests with real images (its encoder on every planned item in
     one measured step, the target step formed) within 1.02 of the admitted figure; the text worst
     step within 1.02 of the text sweep's; no multimodal limit left unprofiled in the warnings."""
+    images, tokens = mm_expected(name)
     enc = report["worstcase"].get("encoder_step") or {}
     put("encoder_step_measured", (enc.get("modality"), enc.get("items"), enc.get("tokens_per_item"))
-        == ("image", VLM_IMAGES, VLM_IMAGE_TOKENS) and enc.get("peak_bytes", 0) > 0,
+        == ("image", images, tokens) and enc.get("peak_bytes", 0) > 0,
         json.dumps({k: enc.get(k) for k in ("modality", "items", "tokens_per_item", "peak_bytes",
                                             "held_bytes", "text_peak_bytes", "sets_transient")})
         if enc else "no worstcase.encoder_step in the report")
     mm = [v for v in report.get("validations") or [] if v.get("target") == "multimodal"]
     put("multimodal_items_formed", bool(mm) and all(
-        v.get("modality") == "image" and v.get("encoder_items") == VLM_IMAGES
-        and (v.get("encoder_items_formed") or 0) >= VLM_IMAGES for v in mm),
+        v.get("modality") == "image" and v.get("encoder_items") == images
+        and (v.get("encoder_items_formed") or 0) >= images for v in mm),
         "; ".join(f"{v.get('encoder_items_formed')} of {v.get('encoder_items')} {v.get('modality')} "
                   f"item(s) through the encoder; formed {v.get('formed')} (target {v.get('shape')})"
                   for v in mm) or "no multimodal validation: " + "; ".join(

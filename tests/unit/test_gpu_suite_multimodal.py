@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import gpu_suite  # noqa: E402
 
-NAMES = gpu_suite.MULTIMODAL_CASES
+NAMES = tuple(n for n in gpu_suite.MULTIMODAL_CASES if n.startswith("qwen25vl"))
+DSV4VL = tuple(n for n in gpu_suite.MULTIMODAL_CASES if n.startswith("dsv4vl"))
 MODEL = ROOT / "tests" / "gpu" / "models" / "qwen2.5-vl-32b-layout"
 IMAGES, TOKENS = gpu_suite.VLM_IMAGES, gpu_suite.VLM_IMAGE_TOKENS
 
@@ -75,6 +76,37 @@ def test_the_cases_keep_the_tokenizer_and_carry_the_multimodal_limits():
         assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
         assert "WCP_FIXTURES_QWEN_VL_CPU" not in gpu_suite.CASES[name][2]
         assert name in gpu_suite.NAMED_ONLY and name not in gpu_suite.DEFAULT_CASES
+
+
+def test_seed_002s_vlm_cases_carry_its_limits_on_the_v1_runner():
+    """dsv4vl_*: DeepSeek-V4 with its vision tower at 131,072 with seed 002's other limits,
+    images whole in a step (vLLM forces it on CUDA), ten 387-token images a 4,096-token step,
+    the V1 runner (the encoder step is not built on V2), with the tokenizer."""
+    assert DSV4VL == ("dsv4vl_eager", "dsv4vl_graphs")
+    model = ROOT / "tests" / "gpu" / "models" / "dsv4-vision-4l"
+    for name in DSV4VL:
+        argv = gpu_suite._cli_argv(name, Path("/tmp"))
+        flags = dict(zip(argv, argv[1:]))
+        assert flags["--model"] == str(model) and (model / "config.json").exists()
+        assert "--skip-tokenizer-init" not in argv and flags["--validate"] == "worst", argv
+        assert (flags["--max-model-len"], flags["--max-num-batched-tokens"],
+                flags["--max-num-seqs"], flags["--kv-cache-dtype"], flags["--block-size"]) == (
+            "131072", "4096", "4", "fp8_ds_mla", "256"), argv
+        assert "--disable-chunked-mm-input" in argv and "--enable-prefix-caching" in argv
+        assert json.loads(flags["--limit-mm-per-prompt"]) == {"image": 10}
+        assert ("--enforce-eager" in argv) == name.endswith("_eager"), argv
+        env = gpu_suite._env(name)
+        assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0" and gpu_suite.CASES[name][3] == "v1"
+        assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+        assert gpu_suite.mm_expected(name) == (10, 387)
+        assert name in gpu_suite.NAMED_ONLY and name not in gpu_suite.DEFAULT_CASES
+    # the checks hold a DeepSeek-V4 report to its own images, not the Qwen case's
+    r = _report()
+    r["worstcase"]["encoder_step"].update(items=10, tokens_per_item=387)
+    for v in r["validations"][:1]:
+        v.update(encoder_items=10, encoder_items_formed=10)
+    assert "encoder_step_measured" not in _failed(r, "dsv4vl_eager")
+    assert "encoder_step_measured" in _failed(_report(), "dsv4vl_eager")
 
 
 def test_the_other_cases_keep_the_common_flags():
