@@ -126,47 +126,71 @@ def _tensors(outputs) -> list:
     return [t for t in (outputs or ()) if hasattr(t, "numel")]
 
 
+def _encode_for(runner, model):
+    """(items -> encoder outputs, vLLM's budget) as this runner encodes a step's items, or None
+    where it is not driven: the V1 runner's _execute_mm_encoder (group_and_batch_mm_kwargs onto
+    the device, then model.embed_multimodal per batch), or the V2 runner's encoder runner
+    (model_state.encoder_runner.execute_mm_encoder: the same grouping and call, through its
+    encoder CUDA graphs once they are captured; none are during the sweep)."""
+    # vllm-touch: mm-encoder-step
+    import torch
+
+    budget = getattr(runner, "mm_budget", None)
+    if budget is not None and hasattr(runner, "_get_mm_dummy_batch"):  # V1
+        from vllm.multimodal.utils import group_and_batch_mm_kwargs
+        from vllm.utils.torch_utils import PIN_MEMORY
+
+        def v1(items) -> list:
+            outputs = []
+            with torch.inference_mode():
+                for _, _, batch in group_and_batch_mm_kwargs(items, device=runner.device,
+                                                             pin_memory=PIN_MEMORY):
+                    outputs.extend(_tensors(model.embed_multimodal(**batch)))
+                    del batch
+            return outputs
+
+        return v1, budget
+    encoder = getattr(getattr(runner, "model_state", None), "encoder_runner", None)
+    if encoder is not None and hasattr(encoder, "execute_mm_encoder"):  # V2
+        def v2(items) -> list:
+            with torch.inference_mode():
+                return _tensors(encoder.execute_mm_encoder(items))
+
+        return v2, _budget(runner, runner.vllm_config)
+    return None
+
+
 def encoder_step(driver, facts: MultimodalFacts, shape) -> tuple[EncoderStep | None, str]:
     """The encoder forward as a sweep step, on a provisional KV cache: vLLM's own dummy items of
     the modality it profiles (the most tokens per item), as many as one step's encoder budget
     runs (max_items_per_batch, what its profile_run runs), then `shape` (the sweep's worst text
     step) with their outputs held, as the encoder cache holds them while a chunk reads them; the
     peak over both above the step's baseline (not above what it left resident, as other steps
-    are: a served step allocates that again). (None, why) where it is not built: a V2 runner
-    (its encoder runner is not driven yet), skip_mm_profiling, no tower modality.
+    are: a served step allocates that again). (None, why) where it is not built: a runner whose
+    encoder is not driven (_encode_for), skip_mm_profiling, no tower modality.
 
     The dummy items are processed (the HF processor: in serving, the front end's work) before
     the measurement; inside it they are batched and moved to the device, then encoded, as a
-    served step does in the V1 runner's _execute_mm_encoder."""
+    served step does in the runner (_encode_for)."""
     # vllm-touch: mm-encoder-step
     import time
-
-    import torch
 
     big = facts.largest
     if big is None or big.max_items_per_batch < 1 or big.max_tokens_per_item < 1:
         return None, "no modality reaches the encoder (every limit 0, or no token figures)"
     if facts.skip_mm_profiling:
         return None, "skip_mm_profiling is set"
-    runner = driver.runner
-    budget = getattr(runner, "mm_budget", None)
-    if budget is None or not hasattr(runner, "_get_mm_dummy_batch"):
-        return None, f"not built on the {driver.runner_kind} runner yet"
-    from vllm.multimodal.utils import group_and_batch_mm_kwargs
-    from vllm.utils.torch_utils import PIN_MEMORY
-
-    model, meter = driver.model, driver.meter
+    found = _encode_for(driver.runner, driver.model)
+    if found is None:
+        return None, f"not built on the {driver.runner_kind} runner yet (no encoder it drives)"
+    encode, budget = found
+    meter = driver.meter
     budget.reset_cache()  # vLLM's processor cache may hold its profile's dummy item already
     items = budget.get_dummy_encoder_profile_inputs(big.modality, big.max_items_per_batch)
     seen: dict[str, int] = {}
 
     def prelude():
-        outputs = []
-        with torch.inference_mode():
-            for _, _, batch in group_and_batch_mm_kwargs(items, device=runner.device,
-                                                         pin_memory=PIN_MEMORY):
-                outputs.extend(_tensors(model.embed_multimodal(**batch)))
-                del batch
+        outputs = encode(items)
         seen["encoder_peak"] = int(meter.peak())
         seen["held"] = sum(int(t.numel()) * int(t.element_size()) for t in outputs)
         return outputs

