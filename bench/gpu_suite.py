@@ -100,8 +100,8 @@ FULL_AND_PIECEWISE = ["--compilation-config", json.dumps({"cudagraph_mode": "FUL
 # the modality with the most tokens per item and its replay builds images only. ~62 GiB of bf16
 # weights leave no room at 0.5 of the card for one 131,072-token request (64 layers x 8 KV heads x
 # 128 x 2 x 2 B = 256 KiB a token, 32 GiB), hence 0.9. The config's 128,000 positions need vLLM's
-# long-length override for 131,072. The V1 runner: the encoder step is not built on V2 yet
-# (adapter/multimodal.encoder_step). The processor is transformers' own (torchvision on the host):
+# long-length override for 131,072. The V1 runner, where the encoder step has run (on V2 it has
+# not run on a GPU: adapter/multimodal.encoder_step). The processor is transformers' own (torchvision on the host):
 # no WCP_FIXTURES_QWEN_VL_CPU here.
 QWEN25VL = MODELS / "qwen2.5-vl-32b-layout"
 VLM_IMAGES, VLM_IMAGE_TOKENS = 2, 4096
@@ -121,8 +121,9 @@ WORKSPACE_DEBUG = {"VLLM_DEBUG_WORKSPACE": "1"}
 # tests/gpu/models/dsv4-vision-4l/README.md), at 131,072 with the seed's other limits. vLLM budgets
 # 387 tokens an image (384 + up to 3 alignment pads), so one 4,096-token step encodes 10 of them;
 # on CUDA vLLM forces --disable-chunked-mm-input for this model (the seed's build did too). The V1
-# runner: DSpark needs V2, where the encoder step is not built yet (adapter/multimodal.encoder_step),
-# so these cases run without the drafter.
+# runner for the first two (the encoder step's proven path); DSpark needs V2, whose encoder runner
+# the encoder step drives but has not run on a GPU: dsv4vl_dspark_eager is seed 002's whole
+# system, images and drafter, at its own 262,144.
 DSV4VL = MODELS / "dsv4-vision-4l"
 DSV4VL_IMAGES, DSV4VL_IMAGE_TOKENS = 10, 387
 DSV4VL_FLAGS = ["--max-model-len", "131072", "--max-num-seqs", "4", "--max-num-batched-tokens",
@@ -226,14 +227,18 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     # issue 36: seed 002's VLM (above), eager and with FULL_AND_PIECEWISE graphs
     "dsv4vl_eager": (DSV4VL, [*DSV4VL_FLAGS, "--enforce-eager"], DSV4VL_ENV, "v1"),
     "dsv4vl_graphs": (DSV4VL, [*DSV4VL_FLAGS, *FULL_AND_PIECEWISE], DSV4VL_ENV, "v1"),
+    "dsv4vl_dspark_eager": (
+        DSV4VL, [*SEED002, "--disable-chunked-mm-input", "--limit-mm-per-prompt",
+                 json.dumps({"image": DSV4VL_IMAGES}), "--enforce-eager", *DSPARK],
+        {k: v for k, v in DSV4VL_ENV.items() if k != "VLLM_USE_V2_MODEL_RUNNER"}, "v2"),
     "dsv32_fp8_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "fp8", *TP2], {}, None),
     "dsv32_bf16_tp2": (DSV32, [*LONG, "--enforce-eager", "--kv-cache-dtype", "auto", *TP2], {}, None),
 }
 DRAFTER_CASES = ("llama8b_eagle3", "llama8b_eagle3_eager", "qwen35_dflash", "qwen35_dflash_eager",
                  "qwen35_dflash_long", "qwen35_dflash_long_eager")
-DSPARK_CASES = ("dsv4_dspark_eager", "dsv4_dspark_graphs")
+DSPARK_CASES = ("dsv4_dspark_eager", "dsv4_dspark_graphs", "dsv4vl_dspark_eager")
 MULTIMODAL_CASES = ("qwen25vl", "qwen25vl_eager", "qwen25vl_eager_default_alloc", "dsv4vl_eager",
-                    "dsv4vl_graphs")
+                    "dsv4vl_graphs", "dsv4vl_dspark_eager")
 
 
 def mm_expected(name: str) -> tuple[int, int]:

@@ -82,9 +82,16 @@ def test_seed_002s_vlm_cases_carry_its_limits_on_the_v1_runner():
     """dsv4vl_*: DeepSeek-V4 with its vision tower at 131,072 with seed 002's other limits,
     images whole in a step (vLLM forces it on CUDA), ten 387-token images a 4,096-token step,
     the V1 runner (the encoder step is not built on V2), with the tokenizer."""
-    assert DSV4VL == ("dsv4vl_eager", "dsv4vl_graphs")
+    assert DSV4VL == ("dsv4vl_eager", "dsv4vl_graphs", "dsv4vl_dspark_eager")
     model = ROOT / "tests" / "gpu" / "models" / "dsv4-vision-4l"
-    for name in DSV4VL:
+    # seed 002's whole system: the images beside the DSpark drafter, on V2 at 262,144
+    dspark = gpu_suite._cli_argv("dsv4vl_dspark_eager", Path("/tmp"))
+    flags = dict(zip(dspark, dspark[1:]))
+    assert flags["--max-model-len"] == "262144" and "dspark" in flags["--speculative-config"]
+    assert "--disable-chunked-mm-input" in dspark and gpu_suite.CASES["dsv4vl_dspark_eager"][3] == "v2"
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in gpu_suite._env("dsv4vl_dspark_eager")
+    assert "dsv4vl_dspark_eager" in gpu_suite.DSPARK_CASES
+    for name in DSV4VL[:2]:
         argv = gpu_suite._cli_argv(name, Path("/tmp"))
         flags = dict(zip(argv, argv[1:]))
         assert flags["--model"] == str(model) and (model / "config.json").exists()
