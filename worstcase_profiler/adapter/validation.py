@@ -39,6 +39,7 @@ PROGRESS_S = 15.0
 
 _METER_ATTR = "_wcprof_validation_meter"
 _FORMED_ATTR = "_wcprof_validation_steps"
+_CACHE_ATTR = "_wcprof_validation_encoder_cache"
 
 
 class StepRecorder:
@@ -180,7 +181,10 @@ def _begin(wrapper) -> None:
     old = getattr(worker, _FORMED_ATTR, None)
     if old is not None:
         old.remove()
+    from .multimodal import encoder_cache_snapshot
+
     meter.begin()
+    setattr(worker, _CACHE_ATTR, encoder_cache_snapshot(worker))
     setattr(worker, _FORMED_ATTR,
             StepRecorder(worker, meter) if hasattr(worker, "execute_model") else None)
 
@@ -189,9 +193,15 @@ def _end(wrapper) -> dict:
     """Worker side: this rank's transient since _begin (read before anything else runs here),
     and its workspace bytes."""
     worker = getattr(wrapper, "worker", wrapper)
+    from ..core.multimodal import encoder_cache_change
+    from .multimodal import encoder_cache_snapshot
+
     meter = getattr(worker, _METER_ATTR)
-    transient = int(meter.end())
-    raw = int(meter.peak())  # after end()'s synchronize: the mark above the batch's start
+    # the encoder outputs the batch left in the cache were live through the forwards that read
+    # them, and the prediction holds them there: not taken off as persistent
+    kept, freed = encoder_cache_change(getattr(worker, _CACHE_ATTR, None),
+                                       encoder_cache_snapshot(worker))
+    transient = int(meter.end(kept, freed))
     # vllm-touch: worker-session
     recorder = getattr(worker, _FORMED_ATTR, None)
     formed = recorder.remove() if recorder is not None else []
@@ -209,12 +219,13 @@ def _end(wrapper) -> dict:
                  f"{fmt_bytes(began)} above the batch's start" if began >= 0 else
                  f"{fmt_bytes(-began)} below the batch's start")
     setattr(worker, _FORMED_ATTR, None)
+    setattr(worker, _CACHE_ATTR, None)
     _pause_guard(worker, False)
     from . import workspace as ws
     from .facts import world_rank
 
     mgr = ws.manager()
-    return {"rank": world_rank(), "transient": transient, "raw": max(raw, transient),
+    return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes), "formed": formed,
             "encoder_items": encoder_items, "peak_step": peak_step}
@@ -380,14 +391,12 @@ def _generate_to(llm, prompts: list, max_tokens: int, target: Shape,
 
 
 class RankPeaks:
-    """What the measured batches left per rank: the largest transient over them (above what
-    each batch left live, and `raw`: above each batch's start), the workspace after them, and
-    the meter's resolution (from the workers' `_end` answers, in-process or through
-    Worker.wcprof_rpc)."""
+    """What the measured batches left per rank: the largest transient over them, the workspace
+    after them, and the meter's resolution (from the workers' `_end` answers, in-process or
+    through Worker.wcprof_rpc)."""
 
     def __init__(self) -> None:
         self.transient: dict[int, int] = {}
-        self.raw: dict[int, int] = {}
         self.workspace: dict[int, int] = {}
         self.resolution: dict[int, int] = {}
         self.formed: dict[int, list] = {}
@@ -397,7 +406,6 @@ class RankPeaks:
         for out in answers:
             rank = out["rank"]
             self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
-            self.raw[rank] = max(self.raw.get(rank, 0), out.get("raw", out["transient"]))
             self.workspace[rank] = out["workspace"]
             self.resolution[rank] = out["resolution"]
             if out.get("encoder_items") is not None:
@@ -411,16 +419,9 @@ class RankPeaks:
                 modality: str | None = None, encoder_items: int = 0) -> list[Validation]:
         """One Validation per rank: transient + workspace against the rank's predicted transient
         (rank 0's when it has none) + the same workspace; a multimodal one (`encoder_items`) with
-        the most items the rank's scheduler sent through the encoder in one step.
-
-        A multimodal batch's transient is its mark above the batch's start (`raw`), not above
-        what it left live: the encoder cache keeps the items' outputs after the batch (vLLM
-        frees them at a later step, or keeps them for reuse), they were live through the text
-        forward that read them, and the prediction holds them there (adapter/multimodal.
-        encoder_step reads its own mark above its start, the same way). Taken off, they hide:
-        the batch then reads as its text step alone (docs/sweep.md, "A wide text step")."""
+        the most items the rank's scheduler sent through the encoder in one step."""
         out = []
-        for rank, transient in sorted((self.raw if encoder_items else self.transient).items()):
+        for rank, transient in sorted(self.transient.items()):
             w = self.workspace[rank]
             want = predicted.get(rank, predicted.get(0, 0)) + w
             got = transient + w

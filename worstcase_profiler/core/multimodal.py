@@ -203,3 +203,23 @@ def text_prediction(admitted: int, encoder: EncoderStep | None) -> int:
     if encoder is not None and encoder.sets_transient and encoder.text_peak_bytes:
         return min(admitted, encoder.text_peak_bytes)
     return admitted
+
+
+def encoder_cache_change(before: dict[str, int] | None,
+                         after: dict[str, int] | None) -> tuple[int, int]:
+    """(kept, freed): bytes of encoder-cache entries present after a step (or batch) and not
+    before it, and of entries present before and gone after, from two snapshots of the cache
+    (entry key -> bytes); (0, 0) without both.
+
+    A step's transient is its peak above max(start, end): what it leaves live is persistent. The
+    encoder cache breaks that rule both ways. Outputs a step encodes stay in the cache after it
+    (vLLM frees an entry at a later step, or keeps it for a later item with the same content),
+    yet they were live through the forward that read them and the prediction holds them there:
+    `kept` is taken off the end level. Entries the step frees (vLLM frees them at the start of
+    its execute_model, before the forward) were in the start level but not at the peak: `freed`
+    is taken off the start level. So the transient is peak - max(start - freed, end - kept)."""
+    if before is None or after is None:
+        return 0, 0
+    kept = sum(b for k, b in after.items() if k not in before)
+    freed = sum(b for k, b in before.items() if k not in after)
+    return kept, freed
