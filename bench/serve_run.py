@@ -213,8 +213,10 @@ def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
             if name == "--additional-config":
                 if not eq:
                     i += 1
+                    if i >= len(extra):
+                        raise SystemExit("serve_run: --extra's --additional-config has no value")
                     value = extra[i]
-                more.update(json.loads(value))
+                more = _merged(more, json.loads(value))
             else:
                 kept.append(extra[i])
             i += 1
@@ -227,8 +229,18 @@ def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
     if mode != "stock":
         cfg = {"validate_on_start": a.validate} if mode == "worstcase" else {"guard": "off"}
         cmd += ["--profiler", "worstcase", "--profiler-report", str(report),
-                "--additional-config", json.dumps({**more, "worstcase_profiler": cfg})]
+                "--additional-config", json.dumps(_merged(more, {"worstcase_profiler": cfg}))]
     return cmd
+
+
+def _merged(base: dict, more: dict) -> dict:
+    """base with more's keys, a "worstcase_profiler" dict in both merged key by key (more's
+    settings win), so the mode's own settings join the operator's instead of replacing them."""
+    out = {**base, **more}
+    wp_base, wp_more = base.get("worstcase_profiler"), more.get("worstcase_profiler")
+    if isinstance(wp_base, dict) and isinstance(wp_more, dict):
+        out["worstcase_profiler"] = {**wp_base, **wp_more}
+    return out
 
 
 class Server:
