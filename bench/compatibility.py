@@ -104,10 +104,15 @@ def _cell(m: dict, name: str, case: dict) -> dict:
     failed = next((f["why"] for f in m.get("failed", []) if f.get("case") == name), None)
     if failed:  # the manifest's own account, up to its first colon or sentence
         figures.append("recorded failure: " + failed.split(": ", 1)[0].split(". ", 1)[0])
+    # without a report (a case that timed out), what the case asked for: its own flags
+    argv = case.get("cli_argv") or []
+    eager = cfg["enforce_eager"] if "enforce_eager" in cfg else "--enforce-eager" in argv
+    tp = cfg.get("tensor_parallel_size") or next(
+        (int(v) for f, v in zip(argv, argv[1:]) if f == "--tensor-parallel-size"), 1)
     return {"vllm": m.get("vllm", "?"), "device": m.get("gpu", "?"),
             "runner": (rep.get("runner") or {}).get("runner", "?"),
-            "graphs": "off" if cfg.get("enforce_eager", True) else "on",
-            "tp": cfg.get("tensor_parallel_size", 1), "case": name,
+            "graphs": "off" if eager else "on",
+            "tp": tp, "case": name,
             "verdict": ("pass" if passed else "FAIL") + (f", {_verdict(rep)}" if rep else ""),
             "figures": "; ".join(figures), "run": m["run"]}
 
