@@ -861,7 +861,6 @@ def main(argv=None) -> int:
                       + (f" ({rec['why']})" if rec.get("why") else "")
                       + (f"; flags {' '.join(rec['result']['flags'])}" if r else ""), flush=True)
                 m["comparison"] = comparison_row(name, spec, rec.get("result") or {}, {}, {})
-                m["comparison"]["fitted_admitted"] = None
                 save()
                 continue
             est = ESTIMATE_S[a.device_kind][step] * a.timeout_scale
@@ -993,8 +992,6 @@ def main(argv=None) -> int:
                                              (m["steps"].get("fitted") or {}).get("result") or {},
                                              m["steps"].get("stock") or {},
                                              (m["steps"].get("served") or {}).get("result"))
-            if step == "fit" and "fitted" not in m["steps"]:
-                m["comparison"]["fitted_admitted"] = None
             save()
     finally:  # an interrupted run leaves no engine behind
         for p in (running, spawned):
