@@ -59,7 +59,7 @@ from pathlib import Path
 from ..core.guard import (ABOVE, HEADROOM, HELP, LARGEST_CTX, LARGEST_REQS, LARGEST_ROWS,
                           OBSERVED, OVER_CAP, PREDICTED, PREFIX, STEPS, StepLedger, StepShape,
                           cap_rows, cap_warning_text, warning_text)
-from ..core.multimodal import encoder_cache_change
+from ..core.multimodal import encoder_cache_change, step_transient
 from ..settings import ProfilerSettings, resolve
 from .meters import CpuMeter
 
@@ -169,7 +169,7 @@ class CudaProbe:
 
     def end(self, kept: int = 0, freed: int = 0) -> int:
         a = self._stats(self._index)["allocated_bytes"]["all"]
-        return max(0, a["peak"] - max(self._base - freed, a["current"] - kept))
+        return step_transient(a["peak"], self._base, a["current"], kept, freed)
 
 
 class CpuProbe:
@@ -196,7 +196,7 @@ class CpuProbe:
 
     def end(self, kept: int = 0, freed: int = 0) -> int:
         hwm, rss = self._read()
-        return max(0, hwm - max(self._base - freed, rss - kept))
+        return step_transient(hwm, self._base, rss, kept, freed)
 
 
 def make_probe(device):

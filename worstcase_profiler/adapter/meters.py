@@ -18,6 +18,8 @@ import os
 from contextlib import contextmanager
 from typing import Protocol
 
+from ..core.multimodal import step_transient
+
 log = logging.getLogger("vllm.wcprof")
 
 _M_MMAP_THRESHOLD = -3
@@ -132,7 +134,7 @@ class CpuMeter:
 
     def end(self, kept: int = 0, freed: int = 0) -> int:
         v = _read_status_kb("VmHWM", "VmRSS")
-        return max(0, v["VmHWM"] - max(self._base - freed, v["VmRSS"] - kept))
+        return step_transient(v["VmHWM"], self._base, v["VmRSS"], kept, freed)
 
     def consumed(self) -> int:
         return self.in_use()
@@ -177,9 +179,8 @@ class CudaMeter:
     def end(self, kept: int = 0, freed: int = 0) -> int:
         torch = self._torch
         torch.cuda.synchronize(self._device)
-        top = torch.cuda.max_memory_allocated(self._device)
-        return max(0, top - max(self._base - freed,
-                                torch.cuda.memory_allocated(self._device) - kept))
+        return step_transient(torch.cuda.max_memory_allocated(self._device), self._base,
+                              torch.cuda.memory_allocated(self._device), kept, freed)
 
 
 def meter_for(device) -> MemoryMeter:

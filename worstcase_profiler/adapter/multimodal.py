@@ -126,6 +126,11 @@ def _tensors(outputs) -> list:
     return [t for t in (outputs or ()) if hasattr(t, "numel")]
 
 
+def _nbytes(outputs) -> int:
+    """Bytes of an encoder output (a tensor, or a list or tuple of them: _tensors)."""
+    return sum(int(t.numel()) * int(t.element_size()) for t in _tensors(outputs))
+
+
 def _encode_for(runner, model):
     """(items -> encoder outputs, vLLM's budget) as this runner encodes a step's items, or None
     where it is not driven: the V1 runner's _execute_mm_encoder (group_and_batch_mm_kwargs onto
@@ -192,7 +197,7 @@ def encoder_step(driver, facts: MultimodalFacts, shape) -> tuple[EncoderStep | N
     def prelude():
         outputs = encode(items)
         seen["encoder_peak"] = int(meter.peak())
-        seen["held"] = sum(int(t.numel()) * int(t.element_size()) for t in outputs)
+        seen["held"] = _nbytes(outputs)
         return outputs
 
     t0 = time.perf_counter()
@@ -291,15 +296,6 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
     return ReplayItems(spec, tuple(inputs.prompt), allowed, sample, embed_tokens), ""
 
 
-
-def _entry_bytes(value) -> int:
-    if hasattr(value, "numel"):
-        return int(value.numel()) * int(value.element_size())
-    if isinstance(value, (list, tuple)):
-        return sum(_entry_bytes(v) for v in value)
-    return 0
-
-
 def encoder_cache_snapshot(worker) -> dict[str, int] | None:
     """The worker's encoder cache as {entry key: bytes}, None where it has none (a text model):
     the V1 runner's `encoder_cache` dict, or the V2 runner's `encoder_cache.encoder_outputs`.
@@ -311,4 +307,4 @@ def encoder_cache_snapshot(worker) -> dict[str, int] | None:
     entries = getattr(cache, "encoder_outputs", cache)
     if not isinstance(entries, dict):
         return None
-    return {str(k): _entry_bytes(v) for k, v in list(entries.items())}
+    return {str(k): _nbytes(v) for k, v in list(entries.items())}
