@@ -43,3 +43,36 @@ def test_the_self_check_catches_a_deep_layer_that_sets_the_decode_peak(tmp_path)
           f"its samples {proof['cut_admitted_bytes']} B, full admitted {proof['full_admitted_bytes']} "
           f"B, deltas {proof['deltas']}, verdict {proof['verdict']!r}, "
           f"{proof['cut_seconds']} s cut + {proof['full_seconds']} s full")
+
+
+def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validated(tmp_path):
+    """auto self-checks a compiled forward of any family on CUDA (issue 34: the evidence is the
+    model's own samples, not a list). Here the same path on a real engine, compiled (no
+    --enforce-eager), 32 layers: the cut steps run eagerly on 1 of 32 layers, the confirmations
+    and every class sample compiled on the full model, and the admitted figure holds the worst
+    step built from real requests."""
+    from conftest import TINY, within_prediction
+
+    run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
+                      "--hf-overrides", '{"num_hidden_layers": 32}', "--max-model-len", "4096",
+                      "--max-num-batched-tokens", "512", "--max-num-seqs", "8",
+                      "--kv-cache-memory-bytes", str(256 * MiB), "--sweep-depth", "self-check",
+                      "--validate"], tmp_path)
+    assert run.rc == 0, run.text[-3000:]
+    assert run.report["config"]["enforce_eager"] is False
+    wc = run.report["worstcase"]
+    proof = wc["cut_down_proof"]
+    assert proof["method"] == "self-check", proof
+    assert proof["depth"] == "1 of 32 layers, run eagerly", proof
+    assert proof["sampled"], proof  # a class sample ran compiled on the full model
+    # whichever way the verdict went, nothing is admitted below a full-model reading
+    if proof["fell_back"]:
+        assert wc["peak_activation_bytes"] == proof["full_admitted_bytes"], proof
+    else:
+        assert wc["peak_activation_bytes"] == proof["cut_admitted_bytes"], proof
+        assert wc["peak_activation_bytes"] >= proof["confirmed_peak_bytes"], proof
+    v = run.report["validation"]
+    assert within_prediction(v), v
+    print(f"compiled 32 layers: {proof['verdict']}, deltas {proof['deltas']}, admitted "
+          f"{wc['peak_activation_bytes']} B; validation {v['measured_peak_bytes']} of "
+          f"{v['predicted_peak_bytes']} B at {v['shape']}")

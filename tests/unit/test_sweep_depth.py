@@ -59,28 +59,31 @@ def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
     assert not proof.proven and "confirmed peak" in proof.verdict and "admits" in proof.verdict
 
 
-def test_cut_down_on_a_compiled_forward_says_whether_a_proof_covered_it(monkeypatch):
-    """sweep_depth=cut-down keeps its message; auto self-checks a compiled forward only for a
-    family the lab proved compiled (V2 runner, TP=1), else sweeps it whole (no GPU run has shown
-    the self-check on another compiled family); self-check is taken as asked."""
+def test_auto_self_checks_a_compiled_forward_of_any_family_and_cut_down_says_what_no_proof_covered(
+        monkeypatch):
+    """auto self-checks a compiled forward as it does an eager one, on any family, runner and TP:
+    the evidence is the model's own samples, not a list (issue 34). sweep_depth=cut-down, which
+    checks nothing, keeps saying when no proof covered the family compiled (V2 runner, TP=1)."""
+    for kw in ({}, {"runner": "v1"}, {"tensor_parallel_size": 2}):
+        depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False, **kw)
+        assert depth == "self-check" and "sample of every shape class" in why, why
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
-    for setting in ("cut-down", "prove", "self-check"):
-        assert sweep_depth(setting, "NewForCausalLM", eager=lambda: False)[0] == setting
-    depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
-    assert depth == "full" and "runs compiled" in why
-    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: True)[0] == "self-check"
-    monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
-    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: False)[0] == "self-check"
-    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: False, runner="v1")[0] == "full"
-    monkeypatch.delitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM")
+    for setting in ("cut-down", "prove", "self-check", "auto"):
+        want = "self-check" if setting == "auto" else setting
+        assert sweep_depth(setting, "NewForCausalLM", eager=lambda: False)[0] == want
+    # an eager proof is named for what it covers
+    assert "run N, eager only)" in sweep_depth("auto", "NewForCausalLM", eager=lambda: False)[1]
+    assert "run N)" in sweep_depth("auto", "NewForCausalLM", eager=lambda: True)[1]
     assert "no proof has covered" in sweep_depth("cut-down", "NewForCausalLM",
                                                  eager=lambda: False)[1]
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
     assert "no proof" not in sweep_depth("cut-down", "NewForCausalLM", eager=lambda: False)[1]
+    assert "eager only" not in sweep_depth("auto", "NewForCausalLM", eager=lambda: False)[1]
     # the compiled proofs ran on the V2 runner at TP=1
     for kw in ({"runner": "v1"}, {"tensor_parallel_size": 2}):
         assert "no proof has covered" in sweep_depth("cut-down", "NewForCausalLM",
                                                      eager=lambda: False, **kw)[1]
+        assert "eager only" in sweep_depth("auto", "NewForCausalLM", eager=lambda: False, **kw)[1]
 
 
 def test_sweep_depth_walks_the_model_only_when_the_answer_could_be_cut_down():

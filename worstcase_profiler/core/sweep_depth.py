@@ -10,11 +10,11 @@ against the full one on one engine (core/sweep.prove_cut_down runs both).
   judge_self_check    whether a cut-down sweep's own sampled confirmations bear out its
                       assumption on this model (sweep_depth=auto), else it falls back to full
 
-auto on CUDA: the self-check decides for an eager forward of any family (docs/sweep.md
-"Self-checked cut-down sweep"); a compiled forward is self-checked only for the families a
-committed proof covers compiled. The tables stay the record of the families where a proof
-found the cut-down sweep matching the full one, and still tell `sweep_depth=cut-down` on a
-compiled forward whether a proof covered it.
+auto on CUDA: the self-check decides for any family, eager or compiled (docs/sweep.md
+"Self-checked cut-down sweep"): the evidence is the user's own model, not a list. The tables
+stay the record of the families where a proof found the cut-down sweep matching the full one,
+name the proof in the sweep mode, and still tell `sweep_depth=cut-down` (which checks nothing)
+on a compiled forward whether a proof covered it.
 """
 
 from __future__ import annotations
@@ -67,12 +67,12 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     """("full" | "cut-down" | "prove" | "self-check", why). self-check: the self-checked cut-down
     sweep on every family (core/sweep.run_self_checked: it falls back to the full sweep itself
     when this model's samples contradict the cut-down assumption), on the devices whose meter
-    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES)
-    for an eager forward of any family and a compiled one of a family proven compiled
-    (CUT_DOWN_PROVEN_COMPILED, V2 runner, TP=1), full otherwise; cut-down and prove are taken
-    as asked (prove runs both, the full one admitted; cut-down on a compiled forward of a
-    family no proof covered compiled says it is unproven). `eager` is asked only where the answer depends on it (it walks
-    the model)."""
+    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES),
+    eager or compiled (a compiled forward's cut steps run eagerly, and its confirmations and
+    samples compiled, so the difference they measure carries both), full elsewhere; cut-down
+    and prove are taken as asked (prove runs both, the full one admitted; cut-down, which
+    checks nothing, on a compiled forward of a family no proof covered compiled says it is
+    unproven). `eager` is asked only for that message (it walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
     if setting == "auto" and device_kind not in AUTO_SELF_CHECK_DEVICES:
@@ -90,15 +90,10 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     compiled_proof = CUT_DOWN_PROVEN_COMPILED.get(model_class)
     if compiled_proof and (runner != "v2" or tensor_parallel_size != 1):
         compiled_proof = None  # proven on the V2 runner at TP=1 only
-    if setting == "auto" and not compiled_proof and not eager():
-        # A compiled forward's cut steps run eagerly beside compiled confirmations: a committed
-        # proof shows that for the families in CUT_DOWN_PROVEN_COMPILED only, and the
-        # self-check is not shown on another compiled family.
-        return "full", (f"full: the model runs compiled, and no proof covered a compiled "
-                        f"{model_class} (its cut steps would run eagerly; "
-                        "sweep_depth=self-check asks for it, prove compares both)")
     if setting in ("auto", "self-check"):
         proven = CUT_DOWN_PROVEN.get(model_class)
+        if proven and not compiled_proof and not eager():
+            proven += ", eager only"
         return "self-check", ("cut-down, self-checked: the worst shapes and a sample of every "
                               "shape class confirmed on the full model, the full sweep if they "
                               "disagree" + (f" (lab-proven for {model_class}: {proven})"
