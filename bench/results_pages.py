@@ -417,7 +417,8 @@ def _median_rows(model: str, res: dict) -> list[list]:
     for mode, m in res["medians"].items():
         phases = dict(m["phases"])
         spent = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"] if not k.startswith("vllm_") and v >= 0.005) or "-"
-        boots = "/".join(f"{r['boot_s']:.2f}" if "boot_s" in r else "failed"
+        boots = "/".join(f"{r['boot_s']:.2f}" if "boot_s" in r else
+                         "not run" if "not_run" in r else "failed"
                          for r in res["runs"] if r["mode"] == mode)
         own = (f"{phases['vllm_profile']:.2f} / {phases.get('vllm_warm_up', 0.0):.2f}"
                if "vllm_profile" in phases else "not timed")
