@@ -51,8 +51,10 @@ MODELS = ROOT / "tests" / "gpu" / "models"
 FAMILIES: dict[str, tuple[Path, dict]] = {
     # issue 34's five: the 8B layout, a family the suite never ran (the 64-layer Qwen2 of the
     # issue's 2.26x), a GDN hybrid, a sliding-window model with a 262k vocabulary, an MoE; each
-    # of 32+ layers. Engine options beyond the shared ones: the GDN prefill on Triton, as the
-    # suite's qwen35 cases run it.
+    # of 32+ layers. Geometry from the public configs (Qwen2.5-32B base; Gemma 3 12B's text
+    # model; Qwen3-30B-A3B with the YaRN factor 4 its model card gives for 131,072 tokens);
+    # the hybrid is the suite's 8-layer Qwen3.5 layout at 32 layers. Engine options beyond the
+    # shared ones: the GDN prefill on Triton, as the suite's qwen35 cases run it.
     "llama8b": (MODELS / "llama-3.1-8b-layout", {}),
     "qwen2-32b": (MODELS / "qwen2.5-32b-layout", {}),
     "qwen35-32l": (MODELS / "qwen35-32l-layout", {"additional_config": {"gdn_prefill_backend": "triton"}}),
@@ -107,14 +109,17 @@ def child(a) -> int:
     t1 = time.perf_counter()
     llm = LLM(**kwargs)
     boot_s = time.perf_counter() - t1
+    cache_config = llm.llm_engine.vllm_config.cache_config
     out = {"mode": a.mode, "import_s": import_s, "boot_s": boot_s,
-           "kv_blocks": int(llm.llm_engine.vllm_config.cache_config.num_gpu_blocks or 0)}
+           "kv_blocks": int(cache_config.num_gpu_blocks or 0),
+           "kv_tokens": int(cache_config.num_gpu_blocks or 0) * int(cache_config.block_size or 0)}
     if report.exists():
         written = json.loads(report.read_text())
         wc, phases = written["worstcase"], written.get("startup_seconds") or {}
         out.update(cache=(wc.get("cache") or {}).get("status"), sweep_s=wc["seconds"],
                    sweep_mode=wc.get("sweep_mode"),
                    kv_cache_bytes=written.get("admission", {}).get("kv_cache_bytes"),
+                   kv_tokens_stock=written.get("admission", {}).get("kv_tokens_stock"),
                    replay_s=(wc.get("cache") or {}).get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                    profiler_s=round(sum(profiler_phases(phases).values()), 3))
@@ -199,36 +204,58 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
                 results: dict, save) -> None:
     """--modes, --repeat rounds over, interleaved, in fresh processes (start_order), each round on
     a sweep cache of its own; each start's ratio to the stock median, and the medians per mode.
-    A start the --deadline leaves no time for is recorded as not run."""
+    A start the --deadline leaves no time for, or a cached start whose round's first start did
+    not store a sweep, is recorded as not run (with why)."""
     caches: dict[int, str] = {}
     entry = results["models"][name] = {"model": model, "engine": engine, "runs": [],
                                        "medians": {}}
     if a.prime:
-        primed = run_mode(a, model, "stock", tempfile.mkdtemp(prefix="wcprof-startup-"),
-                          passthrough, engine)
+        why = _no_time(a, results)
+        primed = {"error": why} if why else run_mode(
+            a, model, "stock", tempfile.mkdtemp(prefix="wcprof-startup-"), passthrough, engine)
         results.setdefault("primed", {})[name] = primed.get("boot_s", primed.get("error"))
     for rnd, mode in start_order(a.order, a.repeat):
-        cache_dir = caches.setdefault(rnd, tempfile.mkdtemp(prefix="wcprof-startup-"))
-        left = None if a.deadline is None else a.deadline - time.time()
-        if left is not None and left < expected_start_s(results, a.timeout_s):
-            entry["runs"].append({"mode": mode, "round": rnd, "not_run":
-                                  f"{left:.0f} s before the deadline, a start takes "
-                                  f"~{expected_start_s(results, a.timeout_s):.0f} s"})
+        why = _no_time(a, results)
+        if not why and mode == "worstcase-warm" and "worstcase-cold" in a.order and \
+                not any(r.get("cache") == "stored" for r in entry["runs"]
+                        if r.get("round") == rnd and r["mode"] == "worstcase-cold"):
+            why = "this round's first start stored no sweep to restart from"
+        if why:
+            entry["runs"].append({"mode": mode, "round": rnd, "not_run": why})
             continue
+        if rnd not in caches:
+            caches[rnd] = tempfile.mkdtemp(prefix="wcprof-startup-")
         try:
-            run = run_mode(a, model, mode, cache_dir, passthrough, engine)
+            run = run_mode(a, model, mode, caches[rnd], passthrough, engine)
         except RuntimeError as e:  # wcprof cache import failed: this start cannot be made
             run = {"mode": mode, "error": str(e)}
         entry["runs"].append({**run, "round": rnd})
         _ratios(entry)
         save()
     if a.export_to:
-        results.setdefault("exported", {})[name] = wcprof_cache("export", a.export_to, caches[0])
+        stored = [r["round"] for r in entry["runs"]
+                  if r["mode"] == "worstcase-cold" and r.get("cache") == "stored"]
+        try:
+            exported = wcprof_cache("export", a.export_to, caches[stored[0]]) if stored else \
+                "nothing exported: no first start stored a sweep"
+        except RuntimeError as e:
+            exported = f"export failed: {e}"
+        results.setdefault("exported", {})[name] = exported
+
+
+def _no_time(a, results: dict) -> str:
+    """Why the next start is not made before --deadline ("" when it is)."""
+    if a.deadline is None:
+        return ""
+    left, need = a.deadline - time.time(), expected_start_s(results, a.timeout_s)
+    return "" if left >= need else \
+        f"{left:.0f} s before the deadline, a start takes ~{need:.0f} s"
 
 
 def expected_start_s(results: dict, timeout_s: float) -> float:
-    """What the next start is expected to take: the longest one so far (wall clock, any model),
-    else the per-start timeout."""
+    """What the next start is expected to take: the longest one so far (wall clock, process
+    start and imports included: what a start costs the call, any model), else the per-start
+    timeout."""
     walls = [r["wall_s"] for m in results["models"].values() for r in m["runs"] if "wall_s" in r]
     return max(walls) if walls else timeout_s
 
@@ -241,12 +268,22 @@ def _ratios(entry: dict) -> None:
         if stock and r.get("boot_s"):
             r["boot_ratio_to_stock"] = r["boot_s"] / stock
     entry["medians"] = _medians(runs, stock)
+    # the report's stock KV is vLLM's own profile's figure: equal to what a stock start got?
+    got = sorted({r["kv_tokens"] for r in runs if r["mode"] == "stock" and "kv_tokens" in r})
+    said = sorted({r["kv_tokens_stock"] for r in runs if r.get("kv_tokens_stock") is not None})
+    if got and said:
+        entry["stock_kv_tokens"] = {"stock_starts": got, "reports": said,
+                                    "agree": got == said}
 
 
 def print_table(results: dict) -> None:
     print(f"{'model':<22} {'mode':<16} {'n':>2} {'boot s':>7} {'ratio':>6} {'+s':>6} {'profiler s':>10} "
           f"{'cache':>7}  where the profiler's time went (median)")
     for name, res in results["models"].items():
+        if "stock_kv_tokens" in res:
+            k = res["stock_kv_tokens"]
+            print(f"{name:<22} stock KV tokens: stock starts {k['stock_starts']}, the reports' "
+                  f"stock figure {k['reports']}: {'equal' if k['agree'] else 'NOT EQUAL'}")
         for r in res["runs"]:
             if "error" in r:
                 print(f"{name:<22} {r['mode']:<16} ERROR {r['error']}")

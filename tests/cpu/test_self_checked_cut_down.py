@@ -46,11 +46,11 @@ def test_the_self_check_catches_a_deep_layer_that_sets_the_decode_peak(tmp_path)
 
 
 def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validated(tmp_path):
-    """auto self-checks a compiled forward of any family on CUDA (issue 34: the evidence is the
-    model's own samples, not a list). Here the same path on a real engine, compiled (no
-    --enforce-eager), 32 layers: the cut steps run eagerly on 1 of 32 layers, the confirmations
-    and every class sample compiled on the full model, and the admitted figure holds the worst
-    step built from real requests."""
+    """sweep_depth=self-check on a compiled forward (no --enforce-eager), 32 layers, on a real
+    engine: the cut steps run eagerly on 1 of 32 layers beside the confirmations on the full
+    compiled model, and the admitted figure holds the worst step built from real requests. The
+    mechanism, not the argument: auto keeps the full sweep for a compiled family no proof
+    covered (docs/sweep.md, "What `auto` does")."""
     from conftest import TINY, within_prediction
 
     run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
@@ -64,15 +64,13 @@ def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validate
     proof = wc["cut_down_proof"]
     assert proof["method"] == "self-check", proof
     assert proof["depth"] == "1 of 32 layers, run eagerly", proof
-    assert proof["sampled"], proof  # a class sample ran compiled on the full model
-    # whichever way the verdict went, nothing is admitted below a full-model reading
-    if proof["fell_back"]:
-        assert wc["peak_activation_bytes"] == proof["full_admitted_bytes"], proof
-    else:
-        assert wc["peak_activation_bytes"] == proof["cut_admitted_bytes"], proof
-        assert wc["peak_activation_bytes"] >= proof["confirmed_peak_bytes"], proof
+    # the stock step and the worst shapes were read on the full (compiled) model: every class
+    # the cut-down sweep ran has a full-model difference, a confirmation's or a sample's
+    ran = {s["shape"]["kind"] for s in wc["steps"]} - {"stock"}
+    assert {"stock", *ran} <= set(proof["deltas"]), (ran, proof)
+    assert "1 of 32 layers, run eagerly" in wc["sweep_mode"], wc["sweep_mode"]
     v = run.report["validation"]
     assert within_prediction(v), v
-    print(f"compiled 32 layers: {proof['verdict']}, deltas {proof['deltas']}, admitted "
-          f"{wc['peak_activation_bytes']} B; validation {v['measured_peak_bytes']} of "
-          f"{v['predicted_peak_bytes']} B at {v['shape']}")
+    print(f"compiled 32 layers: {proof['verdict']}, deltas {proof['deltas']}, sampled "
+          f"{proof['sampled']}, admitted {wc['peak_activation_bytes']} B; validation "
+          f"{v['measured_peak_bytes']} of {v['predicted_peak_bytes']} B at {v['shape']}")

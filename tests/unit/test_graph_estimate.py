@@ -187,8 +187,89 @@ def test_the_exact_pass_is_the_profilers_own_phase_and_leaves_the_heap_frozen(ru
         gc.unfreeze()
 
 
-def test_the_start_never_wraps_vllms_own_profile_in_the_all_graphs_capture():
+def test_the_start_wraps_vllms_profile_only_in_the_capture_that_hands_back_stocks_figure():
     import inspect
 
     source = inspect.getsource(startup.measure_start)
-    assert "exact_graphs" not in source and "observed_profile" in source
+    assert "exact_graphs" not in source and "one_capture_profile" in source
+
+
+def test_one_capture_of_every_graph_gives_the_exact_memory_and_vllm_keeps_stocks_figure(
+        runner, caplog):
+    """Issue 34: graphs captured once per start beside the real capture. vLLM's estimator
+    captures every FULL graph (the exact measurement, as measure_graphs_apart reads it) and is
+    handed back its own two-sample figure: the stock KV figure is stock's to the byte."""
+    from vllm.v1.worker.gpu import cudagraph_utils as cgu
+
+    worker = SimpleNamespace(model_runner=runner)
+    stock = runner.profile_cudagraph_memory()
+    apart = warmup.measure_graphs_apart(worker, enabled=True).bytes
+    with caplog.at_level("INFO", logger="vllm.wcprof"), \
+            warmup.one_capture_profile(worker, enabled=True, exact=True) as measure:
+        worker.cudagraph_memory_estimate = runner.profile_cudagraph_memory()  # vLLM's worker
+    assert worker.cudagraph_memory_estimate == stock  # vLLM kept stock's figure
+    assert measure.bytes == apart == runner.pieces + runner.n_full * runner.g
+    assert len(measure.profile.full_samples) == runner.n_full  # every FULL graph, once
+    assert cgu._FULL_GRAPH_PROFILING_SAMPLES == 2 and "capture_model" not in vars(runner)
+    assert "every CUDA graph captured once, in vLLM's own profile" in caplog.text
+    assert "may not be stock's" not in caplog.text
+    # a vLLM that kept another figure (its formula moved) is named, not trusted silently
+    caplog.clear()
+    with caplog.at_level("INFO", logger="vllm.wcprof"), \
+            warmup.one_capture_profile(worker, enabled=True, exact=True):
+        runner.profile_cudagraph_memory()
+        worker.cudagraph_memory_estimate = stock + MiB
+    assert "the report's stock KV figure may not be stock's" in caplog.text
+
+
+@pytest.mark.parametrize("n_full", [1, 2, 3])
+def test_few_full_graphs_the_capture_is_stocks_own(monkeypatch, n_full):
+    _v2_estimator_module()
+    heap = Heap()
+    monkeypatch.setattr(warmup, "_free_bytes", lambda: heap.free)
+    runner = V2Runner(heap, n_full=n_full)
+    worker = SimpleNamespace(model_runner=runner)
+    stock = runner.profile_cudagraph_memory()
+    with warmup.one_capture_profile(worker, enabled=True, exact=True) as measure:
+        assert runner.profile_cudagraph_memory() == stock
+    assert measure.bytes == runner.pieces + n_full * runner.g
+
+
+def test_where_something_captures_after_the_full_graphs_they_are_measured_apart(runner, caplog):
+    """A drafter (or LoRA, or inner graphs) captures after the FULL graphs, into what the extra
+    FULL graphs left: stock's end cannot be read, so vLLM's profile is only watched, and a
+    cached start (not exact) never captures more than stock."""
+    worker = SimpleNamespace(model_runner=runner)
+    stock = runner.profile_cudagraph_memory()
+    runner.speculator = object()
+    with caplog.at_level("INFO", logger="vllm.wcprof"), \
+            warmup.one_capture_profile(worker, enabled=True, exact=True) as seen:
+        assert runner.profile_cudagraph_memory() == stock
+    assert seen.bytes is None and len(seen.profile.full_samples) == 2
+    assert "measured apart from vLLM's profile (a drafter captures" in caplog.text
+    runner.speculator = None
+    with warmup.one_capture_profile(worker, enabled=True, exact=False) as seen:
+        assert runner.profile_cudagraph_memory() == stock
+    assert seen.bytes is None and len(seen.profile.full_samples) == 2
+    with warmup.one_capture_profile(worker, enabled=False, exact=True) as seen:
+        assert runner.profile_cudagraph_memory() == stock
+    assert seen.bytes is None and seen.profile is None
+
+
+def test_stock_from_one_capture_is_the_identity_when_the_capture_was_stocks():
+    from worstcase_profiler.core.graph_estimate import stock_from_one_capture
+
+    cgu = _v2_estimator_module()
+    ex = cgu._extrapolate_full_graph_memory
+    s = (300 * MiB, 6 * MiB)
+    prof, figure, back = stock_from_one_capture(700 * MiB, 5 * GiB, None, s, 2, 2, ex)
+    assert back == 700 * MiB and figure == v2_estimate(GraphProfile(700 * MiB, s, 2))
+    assert prof == GraphProfile(700 * MiB, s, 2)
+    # more samples: stock's measured ends where its last sample did; vLLM's formula over every
+    # sample, given `back`, returns stock's figure
+    s = (300 * MiB, 6 * MiB, -130 * MiB, 2 * MiB)
+    prof, figure, back = stock_from_one_capture(900 * MiB, 5 * GiB, 5 * GiB + 200 * MiB, s, 51,
+                                                2, ex)
+    assert prof.measured_bytes == 700 * MiB and prof.full_samples == s[:2]
+    assert figure == v2_estimate(prof)
+    assert max(back - sum(s) + ex(list(s), 51), 0) == figure

@@ -48,9 +48,81 @@ def test_the_five_families_are_the_issues_layouts_at_32_layers_or_more():
     assert any(c.get("num_experts", 0) > 1 for c in cfgs.values())        # MoE
     archs = {c["architectures"][0] for c in cfgs.values()}
     assert "LlamaForCausalLM" in archs, archs
-    # a family whose architecture no GPU suite case runs (the suite names its models' folders)
-    suite = (ROOT / "bench" / "gpu_suite.py").read_text()
-    suite_archs = {json.loads(p.read_text())["architectures"][0]
-                   for p in (ROOT / "tests" / "gpu" / "models").glob("*/config.json")
-                   if p.parent.name in suite}
-    assert archs - suite_archs, (archs, suite_archs)
+    # a family whose architecture no GPU suite case runs
+    import gpu_suite
+
+    suite_archs = {json.loads((Path(case[0]) / "config.json").read_text())["architectures"][0]
+                   for case in gpu_suite.CASES.values()
+                   if (Path(case[0]) / "config.json").exists()}
+    assert "LlamaForCausalLM" in suite_archs and archs - suite_archs, (archs, suite_archs)
+
+
+class _Args:
+    def __init__(self, **kw):
+        self.order = ["stock", "worstcase-cold", "worstcase-warm"]
+        self.repeat, self.prime, self.deadline, self.timeout_s = 2, False, None, 100.0
+        self.export_to = None
+        self.__dict__.update(kw)
+
+
+def _bench(monkeypatch, args, outcome):
+    """bench_model over a fake run_mode: `outcome(mode, round)` gives each start's record."""
+    made = []
+
+    def run_mode(a, model, mode, cache_dir, passthrough, engine=None):
+        made.append((mode, cache_dir))
+        return {"mode": mode, "wall_s": 10.0, **outcome(mode, len([m for m, _ in made
+                                                                  if m == mode]) - 1)}
+
+    monkeypatch.setattr(startup_bench, "run_mode", run_mode)
+    results = {"models": {}}
+    startup_bench.bench_model(args, "m", "/m", {}, [], results, lambda: None)
+    return made, results["models"]["m"]
+
+
+def test_each_round_restarts_from_its_own_first_start(monkeypatch):
+    """Round r's cold start sweeps into a cache of its own and round r's warm start reuses that
+    one; a round whose first start stored nothing has no restart (not run, with why)."""
+    def outcome(mode, i):
+        if mode == "worstcase-cold":
+            return {"boot_s": 12.0, "cache": "stored"} if i == 0 else {"error": "rc=1"}
+        return {"boot_s": 10.0, "cache": "hit" if mode == "worstcase-warm" else None}
+
+    made, entry = _bench(monkeypatch, _Args(), outcome)
+    caches = {}
+    for mode, cache in made:
+        caches.setdefault(mode, []).append(cache)
+    assert caches["worstcase-cold"][0] == caches["worstcase-warm"][0]
+    assert caches["worstcase-cold"][0] != caches["worstcase-cold"][1]
+    assert len(caches["worstcase-warm"]) == 1  # round 1's cold start failed: no restart
+    skipped = [r for r in entry["runs"] if "not_run" in r]
+    assert [(r["mode"], r["round"]) for r in skipped] == [("worstcase-warm", 1)]
+    assert "stored no sweep" in skipped[0]["not_run"]
+
+
+def test_a_start_the_deadline_leaves_no_room_for_is_not_made(monkeypatch):
+    import time
+
+    made, entry = _bench(monkeypatch, _Args(deadline=time.time() + 50, prime=True),
+                         lambda mode, i: {"boot_s": 1.0})
+    assert made == []  # nothing ran: not even the prime (a start takes ~100 s, 50 s left)
+    assert all("before the deadline" in r["not_run"] for r in entry["runs"])
+    assert len(entry["runs"]) == 6
+
+
+def test_the_reports_stock_figure_is_compared_with_the_stock_starts():
+    """Issue 34: vLLM's profile now captures every graph on a first start and is handed back its
+    own figure; the bench says whether the reports' stock KV equals what stock starts got."""
+    entry = {"runs": [{"mode": "stock", "boot_s": 10.0, "kv_tokens": 4096},
+                      {"mode": "worstcase-cold", "boot_s": 12.0, "kv_tokens_stock": 4096,
+                       "cache": "stored", "kv_tokens": 2048},
+                      {"mode": "worstcase-warm", "boot_s": 10.5, "kv_tokens_stock": 4096,
+                       "cache": "hit"},
+                      {"mode": "stock", "not_run": "deadline"}]}
+    startup_bench._ratios(entry)
+    assert entry["stock_kv_tokens"] == {"stock_starts": [4096], "reports": [4096], "agree": True}
+    assert entry["runs"][1]["boot_ratio_to_stock"] == 1.2
+    entry["runs"][1]["kv_tokens_stock"] = 4000
+    startup_bench._ratios(entry)
+    assert entry["stock_kv_tokens"]["agree"] is False
+    assert entry["stock_kv_tokens"]["reports"] == [4000, 4096]

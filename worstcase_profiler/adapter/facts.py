@@ -77,7 +77,8 @@ def stock_rerun_why(vllm_config, runner=None) -> str | None:
       VLLM_COMPILE is not read. Otherwise only capped steps run: the kernel warm-up
       (`warmup_kernels`, its requests capped at what the pool holds) and graph captures, whose
       eager warm-ups (min(size, max_num_seqs) requests, forward only) are metered before the
-      KV decision (warmup.measure_graphs_apart) and checked against the worst case.
+      KV decision (warmup.one_capture_profile or measure_graphs_apart) and checked against the
+      worst case.
 
     The graph mode and capture sizes read here are the config's before vLLM resolves them
     against the attention backends (at KV initialisation); adapter/startup.warm_up reads them

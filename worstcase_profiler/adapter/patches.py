@@ -194,12 +194,15 @@ REGISTRY: tuple[Touch, ...] = (
           "what each slot is asked for during one step: slot sizes alone cannot say what a step "
           "needs once an earlier step grew the slot"),
     Touch("runner-capture-model", "instance-swap",
-          "model_runner.capture_model (during warm-up, during the warm-up rehearsal, and, "
-          "read-only, during vLLM's own profile on V2 0.29+)",
+          "model_runner.capture_model (during warm-up, during the warm-up rehearsal, and "
+          "during vLLM's own profile on V2 0.29+)",
           "warm-up: the device memory CUDA-graph capture keeps, so the warm-up audit can say "
           "whether graphs or other buffers were kept; rehearsal: capture skipped (graphs are "
-          "measured by the estimator run apart) or redirected to a throwaway pool; vLLM's "
-          "profile: its FULL samples read for the log line, its return passed on unchanged"),
+          "measured by the estimator) or redirected to a throwaway pool; vLLM's profile on a "
+          "first start (warmup.one_capture_profile): every FULL graph captured and measured, "
+          "and the `measured` vLLM's formula then reads is the one that makes it return its own "
+          "two-sample figure; elsewhere its FULL samples read for the log line, its return "
+          "passed on unchanged"),
     Touch("v2-warmup-null-block", "private-write",
           "model_runner.block_tables.redirect_writes_to_null_block and .append_block_ids "
           "(instance attributes over the class's, during the warm-up rehearsal only; removed "
@@ -263,7 +266,9 @@ REGISTRY: tuple[Touch, ...] = (
           "the cut-down sweep runs every shape on one layer of each kind (a step's peak is set "
           "inside one layer), so its cost does not grow with depth; the worst shapes are then "
           "confirmed on the full model (compiled, where it is)",
-          run="0.26 and 0.32 (CUDA, eager); 0.32 (CPU); the compiled bypass not run",
+          run="0.26 and 0.32 (CUDA, eager); 0.32 (CUDA, compiled: the bypass, V2 runner at "
+              "TP=1); 0.32 (CPU, eager and compiled); the compiled bypass on the V1 runner or "
+              "at TP>1 not run on a GPU",
           retire="a profiling entry point that runs a subset of layers"),
     Touch("v1-graph-estimate", "instance-swap",
           "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "
@@ -274,19 +279,26 @@ REGISTRY: tuple[Touch, ...] = (
           "before the budget; vLLM's own profile is left as stock runs it",
           retire="an exact CUDA-graph estimate in profile_cudagraph_memory"),
     Touch("v2-graph-estimate", "config-pin",
-          "v1.worker.gpu.cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES (0.29+, for a second "
-          "runner.profile_cudagraph_memory the profiler runs after vLLM's own, never during it), "
-          "cudagraph_manager._capture_mem_samples / _capture_descs (read); on 0.26-0.28 (no "
+          "v1.worker.gpu.cudagraph_utils._FULL_GRAPH_PROFILING_SAMPLES (0.29+: during vLLM's "
+          "own profile on a first start where nothing captures after the FULL graphs, else for "
+          "a second runner.profile_cudagraph_memory after it), _extrapolate_full_graph_memory "
+          "(called), cudagraph_manager._capture_mem_samples (swapped for a list that reads the "
+          "free memory after stock's last sample, then copied back) / _capture_descs (read), "
+          "runner.speculator / lora_config / model_state.capture_inner_cudagraphs (read: "
+          "whether anything captures after the FULL graphs); on 0.26-0.28 (no "
           "estimator): platform _global_graph_pool, cudagraph_manager.pool, "
           "CUDAGraphWrapper._all_instances / graph_pool / clear_all_graphs",
-          "V2's estimate samples two FULL graphs; on a first start a second run of it captures "
-          "all and the capture is measured. Inside vLLM's own profile that raised vLLM's figure "
-          "(each sample is net of the cache torch.cuda.graph empties, so measured - sum(samples) "
-          "grows with the samples: 7.47 GiB against stock's 0.92, core/graph_estimate.py). "
+          "V2's estimate samples two FULL graphs; on a first start one run of it captures all "
+          "and the capture is measured. Inside vLLM's own profile, left alone, that raised "
+          "vLLM's figure (each sample is net of the cache torch.cuda.graph empties, so "
+          "measured - sum(samples) grows with the samples: 7.47 GiB against stock's 0.92, "
+          "core/graph_estimate.py): vLLM is handed the `measured` that gives back its own "
+          "figure (graph_estimate.stock_from_one_capture), or the run is made apart. "
           "Before 0.29 V2 estimates graphs as 0: the rehearsal captures them into a throwaway "
           "pool, measures and discards them (what 0.29's estimator does)",
-          run="0.32 and 0.33 inside vLLM's profile (before 757d5fd); the run apart from it is "
-              "read, not run; "
+          run="0.32 and 0.33 inside vLLM's profile (before 757d5fd) and apart from it "
+              "(phase graph_measure); the one capture in vLLM's profile that hands back "
+              "stock's figure is read, not run; "
               "the 0.26-0.28 path is read, not run",
           retire="an exact V2 CUDA-graph estimate"),
     # -- multimodal encoders (adapter/multimodal.py) ---------------------------------------------

@@ -218,11 +218,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
             sweep_cache.lookup(worker, session.facts, limits, settings)
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
-        # vLLM's own profile runs as stock runs it (its CUDA-graph estimate too: the stock KV
-        # figure is stock's); where the warm-up is rehearsed, every graph is captured apart
-        # from it and measured (the warm-up reserve: rehearse_warm_up).
-        with warmup.observed_profile(worker, enabled=graphs_on), \
-                mm.counting_encoder(runner) as stock_encoder:
+        # vLLM's own profile gives stock's figure (its CUDA-graph estimate too: the stock KV
+        # figure is stock's). On a first start its estimator captures every graph, once, for
+        # the warm-up reserve (rehearse_warm_up) where it can, else they are captured apart.
+        with warmup.one_capture_profile(worker, enabled=graphs_on, exact=entry is None) \
+                as profiled, mm.counting_encoder(runner) as stock_encoder:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
@@ -265,7 +265,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
         measured_cap = chunk_cap.measure(driver, limits, sweep, settings, clock)
         capture_warmup = None
         if entry is None and cuda:
-            estimate, graphs = rehearse_warm_up(worker, driver, held, clock, graphs_on)
+            estimate, graphs = rehearse_warm_up(worker, driver, held, clock, graphs_on,
+                                                profiled)
             if graphs.capture_warmup_bytes is not None:
                 capture_warmup = (graphs.capture_warmup_bytes, graphs.capture_warmup_shape)
         else:
@@ -373,17 +374,19 @@ def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt
     return limits
 
 
-def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs_on: bool
+def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs_on: bool,
+                     profiled: warmup.GraphMeasure | None = None
                      ) -> tuple[WarmupEstimate, warmup.GraphMeasure]:
     """A CUDA start's warm-up reserve where no cached entry gives it (a first start, or one
-    whose entry was dropped: capacity, stale replay, dominance): CUDA graphs as measured apart
-    from vLLM's profile (measure_graphs; or, on V2 runners without an estimator, by the
-    rehearsal), so vLLM's sampled figure, or 0 B where the KV size is given, is never the
-    reserve; plus what vLLM's warm-up, rehearsed on a provisional KV cache, kept that goes
+    whose entry was dropped: capacity, stale replay, dominance): CUDA graphs as measured in
+    vLLM's profile's one capture of every graph (`profiled`, warmup.one_capture_profile), else
+    apart from it (measure_graphs; or, on V2 runners without an estimator, by the rehearsal),
+    so vLLM's sampled figure, or 0 B where the KV size is given, is never the reserve; plus what vLLM's warm-up, rehearsed on a provisional KV cache, kept that goes
     away with that cache (it returns after the real one). What it kept beyond the provisional
     cache stays, and is in the held memory. Ranks agree on calling it (the captures run
     collectives): they agreed on the entry."""
-    graphs = measure_graphs(worker, graphs_on, clock)
+    graphs = profiled if profiled is not None and profiled.bytes is not None else \
+        measure_graphs(worker, graphs_on, clock)
     # vllm-touch: worker-warm-up
     original = type(worker).compile_or_warm_up_model
     original = getattr(original, "_wcprof_original", original)

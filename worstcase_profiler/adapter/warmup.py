@@ -6,10 +6,16 @@ warm-ups, per-step state). Admission has to subtract both up front, or the first
 configuration fails the warm-up audit. On a first start (no cached sweep) this module measures
 both; a cached start reuses what the earlier start measured.
 
+  one_capture_profile(worker) around vLLM's own profile. On a first start, where nothing
+                         captures after the FULL graphs (V2 0.32/0.33): its estimator captures
+                         every FULL graph, once, measured exactly, and vLLM is handed back the
+                         figure its two-sample estimate would have given (the report's stock KV
+                         is stock's). Elsewhere observed_profile.
   observed_profile(worker) around vLLM's own profile, read-only: what vLLM's V2 estimator
                          captured (its samples, for the log line). vLLM's profile itself runs
                          as stock runs it, so its figure (the report's stock KV) is stock's.
-  measure_graphs_apart(worker) after vLLM's profile, on a first start: the runner's estimator
+  measure_graphs_apart(worker) after vLLM's profile, on a first start the one capture did not
+                         measure (V1, a drafter, LoRA, inner graphs): the runner's estimator
                          once more, under exact_graphs: it captures every graph instead of
                          sampling two and extrapolating (V1: all descriptors; V2 0.29+: all
                          FULL descriptors), and the free memory the captures took is summed:
@@ -266,6 +272,124 @@ def observed_profile(worker, enabled: bool):
     if seen.profile is not None:
         log.info("[wcprof] vLLM's own CUDA-graph estimate %s, its profile as stock runs it (%s)",
                  fmt_bytes(estimate), describe(seen.profile, _int_or_none(estimate)))
+
+
+class _StockSamples(list):
+    """The FULL capture samples of one capture of every FULL graph; the device's free memory is
+    read right after the `k`-th (the last graph stock's estimator would capture)."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k, self.free_after_k = k, None
+
+    def append(self, x) -> None:
+        super().append(x)
+        if len(self) == self.k:
+            self.free_after_k = _free_bytes()  # vLLM synchronized just before its sample
+
+
+def one_capture_why_not(runner) -> str | None:
+    """Why vLLM's own profile cannot also be the exact graph measurement on this runner (None:
+    it can). It needs vLLM 0.32/0.33's V2 estimator (FULL samples, the extrapolation) and nothing
+    captured after the FULL graphs: no speculator, no model state capturing inner graphs, no
+    LoRA (whose dummy adapters are freed before vLLM reads the end of the capture)."""
+    try:
+        # vllm-touch: v2-graph-estimate
+        from vllm.v1.worker.gpu import cudagraph_utils as cgu
+    except ImportError:
+        return "no V2 runner in this vLLM"
+    if hasattr(runner, "cudagraph_dispatcher"):
+        return "the V1 runner"
+    for name in ("_FULL_GRAPH_PROFILING_SAMPLES", "_extrapolate_full_graph_memory",
+                 "profile_cudagraph_memory"):
+        if not hasattr(cgu, name):
+            return f"this vLLM's estimator has no {name}"
+    if not hasattr(runner, "cudagraph_manager") or getattr(runner, "capture_model", None) is None:
+        return "the runner has no graph manager"
+    if getattr(runner, "speculator", None) is not None:
+        return "a drafter captures its graphs after the FULL ones"
+    if getattr(runner, "lora_config", None) is not None:
+        return "LoRA"
+    state = getattr(runner, "model_state", None)
+    inner = getattr(type(state), "capture_inner_cudagraphs", None)
+    if inner is not None and getattr(inner, "__qualname__", "").split(".")[0] != "ModelState":
+        return f"{type(state).__name__} captures inner graphs after the FULL ones"
+    return None
+
+
+@contextlib.contextmanager
+def one_capture_profile(worker, enabled: bool, exact: bool):
+    """Around vLLM's own profile. With `exact` (a first start: the exact graph memory is wanted)
+    and where one_capture_why_not allows, vLLM's estimator captures every FULL graph instead of
+    two, so its one capture is also the exact measurement, and measure_graphs_apart's second
+    capture is not made (issue 34: graphs captured once per start beside the real capture); the
+    capture warm-ups are metered as there. vLLM is handed back the figure its own estimator
+    would have given (core/graph_estimate.stock_from_one_capture), so the stock KV figure is
+    stock's; the figure vLLM then kept is checked against it and a difference is logged.
+    Elsewhere observed_profile's read-only watch. Yields a GraphMeasure: `bytes` the exact graph
+    memory (measured as measure_graphs_apart measures it), None where the capture was not made
+    here (the caller measures apart)."""
+    runner = getattr(worker, "model_runner", None)
+    why = one_capture_why_not(runner) if enabled and exact and runner is not None else "off"
+    if why is not None:
+        if enabled and exact and why != "off":
+            log.info("[wcprof] CUDA graphs are measured apart from vLLM's profile (%s)", why)
+        with observed_profile(worker, enabled) as seen:
+            yield seen
+        return
+    # vllm-touch: v2-graph-estimate
+    from vllm.v1.worker.gpu import cudagraph_utils as cgu
+
+    from ..core.graph_estimate import stock_from_one_capture
+
+    measure = GraphMeasure()
+    k = int(cgu._FULL_GRAPH_PROFILING_SAMPLES)
+    original = runner.capture_model
+    handed: dict[str, object] = {}
+
+    def capture_model(*a, **kw):
+        # vllm-touch: v2-graph-estimate
+        if not kw.get("profile_only"):
+            return original(*a, **kw)
+        manager = runner.cudagraph_manager
+        vllms, ours = manager._capture_mem_samples, _StockSamples(k)
+        manager._capture_mem_samples = ours
+        before = _free_bytes()
+        try:
+            out = int(original(*a, **kw))
+        finally:
+            manager._capture_mem_samples = vllms
+            if vllms is not None:
+                vllms.extend(ours)  # vLLM's formula reads its own list
+        end = _free_bytes()
+        measure.add(before - end)
+        profile = _sampled(runner, out)
+        if profile is None:
+            return out
+        measure.sampled(profile)
+        stock, figure, back = stock_from_one_capture(
+            out, end, ours.free_after_k, profile.full_samples, profile.full_graphs, k,
+            cgu._extrapolate_full_graph_memory)
+        handed.update(stock=stock, figure=figure)
+        return back
+
+    with replaced(cgu, "_FULL_GRAPH_PROFILING_SAMPLES", 1 << 30), \
+            replaced(runner, "capture_model", capture_model), capture_warm_ups_metered(measure):
+        yield measure
+    kept = _int_or_none(getattr(worker, "cudagraph_memory_estimate", None))
+    if "figure" not in handed:
+        measure.bytes = None  # nothing sampled: the caller measures apart
+        return
+    figure = handed["figure"]
+    log.info("[wcprof] every CUDA graph captured once, in vLLM's own profile: %s (%s); vLLM "
+             "kept its own estimate, %s (%s)", fmt_bytes(measure.bytes), describe(measure.profile),
+             fmt_bytes(figure), describe(handed["stock"]))
+    if kept is not None and kept != figure:
+        log.warning("[wcprof] vLLM kept a CUDA-graph estimate of %s where its own two-sample "
+                    "formula gives %s: the report's stock KV figure may not be stock's "
+                    "(this vLLM's estimator is not the one read from 0.32/0.33; "
+                    "docs/vllm-hooks.md)",
+                    fmt_bytes(kept), fmt_bytes(figure))
 
 
 def _int_or_none(v) -> int | None:

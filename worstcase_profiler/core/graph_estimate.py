@@ -62,3 +62,30 @@ def describe(p: GraphProfile, vllm_bytes: int | None = None) -> str:
         text += (f", vLLM returned {fmt_bytes(vllm_bytes)}: its formula is not the one read "
                  f"from 0.32/0.33")
     return text
+
+
+def stock_from_one_capture(measured: int, end_free: int, free_after_stock: int | None,
+                           samples: tuple[int, ...], full_graphs: int, stock_samples: int,
+                           extrapolate) -> tuple[GraphProfile, int, int]:
+    """vLLM's own figure, as its estimator would have given it capturing `stock_samples` FULL
+    graphs, from one capture of every FULL graph (adapter/warmup.one_capture_profile).
+
+    The capture runs PIECEWISE graphs, then FULL graphs largest first; up to the stock_samples-th
+    FULL graph it is stock's capture, step for step. `free_after_stock`: the device's free memory
+    read just after that graph (None: there were no more FULL graphs, the capture was stock's);
+    `end_free`: read just after the whole capture; `measured`: what the capture returned (free
+    memory at its start minus `end_free`). With nothing captured after the FULL graphs (no
+    speculator, no inner graphs: the caller checks), stock's capture would have ended at
+    `free_after_stock`, so stock's measured is `measured + end_free - free_after_stock`.
+    `extrapolate(samples, n)`: vLLM's own `_extrapolate_full_graph_memory`.
+
+    Returns (stock's profile, stock's figure, the `measured` to hand vLLM's formula
+    `max(measured - sum(samples) + extrapolate(samples, n), 0)` over all the samples so that it
+    returns stock's figure)."""
+    k = stock_samples
+    s = tuple(int(x) for x in samples)
+    stock_measured = int(measured) if free_after_stock is None else \
+        int(measured) + int(end_free) - int(free_after_stock)
+    figure = max(stock_measured - sum(s[:k]) + int(extrapolate(list(s[:k]), full_graphs)), 0)
+    handed = figure + sum(s) - int(extrapolate(list(s), full_graphs))
+    return GraphProfile(stock_measured, s[:k], full_graphs), figure, handed

@@ -10,11 +10,14 @@ against the full one on one engine (core/sweep.prove_cut_down runs both).
   judge_self_check    whether a cut-down sweep's own sampled confirmations bear out its
                       assumption on this model (sweep_depth=auto), else it falls back to full
 
-auto on CUDA: the self-check decides for any family, eager or compiled (docs/sweep.md
-"Self-checked cut-down sweep"): the evidence is the user's own model, not a list. The tables
+auto on CUDA: the self-check decides for an eager forward of any family (docs/sweep.md
+"Self-checked cut-down sweep"); a compiled forward is self-checked only for the families a
+committed proof covers compiled: there the cut steps run eagerly and the full-model steps
+compiled, and the lab's compiled proofs show compilation hiding the depth difference the
+self-check measures (docs/sweep.md says why that is not yet safe to self-check). The tables
 stay the record of the families where a proof found the cut-down sweep matching the full one,
-name the proof in the sweep mode, and still tell `sweep_depth=cut-down` (which checks nothing)
-on a compiled forward whether a proof covered it.
+name the proof in the sweep mode, and tell `sweep_depth=cut-down` on a compiled forward
+whether a proof covered it.
 """
 
 from __future__ import annotations
@@ -67,12 +70,13 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     """("full" | "cut-down" | "prove" | "self-check", why). self-check: the self-checked cut-down
     sweep on every family (core/sweep.run_self_checked: it falls back to the full sweep itself
     when this model's samples contradict the cut-down assumption), on the devices whose meter
-    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES),
-    eager or compiled (a compiled forward's cut steps run eagerly, and its confirmations and
-    samples compiled, so the difference they measure carries both), full elsewhere; cut-down
-    and prove are taken as asked (prove runs both, the full one admitted; cut-down, which
-    checks nothing, on a compiled forward of a family no proof covered compiled says it is
-    unproven). `eager` is asked only for that message (it walks the model)."""
+    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES)
+    for an eager forward of any family and a compiled one of a family proven compiled
+    (CUT_DOWN_PROVEN_COMPILED, V2 runner, TP=1), full otherwise; cut-down and prove are taken
+    as asked (prove runs both, the full one admitted; cut-down on a compiled forward of a
+    family no proof covered compiled says it is unproven). The proof a self-check names is the
+    one for its forward (eager or compiled) and says where its scope differs. `eager` is asked
+    only where the answer depends on it (it walks the model)."""
     if setting == "full":
         return "full", "full: asked for (sweep_depth=full)"
     if setting == "auto" and device_kind not in AUTO_SELF_CHECK_DEVICES:
@@ -90,18 +94,39 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     compiled_proof = CUT_DOWN_PROVEN_COMPILED.get(model_class)
     if compiled_proof and (runner != "v2" or tensor_parallel_size != 1):
         compiled_proof = None  # proven on the V2 runner at TP=1 only
+    if setting == "auto" and not compiled_proof and not eager():
+        # A compiled forward's cut steps run eagerly beside compiled full-model steps: the
+        # difference the self-check measures then nets compilation against depth (docs/sweep.md).
+        return "full", (f"full: the model runs compiled, and no proof covered a compiled "
+                        f"{model_class} (its cut steps would run eagerly; "
+                        "sweep_depth=self-check asks for it, prove compares both)")
     if setting in ("auto", "self-check"):
-        proven = CUT_DOWN_PROVEN.get(model_class)
-        if proven and not compiled_proof and not eager():
-            proven += ", eager only"
         return "self-check", ("cut-down, self-checked: the worst shapes and a sample of every "
                               "shape class confirmed on the full model, the full sweep if they "
-                              "disagree" + (f" (lab-proven for {model_class}: {proven})"
-                                            if proven else ""))
+                              "disagree" + _proof_note(model_class, eager, runner,
+                                                       tensor_parallel_size))
     return "cut-down", "cut-down: asked for (sweep_depth=cut-down)" + (
         "" if compiled_proof or eager() else
         "; the model runs compiled, so its cut steps run eagerly, which no proof has covered "
         "for this family (sweep_depth=prove compares both)")
+
+
+def _proof_note(model_class: str, eager: Callable[[], bool], runner: str, tp: int) -> str:
+    """" (lab-proven ...: RUNS)" naming the proof for this forward, eager or compiled, with its
+    scope where this start is outside it ("" where no proof covers the family)."""
+    eager_proof, compiled_proof = (CUT_DOWN_PROVEN.get(model_class),
+                                   CUT_DOWN_PROVEN_COMPILED.get(model_class))
+    if not eager_proof and not compiled_proof:
+        return ""
+    if eager():
+        if not eager_proof:
+            return ""
+        scope = "" if tp == 1 else ", at TP=1"
+        return f" (lab-proven eager for {model_class}{scope}: {eager_proof})"
+    if not compiled_proof:
+        return f" (lab-proven for {model_class} eager only: {eager_proof})"
+    scope = "" if runner == "v2" and tp == 1 else ", on the V2 runner at TP=1"
+    return f" (lab-proven compiled for {model_class}{scope}: {compiled_proof})"
 
 
 def shape_class(shape: Shape) -> str:
