@@ -588,3 +588,22 @@ def test_a_reused_sweep_keeps_its_post_profile_figure_within_the_resolution():
     low = dataclasses.replace(cached, post_profile_bytes=7 - 4096)
     assert reused(low, check, resolution=4096 - 1).post_profile_bytes == 7  # far above: the new
     assert reused(low, check, resolution=MiB).post_profile_bytes == low.post_profile_bytes
+
+
+def test_a_context_curve_point_confirmed_on_the_full_model_shows_its_full_model_figure():
+    """The context curve (where stock runs out; the picture's context panel) counts a point as
+    the admitted figure does: a confirmed shape at its full-model reading, not its cut-down one
+    raised. On a real CPU engine, compiled, the first cut step (rows=1 at full context, the
+    first eager call) read 33 MB that its full-model confirmation did not: the curve showed 36
+    MB beside an admitted 5.4 MB."""
+    from worstcase_profiler.core.sweep import run_cut_down
+
+    first = Shape("prefill", 1, LIMITS.max_model_len - 1, 1)
+    f = lambda s: s.rows * MiB // 4  # noqa: E731
+    gap = lambda s: -40 * MiB if s == first else 0  # noqa: E731 - the cut step reads 40 MiB more
+    drv = CutDriver(LIMITS, f, gap)
+    cut, _ = run_cut_down(drv, tolerance=0, attribute_ops=False)
+    assert first in drv.full_shapes  # the cut-down sweep's heaviest step was confirmed
+    point = {r.shape: r.peak_bytes for r in cut.context_curve}
+    assert first in point and point[first] == f(first) == MiB // 4
+    assert max(point.values()) <= cut.peak_bytes

@@ -390,8 +390,10 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     peak_delta, peak = delta(), admitted()
     worst = max(counted([*confirmed, stock_high]), key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
-    # The context curve says where stock runs out: raised to full-model figures.
-    curve = tuple(dataclasses.replace(r, peak_bytes=r.peak_bytes + peak_delta)
+    # The context curve says where stock runs out: full-model figures, the confirmed reading
+    # where the point was confirmed (as the admitted figure counts it), else raised.
+    on_full = largest_peaks(confirmed[1:])
+    curve = tuple(dataclasses.replace(r, peak_bytes=on_full.get(r.shape, r.peak_bytes + peak_delta))
                   for r in cut.context_curve)
     result = dataclasses.replace(
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
