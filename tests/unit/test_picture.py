@@ -252,3 +252,21 @@ def test_the_rows_panel_marks_the_encoder_step_and_what_it_left_unprofiled(tile)
               for t in ax.get_legend().get_texts()]
     assert any(t.startswith("encoder step: 2 image") for t in labels), labels
 
+
+
+def test_with_an_explicit_kv_size_stock_is_drawn_with_this_process_consumed_not_the_rest(
+        make_report):
+    """An explicit --kv-cache-memory-bytes: stock takes it without a budget, so the rest of
+    requested is not stock's consumed memory (a CPU start drew 21.40 GiB of "process memory"
+    for stock beside the worst-case bar's 927 MiB); it is headroom."""
+    report = make_report(admission__explicit_kv_cache_memory_bytes=256 << 20,
+                         admission__kv_cache_bytes=256 << 20,
+                         admission__stock_kv_cache_bytes=256 << 20)
+    adm = report.admission
+    stock, worst = picture.card_bars(report)
+    non_kv = lambda bar: sum(s.nbytes for s in bar.segments  # noqa: E731
+                             if s.category not in ("kv", "headroom", "transient", "margin",
+                                                   "cudagraph"))
+    assert non_kv(stock) == non_kv(worst) == adm.consumed_bytes
+    assert stock.total == adm.requested_bytes
+    assert any(s.category == "headroom" for s in stock.segments)

@@ -121,7 +121,9 @@ def card_bars(report: Report) -> tuple[Bar, Bar]:
 
     stock: vLLM's own KV figure + its profile step (transient + the workspace it left) + CUDA
     graphs; the rest of requested is what stock counted as consumed, drawn with the same
-    weights and non-torch as the worst-case bar, the remainder as other consumed."""
+    weights and non-torch as the worst-case bar, the remainder as other consumed. With an
+    explicit --kv-cache-memory-bytes stock takes that size without a budget: its consumed is
+    this process's (the worst-case bar's), and what the size leaves of requested is headroom."""
     adm, wc, stock = report.admission, report.worstcase, report.stock
 
     notes: list[str] = []
@@ -149,8 +151,10 @@ def card_bars(report: Report) -> tuple[Bar, Bar]:
     worst = Bar("worst-case", [s for s in worst_segments if s.nbytes > 0], notes)
 
     snotes: list[str] = []
-    stock_consumed = (adm.requested_bytes - adm.stock_kv_cache_bytes
-                      - stock.peak_activation_bytes - adm.cudagraph_bytes)
+    explicit = adm.explicit_kv_cache_memory_bytes is not None
+    stock_consumed = adm.consumed_bytes if explicit else (
+        adm.requested_bytes - adm.stock_kv_cache_bytes - stock.peak_activation_bytes
+        - adm.cudagraph_bytes)
     stock_segments = _split_consumed(
         stock_consumed, weights, non_torch,
         [("workspace", "workspace (stock step)", stock.workspace_bytes)], snotes, "stock's")
@@ -159,6 +163,9 @@ def card_bars(report: Report) -> tuple[Bar, Bar]:
         Segment("cudagraph", "CUDA graphs", adm.cudagraph_bytes),
         Segment("kv", "KV cache", adm.stock_kv_cache_bytes),
     ]
+    if explicit:  # no budget: what the explicit size leaves of requested is unused
+        stock_segments.append(Segment("headroom", "headroom", max(
+            0, adm.requested_bytes - sum(seg.nbytes for seg in stock_segments))))
     return Bar("stock", [s for s in stock_segments if s.nbytes > 0], snotes), worst
 
 
