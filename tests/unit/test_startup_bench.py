@@ -126,3 +126,11 @@ def test_the_reports_stock_figure_is_compared_with_the_stock_starts():
     startup_bench._ratios(entry)
     assert entry["stock_kv_tokens"]["agree"] is False
     assert entry["stock_kv_tokens"]["reports"] == [4000, 4096]
+
+
+def test_on_the_cpu_the_stock_figure_is_recorded_not_compared():
+    entry = {"runs": [{"mode": "stock", "boot_s": 5.0, "kv_tokens": 5495424, "device": "cpu"},
+                      {"mode": "worstcase-cold", "boot_s": 7.0, "kv_tokens_stock": 5492608,
+                       "device": "cpu"}]}
+    startup_bench._ratios(entry)
+    assert entry["stock_kv_tokens"]["agree"] is None
