@@ -47,10 +47,11 @@ def test_the_self_check_catches_a_deep_layer_that_sets_the_decode_peak(tmp_path)
 
 def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validated(tmp_path):
     """sweep_depth=self-check on a compiled forward (no --enforce-eager), 32 layers, on a real
-    engine: the cut steps run eagerly on 1 of 32 layers beside the confirmations on the full
-    compiled model, and the admitted figure holds the worst step built from real requests. The
-    mechanism, not the argument: auto keeps the full sweep for a compiled family no proof
-    covered (docs/sweep.md, "What `auto` does")."""
+    engine (auto's choice on CUDA for any compiled family): the cut steps run eagerly on 1 of
+    32 layers, the confirmations on the full model both compiled and eagerly (the difference
+    split into depth and compiling: sweep_depth.depth_difference), and the admitted figure holds
+    the worst step built from real requests. The mechanism on a real engine; the argument is
+    docs/sweep.md's, the adversary tests/unit/test_sweep.py's."""
     from conftest import TINY, within_prediction
 
     run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
@@ -69,6 +70,8 @@ def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validate
     ran = {s["shape"]["kind"] for s in wc["steps"]} - {"stock"}
     assert {"stock", *ran} <= set(proof["deltas"]), (ran, proof)
     assert "1 of 32 layers, run eagerly" in wc["sweep_mode"], wc["sweep_mode"]
+    assert "read eagerly as well" in wc["sweep_mode"], wc["sweep_mode"]
+    assert all(d >= 0 for d in proof["deltas"].values()), proof  # split: each part from 0
     v = run.report["validation"]
     assert within_prediction(v), v
     print(f"compiled 32 layers: {proof['verdict']}, deltas {proof['deltas']}, sampled "

@@ -69,6 +69,30 @@ def test_a_decoder_vllm_compiles_runs_its_cut_steps_eagerly_and_is_restored():
     assert (m.model.end_layer, m.model.do_not_compile) == (4, False)
 
 
+def test_eager_full_bypasses_the_compiled_forward_at_full_depth_and_restores_it():
+    """A compiled forward's full-model steps are read eagerly too (core/sweep._cut_down): every
+    layer runs (end_layer untouched), the compiled graph bypassed, restored after, also when the
+    step fails; on an eager model it changes nothing and says so."""
+    from worstcase_profiler.adapter.runner import DriverBase
+
+    m = Model([Attn] * 4)
+    m.model.do_not_compile = False
+    drv = DriverBase()
+    drv.model = m
+    seen = []
+    with drv.eager_full() as compiled:
+        assert compiled is True
+        drv._at_depth(lambda: seen.append((m.model.end_layer, m.model.do_not_compile)))
+        with pytest.raises(RuntimeError):
+            drv._at_depth(lambda: (_ for _ in ()).throw(RuntimeError("step failed")))
+    drv._at_depth(lambda: seen.append((m.model.end_layer, m.model.do_not_compile)))
+    assert seen == [(4, True), (4, False)]
+    plain = Model([Attn] * 4)
+    drv.model = plain
+    with drv.eager_full() as compiled:
+        assert compiled is False
+
+
 def test_no_cut_where_layers_are_all_different_or_split_by_pipeline_parallelism():
     with pytest.raises(ValueError, match="alike"):
         decoder_cut(Model([Linear, Attn]))

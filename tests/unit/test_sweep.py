@@ -607,3 +607,73 @@ def test_a_context_curve_point_confirmed_on_the_full_model_shows_its_full_model_
     point = {r.shape: r.peak_bytes for r in cut.context_curve}
     assert first in point and point[first] == f(first) == MiB // 4
     assert max(point.values()) <= cut.peak_bytes
+
+
+class CompiledCutDriver(CutDriver):
+    """A compiled forward: the cut steps run eagerly (`transient - gap`), the full model
+    compiled (`transient`) or, under eager_full, eagerly (`eager(shape)`)."""
+
+    def __init__(self, limits, transient, gap, eager, stock_transient=MiB):
+        super().__init__(limits, transient, gap, stock_transient=stock_transient)
+        self.eager, self.eager_mode, self.eager_shapes = eager, False, []
+
+    @contextlib.contextmanager
+    def eager_full(self):
+        self.eager_mode = True
+        yield True
+        self.eager_mode = False
+
+    def measure_stock(self):
+        r = super().measure_stock()
+        if self.eager_mode:
+            return dataclasses.replace(r, peak_bytes=self.eager(r.shape))
+        return r
+
+    def measure(self, shape, attribute=False):
+        if self.eager_mode:
+            assert not self.cut
+            self.eager_shapes.append(shape)
+            return StepResult(shape=shape, peak_bytes=self.eager(shape), seconds=0.0)
+        return super().measure(shape, attribute)
+
+
+def test_on_a_compiled_forward_a_saving_from_compiling_cannot_hide_what_depth_adds():
+    """The lab's compiled proofs (h200-run31) read full-compiled minus cut-eager as 0 where the
+    eager proofs read +64 MiB of depth: compiling saved about what the skipped layers add. If
+    the saving grows with the step, the heaviest member's difference is 0 while a light one's
+    is not, and an admitted figure built on full-compiled minus cut-eager falls short. Read
+    eagerly on the full model too, depth (+100 MiB here) is allowed whatever compiling saves."""
+    from worstcase_profiler.core.sweep import run_self_checked
+    from worstcase_profiler.core.sweep_depth import depth_difference
+
+    prefill = lambda s: s.kind in ("prefill", "stock")  # noqa: E731
+    base = lambda s: s.rows * MiB  # noqa: E731 - the cut decoder, eager
+    eager = lambda s: base(s) + (100 * MiB if prefill(s) else 0)  # noqa: E731 - depth adds 100
+    saving = lambda s: (100 * MiB * s.rows // LIMITS.max_num_batched_tokens  # noqa: E731
+                        if prefill(s) else 0)
+    full = lambda s: eager(s) - saving(s)  # noqa: E731 - compiled: saves most on heavy steps
+    gap = lambda s: full(s) - base(s)  # noqa: E731
+    truth = max(full(s) for s in [*_every_shape(), ])
+    sweep, mode, proof = run_self_checked(
+        CompiledCutDriver(LIMITS, full, gap, eager, stock_transient=full(_stock())),
+        resolution=MiB, tolerance=0, attribute_ops=False)
+    # the prefill class is covered by its confirmed heaviest member (no sample), the others'
+    # samples gain nothing: only the split difference allows what depth adds to a light prefill
+    assert sweep.peak_bytes >= truth, (sweep.peak_bytes, truth, mode)
+    assert proof.depth_delta >= 100 * MiB and proof.proven, proof
+    # the old reading, full compiled minus cut eager, saw nothing on the heaviest step
+    heavy = Shape("prefill", LIMITS.max_num_batched_tokens, 192, 1)
+    assert full(heavy) - base(heavy) == 0 and depth_difference(full(heavy), base(heavy),
+                                                               eager(heavy)) == 100 * MiB
+
+
+def _stock():
+    from worstcase_profiler.core.shapes import stock_shape
+    return stock_shape(LIMITS)
+
+
+def _every_shape():
+    """Every shape a full sweep of LIMITS measures (a plain run on the eager-free fake)."""
+    d = FakeDriver(LIMITS, transient=lambda s: 0)
+    run_sweep(d, tolerance=0, attribute_ops=False)
+    return d.shapes

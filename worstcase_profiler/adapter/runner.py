@@ -164,6 +164,19 @@ class DriverBase:
         return self._measured(shape, body, attribute=False)
 
     _cut = None
+    _eager = ()
+
+    @contextlib.contextmanager
+    def eager_full(self):
+        """Steps run on the full decoder with its compiled forward bypassed (as a cut step runs
+        it, at full depth) for the duration. Yields whether anything was compiled: False, the
+        steps are the full model's own."""
+        compiled = compiled_modules(self.model)
+        self._eager = tuple(compiled)
+        try:
+            yield bool(compiled)
+        finally:
+            self._eager = ()
 
     @contextlib.contextmanager
     def cut_down(self):
@@ -178,19 +191,21 @@ class DriverBase:
             self._cut = None
 
     def _at_depth(self, run) -> None:
-        if self._cut is None:
+        if self._cut is None and not self._eager:
             run()
             return
         # vllm-touch: decoder-depth
-        decoder, keep, compiled = self._cut
-        saved = decoder.end_layer
-        decoder.end_layer = decoder.start_layer + keep
+        decoder, keep, compiled = self._cut or (None, 0, self._eager)
+        saved = None if decoder is None else decoder.end_layer
+        if decoder is not None:
+            decoder.end_layer = decoder.start_layer + keep
         for m in compiled:  # a compiled graph runs every layer: the Python forward honours the cut
             m.do_not_compile = True
         try:
             run()
         finally:
-            decoder.end_layer = saved
+            if decoder is not None:
+                decoder.end_layer = saved
             for m in compiled:
                 m.do_not_compile = False
 

@@ -37,7 +37,7 @@ from typing import Callable, Iterable, NamedTuple, Protocol
 from . import shapes as plan
 from .cache_trust import reuse_transient
 from .coverage import cover_rows
-from .sweep_depth import judge_cut_down, judge_self_check, shape_class
+from .sweep_depth import depth_difference, judge_cut_down, judge_self_check, shape_class
 from .shapes import Limits
 from .types import CutDownProof, ProvisionalKV, Shape, StepResult, SweepResult
 
@@ -66,6 +66,13 @@ class StepDriver(Protocol):
     def cut_down(self) -> AbstractContextManager[str]:
         """Run the decoder on one layer of each kind for the duration; yields a description
         (e.g. "2 of 32 layers"). Raises ValueError naming why when the model cannot be cut."""
+        ...
+
+    def eager_full(self) -> AbstractContextManager[bool]:
+        """Optional: run the full model with its compiled forward bypassed, as the cut steps
+        run, for the duration; yields whether the forward is compiled (False: nothing changes).
+        A cut-down sweep of a compiled forward reads its full-model steps this way too, so the
+        depth difference compares like with like (sweep_depth.depth_difference)."""
         ...
 
 
@@ -223,9 +230,11 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
 
 
 def _cut_down_line(cd: "_CutDown") -> str:
+    how = ("; the full model read eagerly as well: depth plus what compiling added, each from 0"
+           if cd.eager_figures else "")
     return (f"cut-down: every shape on {cd.depth}, the stock step and {cd.result.confirmed} "
             f"worst confirmed on the full model (full minus cut-down peak: "
-            f"+{cd.result.depth_delta} B at most)")
+            f"+{cd.result.depth_delta} B at most{how})")
 
 
 SAMPLE_CLASSES = ("prefill", "decode", "verify", "mixed")
@@ -267,7 +276,8 @@ def run_self_checked(driver: StepDriver, *, resolution: int, tolerance: int,
                    allocator_slack=allocator_slack, sample=True, stock_readings=stock_readings)
     proof = judge_self_check(cd.result, cd.cut_figures, cd.samples, depth=cd.depth,
                              resolution=resolution, base_delta=cd.base_delta,
-                             seconds=cd.result.seconds, unsampled_admitted=cd.base_peak)
+                             seconds=cd.result.seconds, unsampled_admitted=cd.base_peak,
+                             eager_figures=cd.eager_figures)
     if cd.unbuilt:  # a class left unsampled: the argument needs every class measured
         why = ", ".join(sh.label() for sh in cd.unbuilt)
         proof = dataclasses.replace(proof, verdict=f"no full-model sample could be built for "
@@ -307,6 +317,8 @@ class _CutDown(NamedTuple):
     """Class samples the driver could not build (their classes unchecked)."""
     full_readings: tuple[StepResult, ...] = ()
     """Every full-model reading: the stock step's (each of them), confirmations, samples."""
+    eager_figures: dict[Shape, int] = {}
+    """A compiled forward: each full-model shape read eagerly as well (empty where eager)."""
 
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
@@ -323,6 +335,24 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                         context_ladder=context_ladder, attribute_ops=False, on_step=on_step,
                         stock_readings=stock_readings)
     stock, stock_high = measure_stock_steady(driver, stock_readings)  # the full model's
+    # A compiled forward: its cut steps ran eagerly, so every full-model step is read eagerly
+    # as well, and its difference is depth (full eager minus cut) plus what compiling added
+    # (full compiled minus full eager), each from 0 (sweep_depth.depth_difference).
+    eager_of: dict[Shape, int] = {}
+    compiled = [False]
+
+    def read_eager(shape: Shape | None) -> None:
+        if not compiled[0]:
+            return
+        with driver.eager_full():
+            r = measure_stock_steady(driver, stock_readings)[0] if shape is None else \
+                driver.measure(shape)
+        eager_of[r.shape] = max(eager_of.get(r.shape, 0), r.peak_bytes)
+
+    if getattr(driver, "eager_full", None) is not None:
+        with driver.eager_full() as is_compiled:
+            compiled[0] = bool(is_compiled)
+        read_eager(None)
     ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
     chosen: list[StepResult] = []
     for r in ranked:
@@ -332,7 +362,8 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     confirmed: list[StepResult] = [stock]
 
     def delta() -> int:
-        return max(0, max(f.peak_bytes - cut_peak[f.shape] for f in confirmed))
+        return max(0, max(depth_difference(f.peak_bytes, cut_peak[f.shape],
+                                           eager_of.get(f.shape)) for f in confirmed))
 
     def bounds() -> dict:
         exact, d = {f.shape for f in confirmed}, delta()
@@ -351,6 +382,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     with driver.provisional_kv():
         for c in chosen:
             full = driver.measure(c.shape, attribute=attribute_ops and c is chosen[0])
+            read_eager(c.shape)
             confirmed.append(full)
             if on_step:
                 on_step(full)
@@ -360,6 +392,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                 break
             shape = max(above, key=lambda sh: (above[sh], cut_peak[sh]))
             full = driver.measure(shape)
+            read_eager(shape)
             confirmed.append(full)
             more += 1
             if on_step:
@@ -383,6 +416,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                     unbuilt.append(shape)
                     continue
                 full = driver.measure(shape)
+                read_eager(shape)
                 confirmed.append(full)
                 samples.append(full)
                 if on_step:
@@ -400,7 +434,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
         confirmed=len(confirmed) - 1, seconds=time.perf_counter() - t_start)
     return _CutDown(result, depth, cut.stock, cut_peak, tuple(samples), base_delta, base_peak,
-                    tuple(unbuilt), (stock_high, *confirmed))
+                    tuple(unbuilt), (stock_high, *confirmed), eager_of)
 
 
 def _certified_bound(sweep: SweepResult, limits: Limits) -> int:

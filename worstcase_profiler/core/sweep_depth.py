@@ -10,13 +10,13 @@ against the full one on one engine (core/sweep.prove_cut_down runs both).
   judge_self_check    whether a cut-down sweep's own sampled confirmations bear out its
                       assumption on this model (sweep_depth=auto), else it falls back to full
 
-auto on CUDA: the self-check decides for an eager forward of any family (docs/sweep.md
-"Self-checked cut-down sweep"); a compiled forward is self-checked only for the families a
-committed proof covers compiled: there the cut steps run eagerly and the full-model steps
-compiled, and the lab's compiled proofs show compilation hiding the depth difference the
-self-check measures (docs/sweep.md says why that is not yet safe to self-check). The tables
-stay the record of the families where a proof found the cut-down sweep matching the full one,
-name the proof in the sweep mode, and tell `sweep_depth=cut-down` on a compiled forward
+auto on CUDA: the self-check decides for any family, eager or compiled (docs/sweep.md
+"Self-checked cut-down sweep"): the evidence is the user's own model, not a list. On a compiled
+forward the cut steps run eagerly, so every full-model step is read eagerly as well and its
+difference split into depth and what compiling added (depth_difference): the lab's compiled
+proofs show compilation otherwise netting out the depth difference. The tables stay the record
+of the families where a proof found the cut-down sweep matching the full one, name the proof in
+the sweep mode, and tell `sweep_depth=cut-down` (which checks nothing) on a compiled forward
 whether a proof covered it.
 """
 
@@ -70,9 +70,9 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     """("full" | "cut-down" | "prove" | "self-check", why). self-check: the self-checked cut-down
     sweep on every family (core/sweep.run_self_checked: it falls back to the full sweep itself
     when this model's samples contradict the cut-down assumption), on the devices whose meter
-    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES)
-    for an eager forward of any family and a compiled one of a family proven compiled
-    (CUT_DOWN_PROVEN_COMPILED, V2 runner, TP=1), full otherwise; cut-down and prove are taken
+    resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES),
+    eager or compiled (a compiled forward's full-model steps are read eagerly too, and each
+    difference split: depth_difference), full elsewhere; cut-down and prove are taken
     as asked (prove runs both, the full one admitted; cut-down on a compiled forward of a
     family no proof covered compiled says it is unproven). The proof a self-check names is the
     one for its forward (eager or compiled) and says where its scope differs. `eager` is asked
@@ -94,12 +94,6 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     compiled_proof = CUT_DOWN_PROVEN_COMPILED.get(model_class)
     if compiled_proof and (runner != "v2" or tensor_parallel_size != 1):
         compiled_proof = None  # proven on the V2 runner at TP=1 only
-    if setting == "auto" and not compiled_proof and not eager():
-        # A compiled forward's cut steps run eagerly beside compiled full-model steps: the
-        # difference the self-check measures then nets compilation against depth (docs/sweep.md).
-        return "full", (f"full: the model runs compiled, and no proof covered a compiled "
-                        f"{model_class} (its cut steps would run eagerly; "
-                        "sweep_depth=self-check asks for it, prove compares both)")
     if setting in ("auto", "self-check"):
         return "self-check", ("cut-down, self-checked: the worst shapes and a sample of every "
                               "shape class confirmed on the full model, the full sweep if they "
@@ -137,10 +131,23 @@ def shape_class(shape: Shape) -> str:
     return shape.kind
 
 
+def depth_difference(full: int, cut: int, eager: int | None = None) -> int:
+    """What the full model adds to a shape over its cut-down figure. Eager forward (`eager`
+    None): full minus cut. Compiled forward: the cut steps ran eagerly, so the difference is
+    split where it was measured: depth, the full model run eagerly minus the cut (like with
+    like), plus what compiling added, full compiled minus full eager, each counted from 0. A
+    saving from compilation (the lab's 8B layout: the eager cut decoder read 60 MiB more than
+    the compiled full model on the stock step) then cannot hide what depth adds."""
+    if eager is None:
+        return full - cut
+    return max(0, eager - cut) + max(0, full - eager)
+
+
 def judge_self_check(cut: SweepResult, cut_figures: dict[Shape, int],
                      samples: Iterable[StepResult], *, depth: str, resolution: int,
                      base_delta: int, seconds: float,
-                     unsampled_admitted: int | None = None) -> CutDownProof:
+                     unsampled_admitted: int | None = None,
+                     eager_figures: dict[Shape, int] | None = None) -> CutDownProof:
     """Whether a cut-down sweep's assumption holds on this model, from its own measurements.
 
     `cut`: the cut-down sweep as admitted (its samples among the confirmations), `cut_figures`:
@@ -155,19 +162,22 @@ def judge_self_check(cut: SweepResult, cut_figures: dict[Shape, int],
       (b) at its class's own difference, leaves an unconfirmed member of K whose bound (cut-down
           peak + that difference) is above the admitted figure beyond the resolution.
     (b) can only fire with (a) (the admitted figure holds every bound at base_delta); it is the
-    statement the admitted figure is checked by, kept so a change to the bounds cannot skip it."""
+    statement the admitted figure is checked by, kept so a change to the bounds cannot skip it.
+    `eager_figures` (a compiled forward): each full-model shape read eagerly too; every
+    difference is then depth_difference's split one."""
+    eager = eager_figures or {}
     confirmed = {r.shape for r in cut.steps[len(cut.steps) - cut.confirmed:]} | {cut.stock.shape}
     per_class: dict[str, int] = {}
     deltas: dict[str, int] = {}
     for r in (cut.stock, *cut.steps[len(cut.steps) - cut.confirmed:]):
         if r.shape in cut_figures:
             k = shape_class(r.shape)
-            deltas[k] = max(deltas.get(k, r.peak_bytes - cut_figures[r.shape]),
-                            r.peak_bytes - cut_figures[r.shape])
+            d = depth_difference(r.peak_bytes, cut_figures[r.shape], eager.get(r.shape))
+            deltas[k] = max(deltas.get(k, d), d)
     sampled = []
     for r in samples:
         k = shape_class(r.shape)
-        d = r.peak_bytes - cut_figures[r.shape]
+        d = depth_difference(r.peak_bytes, cut_figures[r.shape], eager.get(r.shape))
         per_class[k] = max(per_class.get(k, d), d)
         sampled.append(r.shape)
     why = []
