@@ -248,6 +248,15 @@ def test_where_something_captures_after_the_full_graphs_they_are_measured_apart(
     assert seen.bytes is None and len(seen.profile.full_samples) == 2
     assert "measured apart from vLLM's profile (a drafter captures" in caplog.text
     runner.speculator = None
+    runner.kv_connector = type("NixlConnector", (), {})()  # an active KV connector
+    with warmup.one_capture_profile(worker, enabled=True, exact=True) as seen:
+        assert runner.profile_cudagraph_memory() == stock
+    assert seen.bytes is None
+    runner.kv_connector = type("KVConnector", (), {})()  # vLLM's no-op one
+    with warmup.one_capture_profile(worker, enabled=True, exact=True) as seen:
+        assert runner.profile_cudagraph_memory() == stock
+    assert seen.bytes is not None
+    del runner.kv_connector
     with warmup.one_capture_profile(worker, enabled=True, exact=False) as seen:
         assert runner.profile_cudagraph_memory() == stock
     assert seen.bytes is None and len(seen.profile.full_samples) == 2

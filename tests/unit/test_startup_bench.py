@@ -113,19 +113,23 @@ def test_a_start_the_deadline_leaves_no_room_for_is_not_made(monkeypatch):
 def test_the_reports_stock_figure_is_compared_with_the_stock_starts():
     """Issue 34: vLLM's profile now captures every graph on a first start and is handed back its
     own figure; the bench says whether the reports' stock KV equals what stock starts got."""
-    entry = {"runs": [{"mode": "stock", "boot_s": 10.0, "kv_tokens": 4096},
-                      {"mode": "worstcase-cold", "boot_s": 12.0, "kv_tokens_stock": 4096,
-                       "cache": "stored", "kv_tokens": 2048},
+    entry = {"runs": [{"mode": "stock", "boot_s": 10.0, "kv_tokens": 4096, "block_size": 16},
+                      {"mode": "worstcase-cold", "boot_s": 12.0, "kv_tokens_stock": 4090,
+                       "cache": "stored", "kv_tokens": 2048, "kv_groups": 1},
                       {"mode": "worstcase-warm", "boot_s": 10.5, "kv_tokens_stock": 4096,
-                       "cache": "hit"},
+                       "cache": "hit", "kv_groups": 1},
                       {"mode": "stock", "not_run": "deadline"}]}
     startup_bench._ratios(entry)
-    assert entry["stock_kv_tokens"] == {"stock_starts": [4096], "reports": [4096], "agree": True}
+    assert entry["stock_kv_tokens"] == {"stock_starts": [4096], "reports": [4090, 4096],
+                                        "agree": True, "kv_groups": 1}  # within a block
     assert entry["runs"][1]["boot_ratio_to_stock"] == 1.2
     entry["runs"][1]["kv_tokens_stock"] = 4000
     startup_bench._ratios(entry)
     assert entry["stock_kv_tokens"]["agree"] is False
     assert entry["stock_kv_tokens"]["reports"] == [4000, 4096]
+    entry["runs"][1]["kv_groups"] = 2  # a hybrid or sliding-window model: tokens not one measure
+    startup_bench._ratios(entry)
+    assert entry["stock_kv_tokens"]["agree"] is None
 
 
 def test_on_the_cpu_the_stock_figure_is_recorded_not_compared():

@@ -60,18 +60,20 @@ def test_a_proof_accepts_a_tie_between_two_shapes_within_the_resolution():
 
 
 def test_cut_down_on_a_compiled_forward_says_whether_a_proof_covered_it(monkeypatch):
-    """sweep_depth=cut-down keeps its message; auto self-checks a compiled forward of any
-    family (issue 34), its full-model steps read eagerly too (core/sweep._cut_down); the proof
-    named is the one for the forward, with its scope where the start is outside it."""
+    """sweep_depth=cut-down keeps its message; auto self-checks a compiled forward only for a
+    family the lab proved compiled (V2 runner, TP=1), its full-model steps read eagerly too
+    (core/sweep._cut_down), else sweeps it whole; self-check is taken as asked. The proof named
+    is the one for the forward, with its scope where the start is outside it."""
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
     for setting in ("cut-down", "prove", "self-check"):
         assert sweep_depth(setting, "NewForCausalLM", eager=lambda: False)[0] == setting
-    # auto self-checks a compiled forward of any family, runner and TP (the differences split
-    # into depth and compiling: sweep_depth.depth_difference)
+    # auto keeps the full sweep for a compiled family no compiled proof covers (what compiling
+    # adds is checked on measured members only); self-check is taken as asked
     for kw in ({}, {"runner": "v1"}, {"tensor_parallel_size": 2}):
-        assert sweep_depth("auto", "OtherForCausalLM", eager=lambda: False, **kw)[0] == \
-            "self-check"
-    assert "eager only: run N)" in sweep_depth("auto", "NewForCausalLM",
+        depth, why = sweep_depth("auto", "OtherForCausalLM", eager=lambda: False, **kw)
+        assert depth == "full" and "runs compiled" in why
+    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: False)[0] == "full"
+    assert "eager only: run N)" in sweep_depth("self-check", "NewForCausalLM",
                                                eager=lambda: False)[1]
     assert sweep_depth("auto", "NewForCausalLM", eager=lambda: True)[0] == "self-check"
     assert "TP=1" in sweep_depth("auto", "NewForCausalLM", eager=lambda: True,
@@ -79,8 +81,9 @@ def test_cut_down_on_a_compiled_forward_says_whether_a_proof_covered_it(monkeypa
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM", "run M")
     depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: False)
     assert depth == "self-check" and "lab-proven compiled for NewForCausalLM: run M)" in why
+    assert sweep_depth("auto", "NewForCausalLM", eager=lambda: False, runner="v1")[0] == "full"
     assert "on the V2 runner at TP=1: run M" in sweep_depth(
-        "auto", "NewForCausalLM", eager=lambda: False, runner="v1")[1]
+        "self-check", "NewForCausalLM", eager=lambda: False, runner="v1")[1]
     assert "on the V2 runner at TP=1: run M" in sweep_depth(
         "self-check", "NewForCausalLM", eager=lambda: False, tensor_parallel_size=2)[1]
     monkeypatch.delitem(depth_rules.CUT_DOWN_PROVEN_COMPILED, "NewForCausalLM")

@@ -286,8 +286,9 @@ REGISTRY: tuple[Touch, ...] = (
           "a second runner.profile_cudagraph_memory after it), _extrapolate_full_graph_memory "
           "(called), cudagraph_manager._capture_mem_samples (swapped for a list that reads the "
           "free memory after stock's last sample, then copied back) / _capture_descs (read), "
-          "runner.speculator / lora_config / model_state.capture_inner_cudagraphs (read: "
-          "whether anything captures after the FULL graphs); on 0.26-0.28 (no "
+          "runner.speculator / lora_config / kv_connector / model_state."
+          "capture_inner_cudagraphs (read: whether anything captures or frees after the FULL "
+          "graphs); on 0.26-0.28 (no "
           "estimator): platform _global_graph_pool, cudagraph_manager.pool, "
           "CUDAGraphWrapper._all_instances / graph_pool / clear_all_graphs",
           "V2's estimate samples two FULL graphs; on a first start one run of it captures all "

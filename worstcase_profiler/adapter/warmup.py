@@ -291,8 +291,9 @@ class _StockSamples(list):
 def one_capture_why_not(runner) -> str | None:
     """Why vLLM's own profile cannot also be the exact graph measurement on this runner (None:
     it can). It needs vLLM 0.32/0.33's V2 estimator (FULL samples, the extrapolation) and nothing
-    captured after the FULL graphs: no speculator, no model state capturing inner graphs, no
-    LoRA (whose dummy adapters are freed before vLLM reads the end of the capture)."""
+    captured or freed after the FULL graphs: no speculator, no model state capturing inner
+    graphs, no LoRA (whose dummy adapters are freed before vLLM reads the end of the capture),
+    no KV connector but the no-op one (vLLM's base KVConnector)."""
     try:
         # vllm-touch: v2-graph-estimate
         from vllm.v1.worker.gpu import cudagraph_utils as cgu
@@ -310,6 +311,9 @@ def one_capture_why_not(runner) -> str | None:
         return "a drafter captures its graphs after the FULL ones"
     if getattr(runner, "lora_config", None) is not None:
         return "LoRA"
+    connector = getattr(runner, "kv_connector", None)
+    if connector is not None and type(connector).__name__ != "KVConnector":
+        return f"a KV connector ({type(connector).__name__}) resets its capture state after them"
     state = getattr(runner, "model_state", None)
     inner = getattr(type(state), "capture_inner_cudagraphs", None)
     if inner is not None and getattr(inner, "__qualname__", "").split(".")[0] != "ModelState":

@@ -33,10 +33,12 @@ from .types import CutDownProof, SweepResult, WarmupEstimate
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
 OFF = "off"
-SCHEMA = 7
+SCHEMA = 8
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
 mixed pair, shapes.mixed_pair; 7: the context ladder's rungs past powers of two, and extents
-that no longer scale a recurrent state down) or admits differently for the same facts: an older
+that no longer scale a recurrent state down; 8: a compiled forward's cut-down sweep reads its
+full-model steps eagerly too and splits each difference, sweep_depth.depth_difference) or
+admits differently for the same facts: an older
 entry is then a miss, never a worst case that skipped a step real traffic forms. What each
 value changed is in the commit that raised it."""
 

@@ -217,9 +217,10 @@ class CutDownProof:
     deltas: dict[str, int] = doc(
         "per step kind (stock included), the largest full-model minus cut-down peak over the "
         "shapes both sweeps measured (self-check: over the confirmations and the samples; "
-        "decode steps under a drafter are the verify class; on a compiled forward, depth (full "
-        "eager minus cut) plus what compiling added (full compiled minus full eager), each "
-        "from 0)", default_factory=dict)
+        "decode steps under a drafter are the verify class; a self-check on a compiled "
+        "forward: depth (full eager minus cut) plus what compiling added (full compiled minus "
+        "full eager), each from 0; prove: full compiled minus cut, what the bound must cover)",
+        default_factory=dict)
     depth_delta: int = doc("the difference the cut-down sweep measured and raised unconfirmed "
                            "shapes by (self-check: before the samples)", default=0)
     method: Literal["prove", "self-check"] = doc(
