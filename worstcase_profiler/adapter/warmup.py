@@ -306,7 +306,7 @@ def one_capture_why_not(runner) -> str | None:
         if not hasattr(cgu, name):
             return f"this vLLM's estimator has no {name}"
     if not hasattr(runner, "cudagraph_manager") or getattr(runner, "capture_model", None) is None:
-        return "the runner has no graph manager"
+        return "the runner has no graph manager"  # (vLLM's estimator makes the manager itself)
     if getattr(runner, "speculator", None) is not None:
         return "a drafter captures its graphs after the FULL ones"
     if getattr(runner, "lora_config", None) is not None:
@@ -368,7 +368,10 @@ def one_capture_profile(worker, enabled: bool, exact: bool):
         end = _free_bytes()
         measure.add(before - end)
         profile = _sampled(runner, out)
-        if profile is None:
+        if profile is None:  # not 0.32/0.33's manager: vLLM's figure is over every FULL graph
+            log.warning("[wcprof] vLLM's graph manager kept no FULL samples: its CUDA-graph "
+                        "estimate, and the report's stock KV, are over every FULL graph, not "
+                        "stock's two")
             return out
         measure.sampled(profile)
         stock, figure, back = stock_from_one_capture(
