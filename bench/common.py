@@ -51,6 +51,17 @@ def worstcase_config(json_path: str, **extra) -> dict:
     return {"worstcase_profiler": {"profiler": "worstcase", "json_path": json_path, **extra}}
 
 
+def merged_config(base: dict, more: dict) -> dict:
+    """Two vLLM additional_configs as one: base with more's keys, a "worstcase_profiler" dict in
+    both merged key by key (more's settings win), so one's profiler settings join the other's
+    instead of replacing them."""
+    out = {**base, **more}
+    wp_base, wp_more = base.get("worstcase_profiler"), more.get("worstcase_profiler")
+    if isinstance(wp_base, dict) and isinstance(wp_more, dict):
+        out["worstcase_profiler"] = {**wp_base, **wp_more}
+    return out
+
+
 def write_json(path: str | Path, obj, indent: int = 1) -> None:
     """Write obj as JSON through a temporary file, so a reader never sees half of it."""
     tmp = f"{path}.tmp"

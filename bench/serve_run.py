@@ -53,7 +53,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, write_json  # noqa: E402
+from common import ROOT, merged_config, write_json  # noqa: E402
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.I)
 
@@ -216,7 +216,7 @@ def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
                     if i >= len(extra):
                         raise SystemExit("serve_run: --extra's --additional-config has no value")
                     value = extra[i]
-                more = _merged(more, json.loads(value))
+                more = merged_config(more, json.loads(value))
             else:
                 kept.append(extra[i])
             i += 1
@@ -229,18 +229,8 @@ def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
     if mode != "stock":
         cfg = {"validate_on_start": a.validate} if mode == "worstcase" else {"guard": "off"}
         cmd += ["--profiler", "worstcase", "--profiler-report", str(report),
-                "--additional-config", json.dumps(_merged(more, {"worstcase_profiler": cfg}))]
+                "--additional-config", json.dumps(merged_config(more, {"worstcase_profiler": cfg}))]
     return cmd
-
-
-def _merged(base: dict, more: dict) -> dict:
-    """base with more's keys, a "worstcase_profiler" dict in both merged key by key (more's
-    settings win), so the mode's own settings join the operator's instead of replacing them."""
-    out = {**base, **more}
-    wp_base, wp_more = base.get("worstcase_profiler"), more.get("worstcase_profiler")
-    if isinstance(wp_base, dict) and isinstance(wp_more, dict):
-        out["worstcase_profiler"] = {**wp_base, **wp_more}
-    return out
 
 
 class Server:

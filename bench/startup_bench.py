@@ -23,10 +23,10 @@ the cache (status other than hit) counts as an error, not as a cached start.
 layouts (tests/gpu/models), each with the engine options its family needs; --graphs and the
 other options apply to all. --deadline (epoch s) skips a start that would not end before it
 (its estimate: the longest start so far, or --timeout-s), recorded as not run; --mirror DIR
-gets a copy of --out after every start (the device's $OUT). Each process times `LLM(...)` (engine start;
-imports are the same for every mode and timed apart), and the report's startup_seconds say where
-the profiler's part of it went. Prints a table of ratios to stock and writes every figure to
---out. Run it on a host whose kernel caches (Triton, inductor) are already warm — e.g. after
+gets a copy of --out after every start (the device's $OUT). Each process times `LLM(...)`
+(engine start; imports are the same for every mode and timed apart), and the report's
+startup_seconds say where the profiler's part of it went. Prints a table of ratios to stock and
+writes every figure to --out. Run it on a host whose kernel caches (Triton, inductor) are already warm — e.g. after
 bench/gpu_suite.py, or with --prime — or the first process pays for compiling kernels the others
 reuse (run 8 in docs/results: a first stock start of 44 s against 7 s).
 """
@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, engine_env, run_child, worstcase_config, write_json
+from common import ROOT, engine_env, merged_config, run_child, worstcase_config, write_json
 
 MODES = ("stock", "worstcase-cold", "worstcase-warm", "worstcase-cut", "worstcase-imported")
 DEFAULT_MODES = MODES[:3]
@@ -57,7 +57,8 @@ FAMILIES: dict[str, tuple[Path, dict]] = {
     # shared ones: the GDN prefill on Triton, as the suite's qwen35 cases run it.
     "llama8b": (MODELS / "llama-3.1-8b-layout", {}),
     "qwen2-32b": (MODELS / "qwen2.5-32b-layout", {}),
-    "qwen35-32l": (MODELS / "qwen35-32l-layout", {"additional_config": {"gdn_prefill_backend": "triton"}}),
+    "qwen35-32l": (MODELS / "qwen35-32l-layout",
+                   {"additional_config": {"gdn_prefill_backend": "triton"}}),
     "gemma3-12b": (MODELS / "gemma-3-12b-layout", {}),
     "qwen3moe-30b": (MODELS / "qwen3-30b-a3b-layout", {}),
 }
@@ -69,7 +70,7 @@ def engine_kwargs(family_extra: dict, profiler_config: dict | None) -> dict:
     """The family's own engine options with the profiler's additional_config merged in (None:
     the stock start, the family's options alone)."""
     out = {k: v for k, v in family_extra.items() if k != "additional_config"}
-    merged = {**family_extra.get("additional_config", {}), **(profiler_config or {})}
+    merged = merged_config(family_extra.get("additional_config", {}), profiler_config or {})
     if merged:
         out["additional_config"] = merged
     return out

@@ -381,8 +381,9 @@ def rehearse_warm_up(worker, driver, held, clock: PhaseTimer, graphs_on: bool,
     whose entry was dropped: capacity, stale replay, dominance): CUDA graphs as measured in
     vLLM's profile's one capture of every graph (`profiled`, warmup.one_capture_profile), else
     apart from it (measure_graphs; or, on V2 runners without an estimator, by the rehearsal),
-    so vLLM's sampled figure, or 0 B where the KV size is given, is never the reserve; plus what vLLM's warm-up, rehearsed on a provisional KV cache, kept that goes
-    away with that cache (it returns after the real one). What it kept beyond the provisional
+    so vLLM's sampled figure, or 0 B where the KV size is given, is never the reserve; plus
+    what vLLM's warm-up, rehearsed on a provisional KV cache, kept that goes away with that
+    cache (it returns after the real one). What it kept beyond the provisional
     cache stays, and is in the held memory. Ranks agree on calling it (the captures run
     collectives): they agreed on the entry."""
     graphs = profiled if profiled is not None and profiled.bytes is not None else \

@@ -90,8 +90,9 @@ class _AllDescs(list):
 def exact_graphs(worker, enabled: bool):
     """For the duration, the runner's CUDA-graph estimator captures every graph and the capture
     is measured (`enabled`: a first start on CUDA with graphs on; ranks must agree on it, as the
-    captures run collectives). Yields a GraphMeasure. Never around vLLM's own profile: V2's
-    figure with every FULL graph sampled is not stock's (core/graph_estimate.py)."""
+    captures run collectives). Yields a GraphMeasure. Around vLLM's own profile only inside
+    one_capture_profile, which hands vLLM stock's figure back: V2's figure with every FULL graph
+    sampled is not stock's (core/graph_estimate.py)."""
     measure = GraphMeasure()
     runner = getattr(worker, "model_runner", None)
     if not enabled or runner is None:
@@ -346,43 +347,40 @@ def one_capture_profile(worker, enabled: bool, exact: bool):
 
     from ..core.graph_estimate import stock_from_one_capture
 
-    measure = GraphMeasure()
     k = int(cgu._FULL_GRAPH_PROFILING_SAMPLES)
-    original = runner.capture_model
     handed: dict[str, object] = {}
+    # exact_graphs: every FULL graph captured and measured, as measure_graphs_apart measures
+    # them; inside it, the samples are read so that vLLM gets stock's figure back
+    with exact_graphs(worker, enabled=True) as measure, capture_warm_ups_metered(measure):
+        measuring = runner.capture_model
 
-    def capture_model(*a, **kw):
-        # vllm-touch: v2-graph-estimate
-        if not kw.get("profile_only"):
-            return original(*a, **kw)
-        manager = runner.cudagraph_manager
-        vllms, ours = manager._capture_mem_samples, _StockSamples(k)
-        manager._capture_mem_samples = ours
-        before = _free_bytes()
-        try:
-            out = int(original(*a, **kw))
-        finally:
-            manager._capture_mem_samples = vllms
-            if vllms is not None:
-                vllms.extend(ours)  # vLLM's formula reads its own list
-        end = _free_bytes()
-        measure.add(before - end)
-        profile = _sampled(runner, out)
-        if profile is None:  # not 0.32/0.33's manager: vLLM's figure is over every FULL graph
-            log.warning("[wcprof] vLLM's graph manager kept no FULL samples: its CUDA-graph "
-                        "estimate, and the report's stock KV, are over every FULL graph, not "
-                        "stock's two")
-            return out
-        measure.sampled(profile)
-        stock, figure, back = stock_from_one_capture(
-            out, end, ours.free_after_k, profile.full_samples, profile.full_graphs, k,
-            cgu._extrapolate_full_graph_memory)
-        handed.update(stock=stock, figure=figure)
-        return back
+        def capture_model(*a, **kw):
+            # vllm-touch: v2-graph-estimate
+            if not kw.get("profile_only"):
+                return measuring(*a, **kw)
+            manager = runner.cudagraph_manager
+            vllms, ours = manager._capture_mem_samples, _StockSamples(k)
+            manager._capture_mem_samples = ours
+            try:
+                out = int(measuring(*a, **kw))
+            finally:
+                manager._capture_mem_samples = vllms
+                if vllms is not None:
+                    vllms.extend(ours)  # vLLM's formula reads its own list
+            profile = measure.profile
+            if profile is None:  # not 0.32/0.33's manager: vLLM's figure is over every FULL graph
+                log.warning("[wcprof] vLLM's graph manager kept no FULL samples: its CUDA-graph "
+                            "estimate, and the report's stock KV, are over every FULL graph, "
+                            "not stock's two")
+                return out
+            stock, figure, back = stock_from_one_capture(
+                out, _free_bytes(), ours.free_after_k, profile.full_samples, profile.full_graphs,
+                k, cgu._extrapolate_full_graph_memory)
+            handed.update(stock=stock, figure=figure)
+            return back
 
-    with replaced(cgu, "_FULL_GRAPH_PROFILING_SAMPLES", 1 << 30), \
-            replaced(runner, "capture_model", capture_model), capture_warm_ups_metered(measure):
-        yield measure
+        with replaced(runner, "capture_model", capture_model):
+            yield measure
     kept = _int_or_none(getattr(worker, "cudagraph_memory_estimate", None))
     if "figure" not in handed:
         measure.bytes = None  # nothing sampled: the caller measures apart

@@ -339,20 +339,12 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     # as well, and its difference is depth (full eager minus cut) plus what compiling added
     # (full compiled minus full eager), each from 0 (sweep_depth.depth_difference).
     eager_of: dict[Shape, int] = {}
-    compiled = [False]
-
-    def read_eager(shape: Shape | None) -> None:
-        if not compiled[0]:
-            return
-        with driver.eager_full():
-            r = measure_stock_steady(driver, stock_readings)[0] if shape is None else \
-                driver.measure(shape)
-        eager_of[r.shape] = max(eager_of.get(r.shape, 0), r.peak_bytes)
-
+    compiled = False
     if getattr(driver, "eager_full", None) is not None:
-        with driver.eager_full() as is_compiled:
-            compiled[0] = bool(is_compiled)
-        read_eager(None)
+        with driver.eager_full() as compiled:
+            if compiled:  # the stock step, like with like: its lowest reading
+                eager_stock = measure_stock_steady(driver, stock_readings)[0]
+                eager_of[eager_stock.shape] = eager_stock.peak_bytes
     ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
     chosen: list[StepResult] = []
     for r in ranked:
@@ -378,25 +370,27 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     def top() -> int:
         return max((f.peak_bytes for f in counted([stock_high, *confirmed])), default=0)
 
+    def confirm(shape: Shape, attribute: bool = False) -> StepResult:
+        """`shape` measured on the full model (and, compiled, eagerly too), counted confirmed."""
+        full = driver.measure(shape, attribute=attribute)
+        if compiled:
+            with driver.eager_full():
+                eager_of[shape] = max(eager_of.get(shape, 0), driver.measure(shape).peak_bytes)
+        confirmed.append(full)
+        if on_step:
+            on_step(full)
+        return full
+
     more = 0
     with driver.provisional_kv():
         for c in chosen:
-            full = driver.measure(c.shape, attribute=attribute_ops and c is chosen[0])
-            read_eager(c.shape)
-            confirmed.append(full)
-            if on_step:
-                on_step(full)
+            confirm(c.shape, attribute=attribute_ops and c is chosen[0])
         while more < CONFIRM_MORE:
             above = {shape: b for shape, b in bounds().items() if b > top()}
             if not above:
                 break
-            shape = max(above, key=lambda sh: (above[sh], cut_peak[sh]))
-            full = driver.measure(shape)
-            read_eager(shape)
-            confirmed.append(full)
+            confirm(max(above, key=lambda sh: (above[sh], cut_peak[sh])))
             more += 1
-            if on_step:
-                on_step(full)
         chord_slack = max(0, cut.coverage.bound - cut.coverage.worst_peak)
 
         def admitted() -> int:
@@ -415,19 +409,15 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                 if cannot_build(driver, shape) is not None:
                     unbuilt.append(shape)
                     continue
-                full = driver.measure(shape)
-                read_eager(shape)
-                confirmed.append(full)
-                samples.append(full)
-                if on_step:
-                    on_step(full)
+                samples.append(confirm(shape))
     peak_delta, peak = delta(), admitted()
     worst = max(counted([*confirmed, stock_high]), key=lambda r: (r.need_bytes, r.peak_bytes))
     worst_op = next((f.top_op for f in confirmed if f.shape == worst.shape and f.top_op), None)
     # The context curve says where stock runs out: full-model figures, the confirmed reading
     # where the point was confirmed (as the admitted figure counts it), else raised.
     on_full = largest_peaks(confirmed[1:])
-    curve = tuple(dataclasses.replace(r, peak_bytes=on_full.get(r.shape, r.peak_bytes + peak_delta))
+    curve = tuple(dataclasses.replace(r, peak_bytes=on_full.get(r.shape,
+                                                                r.peak_bytes + peak_delta))
                   for r in cut.context_curve)
     result = dataclasses.replace(
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
