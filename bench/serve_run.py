@@ -200,11 +200,33 @@ class GpuSampler:
                 "timeline_s_used_bytes": self.timeline}
 
 
+JSON_FLAGS = ("--speculative-config", "--compilation-config", "--additional-config",
+              "--limit-mm-per-prompt", "--mm-processor-kwargs", "--hf-overrides", "--kv-transfer-config")
+
+
+def checked_extra(extra: str) -> list[str]:
+    """--extra split as a shell would, with every JSON-valued vLLM flag's value parsed: a value that
+    lost its quotes (`{method:dspark}`) stops here, before a ballast or a server starts, instead of in
+    `vllm serve`'s argument parser minutes later."""
+    args = shlex.split(extra)
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name not in JSON_FLAGS:
+            continue
+        value = value if eq else (args[i + 1] if i + 1 < len(args) else "")
+        try:
+            json.loads(value)
+        except ValueError:
+            raise SystemExit(f"serve_run: --extra's {name} value {value!r} is not JSON; quote it "
+                             f"inside --extra, e.g. --extra \"{name} '{{\\\"key\\\": 1}}'\"") from None
+    return args
+
+
 def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
     """`vllm serve ...` for one mode. --extra is split as a shell would (shlex: a quoted JSON
     value stays one argument); an `--additional-config` in it is merged into the plugin modes'
     own (vLLM keeps only the last one given), its keys beside "worstcase_profiler"."""
-    extra = shlex.split(a.extra)
+    extra = checked_extra(a.extra)
     more: dict = {}
     if mode != "stock":
         kept, i = [], 0
@@ -443,6 +465,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # a SIGTERM (a driver's timeout) unwinds like Ctrl-C: run_mode's finally stops the server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    checked_extra(a.extra)
     summary = {"args": vars(a), "modes": []}
     ok = True
     for mode in a.modes.split(","):

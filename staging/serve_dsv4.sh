@@ -18,14 +18,17 @@ export SITE=${SITE:-/tmp/site213}
 # shellcheck disable=SC1091
 source staging/env32.sh
 export PYTHONPATH=$PWD:$PWD/plugins/wcp_fixtures:$PYTHONPATH VLLM_DEBUG_WORKSPACE=1
+# Expandable segments, as production on a held card needs (h200-run54 vs -run57; without them both
+# servers died of fragmentation on this card in h200-run70): PYTORCH_CUDA_ALLOC_CONF= (empty) opts out.
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
 python3 staging/install_entrypoint.py --target "$SITE" --fixtures >/dev/null || exit 1
 EXTRA='--max-num-seqs 4 --block-size 256 --kv-cache-dtype fp8_ds_mla --enable-prefix-caching'
-EXTRA+=' --speculative-config {"method":"dspark","num_speculative_tokens":3}'
+EXTRA+=" --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":3}'"
 if [ "${EAGER:-0}" = 1 ]; then
   eager=(--eager)
 else
   eager=()
-  EXTRA+=' --compilation-config {"cudagraph_mode":"FULL_AND_PIECEWISE"}'
+  EXTRA+=" --compilation-config '{\"cudagraph_mode\":\"FULL_AND_PIECEWISE\"}'"
 fi
 exec python3 bench/serve_run.py --out "${OUT:?set OUT}/serve" --model tests/gpu/models/dsv4-4l-mtp \
   --modes "${1:-stock,worstcase}" --hold-slack-mib 256 --util 0.5 \
