@@ -19,7 +19,8 @@ export SITE=${SITE:-/tmp/site213}
 source staging/env32.sh
 export PYTHONPATH=$PWD:$PWD/plugins/wcp_fixtures:$PYTHONPATH VLLM_DEBUG_WORKSPACE=1
 # Expandable segments, as production on a held card needs (h200-run54 vs -run57; without them both
-# servers died of fragmentation on this card in h200-run70): PYTORCH_CUDA_ALLOC_CONF= (empty) opts out.
+# servers died of CUDA OOMs with memory reserved but unusable in h200-run70). The ballast keeps
+# the default allocator (serve_run). PYTORCH_CUDA_ALLOC_CONF= (empty) opts out.
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
 python3 staging/install_entrypoint.py --target "$SITE" --fixtures >/dev/null || exit 1
 EXTRA='--max-num-seqs 4 --block-size 256 --kv-cache-dtype fp8_ds_mla --enable-prefix-caching'

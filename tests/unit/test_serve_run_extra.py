@@ -25,20 +25,55 @@ def test_a_quoted_json_value_stays_one_parsed_argument():
 
 @pytest.mark.parametrize("extra", [
     '--speculative-config {"method":"dspark","num_speculative_tokens":3}',   # quotes eaten by shlex
+    "-sc {method:dspark}",                                                    # vLLM's alias
     "--compilation-config={cudagraph_mode:FULL}",
-    "--speculative-config",                                                  # no value at all
+    "--speculative_config {method:mtp}",                                      # vLLM's underscore form
 ])
-def test_a_json_flag_whose_value_is_not_json_is_refused_with_the_fix(extra):
-    with pytest.raises(SystemExit, match="is not JSON; quote it inside --extra"):
+def test_a_json_value_whose_keys_lost_their_quotes_is_refused_with_the_fix(extra):
+    with pytest.raises(SystemExit, match="lost the quotes around its keys; quote the JSON"):
         serve_run.checked_extra(extra)
 
 
+@pytest.mark.parametrize("extra", [
+    """--kv-transfer-config '{"cpu_bytes_to_use": 80m}'""",   # vLLM's human-readable numbers
+    "--hf-overrides some_string --limit-mm-per-prompt.image 2 --seed 0",
+    "--compilation-config 3",
+])
+def test_values_vllm_parses_its_own_way_pass(extra):
+    assert serve_run.checked_extra(extra)
+
+
+@pytest.mark.parametrize("extra,why", [
+    ("--seed 0 --additional-config", "has no value"),
+    ("--additional-config --seed 0", "has no value"),
+    ("--additional-config 3", "is not a JSON object"),
+    ("--additional-config='[1]'", "is not a JSON object"),
+    ("--additional_config null", "is not a JSON object"),
+])
+def test_the_additional_config_serve_run_merges_must_be_a_json_object(extra, why):
+    with pytest.raises(SystemExit, match=why):
+        serve_run.checked_extra(extra)
+
+
+def test_main_refuses_before_a_ballast_or_a_server_starts(tmp_path, monkeypatch):
+    def started(*_a, **_k):
+        raise AssertionError("started before --extra was checked")
+
+    monkeypatch.setattr(serve_run, "Ballast", started)
+    monkeypatch.setattr(serve_run, "Server", started)
+    with pytest.raises(SystemExit, match="lost the quotes"):
+        serve_run.main(["--out", str(tmp_path), "--hold-slack-mib", "256",
+                        "--extra", '--speculative-config {"method":"dspark"}'])
+    assert not (tmp_path / "serve.json").exists()
+
+
 def _script_extra(eager: str) -> str:
-    """The --extra staging/serve_dsv4.sh builds, read by running its own lines (EXTRA= .. fi)."""
+    """The --extra staging/serve_dsv4.sh builds, read by running its own lines from EXTRA= to
+    the line before its `exec`."""
     lines = (ROOT / "staging" / "serve_dsv4.sh").read_text().splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("EXTRA="))
-    end = next(i for i, ln in enumerate(lines) if i > start and ln.strip() == "fi")
-    body = "\n".join(lines[start:end + 1]) + '\nprintf %s "$EXTRA"'
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("exec "))
+    body = "\n".join(lines[start:end]) + '\nprintf %s "$EXTRA"'
     return subprocess.run(["bash", "-c", body], env={"EAGER": eager, "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, check=True).stdout
 
