@@ -93,6 +93,31 @@ def test_token_ids_share_exactly_the_prefix():
     assert all(0 < t < 32000 for t in a)
 
 
+@pytest.mark.parametrize("alphabet", [None, (7, 11, 13, 17, 19)])
+def test_token_ids_with_a_memo_are_the_same_ids_and_share_the_segments(alphabet):
+    """A workload's memo changes no id (h200-run69's replay of 1,024 prompts on one 131k prefix
+    spent its time building them): the prefix, branch and lookahead segments are computed once
+    and the prompts share their int objects; the salted tail stays each prompt's own."""
+    from worstcase_profiler.core.requests_plan import Prompt
+
+    prompts = [Prompt(1, 300, 9, branch_id=2, branch_len=16, lookahead=4),
+               Prompt(1, 300, 9, branch_id=2, branch_len=16, lookahead=4),
+               Prompt(3, 40, 2)]
+    memo: dict = {}
+    plain = [token_ids(p, 32000, salt, alphabet=alphabet) for salt, p in enumerate(prompts, 1)]
+    memod = [token_ids(p, 32000, salt, memo, alphabet=alphabet)
+             for salt, p in enumerate(prompts, 1)]
+    assert memod == plain
+    if alphabet is not None:
+        mapped = [alphabet[x % len(alphabet)] for x in token_ids(prompts[2], 32000, 3)]
+        assert plain[2] == mapped
+    a, b = memod[0], memod[1]
+    assert all(x is y for x, y in zip(a[:320], b[:320]))  # prefix, branch, lookahead: shared
+    assert a[320:] != b[320:]  # each prompt's own tail
+    assert {k[:2] for k in memo} == {(1001, 300), (20002, 16), (60001, 4), (1003, 40),
+                                     (60003, 0)}
+
+
 # A drafter that drops a prefix hit's last block (EAGLE, MTP): a hybrid's 800-token block, as
 # vLLM 0.32 gives Qwen3.5 ("align" mode), with max_num_seqs 1024.
 DRAFT = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,

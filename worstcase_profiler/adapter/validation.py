@@ -478,8 +478,8 @@ def vllm_prompt(prompt) -> dict:
 def worst_step_workload(plan: RequestPlan, vocab: int, target: str = "worst-step") -> Workload:
     """The requests of a plan (core/requests_plan.py) that reach the report's worst step (or,
     target "quick", its rows and requests: requests_plan.quick_plan)."""
-    salt = iter(range(1, 1 << 30))
-    batches = tuple(([token_ids(p, vocab, next(salt)) for p in b.prompts], b.max_tokens,
+    salt, memo = iter(range(1, 1 << 30)), {}
+    batches = tuple(([token_ids(p, vocab, next(salt), memo) for p in b.prompts], b.max_tokens,
                      b.measured) for b in plan.batches)
     note = plan.note if plan.exact else (plan.note or "approximate")
     return Workload(target, batches, tuple(b.label for b in plan.batches if b.measured),
@@ -491,11 +491,11 @@ def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
     `items.allowed` (the same prefix in the warm-up and the measured prompts), each item's
     placeholder ids after them, then the tail; vLLM prompt dicts carrying the items (`items`:
     adapter/multimodal.ReplayItems)."""
-    salt = iter(range(1, 1 << 30))
+    salt, memo = iter(range(1, 1 << 30)), {}
     allowed = items.allowed
 
     def text(p: Prompt) -> list[int]:
-        return [allowed[i % len(allowed)] for i in token_ids(p, 1 << 20, next(salt))]
+        return token_ids(p, 1 << 20, next(salt), memo, alphabet=allowed)
 
     batches = []
     for b in plan.batches:

@@ -35,6 +35,7 @@ max_model_len tokens), so the longest reachable KV extent is max_model_len - 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .shapes import Limits, split_rows
@@ -815,16 +816,29 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
                        note="; ".join(notes) or None, items=items), ""
 
 
-def token_ids(prompt: Prompt, vocab: int, salt: int) -> list[int]:
+def token_ids(prompt: Prompt, vocab: int, salt: int, memo: dict | None = None,
+              alphabet: Sequence[int] | None = None) -> list[int]:
     """Deterministic ids: the shared prefix depends only on prefix_id, the branch on branch_id
     (behind a prefix that already tells prefix ids apart), the suffix's first `lookahead` tokens
-    on prefix_id, the rest of it on salt."""
-    def ids(seed: int, n: int) -> list[int]:
-        return [(seed * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n)]
-    branch = ids(20000 + prompt.branch_id, prompt.branch_len) if prompt.branch_len else []
+    on prefix_id, the rest of it on salt; with `alphabet`, each id x becomes
+    alphabet[x % len(alphabet)]. `memo` (a dict the caller keeps for one workload and one
+    alphabet) computes each shared segment once and lets the prompts share its ids: 1,024 prompts
+    on one 131k-token prefix are then a copy each, not 134M ids computed and boxed again."""
+    def ids(seed: int, n: int, shared: bool = True) -> tuple[int, ...]:
+        key = (seed, n, vocab)
+        if memo is not None and shared and key in memo:
+            return memo[key]
+        out = tuple((seed * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n))
+        if alphabet is not None:
+            out = tuple(alphabet[x % len(alphabet)] for x in out)
+        if memo is not None and shared:
+            memo[key] = out
+        return out
+    branch = ids(20000 + prompt.branch_id, prompt.branch_len) if prompt.branch_len else ()
     shared = min(prompt.lookahead, prompt.suffix_len)
-    return ids(1000 + prompt.prefix_id, prompt.prefix_len) + branch + \
-        ids(60000 + prompt.prefix_id, shared) + ids(50000 + salt, prompt.suffix_len - shared)
+    return [*ids(1000 + prompt.prefix_id, prompt.prefix_len), *branch,
+            *ids(60000 + prompt.prefix_id, shared),
+            *ids(50000 + salt, prompt.suffix_len - shared, shared=False)]
 
 
 def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching: bool,
