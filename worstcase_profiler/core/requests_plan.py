@@ -824,21 +824,21 @@ def token_ids(prompt: Prompt, vocab: int, salt: int, memo: dict | None = None,
     alphabet[x % len(alphabet)]. `memo` (a dict the caller keeps for one workload and one
     alphabet) computes each shared segment once and lets the prompts share its ids: 1,024 prompts
     on one 131k-token prefix are then a copy each, not 134M ids computed and boxed again."""
-    def ids(seed: int, n: int, shared: bool = True) -> tuple[int, ...]:
-        key = (seed, n, vocab)
-        if memo is not None and shared and key in memo:
-            return memo[key]
+    def ids(seed: int, n: int) -> tuple[int, ...]:
         out = tuple((seed * 7919 + i * 31) % (vocab - 1) + 1 for i in range(n))
-        if alphabet is not None:
-            out = tuple(alphabet[x % len(alphabet)] for x in out)
-        if memo is not None and shared:
-            memo[key] = out
-        return out
-    branch = ids(20000 + prompt.branch_id, prompt.branch_len) if prompt.branch_len else ()
+        return out if alphabet is None else tuple(alphabet[x % len(alphabet)] for x in out)
+
+    def common(seed: int, n: int) -> tuple[int, ...]:  # a segment other prompts have too
+        if memo is None:
+            return ids(seed, n)
+        if (seed, n, vocab) not in memo:
+            memo[seed, n, vocab] = ids(seed, n)
+        return memo[seed, n, vocab]
+    branch = common(20000 + prompt.branch_id, prompt.branch_len) if prompt.branch_len else ()
     shared = min(prompt.lookahead, prompt.suffix_len)
-    return [*ids(1000 + prompt.prefix_id, prompt.prefix_len), *branch,
-            *ids(60000 + prompt.prefix_id, shared),
-            *ids(50000 + salt, prompt.suffix_len - shared, shared=False)]
+    return [*common(1000 + prompt.prefix_id, prompt.prefix_len), *branch,
+            *common(60000 + prompt.prefix_id, shared),
+            *ids(50000 + salt, prompt.suffix_len - shared)]
 
 
 def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching: bool,
