@@ -51,6 +51,16 @@ fi
 # kept here as .kcache214/ and carried) is unpacked once, so the GDN and sampler kernels do not
 # compile again inside a case's time (they are keyed by source, arguments and the GPU).
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton_cache}
+# DeepGEMM's JIT kernels likewise (vLLM points DG_JIT_CACHE_DIR under ~/.cache/vllm unless it is
+# set): one brought back (`tar -czf $OUT/dg-cache.tgz -C $DG_JIT_CACHE_DIR/.. deep_gemm`, kept as
+# .kcache214/dg-cache.tgz) is unpacked once, so DeepSeek's sweep does not compile them again.
+export DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dg_cache/deep_gemm}
+for _wcp_jit in .kcache*/dg-cache.tgz; do
+  [ -f "$_wcp_jit" ] && [ ! -f "$DG_JIT_CACHE_DIR/.from-kcache" ] || continue
+  mkdir -p "$DG_JIT_CACHE_DIR" && tar -xzf "$_wcp_jit" -C "$DG_JIT_CACHE_DIR" --strip-components=1 \
+    && touch "$DG_JIT_CACHE_DIR/.from-kcache" && echo "env.sh: DeepGEMM cache from $_wcp_jit" >&2
+done
+unset _wcp_jit
 if ls .kcache*/triton-cache.tgz.part* >/dev/null 2>&1 && [ ! -f "$TRITON_CACHE_DIR/.from-kcache" ]; then
   mkdir -p "$TRITON_CACHE_DIR" && cat .kcache*/triton-cache.tgz.part* \
     | tar -xzf - -C "$TRITON_CACHE_DIR" --strip-components=1 \
