@@ -31,14 +31,23 @@ def pytest_addoption(parser):
     parser.addoption("--results", action="append", default=None, metavar="DIR",
                      help="directory holding bench/gpu_suite.py's summary.json (read, not run); "
                           "repeat it: later directories replace the cases they re-ran")
+    parser.addoption("--serve", action="append", default=None, metavar="DIR",
+                     help="a bench/serve_run.py folder (DIR/serve.json): test_serve_gpu.py checks "
+                          "its `--profiler worstcase` server; repeat it")
 
 
 def pytest_collection_modifyitems(config, items):
+    """test_serve_gpu.py reads served folders only: without --serve it is deselected, with it it
+    runs anywhere. The suite's tests need --results or a GPU with vLLM, else they are skipped."""
+    served = [i for i in items if Path(str(i.fspath)).name == "test_serve_gpu.py"]
+    if served and not config.getoption("--serve"):
+        config.hook.pytest_deselected(items=served)
+        items[:] = [i for i in items if i not in served]
     if config.getoption("--results") or gpu_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA and vLLM, or --results DIR from bench/gpu_suite.py")
     for item in items:
-        if HERE in Path(str(item.fspath)).resolve().parents:
+        if HERE in Path(str(item.fspath)).resolve().parents and item not in served:
             item.add_marker(skip)
 
 

@@ -126,3 +126,37 @@ def within(v: dict, case: str, allowed: dict[str, int]) -> bool:
     exactly the recorded one (a larger or a different one fails)."""
     over = v["measured_peak_bytes"] - v["predicted_peak_bytes"]
     return over <= 0 or over == allowed.get(case)
+
+
+def load_served(dirs: list[Path]) -> dict[str, dict]:
+    """bench/serve_run.py's folders (DIR/serve.json, with report-MODE.json and serve-MODE.log
+    beside it): "RUN/DIR/worstcase" -> that server's entry, with "full_report" (its report or
+    None) and "log" (its server log, "" without one), for every `--profiler worstcase` server
+    that became healthy. One that never did is a refused or stopped start, not a served run
+    (its folder's manifest says why); a stock server is the comparison, not the product."""
+    out = {}
+    for d in dirs:
+        for m in json.loads((d / "serve.json").read_text())["modes"]:
+            if m["mode"] != "worstcase" or "skipped" in m or m.get("healthy_s") is None:
+                continue
+            full, log = d / "report-worstcase.json", d / "serve-worstcase.log"
+            out[f"{d.parent.name}/{d.name}/worstcase"] = {
+                **m, "full_report": json.loads(full.read_text()) if full.exists() else None,
+                "log": log.read_text(errors="replace") if log.exists() else ""}
+    return out
+
+
+def traffic_failures(traffic: dict) -> list[str]:
+    """The parts of serve_run's traffic that did not all succeed, each a single request ("ok" true
+    or false) or a batch ("ok" of "n" requests, with "errors")."""
+    bad = []
+    for part, t in traffic.items():
+        if not isinstance(t, dict):
+            continue
+        ok = t.get("ok")
+        if isinstance(ok, bool):
+            if not ok:
+                bad.append(f"{part}: {t.get('error', 'failed')}")
+        elif ok != t.get("n") or t.get("errors"):
+            bad.append(f"{part}: {ok} of {t.get('n')} ({(t.get('errors') or [''])[0]})")
+    return bad

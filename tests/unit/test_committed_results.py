@@ -111,14 +111,23 @@ def test_gpu_tests_pass_on_the_committed_results(config):
            *[arg for g in gaps for arg in ("--allowed-gap", g)],
            *[arg for e in results_pages.exceeded(runs)
              for arg in ("--allowed-over", f"{e['case']}={e['bytes']}")],
-           *[arg for e in results_pages.failed(runs) for arg in ("--known-failure", e["case"])]]
+           *[arg for e in results_pages.failed(runs) for arg in ("--known-failure", e["case"])],
+           *[arg for d in _served_worstcase(runs) for arg in ("--serve", str(d))]]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:]
     assert " passed" in p.stdout
+    if _served_worstcase(runs):  # tests/gpu/test_serve_gpu.py read them
+        assert "deselected" not in p.stdout, p.stdout[-2000:]
     # What the runs did not cover, and why (manifests' not_run); any other skip fails the test.
     allowed = [f"no {n['case']} " for n in results_pages.not_run(runs) if "case" in n]
     skips = [ln for ln in p.stdout.splitlines() if ln.startswith("SKIPPED")]
     assert all(any(why in ln for why in allowed) for ln in skips), "\n".join(skips)
+
+
+def _served_worstcase(runs) -> list[Path]:
+    """The serve_run folders holding a current `--profiler worstcase` server (DIR/worstcase)."""
+    return [r.folder / c.rsplit("/", 1)[0] for r in runs for c in r.cases("serve", "current")
+            if c.endswith("/worstcase")]
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
