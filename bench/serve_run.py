@@ -247,22 +247,25 @@ def checked_extra(extra: str) -> list[str]:
 def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
     """`vllm serve ...` for one mode. --extra is split as a shell would (shlex: a quoted JSON
     value stays one argument); an `--additional-config` in it is merged into the plugin modes'
-    own (vLLM keeps only the last one given), its keys beside "worstcase_profiler"."""
+    own (vLLM keeps only the last one given), its keys beside "worstcase_profiler". Stock gets
+    the same config without the profiler's settings (any would turn the profiler on)."""
     extra = checked_extra(a.extra)
     more: dict = {}
-    if mode != "stock":
-        kept, i = [], 0
-        while i < len(extra):
-            name, eq, value = extra[i].partition("=")
-            if name.replace("_", "-") == "--additional-config":
-                if not eq:
-                    i += 1
-                    value = extra[i]  # there is one: checked_extra
-                more = merged_config(more, json.loads(value))
-            else:
-                kept.append(extra[i])
-            i += 1
-        extra = kept
+    kept, i = [], 0
+    while i < len(extra):
+        name, eq, value = extra[i].partition("=")
+        if name.replace("_", "-") == "--additional-config":
+            if not eq:
+                i += 1
+                value = extra[i]  # there is one: checked_extra
+            more = merged_config(more, json.loads(value))
+        else:
+            kept.append(extra[i])
+        i += 1
+    extra = kept
+    if mode == "stock":
+        more.pop("worstcase_profiler", None)
+        extra += ["--additional-config", json.dumps(more)] if more else []
     cmd = ["serve", a.model, "--load-format", "dummy", "--skip-tokenizer-init",
            "--max-model-len", str(a.max_model_len),
            "--max-num-batched-tokens", str(a.max_num_batched_tokens),

@@ -25,6 +25,9 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:Tru
 python3 staging/install_entrypoint.py --target "$SITE" --fixtures >/dev/null || exit 1
 EXTRA='--max-num-seqs 4 --block-size 256 --kv-cache-dtype fp8_ds_mla --enable-prefix-caching'
 EXTRA+=" --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":3}'"
+# the seed's step measured on its own and, before serving, built from requests against that
+# reading (check_steps; serve_run keeps the profiler's settings off the stock server)
+EXTRA+=" --additional-config '{\"worstcase_profiler\":{\"check_steps\":[\"4096@149760\"]}}'"
 if [ "${EAGER:-0}" = 1 ]; then
   eager=(--eager)
 else

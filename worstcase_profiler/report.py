@@ -25,11 +25,12 @@ from .core.types import (Admission, Advice, CacheUse, ChunkCap, CoveredSegment, 
                          CutDownProof, DeviceInfo, EngineConfig, Fit, KVAudit, PoolFit, Shape,
                          StepResult, Validation, WarmupAudit, WorkspaceSlot)
 from .core.multimodal import EncoderStep  # noqa: E402
+from .core.check_steps import CheckStep  # noqa: E402
 
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.18"
+SCHEMA_VERSION = "1.19"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -52,7 +53,8 @@ SCHEMA_VERSION = "1.18"
 # 1.16: warmup_audit's startup_peak_bytes, startup_transient_bytes and
 # startup_peak_before_capture_bytes (vLLM's own warm-up metered beside the KV cache); 1.17:
 # warmup_audit's startup_peak_after_capture_bytes (the mark when graph capture ended); 1.18:
-# config.pipeline_parallel_size.
+# config.pipeline_parallel_size; 1.19: worstcase.check_steps and the "check-step" validation
+# target (steps an operator names, measured beside the sweep and validated on their own reading).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),
@@ -130,6 +132,10 @@ class WorstCase(BaseModel):
         "their outputs held, measured on every start beside the sweep; `peak_activation_bytes` "
         "holds it (`sets_transient`). null for a text-only model, or where it was not built "
         "(the report's warnings say why and which multimodal limits were not profiled)")
+    check_steps: list[CheckStep] = Field(
+        default_factory=list, description="the steps named in the check_steps setting "
+        "(`wcprof --check-step ROWS@CONTEXT`), each measured on the full model beside the sweep "
+        "on every start; `peak_activation_bytes` holds them like any step")
     pool_fit: PoolFit | None = Field(
         None, description="the sweep's worst step had more requests than the admitted KV pool "
         "holds: the plan for that pool, its new shapes measured, is what worst_shape and "
@@ -264,7 +270,7 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
         skipped_shapes=[f"{sh.label()}: {why}" for sh, why in sweep.skipped],
         stock_excluded=sweep.stock_excluded,
         cut_down_proof=prof.cut_down_proof, encoder_step=getattr(prof, "encoder", None),
-        pool_fit=sweep.pool_fit)
+        check_steps=list(getattr(prof, "check_steps", ())), pool_fit=sweep.pool_fit)
     # the core Admission with what warm-up was expected to keep, and where that figure came from
     admission = dataclasses.replace(adm, warmup_graphs_bytes=prof.warmup.graphs_bytes,
                                     warmup_source=prof.warmup.source)

@@ -103,6 +103,10 @@ class ProfilerSettings:
     """Under `vllm serve`: before the server accepts traffic, build the report's worst step from
     real requests (worst; all: and generic traffic) and refuse to start when it needs more than
     predicted (adapter/serve_validation.py). Its replays stop as --validate's do (replay_stop)."""
+    check_steps: tuple[tuple[int, int], ...] = ()
+    """Steps to measure on their own and validate (core/check_steps.py): (rows, context) pairs,
+    one request of `rows` new tokens on `context` cached ones, e.g. the step an engine died on.
+    Given as ["4096@149760"] or "4096@149760,2048@8192"; each must fit the engine's limits."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -203,6 +207,9 @@ def _coerce(key: str, value: Any) -> Any:
         return parse_concurrency(value)
     if key == "chunk_cap":
         return None if value is None else parse_cap(value)
+    if key == "check_steps":
+        from .core.check_steps import parse
+        return parse(value)
     if key == "fit_objective" and value not in FIT_OBJECTIVES:
         raise ConfigError(f"{CONFIG_KEY}.fit_objective must be context, concurrency or "
                           f"throughput, got {value!r}")

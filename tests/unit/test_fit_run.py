@@ -379,6 +379,11 @@ def test_served_command_parses_as_serve_run_reads_it(tmp_path):
     got = json.loads(_flag(serve_run.server_argv(a, "worstcase", 8000, tmp_path / "r.json"),
                            "--additional-config")[0])
     assert got == {"x": 1, "worstcase_profiler": {"guard": "on", "validate_on_start": "worst"}}
+    # stock gets the rest: profiler settings would turn the profiler on there
+    assert _flag(serve_run.server_argv(a, "stock", 8000, tmp_path / "r.json"),
+                 "--additional-config") == ['{"x": 1}']
+    a.extra = "--additional-config '" + json.dumps({"worstcase_profiler": {"guard": "on"}}) + "'"
+    assert "--additional-config" not in serve_run.server_argv(a, "stock", 8000, tmp_path / "r.json")
     a.extra = "--seed 0 --additional-config"
     with pytest.raises(SystemExit, match="has no value"):
         serve_run.server_argv(a, "worstcase", 8000, tmp_path / "r.json")

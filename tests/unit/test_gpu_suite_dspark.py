@@ -43,7 +43,10 @@ def _report() -> dict:
             for i in range(10)]},
         "validation": {"measured_peak_bytes": 99, "predicted_peak_bytes": 100},
         "validations": [{"target": "worst-step", "measured_peak_bytes": 99,
-                         "predicted_peak_bytes": 100, "ratio": 0.99}],
+                         "predicted_peak_bytes": 100, "ratio": 0.99},
+                        {"target": "check-step", "measured_peak_bytes": 95,
+                         "predicted_peak_bytes": 96, "ratio": 0.99,
+                         "shape": dict(gpu_suite.SEED002_STEP)}],
     }
 
 
@@ -61,6 +64,7 @@ def test_the_cases_carry_seed_002s_limits():
                 flags["--max-num-batched-tokens"], flags["--block-size"],
                 flags["--kv-cache-dtype"]) == ("262144", "4", "4096", "256", "fp8_ds_mla")
         assert "--enable-prefix-caching" in argv and flags["--validate"] == "worst"
+        assert flags["--check-step"] == "4096@149760"  # the seed's step, measured on its own
         assert gpu_suite._env(name)["VLLM_DEBUG_WORKSPACE"] == "1"
         assert name in gpu_suite.NAMED_ONLY and name not in gpu_suite.DEFAULT_CASES
     graphs = gpu_suite._cli_argv("dsv4_dspark_graphs", Path("/tmp"))
@@ -84,6 +88,10 @@ def test_a_report_that_shows_the_issue_passes():
     (lambda r: r["worstcase"]["steps"][0]["shape"].update(rows=8), LOCK, ["decode_steps_one_plus_k"]),
     (lambda r: r["validations"][0].update(predicted_peak_bytes=110), LOCK, ["worst_step_within_1.02"]),
     (lambda r: r["config"].update(max_model_len=131072), LOCK, ["max_model_len_ge_262144"]),
+    (lambda r: r["validations"].pop(), LOCK, ["seed_step_within_1.02"]),
+    (lambda r: r["validations"][1].update(predicted_peak_bytes=100), LOCK, ["seed_step_within_1.02"]),
+    (lambda r: r["validations"][1]["shape"].update(context_len=8192), LOCK,
+     ["seed_step_within_1.02"]),
 ])
 def test_a_report_that_misses_it_fails_the_check_that_says_so(break_it, log, failed):
     r = copy.deepcopy(_report())

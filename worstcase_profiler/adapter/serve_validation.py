@@ -89,6 +89,12 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
                     hash_lookahead=hash_lookahead_tokens(client.vllm_config))
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan, vocab), predicted, vocab)
+    for shape, own in _check_steps(summaries).items():  # each against its own reading
+        plan = plan_for(shape, limits, prefix_caching=limits.prefix_caching,
+                        distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
+                        hash_lookahead=hash_lookahead_tokens(client.vllm_config))
+        results += await _measure(client, worst_step_workload(plan, vocab, "check-step"), own,
+                                  vocab)
     results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab)
     if which == "all":
         work = traffic_workload(limits, vocab,
@@ -100,9 +106,9 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
                  v.rank, _what(v), fmt_bytes(v.measured_peak_bytes),
                  fmt_bytes(v.predicted_peak_bytes), v.ratio, f"; {v.note}" if v.note else "")
         if replay_reached(v) is False:
-            log.warning("[wcprof] serving validation, rank %d: the requests did not form the "
-                        "worst step (the closest step formed: %s); its ratio is about "
-                        "another step", v.rank, v.formed.label())
+            log.warning("[wcprof] serving validation, rank %d: the requests did not form %s "
+                        "(the closest step formed: %s); its ratio is about another step",
+                        v.rank, v.shape.label(), v.formed.label())
     over = [v for v in results if validation_exceeded(v)]
     if over:
         v = over[0]
@@ -113,6 +119,15 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
             hint="report it with the profiler report; start without validate_on_start to serve "
                  "anyway, or lower --kv-cache-memory-bytes by the difference")
     return results
+
+
+def _check_steps(summaries) -> dict[Shape, dict[int, int]]:
+    """The steps named in check_steps: shape -> {rank: that rank's own reading of it}."""
+    from ..core.check_steps import CheckStep
+
+    read = [(c.shape, s["rank"], c.predicted_bytes) for s in summaries
+            for c in codec.decode(tuple[CheckStep, ...], s.get("checks") or [])]
+    return {shape: {rank: b for sh, rank, b in read if sh == shape} for shape, _, _ in read}
 
 
 async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,
@@ -214,6 +229,8 @@ def _what(v: Validation) -> str:
     if v.target == "multimodal":
         return (f"the multimodal step ({v.encoder_items} {v.modality} item(s) through the "
                 f"encoder, {v.shape.label()}) built from real requests")
+    if v.target == "check-step":
+        return f"the check step ({v.shape.label()}) built from real requests"
     return f"the worst step ({v.shape.label()}) built from real requests"
 
 

@@ -34,14 +34,16 @@ from ..core.advise import knee_line
 from ..core.audits import (capture_warmup_verdict, concurrency_note, kv_audit_error,
                            kv_audit_verdict, warmup_to_remember, warmup_verdict, with_startup)
 from ..core.cache_trust import reuse_consumed
+from ..core import check_steps
+from ..core.check_steps import CheckStep
 from ..core.multimodal import EncoderStep, MultimodalFacts, admit, encoder_line, unprofiled_note
 from ..core.replay_rules import plan_agreement
 from ..core import shapes
 from ..core.cache import CacheEntry, pool_capacity_tokens
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
-from ..core.sweep import (prove_cut_down, run_cut_down, run_self_checked, run_sweep,
-                          stock_readings)
+from ..core.sweep import (cannot_build, prove_cut_down, run_cut_down, run_self_checked,
+                          run_sweep, stock_readings)
 from ..core.sweep_depth import sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
@@ -94,6 +96,8 @@ class StartMeasurement(NamedTuple):
     """The encoder step measured in the sweep, where it ran."""
     encoder_why_not: str = ""
     """Why no encoder step was measured, for a model with a multimodal encoder."""
+    checks: tuple[CheckStep, ...] = ()
+    """The steps named in check_steps, measured beside the sweep."""
     driver: object = None
     """The step driver the sweep ran on (the pool fit measures on it)."""
     held: object = None
@@ -166,7 +170,7 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         held=facts.held, admission=decided.admission, budget=decided.budget,
         plan_fingerprints=tuple(fingerprints), sweep_mode=facts.sweep_mode,
         advice=decided.advice, cut_down_proof=measured.proof, fit=decided.fit,
-        encoder=measured.encoder, chunk_cap=decided.chunk_cap))
+        encoder=measured.encoder, chunk_cap=decided.chunk_cap, check_steps=measured.checks))
     write_report(session)
     error = plan_agreement(fingerprints, rank=session.facts.rank,
                            steps=len(sweep.steps)) or decided.budget.error or capture_error
@@ -213,6 +217,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
     # collectives). Its capacity bucket is checked once vLLM's own figure is known.
     limits = limits_of(vllm_config, worker.model_runner)
     chunk_cap.check_supported(settings, vllm_config, cuda=cuda)
+    check_steps.check_formable(settings.check_steps, limits)  # before anything runs
     with clock("cache_lookup"):  # the cap resizes the workspace: its starts are not cached
         handle, entry = (None, None) if settings.chunk_cap is not None else \
             sweep_cache.lookup(worker, session.facts, limits, settings)
@@ -259,6 +264,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
             with clock("encoder_step"):  # every start: it is not kept in the sweep cache
                 encoder, encoder_why_not = mm.encoder_step(driver, mm_facts, sweep.worst.shape)
             held("encoder_step.after")
+        checks = measure_check_steps(driver, settings.check_steps, clock,
+                                     getattr(meter, "allocator_slack_bytes", 0))
         measured_advice = advice.measure(driver, limits, sweep, settings, clock)  # wcprof --advise
         measured_fit = fitting.measure(driver, limits, sweep, measured_advice, settings,
                                        clock)  # wcprof fit
@@ -308,6 +315,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
     admitted, encoder = admit(sweep, encoder, getattr(meter, "allocator_slack_bytes", 0))
     if encoder is not None:
         log.info("[wcprof] %s", encoder_line(encoder))
+    admitted = check_steps.admit(admitted, checks)  # a named step counts like any other
+    for c in checks:
+        log.info("[wcprof] %s", check_steps.line(c, admitted.peak_bytes))
     if cap_plan is not None and admitted.peak_bytes > sweep.peak_bytes:  # the encoder step's
         cap_plan = dataclasses.replace(   # text step is uncapped: the cap credits nothing of it
             cap_plan, transient_bytes=max(cap_plan.transient_bytes, admitted.peak_bytes),
@@ -326,8 +336,30 @@ def measure_start(worker, original, settings: ProfilerSettings,
         alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF")),
         allocator_kept_free_bytes=kept_free)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
-                            encoder=encoder, encoder_why_not=encoder_why_not, driver=driver,
+                            encoder=encoder, encoder_why_not=encoder_why_not, checks=checks,
+                            driver=driver,
                             held=held, capture_warmup=capture_warmup)
+
+
+def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,
+                        allocator_slack: int) -> tuple[CheckStep, ...]:
+    """The steps named in check_steps (core/check_steps.py), each on the full model on a
+    provisional KV cache, at every start (the sweep cache does not keep them); a step this
+    runner cannot build is refused with why (ConfigError), never left out silently."""
+    if not steps:
+        return ()
+    out = []
+    with clock("check_steps"), driver.provisional_kv():
+        for rows, ctx in steps:
+            shape = check_steps.shape_of(rows, ctx)
+            if (why := cannot_build(driver, shape)) is not None:
+                raise ConfigError(f"check step {rows}@{ctx} cannot be built here: {why}",
+                                  hint="drop it from check_steps")
+            r = driver.measure(shape)
+            out.append(CheckStep(shape=shape, peak_bytes=r.peak_bytes,
+                                 predicted_bytes=r.peak_bytes + max(0, allocator_slack),
+                                 need_bytes=r.need_bytes))
+    return tuple(out)
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,

@@ -655,9 +655,12 @@ def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Val
 
 
 def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: Shape, *,
-                        prefix_caching: bool, quick: bool = False) -> list[Validation]:
+                        prefix_caching: bool, quick: bool = False,
+                        target: str = "worst-step") -> list[Validation]:
     """The report's worst step built from real requests (core/requests_plan.py), per rank; with
-    `quick`, its rows and requests at the shortest context (requests_plan.quick_plan)."""
+    `quick`, its rows and requests at the shortest context (requests_plan.quick_plan). Another
+    step the same way with `target` "check-step" (a step named in check_steps, `predicted` its
+    own reading)."""
     from .facts import hash_lookahead_tokens, sibling_hits_serialize
 
     if quick:
@@ -669,7 +672,7 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
                     distinct_hits=sibling_hits_serialize(vllm_config),
                     pool=pool_from(llm.collective_rpc(pool_of)),
                     hash_lookahead=hash_lookahead_tokens(vllm_config))
-    return _measure(llm, worst_step_workload(plan, _vocab(llm)), predicted)
+    return _measure(llm, worst_step_workload(plan, _vocab(llm), target), predicted)
 
 
 def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder, *,
@@ -699,7 +702,7 @@ def worker_rpc(worker, op: str, payload=None):
       formed    the steps recorded since begin (_formed: the recorder's frontier)
       summary   {"rank", "worst": the profile's worst Shape, "peak": the text replays'
                 prediction, "admitted": the admitted transient, "encoder": the EncoderStep or
-                None} (codec-encoded)
+                None, "checks": the CheckSteps measured} (codec-encoded)
       record    payload: codec-encoded Validations; this rank's are recorded in its report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
     # vllm-touch: worker-session
@@ -733,7 +736,8 @@ def worker_rpc(worker, op: str, payload=None):
         peak = text_prediction(sweep.peak_bytes, encoder)
         return {"rank": world_rank(), "peak": peak, "worst": codec.encode(target),
                 "admitted": sweep.peak_bytes,
-                "encoder": codec.encode(encoder) if encoder is not None else None}
+                "encoder": codec.encode(encoder) if encoder is not None else None,
+                "checks": codec.encode(tuple(session.profile.check_steps))}
     if op == "record":
         mine = [v for v in (payload or []) if v.get("rank") == world_rank()]
         if session is not None and mine and not session.phases.validation:

@@ -167,6 +167,9 @@ def _settings(ns, json_path: str, on_cpu: bool, sizes: dict, advice: dict,
     for key in ("kv_audit", "sweep_depth"):
         if getattr(ns, key, None) is not None:
             s[key] = getattr(ns, key)
+    if getattr(ns, "check_step", None):  # checked here: a bad step is exit 2 before the engine
+        from ..core.check_steps import parse
+        s["check_steps"] = [f"{r}@{c}" for r, c in parse(ns.check_step)]
     s.update(advice)
     if "guard" not in given:  # --validate reads the allocator's peak itself
         s["guard"] = "off"
@@ -218,8 +221,9 @@ def show_log_tail(log_path: Path | None) -> None:
 
 def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
     """--validate: the report's worst step from real requests (where an encoder step was
-    measured, also that step from requests with images), then generic traffic, per rank; and a
-    warning for each replay that could not be built, saying why."""
+    measured, also that step from requests with images; each step named in check_steps too),
+    then generic traffic, per rank; and a warning for each replay that could not be built,
+    saying why."""
     from ..adapter.facts import limits_of
     from ..adapter.validation import validate_multimodal, validate_traffic, validate_worst_step
     from ..core.multimodal import text_prediction
@@ -238,6 +242,12 @@ def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
     if which in ("all", "worst", "quick"):
         found += validate_worst_step(llm, predicted, limits, target,
                                      prefix_caching=limits.prefix_caching, quick=which == "quick")
+    if which in ("all", "worst"):  # each named step against its own reading, per rank
+        for check in report.worstcase.check_steps:
+            own = {r.rank: next(c.predicted_bytes for c in r.worstcase.check_steps
+                                if c.shape == check.shape) for r in (report.ranks or [report])}
+            found += validate_worst_step(llm, own, limits, check.shape, target="check-step",
+                                         prefix_caching=limits.prefix_caching)
     encoder = report.worstcase.encoder_step
     if which in ("all", "worst") and encoder is not None:
         # the encoder step from requests with images, against the admitted figure it is in

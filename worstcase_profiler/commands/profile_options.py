@@ -58,6 +58,11 @@ def add_profile_flags(p, title: str = "wcprof") -> None:
                         "WCPROF_REPLAY_STOP=formed it stops as soon as the step is built "
                         "(faster, and its requests never reach their full context: for an "
                         "engine that fails near max_model_len)")
+    g.add_argument("--check-step", metavar="ROWS@CONTEXT", action="append", default=None,
+                   help="also measure this step on its own: one request of ROWS new tokens on "
+                        "CONTEXT cached ones (e.g. 4096@149760, the step an engine died on); it "
+                        "counts in the worst case, and --validate worst/all builds it from real "
+                        "requests against its own reading (repeatable)")
     g.add_argument("--exhaustive", action="store_true",
                    help="execute every rows value 1..max_num_batched_tokens instead of "
                         "certifying segments by chord (slower)")
@@ -121,7 +126,7 @@ def light_parser() -> UnprefixedArgParser:
 
 _VALUED = ("--json", "--html", "--png", "--margin", "--kv-cap", "--model",
            "--kv-cache-memory-bytes", "--advise-chunk", "--advise-within",
-           "--max-num-batched-tokens", "--additional-config", "--load-format")
+           "--max-num-batched-tokens", "--additional-config", "--load-format", "--check-step")
 
 
 def dashes(argv: list[str]) -> list[str]:

@@ -463,14 +463,15 @@ class Validation:
     requests: tuple[str, ...] = doc("the requests replayed")
     seconds: float = doc("wall time of the replay")
     rank: int = doc("the rank measured (with TP, the rank of highest ratio)", default=0)
-    target: Literal["worst-step", "quick", "traffic", "multimodal"] = doc(
+    target: Literal["worst-step", "quick", "traffic", "multimodal", "check-step"] = doc(
         "worst-step: the report's own worst shape built from real requests (its rows, request "
         "count and context); on a model whose encoder step set the admitted transient, held "
         "against the text sweep's own figure (text requests never run the encoder); quick: its "
         "rows over its requests at the shortest context, formed within a few steps (`--validate "
         "quick`); traffic: generic requests; multimodal: the encoder step (worstcase."
         "encoder_step) built from requests with items (images) behind a text prefix, held "
-        "against the admitted figure", default="traffic")
+        "against the admitted figure; check-step: a step named in check_steps (worstcase."
+        "check_steps) built from requests, held against its own reading", default="traffic")
     shape: Shape | None = doc("the step the requests were built to reach", default=None)
     note: str | None = doc("why a shape could not be built exactly, if so", default=None)
     resolution_bytes: int = doc(
@@ -552,6 +553,9 @@ class ProfileResult:
     (core/multimodal.py)."""
     chunk_cap: "ChunkCap | None" = None
     """The context-aware chunk cap (setting chunk_cap): `admission` is then the capped one."""
+    check_steps: tuple = ()
+    """The steps named in check_steps, measured beside the sweep (core/check_steps.CheckStep,
+    which imports this module)."""
 
 
 @dataclass(frozen=True)

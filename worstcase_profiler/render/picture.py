@@ -474,6 +474,14 @@ def _draw_context(ax, report: Report) -> None:
     else:
         ax.text(0.5, 0.5, "no context curve in this report", transform=ax.transAxes,
                 ha="center", va="center", color="#555555")
+    if wc.check_steps:  # the steps named (check_steps), each at its own context
+        ax.plot([c.shape.context_len for c in wc.check_steps],
+                [c.need_bytes for c in wc.check_steps], marker="D", color="#0072B2",
+                markersize=8, linestyle="none", label="check steps (named, rows@context)")
+        for c in wc.check_steps:
+            ax.annotate(f"{c.shape.rows}@{c.shape.context_len}",
+                        xy=(c.shape.context_len, c.need_bytes), xytext=(6, -12),
+                        textcoords="offset points", color="#0072B2", fontsize=8.5)
     _draw_reference_lines(ax, report)
     if adm.stock_oom_context_len == 0:
         ax.text(0.02, 0.93, "stock is short at every context length, even an empty KV cache",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.admission import least_of, null_block_text, pool_hold_text
+from ..core.check_steps import line as check_line
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
 from ..core.pool_fit import fit_text
@@ -205,6 +206,8 @@ def details(report: Report) -> list[Detail]:
                                 f"{shape_text(report.stock.shape)})")]
     if wc.encoder_step is not None:
         out.append(Detail("encoder-step", encoder_line(wc.encoder_step)))
+    for check in wc.check_steps:
+        out.append(Detail("check-step", check_line(check, wc.peak_activation_bytes)))
     if wc.workspace_bytes or any(s.bytes_after for s in wc.workspace_slots):
         out.append(Detail("workspace", workspace_text(report)))
     warmup = f"cudagraphs {fmt_bytes(adm.cudagraph_bytes)}"
@@ -371,6 +374,7 @@ def validation_text(v) -> str:
             "quick": " (quick: the worst step's rows and requests, short context)",
             "multimodal": f" (multimodal step: {v.encoder_items} {v.modality} item(s) through "
                           f"the encoder, against the admitted figure)",
+            "check-step": " (check step, against its own reading)",
             }.get(v.target, "")
     text = (f"validation{what}: measured {fmt_bytes(v.measured_peak_bytes)} vs predicted "
             f"{fmt_bytes(v.predicted_peak_bytes)}, ratio {v.ratio:.3f}")
@@ -387,7 +391,8 @@ def validation_text(v) -> str:
     if replay_reached(v) is False:
         text += (f"; NOT REACHED: the closest step the scheduler formed was "
                  f"{fmt_tokens(v.formed.rows)} rows over {v.formed.num_reqs} request(s) at context "
-                 f"{fmt_tokens(v.formed.context_len)}, so this measured another step, not the worst one")
+                 f"{fmt_tokens(v.formed.context_len)}, so this measured another step, not the "
+                 f"{'check' if v.target == 'check-step' else 'worst'} one")
     if v.predicted_peak_bytes < v.measured_peak_bytes and not validation_exceeded(v):
         text += (f" (over the prediction by {fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)}"
                  f", within the meter's {fmt_bytes(v.resolution_bytes)} resolution)")

@@ -1,0 +1,59 @@
+"""Steps an operator names (core/check_steps.py): parsed from ROWS@CONTEXT, refused where the
+engine's scheduler never forms them, and admitted like any step the sweep ran: a named step can
+raise the admitted transient, never lower it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from worstcase_profiler.core import check_steps as cs
+from worstcase_profiler.core.shapes import Limits
+from worstcase_profiler.errors import ConfigError
+from worstcase_profiler.settings import from_mapping
+
+LIMITS = Limits(max_model_len=262144, max_num_batched_tokens=4096, max_num_seqs=4, block_size=256)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sweep:  # the one field admit reads and replaces
+    peak_bytes: int
+
+
+def _check(peak: int, slack: int = 0, rows: int = 4096, ctx: int = 149760) -> cs.CheckStep:
+    return cs.CheckStep(cs.shape_of(rows, ctx), peak, peak + slack, peak)
+
+
+def test_steps_parse_from_a_list_or_one_string_in_order_without_repeats():
+    assert cs.parse(["4096@149760", "8@0", "4096@149_760"]) == ((4096, 149760), (8, 0))
+    assert cs.parse("2048@8192, 4096@149760") == ((2048, 8192), (4096, 149760))
+    assert from_mapping({"check_steps": ["4096@149760"]}).check_steps == ((4096, 149760),)
+
+
+@pytest.mark.parametrize("bad", ["4096", "4096:149760", "@100", "0@100", "-1@5", "a@b", "4096@"])
+def test_a_step_that_is_not_rows_at_context_is_a_config_error_naming_it(bad):
+    with pytest.raises(ConfigError, match=f"check step '{bad}' is not ROWS@CONTEXT"):
+        from_mapping({"check_steps": [bad]})
+
+
+def test_a_step_the_scheduler_never_forms_is_refused_with_why():
+    assert cs.unformable(cs.shape_of(4096, 258048), LIMITS) is None  # ends at max_model_len
+    assert "max_num_batched_tokens 4096" in cs.unformable(cs.shape_of(4097, 0), LIMITS)
+    assert "max_model_len 262144" in cs.unformable(cs.shape_of(4096, 258049), LIMITS)
+    cs.check_formable(((4096, 149760), (1, 262143)), LIMITS)
+    with pytest.raises(ConfigError, match=r"check step 8192@0: 8192 new tokens"):
+        cs.check_formable(((4096, 149760), (8192, 0)), LIMITS)
+
+
+def test_a_named_step_raises_the_admitted_transient_never_lowers_it():
+    sweep = _Sweep(peak_bytes=2_000)
+    assert cs.admit(sweep, ()) is sweep
+    assert cs.admit(sweep, (_check(1_500, slack=100),)) is sweep
+    assert cs.admit(sweep, (_check(1_500), _check(1_999, slack=2, rows=8))).peak_bytes == 2_001
+
+
+def test_the_line_says_how_close_the_step_came_to_the_admitted_figure():
+    assert "75.0% of the admitted 2.00 GiB" in cs.line(_check(1_536 << 20), 2_048 << 20)
+    assert "4,096 new tokens on 149,760 cached" in cs.line(_check(1_536 << 20), 2_048 << 20)
+    assert cs.line(_check(2_048 << 20), 2_048 << 20).endswith("sets the admitted transient")
