@@ -534,6 +534,26 @@ def _check_multimodal(report: dict, name: str, put) -> None:
 
 
 RESIZED, LOCKED = "[WORKSPACE DEBUG] Resized workspace", "[WORKSPACE DEBUG] Workspace locked"
+_PROCESS = re.compile(r"^\((?:[^()]*?) pid=(\d+)\)")
+
+
+def resizes_after_lock(log_text: str) -> tuple[bool, list[str]]:
+    """vLLM's workspace debug log (VLLM_DEBUG_WORKSPACE=1): (whether any process logged the lock,
+    the resize lines each process logged after its own lock). Lines are grouped by their
+    "(Name pid=N)" prefix (under `vllm serve` and TP each worker logs its own lock); lines
+    without one are one process (an in-process engine)."""
+    lines: dict[str, list[str]] = {}
+    for ln in log_text.splitlines():
+        if LOCKED in ln or RESIZED in ln:
+            m = _PROCESS.match(ln)
+            lines.setdefault(m.group(1) if m else "", []).append(ln)
+    locked, late = False, []
+    for own in lines.values():
+        at = next((i for i, ln in enumerate(own) if LOCKED in ln), None)
+        if at is not None:
+            locked = True
+            late += [ln for ln in own[at:] if RESIZED in ln]
+    return locked, late
 
 
 def _check_dspark(report: dict, name: str, log_text: str, put) -> None:
@@ -554,10 +574,9 @@ def _check_dspark(report: dict, name: str, log_text: str, put) -> None:
         or "no workspace slots")
     put("workspace_locked", report["worstcase"].get("workspace_locked") is True,
         str(report["worstcase"].get("workspace_locked")))
-    lock_at = log_text.rfind(LOCKED)
-    late = [ln for ln in log_text[lock_at:].splitlines() if RESIZED in ln] if lock_at >= 0 else []
-    put("no_workspace_resize_after_lock", lock_at >= 0 and not late,
-        "no lock line in the log (VLLM_DEBUG_WORKSPACE unset?)" if lock_at < 0
+    locked, late = resizes_after_lock(log_text)
+    put("no_workspace_resize_after_lock", locked and not late,
+        "no lock line in the log (VLLM_DEBUG_WORKSPACE unset?)" if not locked
         else (late[0][:300] if late else "no resize after the lock"))
     _within_two_percent(put, "worst_step_within_1.02", [
         v for v in report.get("validations") or [] if v.get("target") == "worst-step"], "worst-step")

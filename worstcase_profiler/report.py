@@ -174,8 +174,8 @@ class Report(BaseModel):
                           "figure), else the worst-step one, else the quick one, else generic "
                           "traffic (with TP, the rank of highest ratio)")
     validations: list[Validation] = Field(
-        default_factory=list, description="every validation run: worst-step, multimodal, quick "
-                                          "and traffic")
+        default_factory=list, description="every validation run: worst-step, multimodal, quick, "
+                                          "traffic and check-step")
     startup_seconds: dict[str, float] = Field(
         default_factory=dict,
         description="wall seconds of each start-up phase in this worker; 'vllm_*' phases are "
@@ -293,7 +293,9 @@ def build_report(session: "StartupSession", *, created_at: str) -> Report:
 def gating_validation(validations: list[Validation]) -> Validation | None:
     """The validation that gates: the multimodal one of highest ratio when any ran (it holds the
     admitted figure, which the encoder step set or is in), else the worst-step one, else the
-    quick one, else the traffic one of highest ratio."""
+    quick one, else the traffic one of highest ratio. A check-step one never gates here (it is
+    held against its own step's reading, not the admitted figure); `wcprof --validate` still
+    fails on any validation that exceeded its prediction."""
     worst = ([v for v in validations if v.target == "multimodal"]
              or [v for v in validations if v.target == "worst-step"])
     quick = [v for v in validations if v.target == "quick"]

@@ -31,17 +31,21 @@ def test_steps_parse_from_a_list_or_one_string_in_order_without_repeats():
     assert from_mapping({"check_steps": ["4096@149760"]}).check_steps == ((4096, 149760),)
 
 
-@pytest.mark.parametrize("bad", ["4096", "4096:149760", "@100", "0@100", "-1@5", "a@b", "4096@"])
+@pytest.mark.parametrize("bad", ["4096", "4096:149760", "@100", "-1@5", "a@b", "4096@",
+                                 "4096@\u00b2"])
 def test_a_step_that_is_not_rows_at_context_is_a_config_error_naming_it(bad):
     with pytest.raises(ConfigError, match=f"check step '{bad}' is not ROWS@CONTEXT"):
         from_mapping({"check_steps": [bad]})
+    with pytest.raises(ConfigError, match="at least 1 new token"):
+        cs.parse(["0@100"])
+    assert cs.parse(["4096@1,8@0"]) == ((4096, 1), (8, 0))  # --check-step A,B as the setting
 
 
 def test_a_step_the_scheduler_never_forms_is_refused_with_why():
-    assert cs.unformable(cs.shape_of(4096, 258048), LIMITS) is None  # ends at max_model_len
+    assert cs.unformable(cs.shape_of(4096, 258047), LIMITS) is None  # its sample ends it
     assert "max_num_batched_tokens 4096" in cs.unformable(cs.shape_of(4097, 0), LIMITS)
-    assert "max_model_len 262144" in cs.unformable(cs.shape_of(4096, 258049), LIMITS)
-    cs.check_formable(((4096, 149760), (1, 262143)), LIMITS)
+    assert "max_model_len 262144" in cs.unformable(cs.shape_of(4096, 258048), LIMITS)
+    cs.check_formable(((4096, 149760), (1, 262142)), LIMITS)
     with pytest.raises(ConfigError, match=r"check step 8192@0: 8192 new tokens"):
         cs.check_formable(((4096, 149760), (8192, 0)), LIMITS)
 

@@ -97,3 +97,13 @@ def test_a_report_that_misses_it_fails_the_check_that_says_so(break_it, log, fai
     r = copy.deepcopy(_report())
     break_it(r)
     assert _failed(r, log) == failed
+
+
+def test_a_resize_counts_after_its_own_process_locked():
+    """Under `vllm serve` and TP each worker logs its own lock: a resize in a worker that has
+    not locked yet is its sweep's, one after its own lock is late."""
+    a, b = "(Worker_TP0 pid=11) INFO ", "(Worker_TP1 pid=12) INFO "
+    early = f"{a}{LOCK}\n{b}{RESIZE}\n{b}{LOCK}\n"
+    assert gpu_suite.resizes_after_lock(early) == (True, [])
+    assert gpu_suite.resizes_after_lock(early + f"{b}{RESIZE}\n") == (True, [f"{b}{RESIZE}"])
+    assert gpu_suite.resizes_after_lock(f"{RESIZE}\n") == (False, [])

@@ -277,3 +277,20 @@ def test_the_recommended_flag_is_held_at_the_fitted_pool():
     assert adm.recommended_kv_cache_memory_bytes <= ceiling and adm.kv_cache_bytes <= ceiling
     assert adm.budget_bytes > ceiling  # the arithmetic still adds up to the uncapped figure
     assert first.admission.pool_ceiling_bytes is None  # the unfitted plan: vLLM's own pool
+
+
+def test_a_measured_step_outside_the_plan_is_never_admitted_below_its_reading():
+    """A step the sweep's plan does not hold (a named check step, the encoder step) raised the
+    admitted figure before the fit. The fit drops the worst step and its formula falls, and a
+    raise carried as an excess over that formula falls with it; the step still forms in the
+    fitted pool, so its reading is a floor."""
+    driver = FakeDriver(LIMITS, transient=per_request)
+    sweep = run_sweep(driver, tolerance=0, attribute_ops=False)
+    floor = sweep.peak_bytes + 2 * MiB
+    facts = measured(dataclasses.replace(sweep, peak_bytes=floor), consumed=CONSUMED)
+    first = decide(facts)
+    plain, _ = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False)
+    assert plain.sweep.pool_fit is not None and plain.sweep.peak_bytes < floor
+    held, _ = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False,
+                          floor=floor)
+    assert held.sweep.pool_fit is not None and held.sweep.peak_bytes == floor

@@ -28,8 +28,8 @@ the second overshot, for the pool the second one's transient leaves (core/pool_f
 
 def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Measured], Decided],
                 *, mode: str, agree_max: Callable[[int], int] | None = None,
-                held: Callable[[str], int] | None = None, attribute: bool = True
-                ) -> tuple[Measured, Decided]:
+                held: Callable[[str], int] | None = None, attribute: bool = True,
+                floor: int = 0) -> tuple[Measured, Decided]:
     """(facts, decision) with the worst step fitted to the admitted pool, or the ones given
     where the sweep's plan stands: its worst shape fits the pool, the start is refused (on any
     rank), the pool is not the admission's (report mode, the chunk cap's plan), or no pool was
@@ -37,7 +37,8 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     block held back); an explicit KV size is that pool, and its plan is fitted the same way.
     A first round that does not fit is the answer (refused: its readings are steps the unfitted
     pool forms too); a later one ends the fit with the round before. `held(phase)` reads what
-    the process holds: what the fit's steps leave behind is added to the consumed memory."""
+    the process holds: what the fit's steps leave behind is added to the consumed memory.
+    `floor`: the transient no fitted plan admits less than (core.refit's)."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     agree = agree_max or (lambda v: v)
     if (mode != "enforce" or not bpt or facts.chunk_cap_plan is not None
@@ -74,7 +75,7 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
                            [readings[s] for s in fitted.added if s in readings],
                            allocator_slack=slack, rounds=rounds,
                            skipped=[(s, skipped[s]) for s in fitted.added if s in skipped],
-                           ran=readings.values())
+                           ran=readings.values(), floor=floor)
         trial = dataclasses.replace(facts, limits=fitted.limits, sweep=refit)
         answer = decide(trial)
         if agree(int(answer.budget.error is not None)):

@@ -1,7 +1,9 @@
 """`vllm serve --profiler worstcase` with `validate_on_start`: before the HTTP server accepts
 traffic, the report's own worst step is built from real requests (core/requests_plan.py) and
-measured on every rank, like `wcprof --validate worst`. Needing more than predicted refuses the
-start; the result goes into each rank's report and one log line.
+measured on every rank, like `wcprof --validate worst`, and so is each step named in check_steps,
+against its own reading. Needing more than predicted refuses the start; a named step over its
+own reading but within the admitted figure is a warning (the engine is not at risk). Each result
+goes into each rank's report and one log line.
 
 vLLM builds its engine client in `build_async_engine_client_from_engine_args` (an async context
 manager) and starts the HTTP server inside it; the wrap runs the requests between the two. The
@@ -17,6 +19,7 @@ import functools
 import logging
 
 from ..core import codec
+from ..core.check_steps import CheckStep, within_admitted
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
 from ..core.replay_rules import replay_reached, replay_stops, validation_exceeded
@@ -70,9 +73,11 @@ def _wrap(original):
 
 
 async def validate_before_serving(client, which: str) -> list[Validation]:
-    """Build the worst step from requests on `client` (an AsyncLLM), measure every rank, record
-    the result in each rank's report; WcprofError when a rank needed more than predicted.
-    which="all" also serves generic traffic (validation.traffic_workload), like --validate."""
+    """Build the worst step (and each step named in check_steps) from requests on `client` (an
+    AsyncLLM), measure every rank, record the results in each rank's report; WcprofError when a
+    rank needed more than predicted (a named step: more than the admitted figure, core/
+    check_steps.within_admitted). which="all" also serves generic traffic
+    (validation.traffic_workload), like --validate."""
     from .facts import hash_lookahead_tokens, limits_of, sibling_hits_serialize
 
     # vllm-touch: worker-config
@@ -83,18 +88,18 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
+    admitted = {s["rank"]: int(s.get("admitted", s["peak"])) for s in summaries}
     pool = pool_from(await ask(client, "pool"))
-    plan = plan_for(codec.decode(Shape, worst), limits, prefix_caching=limits.prefix_caching,
-                    distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
-                    hash_lookahead=hash_lookahead_tokens(client.vllm_config))
+    plan = functools.partial(plan_for, limits=limits, prefix_caching=limits.prefix_caching,
+                             distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
+                             hash_lookahead=hash_lookahead_tokens(client.vllm_config))
     vocab = int(client.model_config.get_vocab_size())
-    results = await _measure(client, worst_step_workload(plan, vocab), predicted, vocab)
-    for shape, own in _check_steps(summaries).items():  # each against its own reading
-        plan = plan_for(shape, limits, prefix_caching=limits.prefix_caching,
-                        distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
-                        hash_lookahead=hash_lookahead_tokens(client.vllm_config))
-        results += await _measure(client, worst_step_workload(plan, vocab, "check-step"), own,
-                                  vocab)
+    results = await _measure(client, worst_step_workload(plan(codec.decode(Shape, worst)), vocab),
+                             predicted, vocab)
+    readings = _check_steps(summaries)
+    for shape, own in readings.items():  # each against its own reading
+        results += await _measure(client, worst_step_workload(plan(shape), vocab, "check-step"),
+                                  own, vocab)
     results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab)
     if which == "all":
         work = traffic_workload(limits, vocab,
@@ -110,6 +115,14 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
                         "(the closest step formed: %s); its ratio is about another step",
                         v.rank, v.shape.label(), v.formed.label())
     over = [v for v in results if validation_exceeded(v)]
+    missed = [v for v in over if v.target == "check-step"
+              and within_admitted(v, readings[v.shape][v.rank], admitted[v.rank])]
+    for v in missed:
+        log.warning("[wcprof] serving validation, rank %d: %s needed %s, more than its own "
+                    "reading (%s predicted) but within the admitted figure: the start goes on; "
+                    "report it with the profiler report", v.rank, _what(v),
+                    fmt_bytes(v.measured_peak_bytes), fmt_bytes(v.predicted_peak_bytes))
+    over = [v for v in over if v not in missed]
     if over:
         v = over[0]
         raise WcprofError(
@@ -123,8 +136,6 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
 
 def _check_steps(summaries) -> dict[Shape, dict[int, int]]:
     """The steps named in check_steps: shape -> {rank: that rank's own reading of it}."""
-    from ..core.check_steps import CheckStep
-
     read = [(c.shape, s["rank"], c.predicted_bytes) for s in summaries
             for c in codec.decode(tuple[CheckStep, ...], s.get("checks") or [])]
     return {shape: {rank: b for sh, rank, b in read if sh == shape} for shape, _, _ in read}

@@ -98,6 +98,9 @@ class StartMeasurement(NamedTuple):
     """Why no encoder step was measured, for a model with a multimodal encoder."""
     checks: tuple[CheckStep, ...] = ()
     """The steps named in check_steps, measured beside the sweep."""
+    floor: int = 0
+    """The transient the pool fit never admits less than: the encoder step's and the check
+    steps' predictions (steps outside the sweep's plan that any pool forms)."""
     driver: object = None
     """The step driver the sweep ran on (the pool fit measures on it)."""
     held: object = None
@@ -125,10 +128,13 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     with session.clock("pool_fit"), gc_frozen():  # the worst step fitted to the pool it leaves
         facts, decided = pool_fit.fit_to_pool(
             measured.driver, measured.facts, decided, decide, mode=settings.mode,
-            agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops)
+            agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops,
+            floor=measured.floor)
     for note in decided.warnings:
         session.warn(note)
         log.warning("[wcprof] %s", note)
+    for check in measured.checks:  # against the figure admitted after the pool fit
+        log.info("[wcprof] %s", check_steps.line(check, facts.sweep.peak_bytes))
     capture_error = None
     if measured.capture_warmup is not None:
         over = capture_warmup_verdict(
@@ -201,8 +207,9 @@ def apply_budget(worker, sweep: SweepResult, decided: budget.Decided) -> int:
 def measure_start(worker, original, settings: ProfilerSettings,
                   session: StartupSession) -> StartMeasurement:
     """Everything the decision reads, measured in one pass with the heap frozen: vLLM's own
-    profile (the stock figure), the worst-case sweep or a cached sweep's replay, the advisor's
-    steps, the warm-up reserve, every workspace slot reserved, and what the process then holds."""
+    profile (the stock figure), the worst-case sweep or a cached sweep's replay, the encoder
+    step and the steps named in check_steps, the advisor's steps, the warm-up reserve, every
+    workspace slot reserved, and what the process then holds."""
     clock = session.clock
     # vllm-touch: worker-config
     vllm_config = worker.vllm_config
@@ -218,6 +225,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
     limits = limits_of(vllm_config, worker.model_runner)
     chunk_cap.check_supported(settings, vllm_config, cuda=cuda)
     check_steps.check_formable(settings.check_steps, limits)  # before anything runs
+    if settings.check_steps and settings.chunk_cap is not None:
+        raise ConfigError("worstcase_profiler: check_steps with chunk_cap: the cap clamps a "
+                          "step's rows at long context, so a named step may never form as named",
+                          hint="drop one of them")
     with clock("cache_lookup"):  # the cap resizes the workspace: its starts are not cached
         handle, entry = (None, None) if settings.chunk_cap is not None else \
             sweep_cache.lookup(worker, session.facts, limits, settings)
@@ -245,6 +256,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
                      entry.capacity_tokens, limits.kv_capacity_tokens)
             entry = None
         driver = make_driver(worker, limits, meter, agree_fn)
+        for rows, ctx in settings.check_steps:  # before the sweep: refused, never left out
+            if (why := cannot_build(driver, check_steps.shape_of(rows, ctx))) is not None:
+                raise ConfigError(f"check step {rows}@{ctx} cannot be built here: {why}",
+                                  hint="drop it from check_steps")
         tolerance = settings.tolerance_bytes if settings.tolerance_bytes is not None \
             else meter.resolution_bytes
         def held(phase: str) -> int:  # logged: where a phase leaves memory held shows
@@ -316,8 +331,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
     if encoder is not None:
         log.info("[wcprof] %s", encoder_line(encoder))
     admitted = check_steps.admit(admitted, checks)  # a named step counts like any other
-    for c in checks:
-        log.info("[wcprof] %s", check_steps.line(c, admitted.peak_bytes))
+    slack = max(0, getattr(meter, "allocator_slack_bytes", 0))
+    floor = max([c.predicted_bytes for c in checks]
+                + ([encoder.peak_bytes + slack] if encoder is not None else []), default=0)
     if cap_plan is not None and admitted.peak_bytes > sweep.peak_bytes:  # the encoder step's
         cap_plan = dataclasses.replace(   # text step is uncapped: the cap credits nothing of it
             cap_plan, transient_bytes=max(cap_plan.transient_bytes, admitted.peak_bytes),
@@ -337,24 +353,21 @@ def measure_start(worker, original, settings: ProfilerSettings,
         allocator_kept_free_bytes=kept_free)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not, checks=checks,
-                            driver=driver,
+                            floor=floor, driver=driver,
                             held=held, capture_warmup=capture_warmup)
 
 
 def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,
                         allocator_slack: int) -> tuple[CheckStep, ...]:
     """The steps named in check_steps (core/check_steps.py), each on the full model on a
-    provisional KV cache, at every start (the sweep cache does not keep them); a step this
-    runner cannot build is refused with why (ConfigError), never left out silently."""
+    provisional KV cache of its own, at every start (the sweep cache does not keep them); the
+    caller refused any this runner cannot build before the sweep."""
     if not steps:
         return ()
     out = []
     with clock("check_steps"), driver.provisional_kv():
         for rows, ctx in steps:
             shape = check_steps.shape_of(rows, ctx)
-            if (why := cannot_build(driver, shape)) is not None:
-                raise ConfigError(f"check step {rows}@{ctx} cannot be built here: {why}",
-                                  hint="drop it from check_steps")
             r = driver.measure(shape)
             out.append(CheckStep(shape=shape, peak_bytes=r.peak_bytes,
                                  predicted_bytes=r.peak_bytes + max(0, allocator_slack),

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..errors import ConfigError
 from ..sizes import fmt_bytes
 from .shapes import Limits
-from .types import Shape, doc
+from .types import Shape, Validation, doc
 
 
 @dataclass(frozen=True)
@@ -39,18 +39,22 @@ class CheckStep:
 
 
 def parse(value) -> tuple[tuple[int, int], ...]:
-    """`ROWS@CONTEXT` items (a list, or one string separated by commas) -> ((rows, context), ...)
-    in the order given, duplicates dropped; ConfigError naming the bad item otherwise."""
-    items = value.split(",") if isinstance(value, str) else list(value or ())
+    """`ROWS@CONTEXT` items (a list, one string, either separated by commas) -> ((rows, context),
+    ...) in the order given, duplicates dropped; ConfigError naming the bad item otherwise."""
+    items = [part for item in ([value] if isinstance(value, str) else list(value or ()))
+             for part in str(item).split(",")]
     out: list[tuple[int, int]] = []
     for item in items:
-        text = str(item).strip().replace("_", "")
+        text = item.strip().replace("_", "")
         rows, at, ctx = text.partition("@")
-        if not (at and rows.isdigit() and ctx.isdigit() and int(rows) >= 1):
+        if not (at and rows.isdecimal() and ctx.isdecimal()):
             raise ConfigError(
-                f"check step {item!r} is not ROWS@CONTEXT",
+                f"check step {item.strip()!r} is not ROWS@CONTEXT",
                 hint="name a step as its new tokens @ its cached tokens, e.g. 4096@149760 for a "
                      "4,096-token chunk on 149,760 cached tokens")
+        if int(rows) < 1:
+            raise ConfigError(f"check step {item.strip()!r}: a step computes at least 1 new token",
+                              hint="e.g. 1@149760 for one token on 149,760 cached ones")
         if (int(rows), int(ctx)) not in out:
             out.append((int(rows), int(ctx)))
     return tuple(out)
@@ -62,13 +66,13 @@ def shape_of(rows: int, context: int) -> Shape:
 
 def unformable(shape: Shape, limits: Limits) -> str | None:
     """Why the engine's scheduler never forms `shape`, or None: more rows than one step holds,
-    or a request longer than max_model_len."""
+    or a prompt that leaves no room in max_model_len for the token its last chunk samples."""
     if shape.rows > limits.max_num_batched_tokens:
         return (f"{shape.rows} new tokens is more than one step holds "
                 f"(max_num_batched_tokens {limits.max_num_batched_tokens})")
-    if shape.context_len + shape.rows > limits.max_model_len:
-        return (f"{shape.context_len} cached + {shape.rows} new tokens is longer than "
-                f"max_model_len {limits.max_model_len}")
+    if shape.context_len + shape.rows > limits.max_model_len - 1:
+        return (f"{shape.context_len} cached + {shape.rows} new tokens leaves no room in "
+                f"max_model_len {limits.max_model_len} for the token it samples")
     return None
 
 
@@ -88,10 +92,19 @@ def admit(sweep, checks: tuple[CheckStep, ...]):
     return dataclasses.replace(sweep, peak_bytes=top) if top > sweep.peak_bytes else sweep
 
 
+def within_admitted(v: Validation, reading: int, admitted: int) -> bool:
+    """Whether a check step's validation `v`, held against `reading` (the step's own prediction),
+    measured within the admitted transient all the same: against `admitted` plus the same
+    workspace, at the meter's resolution. A step over its own reading but within this is a
+    reading that missed, not an engine at risk: `vllm serve` warns, and starts."""
+    return v.measured_peak_bytes <= v.predicted_peak_bytes - reading + admitted + v.resolution_bytes
+
+
 def line(check: CheckStep, admitted: int) -> str:
-    """One line for the log and the report: the step's reading against the admitted figure."""
+    """One line for the log and the report: the step's prediction (its reading plus the meter's
+    allocator slack) against the admitted figure."""
     s = check.shape
     verdict = ("sets the admitted transient" if check.predicted_bytes >= admitted
                else f"{check.predicted_bytes / admitted:.1%} of the admitted {fmt_bytes(admitted)}")
     return (f"check step {s.rows}@{s.context_len} ({s.rows:,} new tokens on {s.context_len:,} "
-            f"cached): {fmt_bytes(check.peak_bytes)}, {verdict}")
+            f"cached): {fmt_bytes(check.predicted_bytes)}, {verdict}")

@@ -68,7 +68,7 @@ def replan(limits: Limits, worst_rows: int, pool_tokens: int) -> Replan | None:
 def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable[StepResult],
           *, allocator_slack: int = 0, rounds: int = 1,
           skipped: Iterable[tuple[Shape, str]] = (),
-          ran: Iterable[StepResult] | None = None) -> SweepResult:
+          ran: Iterable[StepResult] | None = None, floor: int = 0) -> SweepResult:
     """`sweep` admitted for the fitted plan: `measured` holds the full-model readings of the
     plan's added shapes (those the driver could build; the others in `skipped`, with why).
 
@@ -83,7 +83,9 @@ def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable
     step counts again, as in the sweep. The worst step is the largest full-model reading kept
     (by need, then peak); `worst_op` stays only where the worst shape does. `limits`: the
     sweep's (its rows curve's shapes). `ran`: every step the fit measured, earlier rounds'
-    included, for the record (default `measured`)."""
+    included, for the record (default `measured`). `floor`: measured steps outside the plan that
+    the fitted pool still forms (the encoder step, the named check steps: their predictions); the
+    admitted transient never goes below it, since a carried excess shrinks with the formula."""
     measured, skipped = tuple(measured), tuple(skipped)
     excluded = sweep.stock_excluded
     stand_in = plan.fresh_prefill_batch(fitted.limits)
@@ -91,7 +93,8 @@ def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable
         excluded = None  # its stand-in did not run: the stock step counts
     carried = max(0, sweep.peak_bytes - _formula(sweep, limits, (), (), sweep.stock_excluded,
                                                  allocator_slack))
-    peak = _formula(sweep, limits, measured, fitted.dropped, excluded, allocator_slack) + carried
+    peak = max(_formula(sweep, limits, measured, fitted.dropped, excluded, allocator_slack)
+               + carried, floor)
     dropped = set(fitted.dropped)
     readings = [r for r in (*full_model_steps(sweep), *measured) if r.shape not in dropped
                 and not (excluded and r.shape.kind == "stock")]

@@ -553,9 +553,8 @@ class ProfileResult:
     (core/multimodal.py)."""
     chunk_cap: "ChunkCap | None" = None
     """The context-aware chunk cap (setting chunk_cap): `admission` is then the capped one."""
-    check_steps: tuple = ()
-    """The steps named in check_steps, measured beside the sweep (core/check_steps.CheckStep,
-    which imports this module)."""
+    check_steps: "tuple[CheckStep, ...]" = ()  # core/check_steps.CheckStep (it imports this module)
+    """The steps named in check_steps, measured beside the sweep."""
 
 
 @dataclass(frozen=True)
