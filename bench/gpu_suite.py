@@ -91,12 +91,13 @@ SEED000 = ["--max-model-len", "32768", "--max-num-batched-tokens", "8192", "--ma
 # their own 64-token blocks, the compressor states 4 and 8.
 DSPARK_K, DSPARK_DRAFT_LAYERS = 3, 3
 DSPARK = ["--speculative-config", json.dumps({"method": "dspark", "num_speculative_tokens": DSPARK_K})]
-SEED002 = ["--max-model-len", "262144", "--max-num-seqs", "4", "--max-num-batched-tokens", "4096",
-           "--kv-cache-dtype", "fp8_ds_mla", "--block-size", "256", "--enable-prefix-caching",
-           "--check-step", "4096@149760"]
 # the seed's failing step, measured on its own and built from requests (--check-step): a
 # 4,096-token chunk on 149,760 cached tokens
 SEED002_STEP = {"kind": "prefill", "rows": 4096, "context_len": 149760, "num_reqs": 1}
+SEED002_STEP_FLAG = f"{SEED002_STEP['rows']}@{SEED002_STEP['context_len']}"
+SEED002 = ["--max-model-len", "262144", "--max-num-seqs", "4", "--max-num-batched-tokens", "4096",
+           "--kv-cache-dtype", "fp8_ds_mla", "--block-size", "256", "--enable-prefix-caching",
+           "--check-step", SEED002_STEP_FLAG]
 FULL_AND_PIECEWISE = ["--compilation-config", json.dumps({"cudagraph_mode": "FULL_AND_PIECEWISE"})]
 # issue 36: a common VLM at its real geometry. Two images of at most 4,096 tokens (max_pixels
 # 4096 x 28 x 28: 1792x1792) fill the 8,192-token encoder budget in one step, as the CPU test's two
@@ -562,7 +563,8 @@ def _check_dspark(report: dict, name: str, log_text: str, put) -> None:
     within its plan, the 3 draft layers named; both workspace lanes (lane 1: the drafter's) in
     every ubatch reserved to the same worst size and locked, and vLLM's workspace debug log shows
     no resize after the lock; the worst step from real requests within 1.02 of the prediction,
-    and the seed's own step (--check-step 4096@149760) within 1.02 of its own reading."""
+    and the seed's own step (SEED002_STEP: --check-step 4096@149760) within 1.02 of its own
+    reading."""
     cfg = report["config"]
     put("max_model_len_ge_262144", cfg.get("max_model_len", 0) >= 262144, str(cfg.get("max_model_len")))
     _drafter_steps_and_groups(report, DSPARK_K, DSPARK_DRAFT_LAYERS, "DSpark builds", put)
@@ -583,7 +585,7 @@ def _check_dspark(report: dict, name: str, log_text: str, put) -> None:
     _within_two_percent(put, "seed_step_within_1.02", [
         v for v in report.get("validations") or []
         if v.get("target") == "check-step" and v.get("shape") == SEED002_STEP],
-        "check-step of the seed's step (4096@149760)")
+        f"check-step of the seed's step ({SEED002_STEP_FLAG})")
 
 
 def _check_v2_context(report: dict, log_text: str, put) -> None:

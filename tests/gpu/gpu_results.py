@@ -132,8 +132,9 @@ def load_served(dirs: list[Path]) -> dict[str, dict]:
     """bench/serve_run.py's folders (DIR/serve.json, with report-MODE.json and serve-MODE.log
     beside it): "RUN/DIR/worstcase" -> that server's entry, with "full_report" (its report or
     None) and "log" (its server log, "" without one), for every `--profiler worstcase` server
-    that became healthy. One that never did is a refused or stopped start, not a served run
-    (its folder's manifest says why); a stock server is the comparison, not the product."""
+    that became healthy. One that never did (its start refused, stopped, or dead in its startup
+    validation) served nothing and is not read here: its folder's manifest says why. A stock
+    server is the comparison, not the product."""
     out = {}
     for d in dirs:
         for m in json.loads((d / "serve.json").read_text())["modes"]:

@@ -2,8 +2,9 @@
 with --serve DIR): every worst-case server that became healthy served all of its traffic, its
 guard saw no step above the prediction, the worst step it built from requests before serving
 (and each step named in check_steps) measured within its prediction and within 2% of it, its KV
-allocation kept within the budget, and it shut down cleanly. Where vLLM's workspace debug log is on, no workspace resize came after
-the profiler locked it (seed 002: the drafter's lane 1 beside lane 0)."""
+allocation kept within the budget, and it shut down cleanly. Where vLLM's workspace debug log is
+on, no workspace resize came after the profiler locked it (seed 002: the drafter's lane 1 beside
+lane 0)."""
 
 from __future__ import annotations
 

@@ -61,3 +61,10 @@ def test_the_line_says_how_close_the_step_came_to_the_admitted_figure():
     assert "75.0% of the admitted 2.00 GiB" in cs.line(_check(1_536 << 20), 2_048 << 20)
     assert "4,096 new tokens on 149,760 cached" in cs.line(_check(1_536 << 20), 2_048 << 20)
     assert cs.line(_check(2_048 << 20), 2_048 << 20).endswith("sets the admitted transient")
+
+
+def test_each_named_step_is_held_against_every_ranks_own_reading():
+    a, b = _check(100, rows=8, ctx=0), _check(300)
+    per_rank = [(0, (a, b)), (1, (dataclasses.replace(b, predicted_bytes=310), a)), (2, ())]
+    assert cs.readings(per_rank) == {a.shape: {0: 100, 1: 100}, b.shape: {0: 300, 1: 310}}
+    assert list(cs.readings(per_rank)) == [a.shape, b.shape]  # in the order named

@@ -19,7 +19,7 @@ import functools
 import logging
 
 from ..core import codec
-from ..core.check_steps import CheckStep, within_admitted
+from ..core.check_steps import CheckStep, readings, within_admitted
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
 from ..core.replay_rules import replay_reached, replay_stops, validation_exceeded
@@ -97,7 +97,9 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     results = await _measure(client, worst_step_workload(plan(codec.decode(Shape, worst)), vocab),
                              predicted, vocab)
     checked: list[tuple[Validation, int]] = []  # (a named step's validation, its own reading)
-    for shape, own in _check_steps(summaries).items():  # built as near as requests reach
+    named = readings((s["rank"], codec.decode(tuple[CheckStep, ...], s.get("checks") or []))
+                     for s in summaries)
+    for shape, own in named.items():  # built as near as requests reach
         found = await _measure(client, worst_step_workload(plan(shape), vocab, "check-step"),
                                own, vocab)
         checked += [(v, own[v.rank]) for v in found]
@@ -134,13 +136,6 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
             hint="report it with the profiler report; start without validate_on_start to serve "
                  "anyway, or lower --kv-cache-memory-bytes by the difference")
     return results
-
-
-def _check_steps(summaries) -> dict[Shape, dict[int, int]]:
-    """The steps named in check_steps: shape -> {rank: that rank's own reading of it}."""
-    read = [(c.shape, s["rank"], c.predicted_bytes) for s in summaries
-            for c in codec.decode(tuple[CheckStep, ...], s.get("checks") or [])]
-    return {shape: {rank: b for sh, rank, b in read if sh == shape} for shape, _, _ in read}
 
 
 async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,

@@ -226,6 +226,7 @@ def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
     saying why."""
     from ..adapter.facts import limits_of
     from ..adapter.validation import validate_multimodal, validate_traffic, validate_worst_step
+    from ..core.check_steps import readings
     from ..core.multimodal import text_prediction
     from ..core.requests_plan import validation_target
 
@@ -243,10 +244,9 @@ def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
         found += validate_worst_step(llm, predicted, limits, target,
                                      prefix_caching=limits.prefix_caching, quick=which == "quick")
     if which in ("all", "worst"):  # each named step against its own reading, per rank
-        for check in report.worstcase.check_steps:
-            own = {r.rank: next(c.predicted_bytes for c in r.worstcase.check_steps
-                                if c.shape == check.shape) for r in (report.ranks or [report])}
-            found += validate_worst_step(llm, own, limits, check.shape, target="check-step",
+        named = readings((r.rank, r.worstcase.check_steps) for r in (report.ranks or [report]))
+        for shape, own in named.items():
+            found += validate_worst_step(llm, own, limits, shape, target="check-step",
                                          prefix_caching=limits.prefix_caching)
     encoder = report.worstcase.encoder_step
     if which in ("all", "worst") and encoder is not None:

@@ -92,6 +92,13 @@ def admit(sweep, checks: tuple[CheckStep, ...]):
     return dataclasses.replace(sweep, peak_bytes=top) if top > sweep.peak_bytes else sweep
 
 
+def readings(per_rank) -> dict[Shape, dict[int, int]]:
+    """Each named step's own prediction on every rank: `per_rank` is (rank, that rank's
+    CheckSteps) pairs; returns shape -> {rank: predicted_bytes}, shapes in the order named."""
+    read = [(c.shape, rank, c.predicted_bytes) for rank, checks in per_rank for c in checks]
+    return {shape: {rank: b for sh, rank, b in read if sh == shape} for shape, _, _ in read}
+
+
 def within_admitted(v: Validation, reading: int, admitted: int) -> bool:
     """Whether a check step's validation `v`, held against `reading` (the step's own prediction),
     measured within the admitted transient all the same: against `admitted` plus the same
