@@ -72,3 +72,19 @@ def test_reuse_consumed_adds_the_sweeps_residue_to_a_moved_baseline():
     # the replay itself left more than the sweep did: that is counted, never less
     assert reuse_consumed(baseline_now=10 * GiB, replay_residue=400 * MiB, **kw) \
         == 10 * GiB + 400 * MiB
+
+
+def test_a_hits_line_says_how_far_its_held_memory_moved():
+    """The report's cache line names a moved held figure (admission.consumed_bytes moved with
+    it beyond the window), and says nothing where it did not move."""
+    from worstcase_profiler.core.types import CacheUse
+    from worstcase_profiler.render.view import cache_text
+
+    hit = dict(status="hit", cached_at="then", cached_need_bytes=GiB, replayed_need_bytes=GiB,
+               allowed_drift_bytes=MiB, replay_seconds=1.0, trust="signed")
+    assert "than when cached" not in cache_text(CacheUse(**hit, held_moved_bytes=0))
+    assert "than when cached" not in cache_text(CacheUse(**hit))
+    assert "held 560.0 KiB more than when cached" in \
+        cache_text(CacheUse(**hit, held_moved_bytes=560 * 1024))
+    assert "held 3.00 MiB less than when cached" in \
+        cache_text(CacheUse(**hit, held_moved_bytes=-3 * MiB))

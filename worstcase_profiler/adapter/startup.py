@@ -315,6 +315,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
                                   cached_consumed=entry.consumed_bytes,
                                   replay_residue=held_now - baseline,
                                   resolution=meter.resolution_bytes)
+        use = dataclasses.replace(use, held_moved_bytes=baseline - entry.baseline_bytes)
     elif handle is not None:
         with clock("cache_store"):
             use = sweep_cache.store_entry(handle, use, sweep, workspace, baseline, held_now,

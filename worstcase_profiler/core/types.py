@@ -279,6 +279,11 @@ class CacheUse:
     """How a reused entry was trusted besides its replay: "signed" (its MAC verified under
     $WCPROF_CACHE_SECRET, so the dominance re-check was skipped) or "re-checked" (the plan's
     heaviest shapes ran and none beat its worst step)."""
+    held_moved_bytes: int | None = doc(
+        "a hit: this start's held memory before the replay minus the cached start's (positive: "
+        "more held now). Within -4..+1 meter resolutions the cached held figure stands (the same "
+        "admission as the start that swept); beyond it, admission.consumed_bytes moves with it "
+        "(core/cache_trust.reuse_consumed)", default=None)
 
 
 @dataclass(frozen=True)
