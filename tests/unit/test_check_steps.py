@@ -52,9 +52,13 @@ def test_a_step_the_scheduler_never_forms_is_refused_with_why():
 
 def test_a_named_step_raises_the_admitted_transient_never_lowers_it():
     sweep = _Sweep(peak_bytes=2_000)
-    assert cs.admit(sweep, ()) is sweep
-    assert cs.admit(sweep, (_check(1_500, slack=100),)) is sweep
-    assert cs.admit(sweep, (_check(1_500), _check(1_999, slack=2, rows=8))).peak_bytes == 2_001
+    assert cs.admit(sweep, cs.floor(())) is sweep
+    assert cs.admit(sweep, cs.floor((_check(1_500, slack=100),))) is sweep
+    assert cs.admit(sweep, cs.floor((_check(1_500), _check(1_999, slack=2, rows=8)))) \
+        .peak_bytes == 2_001
+    # the encoder step's need counts in the same floor (the pool fit holds the same figure)
+    assert cs.floor((_check(1_500),), encoder_need=1_800) == 1_800
+    assert cs.admit(sweep, cs.floor((_check(1_500),), encoder_need=2_100)).peak_bytes == 2_100
 
 
 def test_the_line_says_how_close_the_step_came_to_the_admitted_figure():

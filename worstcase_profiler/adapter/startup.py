@@ -331,10 +331,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
     admitted, encoder = admit(sweep, encoder, getattr(meter, "allocator_slack_bytes", 0))
     if encoder is not None:
         log.info("[wcprof] %s", encoder_line(encoder))
-    admitted = check_steps.admit(admitted, checks)  # a named step counts like any other
     slack = max(0, getattr(meter, "allocator_slack_bytes", 0))
-    floor = max([c.predicted_bytes for c in checks]
-                + ([encoder.peak_bytes + slack] if encoder is not None else []), default=0)
+    floor = check_steps.floor(checks, encoder.peak_bytes + slack if encoder is not None else 0)
+    admitted = check_steps.admit(admitted, floor)  # a named step counts like any other
     if cap_plan is not None and admitted.peak_bytes > sweep.peak_bytes:  # the encoder step's
         cap_plan = dataclasses.replace(   # text step is uncapped: the cap credits nothing of it
             cap_plan, transient_bytes=max(cap_plan.transient_bytes, admitted.peak_bytes),

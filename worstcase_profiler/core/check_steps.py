@@ -85,11 +85,18 @@ def check_formable(steps: tuple[tuple[int, int], ...], limits: Limits) -> None:
                               hint="name a step this engine can run, or raise its limits")
 
 
-def admit(sweep, checks: tuple[CheckStep, ...]):
-    """The sweep whose admitted transient `peak_bytes` also holds every check step's prediction
-    (a step the scheduler forms, measured: it counts like the sweep's own)."""
-    top = max((c.predicted_bytes for c in checks), default=0)
-    return dataclasses.replace(sweep, peak_bytes=top) if top > sweep.peak_bytes else sweep
+def floor(checks: tuple[CheckStep, ...], encoder_need: int = 0) -> int:
+    """The least admitted transient the steps measured beside the sweep allow: every named
+    step's prediction and the encoder step's need (its peak plus the allocator slack). The
+    admission holds it (`admit`), and so does a pool fit that drops the sweep's worst step
+    (core/pool_fit.refit's floor)."""
+    return max([c.predicted_bytes for c in checks] + [encoder_need])
+
+
+def admit(sweep, least: int):
+    """The sweep whose admitted transient `peak_bytes` is at least `least` (`floor`: steps the
+    scheduler forms, measured, count like the sweep's own)."""
+    return dataclasses.replace(sweep, peak_bytes=least) if least > sweep.peak_bytes else sweep
 
 
 def readings(per_rank) -> dict[Shape, dict[int, int]]:
