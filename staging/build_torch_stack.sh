@@ -51,9 +51,24 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 VLLM=${VLLM:-0.32.0}
 WORK=${WORK:-/tmp/wcprof-vllm-$VLLM-build}
-PIECE=$((44 * 1024 * 1024))   # + the working tree + this script: < 64 MiB a call. The tree was 12 MB at
-# 2026-12-02 and 22 MB on disk at 2026-12-05, which no longer fits beside a piece: move docs/results
-# out of the tree for the staging calls (docs/gpu.md, the eighth 0.33 session)
+PIECE=$((${PIECE_MIB:-58} * 1024 * 1024))   # + the working tree + SHA256SUMS + stage_stack.sh: < 64 MiB
+# (67,108,864 B) a call. The tree is 21 MB with docs/results and 3.6 MB without it (2026-12-05):
+# move docs/results out of the tree for the staging calls (docs/gpu.md). 44 MiB until 2026-12-05
+# (25 pieces of 0.33's stream; 58 MiB: 19). RESPLIT=1 re-cuts an existing $STAGE's stream to
+# this size without building anything.
+if [ "${RESPLIT:-0}" = 1 ]; then  # the same stream (its sha256 checked) cut into $PIECE pieces
+  : "${STAGE:?RESPLIT=1 needs STAGE, e.g. STAGE=.stage214}"
+  sum=$(grep ' stack.tar.zst$' "$STAGE/SHA256SUMS" | cut -d' ' -f1)
+  cat "$STAGE"/piece?? >"$STAGE/stack.tar.zst"
+  [ "$(sha256sum "$STAGE/stack.tar.zst" | cut -d' ' -f1)" = "$sum" ] || {
+    rm -f "$STAGE/stack.tar.zst"; echo "ERROR: $STAGE's pieces do not join to its stream" >&2; exit 1; }
+  rm -f "$STAGE"/piece??
+  (cd "$STAGE" && split -b "$PIECE" -d -a 2 stack.tar.zst piece && sha256sum stack.tar.zst piece?? >SHA256SUMS)
+  rm -f "$STAGE/stack.tar.zst"
+  cp "$HERE/stage_stack.sh" "$STAGE/"
+  echo "$STAGE: $(ls "$STAGE"/piece?? | wc -l) pieces of $PIECE bytes at most"
+  exit 0
+fi
 PIP=${PIP:-"python3 -m pip"}
 PLAT=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp)
 for t in manylinux1 manylinux2010 manylinux2014 manylinux_2_17 manylinux_2_18 manylinux_2_24 \
