@@ -540,9 +540,10 @@ _PROCESS = re.compile(r"^\((?:[^()]*?) pid=(\d+)\)")
 
 def resizes_after_lock(log_text: str) -> tuple[bool, list[str]]:
     """vLLM's workspace debug log (VLLM_DEBUG_WORKSPACE=1): (whether any process logged the lock,
-    the resize lines each process logged after its own lock). Lines are grouped by their
-    "(Name pid=N)" prefix (under `vllm serve` and TP each worker logs its own lock); lines
-    without one are one process (an in-process engine)."""
+    the resize lines each process logged after its own lock, and every resize line of a process
+    that resized and never locked). Lines are grouped by their "(Name pid=N)" prefix (under
+    `vllm serve` and TP each worker logs its own lock); lines without one are one process (an
+    in-process engine)."""
     lines: dict[str, list[str]] = {}
     for ln in log_text.splitlines():
         if LOCKED in ln or RESIZED in ln:
@@ -553,7 +554,7 @@ def resizes_after_lock(log_text: str) -> tuple[bool, list[str]]:
         at = next((i for i, ln in enumerate(own) if LOCKED in ln), None)
         if at is not None:
             locked = True
-            late += [ln for ln in own[at:] if RESIZED in ln]
+        late += [ln for ln in own[at or 0:] if RESIZED in ln]  # never locked: every resize
     return locked, late
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import CPU_RESOLUTION, engine_env, run_wcprof
 
-from worstcase_profiler.core.cache_trust import BASELINE_BELOW, cache_verdict as verdict
+from worstcase_profiler.core.cache_trust import cache_verdict as verdict
 
 pytestmark = pytest.mark.engine
 
@@ -88,20 +88,21 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(request, demo):
     ac, aw = cold.report["admission"], warm.report["admission"]
     for k in ("transient_bytes", "cudagraph_bytes", "margin_bytes"):
         assert ac[k] == aw[k], (k, ac[k], aw[k])
-    # What the process holds before the sweep (or the replay) is read in each process by RSS.
-    # Two processes of one configuration read it up to a few resolutions apart; within
-    # -BASELINE_BELOW..+1 resolutions the cached held figure stands, beyond that the restart's
-    # held figure moves with its own (never less counted than it holds). Either way the
-    # restart's figure is the cold start's plus what moved, and nothing else.
-    moved = warm.report["worstcase"]["cache"]["held_moved_bytes"]
-    assert moved is not None, warm.report["worstcase"]["cache"]
-    if not -BASELINE_BELOW * CPU_RESOLUTION <= moved <= CPU_RESOLUTION:
-        assert abs(aw["consumed_bytes"] - ac["consumed_bytes"] - moved) <= CPU_RESOLUTION, \
-            (moved, ac, aw)
+    # What the process holds before the sweep (or the replay) is read in each process by RSS:
+    # two processes of one configuration read it a resolution or more apart. Where the cached
+    # held figure stood (core/cache_trust.reuse_consumed: within its window), the restart counts
+    # what the cold start did; where it did not, the restart counts its own held memory plus the
+    # larger residue: never less than the cold start's residue on its own baseline.
+    cache = warm.report["worstcase"]["cache"]
+    moved, kept = cache["held_moved_bytes"], cache["held_kept"]
+    assert moved is not None and kept is not None, cache
+    if moved:
         assert "than when cached" in warm.text, warm.text[-3000:]
-        return  # the held figure moved with the host process: the figures above are the test
-    # (CPU_RESOLUTION: the replay's residue may read a page above the sweep's)
-    assert abs(ac["consumed_bytes"] - aw["consumed_bytes"]) <= CPU_RESOLUTION, (moved, ac, aw)
+    if not kept:
+        assert aw["consumed_bytes"] - ac["consumed_bytes"] >= moved - CPU_RESOLUTION, (cache, ac, aw)
+        return  # the held figure moved with this process: the figures above are the test
+    # (CPU_RESOLUTION: the post-profile buffers are read in each process too)
+    assert abs(ac["consumed_bytes"] - aw["consumed_bytes"]) <= CPU_RESOLUTION, (cache, ac, aw)
     deducted = [a["requested_bytes"] - a["budget_bytes"] for a in (ac, aw)]
     assert abs(deducted[0] - deducted[1]) <= CPU_RESOLUTION, (ac, aw)
     if ac["requested_bytes"] != aw["requested_bytes"]:

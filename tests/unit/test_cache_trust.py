@@ -74,17 +74,19 @@ def test_reuse_consumed_adds_the_sweeps_residue_to_a_moved_baseline():
         == 10 * GiB + 400 * MiB
 
 
-def test_a_hits_line_says_how_far_its_held_memory_moved():
-    """The report's cache line names a moved held figure (admission.consumed_bytes moved with
-    it beyond the window), and says nothing where it did not move."""
+def test_a_hits_line_says_how_far_its_held_memory_moved_and_what_was_counted():
+    """The report's cache line (and the start-up log) name a moved held figure and whether the
+    cached one stood, and say nothing where it did not move."""
     from worstcase_profiler.core.types import CacheUse
     from worstcase_profiler.render.view import cache_text
 
     hit = dict(status="hit", cached_at="then", cached_need_bytes=GiB, replayed_need_bytes=GiB,
                allowed_drift_bytes=MiB, replay_seconds=1.0, trust="signed")
-    assert "than when cached" not in cache_text(CacheUse(**hit, held_moved_bytes=0))
+    assert "than when cached" not in cache_text(CacheUse(**hit, held_moved_bytes=0, held_kept=True))
     assert "than when cached" not in cache_text(CacheUse(**hit))
-    assert "held 560.0 KiB more than when cached" in \
-        cache_text(CacheUse(**hit, held_moved_bytes=560 * 1024))
+    assert "held 300.0 KiB more than when cached (the cached held figure stands)" in \
+        cache_text(CacheUse(**hit, held_moved_bytes=300 * 1024, held_kept=True))
+    assert "held 560.0 KiB more than when cached (counted: this start's own held memory" in \
+        cache_text(CacheUse(**hit, held_moved_bytes=560 * 1024, held_kept=False))
     assert "held 3.00 MiB less than when cached" in \
-        cache_text(CacheUse(**hit, held_moved_bytes=-3 * MiB))
+        cache_text(CacheUse(**hit, held_moved_bytes=-3 * MiB, held_kept=False))

@@ -39,6 +39,11 @@ def test_a_step_that_is_not_rows_at_context_is_a_config_error_naming_it(bad):
     with pytest.raises(ConfigError, match="at least 1 new token"):
         cs.parse(["0@100"])
     assert cs.parse(["4096@1,8@0"]) == ((4096, 1), (8, 0))  # --check-step A,B as the setting
+    assert cs.parse("4096 @ 149760, ") == ((4096, 149760),)  # blanks and a trailing comma
+    with pytest.raises(ConfigError, match=r"check_steps is 4096: a ROWS@CONTEXT string"):
+        cs.parse(4096)
+    with pytest.raises(ConfigError, match=r"'\[4096, 149760\]' is not ROWS@CONTEXT"):
+        cs.parse([[4096, 149760]])
 
 
 def test_a_step_the_scheduler_never_forms_is_refused_with_why():

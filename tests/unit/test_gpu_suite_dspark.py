@@ -106,4 +106,6 @@ def test_a_resize_counts_after_its_own_process_locked():
     early = f"{a}{LOCK}\n{b}{RESIZE}\n{b}{LOCK}\n"
     assert gpu_suite.resizes_after_lock(early) == (True, [])
     assert gpu_suite.resizes_after_lock(early + f"{b}{RESIZE}\n") == (True, [f"{b}{RESIZE}"])
-    assert gpu_suite.resizes_after_lock(f"{RESIZE}\n") == (False, [])
+    assert gpu_suite.resizes_after_lock(f"{RESIZE}\n") == (False, [RESIZE])
+    # a worker that resized and never locked: its workspace was never fixed
+    assert gpu_suite.resizes_after_lock(f"{a}{LOCK}\n{b}{RESIZE}\n") == (True, [f"{b}{RESIZE}"])

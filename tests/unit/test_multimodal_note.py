@@ -183,3 +183,19 @@ def test_the_report_carries_the_encoder_step():
 
     field = WorstCase.model_fields["encoder_step"]
     assert field.default is None and "multimodal encoder" in field.description
+
+
+def test_a_named_step_above_the_encoder_step_is_the_one_that_sets_the_admitted_transient():
+    """With a named step (core/check_steps) reading above the encoder step, the encoder step's
+    line does not claim the admitted figure; text replays still hold against the text sweep's."""
+    from worstcase_profiler.core import check_steps
+    from worstcase_profiler.core.multimodal import admit, need, text_prediction
+
+    text = _sweep(2 << 20)
+    admitted, enc = admit(text, step(), named=60 << 20)  # the encoder step needs 54 MiB
+    assert admitted.peak_bytes == 54 << 20 and not enc.sets_transient
+    admitted = check_steps.admit(admitted, max(60 << 20, need(enc)))
+    assert admitted.peak_bytes == 60 << 20
+    assert text_prediction(admitted.peak_bytes, enc) == 2 << 20
+    assert admit(text, step(), named=50 << 20)[1].sets_transient
+    assert need(None) == 0 and need(step(), allocator_slack=2 << 20) == 56 << 20

@@ -88,7 +88,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
-    admitted = {s["rank"]: int(s.get("admitted", s["peak"])) for s in summaries}
+    admitted = _admitted(summaries)
     pool = pool_from(await ask(client, "pool"))
     plan = functools.partial(plan_for, limits=limits, prefix_caching=limits.prefix_caching,
                              distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
@@ -100,6 +100,12 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     named = readings((s["rank"], codec.decode(tuple[CheckStep, ...], s.get("checks") or []))
                      for s in summaries)
     for shape, own in named.items():  # built as near as requests reach
+        if set(own) != set(predicted):  # every rank measured the same named steps at its start
+            raise WcprofError(
+                f"serving validation: the named step {shape.label()} has a reading on rank(s) "
+                f"{sorted(own)} only, of {sorted(predicted)}; the server does not start",
+                hint="report it with the profiler report; start without validate_on_start to "
+                     "serve anyway")
         found = await _measure(client, worst_step_workload(plan(shape), vocab, "check-step"),
                                own, vocab)
         checked += [(v, own[v.rank]) for v in found]
@@ -159,8 +165,12 @@ async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,
                     "the admitted figure holds) was not built from requests: %s; only the text "
                     "worst step was validated, against the text sweep's figure", why)
         return []
-    admitted = {s["rank"]: int(s.get("admitted", s["peak"])) for s in summaries}
-    return await _measure(client, work, admitted, vocab)
+    return await _measure(client, work, _admitted(summaries), vocab)
+
+
+def _admitted(summaries) -> dict[int, int]:
+    """rank -> the admitted transient its summary gives (its text prediction where it has none)."""
+    return {s["rank"]: int(s.get("admitted", s["peak"])) for s in summaries}
 
 
 async def ask(client, op: str, *payload) -> list:

@@ -33,10 +33,11 @@ from ..core import chunk_cap as core_cap
 from ..core.advise import knee_line
 from ..core.audits import (capture_warmup_verdict, concurrency_note, kv_audit_error,
                            kv_audit_verdict, warmup_to_remember, warmup_verdict, with_startup)
-from ..core.cache_trust import reuse_consumed
+from ..core.cache_trust import held_moved_text, reuse_consumed
 from ..core import check_steps
 from ..core.check_steps import CheckStep
-from ..core.multimodal import EncoderStep, MultimodalFacts, admit, encoder_line, unprofiled_note
+from ..core.multimodal import (EncoderStep, MultimodalFacts, admit, encoder_line,
+                               need as encoder_need, unprofiled_note)
 from ..core.replay_rules import plan_agreement
 from ..core import shapes
 from ..core.cache import CacheEntry, pool_capacity_tokens
@@ -315,7 +316,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
                                   cached_consumed=entry.consumed_bytes,
                                   replay_residue=held_now - baseline,
                                   resolution=meter.resolution_bytes)
-        use = dataclasses.replace(use, held_moved_bytes=baseline - entry.baseline_bytes)
+        use = dataclasses.replace(use, held_moved_bytes=baseline - entry.baseline_bytes,
+                                  held_kept=consumed == entry.consumed_bytes)
+        if use.held_moved_bytes:
+            log.info("[wcprof] sweep reused: %s", held_moved_text(use.held_moved_bytes, use.held_kept))
     elif handle is not None:
         with clock("cache_store"):
             use = sweep_cache.store_entry(handle, use, sweep, workspace, baseline, held_now,
@@ -327,12 +331,13 @@ def measure_start(worker, original, settings: ProfilerSettings,
                              weights_bytes=int(getattr(runner, "model_memory_usage", 0) or 0),
                              non_torch_bytes=non_torch(meter, held_now),
                              residue_bytes=max(0, consumed - held_now))
-    # the admitted transient holds the encoder step too (the cache keeps the text sweep)
-    admitted, encoder = admit(sweep, encoder, getattr(meter, "allocator_slack_bytes", 0))
+    # the admitted transient holds the encoder step and the named steps too (the cache keeps
+    # the text sweep): one floor, which a pool fit holds as well
+    slack = getattr(meter, "allocator_slack_bytes", 0)
+    admitted, encoder = admit(sweep, encoder, slack, named=check_steps.floor(checks))
     if encoder is not None:
         log.info("[wcprof] %s", encoder_line(encoder))
-    slack = max(0, getattr(meter, "allocator_slack_bytes", 0))
-    floor = check_steps.floor(checks, encoder.peak_bytes + slack if encoder is not None else 0)
+    floor = check_steps.floor(checks, encoder_need(encoder, slack))
     admitted = check_steps.admit(admitted, floor)  # a named step counts like any other
     if cap_plan is not None and admitted.peak_bytes > sweep.peak_bytes:  # the encoder step's
         cap_plan = dataclasses.replace(   # text step is uncapped: the cap credits nothing of it
@@ -368,10 +373,7 @@ def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,
     with clock("check_steps"), driver.provisional_kv():
         for rows, ctx in steps:
             shape = check_steps.shape_of(rows, ctx)
-            r = driver.measure(shape)
-            out.append(CheckStep(shape=shape, peak_bytes=r.peak_bytes,
-                                 predicted_bytes=r.peak_bytes + max(0, allocator_slack),
-                                 need_bytes=r.need_bytes))
+            out.append(CheckStep.of(shape, driver.measure(shape), allocator_slack))
     return tuple(out)
 
 

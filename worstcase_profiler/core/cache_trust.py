@@ -7,9 +7,12 @@ measured bytes; the adapter (adapter/startup.py) replays and applies.
   recheck_dominance   whether a reused entry must be re-checked against those shapes
   reuse_transient     the transient a cached start admits
   reuse_consumed      the held-memory figure a cached start admits with
+  held_moved_text     how a cached start's held memory moved, in words
 """
 
 from __future__ import annotations
+
+from ..sizes import fmt_bytes
 
 
 def cache_verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int]:
@@ -53,6 +56,16 @@ def reuse_consumed(*, baseline_now: int, cached_baseline: int, cached_consumed: 
             cached_consumed - cached_baseline + resolution:
         return cached_consumed
     return baseline_now + residue
+
+
+def held_moved_text(moved: int | None, kept: bool | None) -> str:
+    """A cached start's held memory against the cached start's, where it moved at all ("" where
+    not): for the start-up log and the report's cache line."""
+    if not moved:
+        return ""
+    how = ("the cached held figure stands" if kept else
+           "counted: this start's own held memory plus the larger residue")
+    return f"held {fmt_bytes(abs(moved))} {'more' if moved > 0 else 'less'} than when cached ({how})"
 
 
 BASELINE_BELOW = 4

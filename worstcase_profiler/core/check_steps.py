@@ -37,16 +37,29 @@ class CheckStep:
         "slack (the same allowance the admitted transient carries)")
     need_bytes: int = doc("its transient plus the workspace it asked for")
 
+    @classmethod
+    def of(cls, shape: Shape, step, allocator_slack: int) -> "CheckStep":
+        """The named `shape` as one measured step (a StepResult: peak_bytes, need_bytes)
+        predicts it: its peak plus the meter's allocator slack."""
+        return cls(shape=shape, peak_bytes=step.peak_bytes,
+                   predicted_bytes=step.peak_bytes + max(0, allocator_slack),
+                   need_bytes=step.need_bytes)
+
 
 def parse(value) -> tuple[tuple[int, int], ...]:
-    """`ROWS@CONTEXT` items (a list, one string, either separated by commas) -> ((rows, context),
-    ...) in the order given, duplicates dropped; ConfigError naming the bad item otherwise."""
+    """`ROWS@CONTEXT` items (a list of strings, one string, either separated by commas; blanks
+    around items and around `@` ignored, empty items skipped) -> ((rows, context), ...) in the
+    order given, duplicates dropped; ConfigError naming the bad item otherwise."""
+    if value is not None and not isinstance(value, (str, list, tuple)):
+        raise ConfigError(f"check_steps is {value!r}: a ROWS@CONTEXT string or a list of them",
+                          hint='e.g. "check_steps": ["4096@149760"]')
     items = [part for item in ([value] if isinstance(value, str) else list(value or ()))
-             for part in str(item).split(",")]
+             for part in (item.split(",") if isinstance(item, str) else [repr(item)])]
     out: list[tuple[int, int]] = []
     for item in items:
-        text = item.strip().replace("_", "")
-        rows, at, ctx = text.partition("@")
+        if not item.strip():
+            continue  # "4096@149760," and the like
+        rows, at, ctx = (t.strip() for t in item.strip().replace("_", "").partition("@"))
         if not (at and rows.isdecimal() and ctx.isdecimal()):
             raise ConfigError(
                 f"check step {item.strip()!r} is not ROWS@CONTEXT",

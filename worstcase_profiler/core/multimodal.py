@@ -165,22 +165,29 @@ def unprofiled_note(facts: MultimodalFacts | None, encoder: EncoderStep | None =
             f"figure (docs/sweep.md, \"Multimodal steps\")")
 
 
-def admit(sweep, encoder: EncoderStep | None, allocator_slack: int = 0):
+def need(encoder: EncoderStep | None, allocator_slack: int = 0) -> int:
+    """What the admitted transient must hold for the encoder step (0 without one): its peak plus
+    the meter's allocator slack (the sweep's own figure carries it already)."""
+    return 0 if encoder is None else encoder.peak_bytes + max(0, allocator_slack)
+
+
+def admit(sweep, encoder: EncoderStep | None, allocator_slack: int = 0, named: int = 0):
     """(the sweep whose admitted transient `peak_bytes` also holds the encoder step, the encoder
     step with `text_peak_bytes` filled in): the larger of the text sweep's admitted figure and
-    the encoder step's peak plus the meter's allocator slack (the sweep's own figure carries it
-    already). The worst text shape stays the sweep's `worst`; the report's
-    `worstcase.encoder_step` says when the encoder step set the admitted figure."""
+    the encoder step's `need`. The worst text shape stays the sweep's `worst`; the report's
+    `worstcase.encoder_step` says when the encoder step set the admitted figure: above the text
+    sweep's and above `named`, the largest prediction of the steps an operator named
+    (core/check_steps), which the caller admits after this."""
     import dataclasses
 
     if encoder is None:
         return sweep, None
-    need = encoder.peak_bytes + max(0, allocator_slack)
+    needed = need(encoder, allocator_slack)
     encoder = dataclasses.replace(encoder, text_peak_bytes=sweep.peak_bytes,
-                                  sets_transient=need > sweep.peak_bytes)
-    if not encoder.sets_transient:
+                                  sets_transient=needed > max(sweep.peak_bytes, named))
+    if needed <= sweep.peak_bytes:
         return sweep, encoder
-    return dataclasses.replace(sweep, peak_bytes=need), encoder
+    return dataclasses.replace(sweep, peak_bytes=needed), encoder
 
 
 def encoder_line(encoder: EncoderStep) -> str:
@@ -197,10 +204,11 @@ def encoder_line(encoder: EncoderStep) -> str:
 
 def text_prediction(admitted: int, encoder: EncoderStep | None) -> int:
     """What a replay of text requests (`--validate`: token-id prompts, no images) is predicted to
-    need: the text sweep's admitted transient where the encoder step set the admitted figure
-    above it (the text replay never runs the encoder, so measuring it against the encoder's
-    figure would pass whatever it read), else the admitted figure."""
-    if encoder is not None and encoder.sets_transient and encoder.text_peak_bytes:
+    need: the text sweep's admitted transient where something beside it (the encoder step, a
+    named step) set the admitted figure above it (the text replay never runs the encoder, so
+    measuring it against the encoder's figure would pass whatever it read), else the admitted
+    figure."""
+    if encoder is not None and encoder.text_peak_bytes:
         return min(admitted, encoder.text_peak_bytes)
     return admitted
 

@@ -281,8 +281,12 @@ class CacheUse:
     heaviest shapes ran and none beat its worst step)."""
     held_moved_bytes: int | None = doc(
         "a hit: this start's held memory before the replay minus the cached start's (positive: "
-        "more held now). Within -4..+1 meter resolutions the cached held figure stands (the same "
-        "admission as the start that swept); beyond it, admission.consumed_bytes moves with it "
+        "more held now)", default=None)
+    held_kept: bool | None = doc(
+        "a hit: whether the cached start's held figure stood (held_moved_bytes within "
+        "BASELINE_BELOW resolutions below to one above, and the replay left no more than the "
+        "sweep did, within one resolution: the same admission as the start that swept), or "
+        "this start's own held memory plus the larger residue was counted "
         "(core/cache_trust.reuse_consumed)", default=None)
 
 

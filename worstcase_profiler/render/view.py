@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.admission import least_of, null_block_text, pool_hold_text
+from ..core.cache_trust import held_moved_text
 from ..core.check_steps import line as check_line
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
@@ -459,14 +460,8 @@ def cache_text(use) -> str:
     return (f"sweep {verb}: cached worst step needs {fmt_bytes(use.replayed_need_bytes)} now vs "
             f"{fmt_bytes(use.cached_need_bytes)} when cached {use.cached_at} (allowed drift "
             f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s"
-            f"{TRUST_TEXT.get(use.trust, '')}{held_moved_text(use.held_moved_bytes)})")
-
-
-def held_moved_text(moved: int | None) -> str:
-    """A hit's held memory against the cached start's, where it moved at all."""
-    if not moved:
-        return ""
-    return f"; held {fmt_bytes(abs(moved))} {'more' if moved > 0 else 'less'} than when cached"
+            f"{TRUST_TEXT.get(use.trust, '')}"
+            f"{'; ' + held if (held := held_moved_text(use.held_moved_bytes, use.held_kept)) else ''})")
 
 
 TRUST_TEXT = {"signed": "; signed under $WCPROF_CACHE_SECRET: no dominance re-check",
