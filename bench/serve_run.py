@@ -16,6 +16,11 @@ Traffic per server (token-id prompts, random ids from a fixed seed, so every mod
             cached prefix, near max_model_len (the step vLLM's empty-KV profile never ran)
   decodes   --decodes concurrent requests of --decode-prompt tokens, --decode-tokens each
   mixed     the prefix plus other new tokens, sent while --decodes more decode
+  images    (--images N) a chat prompt of about --prefix text tokens, cached first without
+            its images, then with N distinct images after the text: one step computes the
+            images' tokens (their encoder forward included) on the cached text (seed 002's
+            request carried images deep in a 156k context). The servers then get the model's
+            tokenizer and bench/serve_chat_template.jinja (no --skip-tokenizer-init)
   worst     (--worst N) N prompts of the prefix plus max_num_batched_tokens // N new tokens
             each, sent while a fresh --prefix-token prompt (the blocker) fills the steps with its
             chunks: the scheduler then takes them together, one step of N requests on the
@@ -56,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import ROOT, merged_config, write_json  # noqa: E402
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.I)
+CHAT_TEMPLATE = ROOT / "bench" / "serve_chat_template.jinja"
 
 
 def _parse(argv=None) -> argparse.Namespace:
@@ -81,6 +87,10 @@ def _parse(argv=None) -> argparse.Namespace:
                         "JSON value); an --additional-config in it is merged into the plugin's")
     p.add_argument("--worst", type=int, default=0,
                    help="N: the worst-step traffic, N requests on the cached prefix (0: off)")
+    p.add_argument("--images", type=int, default=0,
+                   help="N: a chat prompt of about --prefix text tokens, cached, then with N "
+                        "images after it (0: off; needs the model's tokenizer)")
+    p.add_argument("--image-px", type=int, default=448, help="each image's side in pixels")
     return p.parse_args(argv)
 
 
@@ -266,7 +276,10 @@ def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
     if mode == "stock":
         more.pop("worstcase_profiler", None)
         extra += ["--additional-config", json.dumps(more)] if more else []
-    cmd = ["serve", a.model, "--load-format", "dummy", "--skip-tokenizer-init",
+    # image traffic is chat: the model's tokenizer, and a template that adds nothing
+    text = (["--chat-template", str(CHAT_TEMPLATE), "--chat-template-content-format", "string",
+             "--interleave-mm-strings"] if getattr(a, "images", 0) else ["--skip-tokenizer-init"])
+    cmd = ["serve", a.model, "--load-format", "dummy", *text,
            "--max-model-len", str(a.max_model_len),
            "--max-num-batched-tokens", str(a.max_num_batched_tokens),
            "--gpu-memory-utilization", str(a.util), "--host", "127.0.0.1",
@@ -314,9 +327,28 @@ class Server:
             return False
 
     def post(self, model: str, prompt: list[int], max_tokens: int, timeout: float = 600) -> dict:
-        body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                           "ignore_eos": True, "temperature": 0.0}).encode()
-        req = urllib.request.Request(self.url + "/v1/completions", data=body,
+        return self.request("/v1/completions", {"model": model, "prompt": prompt}, max_tokens,
+                            timeout)
+
+    def chat(self, model: str, content: list[dict], max_tokens: int, timeout: float = 600) -> dict:
+        """One user message of OpenAI content parts (text, image_url) to /v1/chat/completions."""
+        return self.request("/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": content}]}, max_tokens,
+            timeout)
+
+    def tokens(self, model: str, content: list[dict]) -> int:
+        """How many prompt tokens that message makes (vLLM's /tokenize, the chat template
+        applied as /v1/chat/completions applies it)."""
+        body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
+                           "add_generation_prompt": True}).encode()
+        req = urllib.request.Request(self.url + "/tokenize", data=body,
+                                     headers={"Content-Type": "application/json"})
+        return int(json.loads(urllib.request.urlopen(req, timeout=120).read())["count"])
+
+    def request(self, path: str, fields: dict, max_tokens: int, timeout: float = 600) -> dict:
+        body = json.dumps({**fields, "max_tokens": max_tokens, "ignore_eos": True,
+                           "temperature": 0.0}).encode()
+        req = urllib.request.Request(self.url + path, data=body,
                                      headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
         try:
@@ -412,9 +444,65 @@ def traffic(srv: Server, a, rng_seed: int = 0, decodes_only: bool = False) -> di
         res, wall, side = _concurrent(srv, a.model, dec[a.decodes:], a.decode_tokens,
                                       extra=lambda: srv.post(a.model, prefix + other, 4))
         t["mixed"] = {"n": a.decodes, "wall_s": wall, "long": side, **_tally(res)}
+    if getattr(a, "images", 0) and not decodes_only and srv.alive():
+        t["images"] = image_traffic(srv, a)
     if a.worst and not decodes_only and srv.alive():
         t["worst"] = worst_traffic(srv, a, prefix, _tokens(rng, a.prefix, vocab), rng, vocab)
     return t
+
+
+WORDS = "hello world "
+"""The text unit of the image traffic's prompt: it repeats to about --prefix tokens."""
+
+
+def image_traffic(srv, a) -> dict:
+    """--images N: the text (WORDS repeated to about --prefix tokens, counted by the server's
+    /tokenize) sent alone and cached (max_tokens 1); then the same text followed by N distinct
+    --image-px square images (max_tokens 2), which hits the cached text up to its last whole
+    block and computes the rest with the images' tokens. Reports the token counts, the prefix
+    cache hits the second request added (vLLM's /metrics) and whether the server lived."""
+    def content(n: int, images: int = 0) -> list[dict]:
+        return [{"type": "text", "text": WORDS * n},
+                *({"type": "image_url", "image_url": {"url": image_url(i, a.image_px)}}
+                  for i in range(images))]
+
+    one, two = srv.tokens(a.model, content(1)), srv.tokens(a.model, content(2))
+    per = max(1, two - one)
+    n = max(1, (a.prefix - (one - per)) // per)
+    text = srv.tokens(a.model, content(n))
+    with_images = srv.tokens(a.model, content(n, a.images))
+    cached = srv.chat(a.model, content(n), 1)
+    hits = prefix_cache_hits(srv.get("/metrics"))
+    out = srv.chat(a.model, content(n, a.images), 2)
+    after = prefix_cache_hits(srv.get("/metrics"))
+    return {"images": a.images, "image_px": a.image_px, "text_tokens": text,
+            "prompt_tokens": with_images, "image_tokens": with_images - text,
+            "cached": cached, "request": out,
+            "prefix_cache_hit_tokens": None if hits is None or after is None else after - hits,
+            "alive_after": srv.alive()}
+
+
+def image_url(i: int, px: int) -> str:
+    """Image i as a PNG data URL: a square of its own colour, so that no two share an
+    encoder-cache entry."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (px, px), ((40 * i) % 256, (90 + 70 * i) % 256, (200 + 30 * i) % 256)) \
+        .save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def prefix_cache_hits(text: str | None) -> int | None:
+    """vLLM's prefix-cache hits so far (tokens; the sum over engines), from /metrics."""
+    if not text:
+        return None
+    got = [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+           if ln.startswith("vllm:prefix_cache_hits_total")]
+    return int(sum(got)) if got else None
 
 
 def worst_traffic(srv, a, prefix: list[int], blocker: list[int], rng, vocab: int,
@@ -505,7 +593,11 @@ def main(argv=None) -> int:
               f"(forced {sd['forced']}, left {sd['processes_left']}); oom {r['oom_lines'][:1]}; "
               f"guard {(r.get('wcprof_guard') or {}).get('stdout', '').strip()}"
               + (f"; worst step over HTTP: {w['ok']} of {w['n']} served, alive after "
-                 f"{w['alive_after']}" if (w := (r.get('traffic') or {}).get('worst')) else ""),
+                 f"{w['alive_after']}" if (w := (r.get('traffic') or {}).get('worst')) else "")
+              + (f"; {m['images']} image(s) on {m['text_tokens']} cached text tokens: "
+                 f"{'served' if m['request']['ok'] else m['request'].get('error')}, prefix hit "
+                 f"{m['prefix_cache_hit_tokens']}, alive after {m['alive_after']}"
+                 if (m := (r.get('traffic') or {}).get('images')) else ""),
               flush=True)
         ok &= r.get("healthy_s") is not None and not sd["forced"] and not sd["processes_left"]
     write_json(out / "serve.json", summary)

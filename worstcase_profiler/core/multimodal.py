@@ -76,7 +76,7 @@ class EncoderStep:
     tokens_per_item: int = doc("placeholder tokens of each item (the largest item)")
     peak_bytes: int = doc("peak over the encoder forward and the text step after it, above the "
                           "pre-step baseline (not above what the step left resident: a served "
-                          "step allocates that again)")
+                          "step allocates that again), plus inputs_bytes")
     held_bytes: int = doc("bytes of the encoder's outputs, held through the text step (the "
                           "encoder cache's resident bytes for these items)")
     encoder_peak_bytes: int = doc("peak of the encoder forward alone, above the same baseline")
@@ -86,6 +86,12 @@ class EncoderStep:
                                "admitted without this step)", default=0)
     sets_transient: bool = doc("whether this step (its peak plus the meter's allocator slack), "
                                "not the text sweep, set the admitted transient", default=False)
+    inputs_bytes: int = doc(
+        "the processed items' bytes (pixel values and the like), counted in peak_bytes where the "
+        "device's memory is the host's (the CPU): a served step's worker holds the items it "
+        "received from the front end while it runs, and the sweep built its own before the "
+        "measurement. 0 on CUDA: the host copy is not device memory, and the device copy is "
+        "inside the measurement", default=0)
 
 
 def _n(v: int) -> str:
