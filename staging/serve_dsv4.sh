@@ -13,6 +13,13 @@
 #   bash staging/serve_dsv4.sh [MODES]     # default stock,worstcase; writes $OUT/serve/
 # Settings: OUT (required), SITE (/tmp/site213), DEADLINE_S (1400: modes not started by then are
 # skipped), START_S (900: a server not healthy by then is stopped), EAGER=1.
+# VISION=1 (issue 36, point 4): seed 002's own VLM instead (tests/gpu/models/dsv4-vision-4l,
+# DeepseekV4ForConditionalGeneration) on the V1 runner without a drafter (the encoder step's
+# proven path: bench/gpu_suite.py dsv4vl_*), --disable-chunked-mm-input as the seed's build, and
+# the image traffic after the text's: the 150,016-token text cached, then the same text with
+# IMAGES (10: what one 4,096-token step's encoder budget runs, 387 tokens each) distinct images
+# after it, one step computing them on ~150k cached tokens (serve_run --images; the servers get
+# the fixture's tokenizer and a pass-through chat template). Not yet run on a GPU.
 set -uo pipefail
 export SITE=${SITE:-/tmp/site213}
 # shellcheck disable=SC1091
@@ -24,7 +31,16 @@ export PYTHONPATH=$PWD:$PWD/plugins/wcp_fixtures:$PYTHONPATH VLLM_DEBUG_WORKSPAC
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF-expandable_segments:True}
 python3 staging/install_entrypoint.py --target "$SITE" --fixtures >/dev/null || exit 1
 EXTRA='--max-num-seqs 4 --block-size 256 --kv-cache-dtype fp8_ds_mla --enable-prefix-caching'
-EXTRA+=" --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":3}'"
+MODEL=tests/gpu/models/dsv4-4l-mtp
+images=()
+if [ "${VISION:-0}" = 1 ]; then
+  MODEL=tests/gpu/models/dsv4-vision-4l
+  export VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+  EXTRA+=" --disable-chunked-mm-input --limit-mm-per-prompt '{\"image\":${IMAGES:-10}}'"
+  images=(--images "${IMAGES:-10}" --image-px 1024)
+else
+  EXTRA+=" --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":3}'"
+fi
 # the seed's step measured on its own and, before serving, built from requests against that
 # reading (check_steps; serve_run keeps the profiler's settings off the stock server)
 EXTRA+=" --additional-config '{\"worstcase_profiler\":{\"check_steps\":[\"4096@149760\"]}}'"
@@ -34,7 +50,7 @@ else
   eager=()
   EXTRA+=" --compilation-config '{\"cudagraph_mode\":\"FULL_AND_PIECEWISE\"}'"
 fi
-exec python3 bench/serve_run.py --out "${OUT:?set OUT}/serve" --model tests/gpu/models/dsv4-4l-mtp \
+exec python3 bench/serve_run.py --out "${OUT:?set OUT}/serve" --model "$MODEL" "${images[@]}" \
   --modes "${1:-stock,worstcase}" --hold-slack-mib 256 --util 0.5 \
   --max-model-len 262144 --max-num-batched-tokens 4096 \
   --prefix 150016 --chunk 3840 --decodes 4 --decode-prompt 1024 --decode-tokens 64 \

@@ -55,3 +55,57 @@ def test_a_server_that_dies_in_that_step_is_reported_so():
     out = serve_run.worst_traffic(FakeServer(dies=True), a, list(range(64)),
                                   list(range(100, 164)), random.Random(0), 1000, lead_s=0.01)
     assert out["ok"] < 4 and out["errors"] and out["alive_after"] is False
+
+
+class FakeChatServer:
+    """/tokenize counts 3 template tokens, 2 a WORDS unit and 258 an image; /metrics adds the
+    cached text's whole 16-token blocks as hits once the text was sent."""
+
+    def __init__(self):
+        self.sent, self.hits = [], 0
+
+    @staticmethod
+    def _count(content):
+        text = next(p["text"] for p in content if p["type"] == "text")
+        images = sum(p["type"] == "image_url" for p in content)
+        return 3 + 2 * text.count(serve_run.WORDS) + 258 * images
+
+    def tokens(self, model, content):
+        return self._count(content)
+
+    def chat(self, model, content, max_tokens):
+        self.sent.append((self._count(content), max_tokens,
+                          [p["image_url"]["url"] for p in content if p["type"] == "image_url"]))
+        if len(self.sent) == 2:
+            self.hits += self.sent[0][0] // 16 * 16
+        return {"ok": True, "completion_tokens": max_tokens}
+
+    def get(self, path):
+        return f'vllm:prefix_cache_hits_total{{engine="0"}} {float(self.hits)}\n'
+
+    def alive(self):
+        return True
+
+
+def test_image_traffic_caches_the_text_then_sends_it_with_distinct_images_after_it():
+    a = SimpleNamespace(model="m", prefix=1000, images=2, image_px=32)
+    srv = FakeChatServer()
+    out = serve_run.image_traffic(srv, a)
+    (text, t1, none), (full, t2, urls) = srv.sent
+    assert (t1, t2, none) == (1, 2, []) and len(urls) == 2 and urls[0] != urls[1]
+    assert abs(text - 1000) <= 2 and full == text + 2 * 258  # about --prefix text tokens
+    assert out["text_tokens"] == text and out["image_tokens"] == 2 * 258
+    assert out["prefix_cache_hit_tokens"] == text // 16 * 16 and out["alive_after"] is True
+    assert serve_run.prefix_cache_hits(None) is None
+    assert serve_run.prefix_cache_hits("other 1\n") is None
+
+
+def test_image_traffic_gives_the_servers_a_tokenizer_and_the_pass_through_template():
+    a = SimpleNamespace(extra="", model="m", max_model_len=4096, max_num_batched_tokens=512,
+                        util=0.5, eager=True, validate="worst", images=2)
+    argv = serve_run.server_argv(a, "stock", 1, Path("r.json"))
+    assert "--skip-tokenizer-init" not in argv and "--interleave-mm-strings" in argv
+    assert argv[argv.index("--chat-template") + 1] == str(serve_run.CHAT_TEMPLATE)
+    assert serve_run.CHAT_TEMPLATE.is_file()
+    a.images = 0
+    assert "--skip-tokenizer-init" in serve_run.server_argv(a, "stock", 1, Path("r.json"))
