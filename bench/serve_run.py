@@ -466,11 +466,18 @@ def image_traffic(srv, a) -> dict:
                 *({"type": "image_url", "image_url": {"url": image_url(i, a.image_px)}}
                   for i in range(images))]
 
-    one, two = srv.tokens(a.model, content(1)), srv.tokens(a.model, content(2))
-    per = max(1, two - one)
-    n = max(1, (a.prefix - (one - per)) // per)
-    text = srv.tokens(a.model, content(n))
-    with_images = srv.tokens(a.model, content(n, a.images))
+    try:  # a server that cannot render the prompt (its tokenizer, its template) answers 400
+        one, two = srv.tokens(a.model, content(1)), srv.tokens(a.model, content(2))
+        per = max(1, two - one)
+        n = max(1, (a.prefix - (one - per)) // per)
+        text = srv.tokens(a.model, content(n))
+        with_images = srv.tokens(a.model, content(n, a.images))
+    except (OSError, ValueError, KeyError) as e:
+        msg = e.read().decode(errors="replace")[:300] if isinstance(e, urllib.error.HTTPError) else ""
+        failed = {"ok": False, "error": f"/tokenize: {type(e).__name__}: {e} {msg}"[:500]}
+        return {"images": a.images, "image_px": a.image_px, "text_tokens": None,
+                "prompt_tokens": None, "image_tokens": None, "cached": failed, "request": failed,
+                "prefix_cache_hit_tokens": None, "alive_after": srv.alive()}
     cached = srv.chat(a.model, content(n), 1)
     hits = prefix_cache_hits(srv.get("/metrics"))
     out = srv.chat(a.model, content(n, a.images), 2)

@@ -3,7 +3,8 @@
 # host: vLLM 0.32.0 on the torch it pins (2.13.0) and the triton that torch declares (3.7.1), with
 # DeepGEMM as vLLM ships it (its extension links torch 2.13's C++ ABI), the MoE kernels, the API
 # server's packages (`vllm serve`), torchvision 0.28.0 and CuTe-DSL (sparse MLA). Output: $STAGE/piece00 .. pieceNN,
-# byte pieces (each <= 44 MiB: one transfer carries 64 MiB, the working tree ~12 MB of it) of ONE tar.zst stream, SHA256SUMS
+# byte pieces (each <= 58 MiB: one transfer carries 64 MiB, the working tree without docs/results
+# 3.6 MB of it; PIECE below) of ONE tar.zst stream, SHA256SUMS
 # (the pieces and the whole stream), and staging/stage_stack.sh to carry with them.
 #
 #   bash staging/build_torch_stack.sh                 # vLLM 0.32.0 -> .stage213/ (git-ignored)
@@ -58,7 +59,8 @@ PIECE=$((${PIECE_MIB:-58} * 1024 * 1024))   # + the working tree + SHA256SUMS + 
 # this size without building anything.
 if [ "${RESPLIT:-0}" = 1 ]; then  # the same stream (its sha256 checked) cut into $PIECE pieces
   : "${STAGE:?RESPLIT=1 needs STAGE, e.g. STAGE=.stage214}"
-  sum=$(grep ' stack.tar.zst$' "$STAGE/SHA256SUMS" | cut -d' ' -f1)
+  sum=$(grep ' stack.tar.zst$' "$STAGE/SHA256SUMS" | cut -d' ' -f1) || {
+    echo "ERROR: $STAGE/SHA256SUMS names no stack.tar.zst: build the stack first" >&2; exit 1; }
   cat "$STAGE"/piece?? >"$STAGE/stack.tar.zst"
   [ "$(sha256sum "$STAGE/stack.tar.zst" | cut -d' ' -f1)" = "$sum" ] || {
     rm -f "$STAGE/stack.tar.zst"; echo "ERROR: $STAGE's pieces do not join to its stream" >&2; exit 1; }

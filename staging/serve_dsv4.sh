@@ -17,9 +17,12 @@
 # DeepseekV4ForConditionalGeneration) on the V1 runner without a drafter (the encoder step's
 # proven path: bench/gpu_suite.py dsv4vl_*), --disable-chunked-mm-input as the seed's build, and
 # the image traffic after the text's: the 150,016-token text cached, then the same text with
-# IMAGES (10: what one 4,096-token step's encoder budget runs, 387 tokens each) distinct images
-# after it, one step computing them on ~150k cached tokens (serve_run --images; the servers get
-# the fixture's tokenizer and a pass-through chat template). Not yet run on a GPU.
+# IMAGES (9, of 387 tokens each) distinct images after it, one step computing them on ~150k cached
+# tokens (serve_run --images; the servers get the fixture's tokenizer and a pass-through chat
+# template). Nine, not the ten one step's encoder budget runs: with --disable-chunked-mm-input
+# the uncached text tail (up to a 256-token block and the re-tokenised end) and ten images
+# (3,870 tokens) can pass 4,096, and the last image would wait for the next step. The ten-image
+# step runs in dsv4vl_* (--validate). Not yet run on a GPU.
 set -uo pipefail
 export SITE=${SITE:-/tmp/site213}
 # shellcheck disable=SC1091
@@ -36,8 +39,8 @@ images=()
 if [ "${VISION:-0}" = 1 ]; then
   MODEL=tests/gpu/models/dsv4-vision-4l
   export VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-  EXTRA+=" --disable-chunked-mm-input --limit-mm-per-prompt '{\"image\":${IMAGES:-10}}'"
-  images=(--images "${IMAGES:-10}" --image-px 1024)
+  EXTRA+=" --disable-chunked-mm-input --limit-mm-per-prompt '{\"image\":10}'"
+  images=(--images "${IMAGES:-9}" --image-px 1024)
 else
   EXTRA+=" --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":3}'"
 fi

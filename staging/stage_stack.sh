@@ -49,13 +49,14 @@ if [ -n "$host_site" ] && [ -d "$host_site/nvidia" ]; then
   done
 fi
 rm -rf "$HOLD"
+touch "$SITE/.staged-stack"
 echo "stack extracted into $SITE in $(( ($(date +%s%N) - t0) / 1000000 )) ms; nvidia/: $(ls "$SITE/nvidia" 2>/dev/null | tr '\n' ' ')"
-# PRECOMPILE=1: byte-compile the stack on every core before the mark (its wheels are unzipped,
+# PRECOMPILE=1: byte-compile the stack on every core once it is staged (its wheels are unzipped,
 # so they carry no .pyc and the first process on a host compiles each module it imports, one at
-# a time). Timed, so a session can weigh it against the first start's time to the GPU.
+# a time). Timed, so a session can weigh it against the first start's time to the GPU; a call cut
+# off inside it leaves the stack staged (each .pyc is written whole, or not at all).
 if [ "${PRECOMPILE:-0}" = 1 ]; then
   t1=$(date +%s%N)
   python3 -m compileall -q -j 0 "$SITE" >/dev/null 2>&1 || echo "compileall: some files did not compile (left to import time)"
   echo "stack precompiled in $(( ($(date +%s%N) - t1) / 1000000 )) ms ($(find "$SITE" -name '*.pyc' | wc -l) .pyc)"
 fi
-touch "$SITE/.staged-stack"

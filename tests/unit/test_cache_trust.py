@@ -49,7 +49,7 @@ def test_reuse_consumed_keeps_the_cached_figure_when_the_baseline_matches():
     kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
               resolution=MiB // 2)
     assert reuse_consumed(baseline_now=10 * GiB, replay_residue=10 * MiB, **kw) \
-        == 10 * GiB + 300 * MiB
+        == (10 * GiB + 300 * MiB, True)
 
 
 def test_a_baseline_a_little_below_the_cached_one_keeps_the_cached_figure():
@@ -57,10 +57,10 @@ def test_a_baseline_a_little_below_the_cached_one_keeps_the_cached_figure():
     (larger) figure stands, so the restart admits what the cold start did; far below, measured."""
     kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB,
               resolution=MiB // 2, replay_residue=10 * MiB)
-    assert reuse_consumed(baseline_now=10 * GiB - 900 * 1024, **kw) == 10 * GiB + 300 * MiB
-    assert reuse_consumed(baseline_now=10 * GiB - 2 * MiB, **kw) == 10 * GiB + 300 * MiB
-    assert reuse_consumed(baseline_now=10 * GiB - 3 * MiB, **kw) == 10 * GiB - 3 * MiB + 300 * MiB
-    assert reuse_consumed(baseline_now=10 * GiB + MiB, **kw) == 10 * GiB + MiB + 300 * MiB
+    assert reuse_consumed(baseline_now=10 * GiB - 900 * 1024, **kw) == (10 * GiB + 300 * MiB, True)
+    assert reuse_consumed(baseline_now=10 * GiB - 2 * MiB, **kw) == (10 * GiB + 300 * MiB, True)
+    assert reuse_consumed(baseline_now=10 * GiB - 3 * MiB, **kw).bytes == 10 * GiB - 3 * MiB + 300 * MiB
+    assert reuse_consumed(baseline_now=10 * GiB + MiB, **kw) == (10 * GiB + MiB + 300 * MiB, False)
 
 
 def test_reuse_consumed_adds_the_sweeps_residue_to_a_moved_baseline():
@@ -68,10 +68,24 @@ def test_reuse_consumed_adds_the_sweeps_residue_to_a_moved_baseline():
               resolution=MiB // 2)
     # this node holds 1 GiB more before the replay: the residue rides on top of it
     assert reuse_consumed(baseline_now=11 * GiB, replay_residue=10 * MiB, **kw) \
-        == 11 * GiB + 300 * MiB
+        == (11 * GiB + 300 * MiB, False)
     # the replay itself left more than the sweep did: that is counted, never less
     assert reuse_consumed(baseline_now=10 * GiB, replay_residue=400 * MiB, **kw) \
-        == 10 * GiB + 400 * MiB
+        == (10 * GiB + 400 * MiB, False)
+
+
+def test_a_replay_that_left_more_never_lowers_the_held_figure_below_the_cached_one():
+    """A baseline within the window below the cached one and a replay that left a little more
+    than the sweep did (past one resolution): own baseline plus that residue reads below the
+    cached figure, which then stands; the cold start's admission is never beaten."""
+    res = MiB // 2
+    kw = dict(cached_baseline=10 * GiB, cached_consumed=10 * GiB + 300 * MiB, resolution=res)
+    low = 10 * GiB - 4 * res
+    got = reuse_consumed(baseline_now=low, replay_residue=300 * MiB + res + res // 10, **kw)
+    assert got == (10 * GiB + 300 * MiB, False)
+    # ...and where its own figure is above, that counts
+    high = reuse_consumed(baseline_now=10 * GiB, replay_residue=300 * MiB + 2 * MiB, **kw)
+    assert high == (10 * GiB + 302 * MiB, False)
 
 
 def test_a_hits_line_says_how_far_its_held_memory_moved_and_what_was_counted():

@@ -189,11 +189,12 @@ def test_a_named_step_above_the_encoder_step_is_the_one_that_sets_the_admitted_t
     """With a named step (core/check_steps) reading above the encoder step, the encoder step's
     line does not claim the admitted figure; text replays still hold against the text sweep's."""
     from worstcase_profiler.core import check_steps
-    from worstcase_profiler.core.multimodal import admit, need, text_prediction
+    from worstcase_profiler.core.multimodal import admit, encoder_line, need, text_prediction
 
     text = _sweep(2 << 20)
     admitted, enc = admit(text, step(), named=60 << 20)  # the encoder step needs 54 MiB
     assert admitted.peak_bytes == 54 << 20 and not enc.sets_transient
+    assert "above the text sweep's 2.00 MiB; a named step sets" in encoder_line(enc)
     admitted = check_steps.admit(admitted, max(60 << 20, need(enc)))
     assert admitted.peak_bytes == 60 << 20
     assert text_prediction(admitted.peak_bytes, enc) == 2 << 20

@@ -243,7 +243,7 @@ def test_the_rows_panel_marks_the_encoder_step_and_what_it_left_unprofiled(tile)
     assert rows == tile.worstcase.worst_shape.rows
     assert need == (5 << 20) + tile.worstcase.workspace_bytes
     assert label.startswith("encoder step: 2 image item(s) of 256 tokens,\nthen ")
-    assert "sets the worst-case reserve" in label and "every multimodal limit profiled" in label
+    assert "sets the admitted transient" in label and "every multimodal limit profiled" in label
     data["warnings"] = [*data["warnings"], "multimodal steps are only partly in the worst case"]
     warned = type(tile).model_validate(data)
     assert "other multimodal limits not profiled" in picture.encoder_mark(warned)[2]

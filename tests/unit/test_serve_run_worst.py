@@ -109,3 +109,16 @@ def test_image_traffic_gives_the_servers_a_tokenizer_and_the_pass_through_templa
     assert serve_run.CHAT_TEMPLATE.is_file()
     a.images = 0
     assert "--skip-tokenizer-init" in serve_run.server_argv(a, "stock", 1, Path("r.json"))
+
+
+def test_image_traffic_that_the_server_cannot_render_is_a_result_not_a_crash():
+    """A server whose tokenizer or template cannot render the prompt answers /tokenize with an
+    error: the image traffic says so, and the run goes on to its other traffic and modes."""
+    class Refuses(FakeChatServer):
+        def tokens(self, model, content):
+            raise ValueError("no placeholder")
+
+    out = serve_run.image_traffic(Refuses(), SimpleNamespace(model="m", prefix=100, images=2,
+                                                             image_px=8))
+    assert out["request"]["ok"] is False and "no placeholder" in out["request"]["error"]
+    assert out["alive_after"] is True and out["text_tokens"] is None

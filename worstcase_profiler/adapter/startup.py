@@ -312,12 +312,13 @@ def measure_start(worker, original, settings: ProfilerSettings,
                 if cuda and entry is None else 0
     consumed = held_now
     if entry is not None:  # a cached start: the full sweep's residue, the same answer as then
-        consumed = reuse_consumed(baseline_now=baseline, cached_baseline=entry.baseline_bytes,
-                                  cached_consumed=entry.consumed_bytes,
-                                  replay_residue=held_now - baseline,
-                                  resolution=meter.resolution_bytes)
+        consumed, kept = reuse_consumed(baseline_now=baseline,
+                                        cached_baseline=entry.baseline_bytes,
+                                        cached_consumed=entry.consumed_bytes,
+                                        replay_residue=held_now - baseline,
+                                        resolution=meter.resolution_bytes)
         use = dataclasses.replace(use, held_moved_bytes=baseline - entry.baseline_bytes,
-                                  held_kept=consumed == entry.consumed_bytes)
+                                  held_kept=kept)
         if use.held_moved_bytes:
             log.info("[wcprof] sweep reused: %s", held_moved_text(use.held_moved_bytes, use.held_kept))
     elif handle is not None:

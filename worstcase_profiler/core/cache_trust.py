@@ -12,6 +12,8 @@ measured bytes; the adapter (adapter/startup.py) replays and applies.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ..sizes import fmt_bytes
 
 
@@ -39,8 +41,16 @@ def reuse_transient(cached: int, replayed: int, resolution: int) -> int:
     return cached if replayed <= cached + resolution else max(cached, replayed)
 
 
+class HeldFigure(NamedTuple):
+    """The held memory a cached start admits with (reuse_consumed), and whether it is the
+    cached start's figure as it stood."""
+
+    bytes: int
+    kept: bool
+
+
 def reuse_consumed(*, baseline_now: int, cached_baseline: int, cached_consumed: int,
-                   replay_residue: int, resolution: int) -> int:
+                   replay_residue: int, resolution: int) -> HeldFigure:
     """The held memory a cached start admits with.
 
     The full sweep leaves behind buffers its many step kinds create lazily (decode and mixed
@@ -48,14 +58,17 @@ def reuse_consumed(*, baseline_now: int, cached_baseline: int, cached_consumed: 
     of one step does not. So a cached start counts the full sweep's residue (cached_consumed -
     cached_baseline) on top of its own baseline (held before the replay), and never less than
     what the replay left. While its baseline is within the meter's resolution above the cached
-    one, or within BASELINE_BELOW resolutions below it, the cached figure stands as is: the same
-    configuration gets the same admission whether it swept or replayed."""
+    one, or within BASELINE_BELOW resolutions below it, the cached figure stands as is (kept:
+    the same configuration gets the same admission whether it swept or replayed), unless the
+    replay left more than the sweep did beyond one resolution: then the larger of the cached
+    figure and its own (never less than the cold start counted, from a replay that left more)."""
     residue = max(cached_consumed - cached_baseline, replay_residue)
     moved = baseline_now - cached_baseline
-    if -BASELINE_BELOW * resolution <= moved <= resolution and replay_residue <= \
-            cached_consumed - cached_baseline + resolution:
-        return cached_consumed
-    return baseline_now + residue
+    if -BASELINE_BELOW * resolution <= moved <= resolution:
+        if replay_residue <= cached_consumed - cached_baseline + resolution:
+            return HeldFigure(cached_consumed, True)
+        return HeldFigure(max(cached_consumed, baseline_now + residue), False)
+    return HeldFigure(baseline_now + residue, False)
 
 
 def held_moved_text(moved: int | None, kept: bool | None) -> str:

@@ -85,7 +85,8 @@ class EncoderStep:
     text_peak_bytes: int = doc("the text sweep's admitted transient beside it (what was "
                                "admitted without this step)", default=0)
     sets_transient: bool = doc("whether this step (its peak plus the meter's allocator slack), "
-                               "not the text sweep, set the admitted transient", default=False)
+                               "not the text sweep nor a named step, set the admitted transient",
+                               default=False)
     inputs_bytes: int = doc(
         "the processed items' bytes (pixel values and the like), counted in peak_bytes where the "
         "device's memory is the host's (the CPU): a served step's worker holds the items it "
@@ -196,11 +197,21 @@ def admit(sweep, encoder: EncoderStep | None, allocator_slack: int = 0, named: i
     return dataclasses.replace(sweep, peak_bytes=needed), encoder
 
 
+def standing(encoder: EncoderStep) -> str:
+    """Where the encoder step stands against the admitted transient: it sets it, a named step
+    (core/check_steps) above it does, or the text sweep's figure holds it."""
+    if encoder.sets_transient:
+        return "sets the admitted transient"
+    if encoder.peak_bytes > encoder.text_peak_bytes:
+        return (f"above the text sweep's {fmt_bytes(encoder.text_peak_bytes)}; a named step "
+                f"sets the admitted transient")
+    return f"within the text sweep's {fmt_bytes(encoder.text_peak_bytes)}"
+
+
 def encoder_line(encoder: EncoderStep) -> str:
     """One line for the terminal and the log: the encoder step, and whether it set the admitted
     transient (above the text sweep's)."""
-    verdict = ("sets the admitted transient" if encoder.sets_transient else
-               f"within the text sweep's {fmt_bytes(encoder.text_peak_bytes)}")
+    verdict = standing(encoder)
     return (f"encoder step: {_n(encoder.items)} {encoder.modality} item(s) of "
             f"{_n(encoder.tokens_per_item)} tokens through the encoder "
             f"({fmt_bytes(encoder.encoder_peak_bytes)}), then {encoder.text_shape} with their "

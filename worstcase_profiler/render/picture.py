@@ -27,6 +27,7 @@ import io
 import math
 from dataclasses import dataclass, field
 
+from ..core.multimodal import standing
 from ..errors import ConfigError
 from ..report import Report, Shape, StepResult, Verdict
 from ..sizes import GiB, MiB, fmt_bytes, fmt_tokens
@@ -428,7 +429,7 @@ def encoder_mark(report: Report) -> tuple[int, int, str] | None:
     enc = wc.encoder_step
     if enc is None:
         return None
-    verdict = "sets the worst-case reserve" if enc.sets_transient else "within the text sweep's"
+    verdict = standing(enc)
     missing = any(w.startswith("multimodal steps") for w in report.warnings)
     label = (f"encoder step: {enc.items} {enc.modality} item(s) of {fmt_tokens(enc.tokens_per_item)}"
              f" tokens,\nthen {enc.text_shape} ({verdict}"
