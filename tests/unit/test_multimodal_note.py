@@ -200,3 +200,9 @@ def test_a_named_step_above_the_encoder_step_is_the_one_that_sets_the_admitted_t
     assert text_prediction(admitted.peak_bytes, enc) == 2 << 20
     assert admit(text, step(), named=50 << 20)[1].sets_transient
     assert need(None) == 0 and need(step(), allocator_slack=2 << 20) == 56 << 20
+    assert "items' own" not in encoder_line(enc)  # CUDA: the items' host bytes not counted
+    import dataclasses
+
+    cpu = dataclasses.replace(enc, inputs_bytes=4 << 20)
+    assert "54.00 MiB with the items' own 4.00 MiB (host memory is the device's)" in \
+        encoder_line(cpu)

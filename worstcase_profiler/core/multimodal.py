@@ -215,8 +215,9 @@ def encoder_line(encoder: EncoderStep) -> str:
     return (f"encoder step: {_n(encoder.items)} {encoder.modality} item(s) of "
             f"{_n(encoder.tokens_per_item)} tokens through the encoder "
             f"({fmt_bytes(encoder.encoder_peak_bytes)}), then {encoder.text_shape} with their "
-            f"outputs held ({fmt_bytes(encoder.held_bytes)}): {fmt_bytes(encoder.peak_bytes)}, "
-            f"{verdict}")
+            f"outputs held ({fmt_bytes(encoder.held_bytes)}): {fmt_bytes(encoder.peak_bytes)}"
+            + (f" with the items' own {fmt_bytes(encoder.inputs_bytes)} (host memory is the "
+               f"device's)" if encoder.inputs_bytes else "") + f", {verdict}")
 
 
 def text_prediction(admitted: int, encoder: EncoderStep | None) -> int:
