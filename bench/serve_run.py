@@ -291,6 +291,17 @@ def server_argv(a, mode: str, port: int, report: Path) -> list[str]:
     return cmd
 
 
+ANSWER_ERRORS = (OSError, ValueError, KeyError)
+"""What a request to a server can raise: no answer (OSError, HTTPError among them), or one that
+is not the JSON expected."""
+
+
+def error_text(e: Exception) -> str:
+    """A failed request in one line: the error, and an HTTP error's body (vLLM says why there)."""
+    body = e.read().decode(errors="replace")[:300] if isinstance(e, urllib.error.HTTPError) else ""
+    return f"{type(e).__name__}: {e} {body}"[:500]
+
+
 class Server:
     def __init__(self, a, mode: str, out: Path):
         self.mode, self.port = mode, _free_port()
@@ -339,26 +350,26 @@ class Server:
     def tokens(self, model: str, content: list[dict]) -> int:
         """How many prompt tokens that message makes (vLLM's /tokenize, the chat template
         applied as /v1/chat/completions applies it)."""
-        body = json.dumps({"model": model, "messages": [{"role": "user", "content": content}],
-                           "add_generation_prompt": True}).encode()
-        req = urllib.request.Request(self.url + "/tokenize", data=body,
-                                     headers={"Content-Type": "application/json"})
-        return int(json.loads(urllib.request.urlopen(req, timeout=120).read())["count"])
+        return int(self.post_json("/tokenize", {
+            "model": model, "messages": [{"role": "user", "content": content}],
+            "add_generation_prompt": True}, timeout=120)["count"])
 
     def request(self, path: str, fields: dict, max_tokens: int, timeout: float = 600) -> dict:
-        body = json.dumps({**fields, "max_tokens": max_tokens, "ignore_eos": True,
-                           "temperature": 0.0}).encode()
-        req = urllib.request.Request(self.url + path, data=body,
-                                     headers={"Content-Type": "application/json"})
         t0 = time.perf_counter()
         try:
-            out = json.loads(urllib.request.urlopen(req, timeout=timeout).read())
+            out = self.post_json(path, {**fields, "max_tokens": max_tokens, "ignore_eos": True,
+                                        "temperature": 0.0}, timeout)
             return {"ok": True, "s": time.perf_counter() - t0,
                     "completion_tokens": out["usage"]["completion_tokens"],
                     "prompt_tokens": out["usage"]["prompt_tokens"]}
-        except (OSError, urllib.error.HTTPError, ValueError, KeyError) as e:
-            msg = e.read().decode(errors="replace")[:300] if isinstance(e, urllib.error.HTTPError) else ""
-            return {"ok": False, "s": time.perf_counter() - t0, "error": f"{type(e).__name__}: {e} {msg}"[:500]}
+        except ANSWER_ERRORS as e:
+            return {"ok": False, "s": time.perf_counter() - t0, "error": error_text(e)}
+
+    def post_json(self, path: str, body: dict, timeout: float) -> dict:
+        """POST `body` as JSON to `path`; the answer's JSON (raises one of ANSWER_ERRORS)."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=timeout).read())
 
     def get(self, path: str) -> str | None:
         try:
@@ -472,9 +483,8 @@ def image_traffic(srv, a) -> dict:
         n = max(1, (a.prefix - (one - per)) // per)
         text = srv.tokens(a.model, content(n))
         with_images = srv.tokens(a.model, content(n, a.images))
-    except (OSError, ValueError, KeyError) as e:
-        msg = e.read().decode(errors="replace")[:300] if isinstance(e, urllib.error.HTTPError) else ""
-        failed = {"ok": False, "error": f"/tokenize: {type(e).__name__}: {e} {msg}"[:500]}
+    except ANSWER_ERRORS as e:
+        failed = {"ok": False, "error": f"/tokenize: {error_text(e)}"}
         return {"images": a.images, "image_px": a.image_px, "text_tokens": None,
                 "prompt_tokens": None, "image_tokens": None, "cached": failed, "request": failed,
                 "prefix_cache_hit_tokens": None, "alive_after": srv.alive()}

@@ -474,8 +474,8 @@ class Validation:
     rank: int = doc("the rank measured (with TP, the rank of highest ratio)", default=0)
     target: Literal["worst-step", "quick", "traffic", "multimodal", "check-step"] = doc(
         "worst-step: the report's own worst shape built from real requests (its rows, request "
-        "count and context); on a model whose encoder step set the admitted transient, held "
-        "against the text sweep's own figure (text requests never run the encoder); quick: its "
+        "count and context); on a model with an encoder step, held against the text sweep's own "
+        "figure (text requests never run the encoder); quick: its "
         "rows over its requests at the shortest context, formed within a few steps (`--validate "
         "quick`); traffic: generic requests; multimodal: the encoder step (worstcase."
         "encoder_step) built from requests with items (images) behind a text prefix, held "
