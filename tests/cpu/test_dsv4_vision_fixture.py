@@ -17,7 +17,11 @@ with its multimodal processor) in a subprocess of its own; nothing is built or r
     one 1024x1024 image in a text prompt expands to the block `grid_tokens` gives (18x18: 346
     tokens, 324 of them vision embeddings), its sentinels at the ids vLLM checks;
   - vLLM's encoder budget at the proposed suite limits (131,072 / 4,096 tokens, 4 sequences,
-    10 images a prompt): 10 images of 387 tokens in one encoder step."""
+    10 images a prompt): 10 images of 387 tokens in one encoder step;
+  - the chat request bench/serve_run.py --images sends (staging/serve_dsv4.sh VISION=1) renders
+    through vLLM's DeepSeek-V4 tokenizer mode, which uses its own chat encoding and not the
+    --chat-template: each image's placeholder where it stands, the cached text-only request a
+    prefix of it but for the assistant turn's two closing tokens."""
 
 from __future__ import annotations
 
@@ -78,6 +82,32 @@ ea = EngineArgs(model=M, max_model_len=131072, max_num_batched_tokens=4096, max_
 b = MultiModalBudget(ea.create_engine_config(), MULTIMODAL_REGISTRY, enable_cache=False)
 out["budget"] = dict(toks=dict(b.mm_max_toks_per_item), per_batch=dict(b.mm_max_items_per_batch),
                      per_prompt=dict(b.mm_max_items_per_prompt), compute=b.encoder_compute_budget)
+# bench/serve_run.py --images through vllm serve (staging/serve_dsv4.sh VISION=1): the chat
+# request's text, then two images, rendered as the API server renders it with
+# --chat-template-content-format string --interleave-mm-strings (vLLM's DeepSeek-V4 renderer:
+# its own chat encoding, whatever --chat-template says), then expanded by the processor
+import base64, io
+from vllm.renderers.chat_utils import parse_chat_messages
+from vllm.tokenizers import cached_tokenizer_from_config
+chat = ModelConfig(model=M, tokenizer=M, max_model_len=131072, limit_mm_per_prompt={"image": 10},
+                   interleave_mm_strings=True)
+def url(i):
+    buf = io.BytesIO()
+    Image.new("RGB", (1024, 1024), (40 * i, 9, 9)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+def render(images):
+    content = [{"type": "text", "text": "hello world " * 50},
+               *({"type": "image_url", "image_url": {"url": url(i)}} for i in range(images))]
+    conv, mm, _ = parse_chat_messages([{"role": "user", "content": content}], chat, "string")
+    return cached_tokenizer_from_config(chat).apply_chat_template(conv, tokenize=True), mm
+text, _ = render(0)
+ids, mm = render(2)
+r = proc.apply(ProcessorInputs(prompt=ids, mm_data_items=proc.info.parse_mm_data(mm)),
+               TimingContext(enabled=False))
+out["chat"] = dict(renderer=type(cached_tokenizer_from_config(chat)).__name__, text=len(text),
+                   common=next(i for i, (a, b) in enumerate(zip(text, ids)) if a != b),
+                   placeholders=ids.count(129264), prompt=len(ids), expanded=len(r["prompt_token_ids"]),
+                   blocks=[p.length for p in r["mm_placeholders"]["image"]])
 print("PROBE " + json.dumps(out))
 """
 
@@ -129,3 +159,18 @@ def test_the_processor_expands_an_image_to_its_block(probe):
 def test_the_encoder_budget_at_the_proposed_suite_limits(probe):
     assert probe["budget"] == dict(toks={"image": 387}, per_batch={"image": 10},
                                    per_prompt={"image": 10}, compute=4096)
+
+
+def test_the_chat_path_of_the_served_image_traffic_renders_each_image(probe):
+    """serve_run's --images request on this fixture (seed 002's VLM under vllm serve): vLLM's
+    DeepSeek-V4 tokenizer mode renders it with its own chat encoding, each image's placeholder
+    where the image stands, and the text-only request the traffic caches first shares all of
+    its tokens but the closing two (the assistant turn) with it, so the image step computes
+    on the cached text."""
+    chat = probe["chat"]
+    assert chat["renderer"].startswith("Cached") and "DSV4" in chat["renderer"], chat
+    assert chat["placeholders"] == 2 and chat["common"] >= chat["text"] - 2, chat
+    # each placeholder became its image's block: 346 tokens (18x18 merged) and the compressor's
+    # alignment pad, at most 3
+    assert len(chat["blocks"]) == 2 and all(346 <= b <= 349 for b in chat["blocks"]), chat
+    assert chat["expanded"] == chat["prompt"] - 2 + sum(chat["blocks"]), chat
