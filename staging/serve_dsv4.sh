@@ -40,8 +40,8 @@ if [ "${VISION:-0}" = 1 ]; then
   MODEL=tests/gpu/models/dsv4-vision-4l
   export VLLM_USE_V2_MODEL_RUNNER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
   EXTRA+=" --disable-chunked-mm-input --limit-mm-per-prompt '{\"image\":10}'"
-  # vLLM renders the chat request with DeepSeek-V4's own encoding (tokenizer mode deepseek_v4),
-  # not serve_run's --chat-template: tests/cpu/test_dsv4_vision_fixture.py checks that path
+  # vLLM's DeepSeek-V4 renderer renders the chat request with the model's own encoding, not
+  # serve_run's --chat-template and content format: tests/cpu/test_dsv4_vision_fixture.py checks it
   images=(--images "${IMAGES:-9}" --image-px 1024)
 else
   EXTRA+=" --speculative-config '{\"method\":\"dspark\",\"num_speculative_tokens\":3}'"

@@ -19,7 +19,7 @@ with its multimodal processor) in a subprocess of its own; nothing is built or r
   - vLLM's encoder budget at the proposed suite limits (131,072 / 4,096 tokens, 4 sequences,
     10 images a prompt): 10 images of 387 tokens in one encoder step;
   - the chat request bench/serve_run.py --images sends (staging/serve_dsv4.sh VISION=1) renders
-    through vLLM's DeepSeek-V4 tokenizer mode, which uses its own chat encoding and not the
+    through vLLM's DeepSeek-V4 renderer, which uses its own chat encoding and not the
     --chat-template: each image's placeholder where it stands, the cached text-only request a
     prefix of it but for the assistant turn's two closing tokens."""
 
@@ -83,14 +83,13 @@ b = MultiModalBudget(ea.create_engine_config(), MULTIMODAL_REGISTRY, enable_cach
 out["budget"] = dict(toks=dict(b.mm_max_toks_per_item), per_batch=dict(b.mm_max_items_per_batch),
                      per_prompt=dict(b.mm_max_items_per_prompt), compute=b.encoder_compute_budget)
 # bench/serve_run.py --images through vllm serve (staging/serve_dsv4.sh VISION=1): the chat
-# request's text, then two images, rendered as the API server renders it with
-# --chat-template-content-format string --interleave-mm-strings (vLLM's DeepSeek-V4 renderer:
-# its own chat encoding, whatever --chat-template says), then expanded by the processor
+# request's text, then two images, rendered by the renderer the API server takes for this config
+# (vLLM's DeepSeek-V4 renderer: its own chat encoding, whatever --chat-template and
+# --chat-template-content-format say), then expanded by the processor
 import base64, io
-from vllm.renderers.chat_utils import parse_chat_messages
-from vllm.tokenizers import cached_tokenizer_from_config
-chat = ModelConfig(model=M, tokenizer=M, max_model_len=131072, limit_mm_per_prompt={"image": 10},
-                   interleave_mm_strings=True)
+from vllm.renderers.params import ChatParams
+from vllm.renderers.registry import renderer_from_config
+renderer = renderer_from_config(ea.create_engine_config())
 def url(i):
     buf = io.BytesIO()
     Image.new("RGB", (1024, 1024), (40 * i, 9, 9)).save(buf, format="PNG")
@@ -98,15 +97,16 @@ def url(i):
 def render(images):
     content = [{"type": "text", "text": "hello world " * 50},
                *({"type": "image_url", "image_url": {"url": url(i)}} for i in range(images))]
-    conv, mm, _ = parse_chat_messages([{"role": "user", "content": content}], chat, "string")
-    return cached_tokenizer_from_config(chat).apply_chat_template(conv, tokenize=True), mm
-text, _ = render(0)
-ids, mm = render(2)
-r = proc.apply(ProcessorInputs(prompt=ids, mm_data_items=proc.info.parse_mm_data(mm)),
-               TimingContext(enabled=False))
-out["chat"] = dict(renderer=type(cached_tokenizer_from_config(chat)).__name__, text=len(text),
+    return renderer.render_messages([{"role": "user", "content": content}],
+                                    ChatParams(chat_template_content_format="string"))[1]
+text, prompt = render(0)["prompt_token_ids"], render(2)
+ids = prompt["prompt_token_ids"]
+r = proc.apply(ProcessorInputs(prompt=ids, mm_data_items=proc.info.parse_mm_data(
+    prompt["multi_modal_data"])), TimingContext(enabled=False))
+out["chat"] = dict(renderer=type(renderer).__name__, text=len(text),
                    common=next(i for i, (a, b) in enumerate(zip(text, ids)) if a != b),
-                   placeholders=ids.count(129264), prompt=len(ids), expanded=len(r["prompt_token_ids"]),
+                   placeholders=ids.count(129264), prompt=len(ids),
+                   expanded=len(r["prompt_token_ids"]),
                    blocks=[p.length for p in r["mm_placeholders"]["image"]])
 print("PROBE " + json.dumps(out))
 """
@@ -163,12 +163,12 @@ def test_the_encoder_budget_at_the_proposed_suite_limits(probe):
 
 def test_the_chat_path_of_the_served_image_traffic_renders_each_image(probe):
     """serve_run's --images request on this fixture (seed 002's VLM under vllm serve): vLLM's
-    DeepSeek-V4 tokenizer mode renders it with its own chat encoding, each image's placeholder
+    DeepSeek-V4 renderer renders it with its own chat encoding, each image's placeholder
     where the image stands, and the text-only request the traffic caches first shares all of
     its tokens but the closing two (the assistant turn) with it, so the image step computes
     on the cached text."""
     chat = probe["chat"]
-    assert chat["renderer"].startswith("Cached") and "DSV4" in chat["renderer"], chat
+    assert chat["renderer"] == "DeepseekV4Renderer", chat
     assert chat["placeholders"] == 2 and chat["common"] >= chat["text"] - 2, chat
     # each placeholder became its image's block: 346 tokens (18x18 merged) and the compressor's
     # alignment pad, at most 3
