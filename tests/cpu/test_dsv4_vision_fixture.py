@@ -108,6 +108,30 @@ out["chat"] = dict(renderer=type(renderer).__name__, text=len(text),
                    placeholders=ids.count(129264), prompt=len(ids),
                    expanded=len(r["prompt_token_ids"]),
                    blocks=[p.length for p in r["mm_placeholders"]["image"]])
+# --validate's multimodal replay on this fixture at dsv4vl's limits (bench/gpu_suite.py): each
+# image block is padded to its position, so the measured prompt's items expand to fewer tokens
+# than one item at the dummy prompt's position; the workload tops the prompt up to its plan
+from worstcase_profiler.adapter.multimodal import replay_items
+from worstcase_profiler.adapter.validation import multimodal_workload
+from worstcase_profiler.core.multimodal import EncoderStep
+from worstcase_profiler.core.requests_plan import multimodal_plan
+from worstcase_profiler.core.shapes import Limits
+class Sched:
+    disable_chunked_mm_input = True
+items, why = replay_items(mc, Sched, EncoderStep(
+    modality="image", items=10, tokens_per_item=387, peak_bytes=1, held_bytes=1,
+    encoder_peak_bytes=1, text_shape="the worst step"))
+plan, _ = multimodal_plan(items.spec, Limits(max_model_len=131072, max_num_batched_tokens=4096,
+                                             max_num_seqs=4, block_size=256, prefix_caching=True),
+                          prefix_caching=True)
+(warm, _, _), (measured, _, _) = multimodal_workload(plan, items).batches
+(m,) = measured
+r = proc.apply(ProcessorInputs(prompt=m["prompt_token_ids"], mm_data_items=proc.info.parse_mm_data(
+    m["multi_modal_data"])), TimingContext(enabled=False))
+out["replay"] = dict(item_len=items.spec.item_len, target=[plan.target.rows, plan.target.context_len],
+                     warm=len(warm[0]), expanded=len(r["prompt_token_ids"]),
+                     blocks=sorted({p.length for p in r["mm_placeholders"]["image"]}),
+                     dummy=items.expanded_len(list(items.unit), [items.sample]))
 print("PROBE " + json.dumps(out))
 """
 
@@ -174,3 +198,18 @@ def test_the_chat_path_of_the_served_image_traffic_renders_each_image(probe):
     # alignment pad, at most 3
     assert len(chat["blocks"]) == 2 and all(346 <= b <= 349 for b in chat["blocks"]), chat
     assert chat["expanded"] == chat["prompt"] - 2 + sum(chat["blocks"]), chat
+
+
+def test_the_multimodal_replay_forms_its_planned_step_whatever_the_pads(probe):
+    """dsv4vl's encoder step rebuilt from requests (bench/gpu_suite.py's limits): one item is
+    counted at the most it expands to at any position (a pad of 3 ahead of its 378-token block,
+    after the BOS of the dummy prompt's unit), the ten images of the measured prompt expand to
+    fewer (a pad of 0 to 3 each, by position), and the tail takes the difference: the prompt is
+    the cached text plus exactly the planned 4,096 rows. Before, it came out 9 tokens short, a
+    4,087-row step that never reached its 4,096-row target."""
+    replay = probe["replay"]
+    assert replay["item_len"] == 1 + 3 + 378 and replay["dummy"] < replay["item_len"], replay
+    rows, context = replay["target"]
+    assert rows == 4096 and replay["warm"] == context + 1, replay  # the cached text, and one more
+    assert replay["expanded"] == context + rows, replay
+    assert all(378 <= b <= 381 for b in replay["blocks"]), replay

@@ -157,6 +157,38 @@ def test_the_workload_puts_placeholder_ids_and_distinct_images_behind_the_shared
     assert token_ids  # the text ids are core.requests_plan.token_ids, mapped into `allowed`
 
 
+def test_a_prompt_whose_items_expand_short_is_topped_up_to_its_plan():
+    """Where vLLM expands a prompt's items to fewer tokens than the plan counts them at (the most
+    one item takes at any position: DeepSeek-V4 pads each image block to where it starts), the
+    tail takes the difference, so the prompt is as long as planned and the step forms with the
+    plan's rows; where they expand to more, the workload says so."""
+    pytest.importorskip("PIL")
+    from worstcase_profiler.adapter.multimodal import ReplayItems
+    from worstcase_profiler.adapter.validation import multimodal_workload
+    from PIL import Image
+
+    spec = ItemSpec("image", items=3, item_len=100, limit_per_prompt=2)
+    plan, _ = multimodal_plan(spec, LIMITS, prefix_caching=True)
+    made = lambda by: ReplayItems(  # noqa: E731 - each item expands to item_len - by
+        spec, unit=(4,), allowed=tuple(range(50, 300)), sample=Image.new("RGB", (8, 8)),
+        embed_tokens=90, expanded_len=lambda ids, data: len(ids) + (99 - by) * len(data))
+    plain = multimodal_workload(plan, made(0))
+    short = multimodal_workload(plan, made(2))
+    for (a, _, _), (b, _, _), planned in zip(plain.batches, short.batches, plan.batches):
+        for pa, pb, p in zip(a, b, planned.prompts):
+            if not p.items:
+                assert pa == pb  # the warm-up's text, untouched
+                continue
+            ids, was = pb["prompt_token_ids"], pa["prompt_token_ids"]
+            head = len(was) - p.tail_len  # the text and the items' placeholders stay put
+            assert ids[:head] == was[:head] and ids[head - p.items:head] == [4] * p.items
+            assert len(ids) == len(was) + 2 * p.items  # 2 short an item: the tail takes them
+            assert all(i in range(50, 300) for i in ids[head:])
+    assert short.note == plain.note
+    # the prompt of two items came out 4 tokens long: nothing to take away, and said
+    assert "4 token(s) more than planned" in multimodal_workload(plan, made(-2)).note
+
+
 def test_lookahead_hashes_make_a_cached_prefix_plan_approximate():
     """vLLM 0.33's lookahead block hashes: the measured prompts' tokens after the cached text are
     item placeholders, the warm-up's are not, so each may hit a block short; the plan says so.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 from ..core.multimodal import EncoderStep, ModalityBudget, MultimodalFacts
 from ..core.requests_plan import ItemSpec
@@ -240,13 +241,18 @@ class ReplayItems:
     """What a multimodal replay needs of vLLM's processor (replay_items): the items' layout in a
     prompt (core/requests_plan.ItemSpec), the prompt ids that stand for one item before vLLM
     expands them, the text ids that are no placeholder or added token, and the sample item
-    whose size every replayed item takes."""
+    whose size every replayed item takes. `spec.item_len` is the most tokens one item expands
+    to wherever a prompt puts it (DeepSeek-V4 pads each image block to its position, 0 to 3
+    tokens); `expanded_len`, where the processor is at hand, gives a prompt's real length once
+    vLLM expands its items, so a replay can top a prompt that came out shorter back up to its
+    plan (adapter/validation.multimodal_workload)."""
 
     spec: ItemSpec
     unit: tuple[int, ...]
     allowed: tuple[int, ...]
     sample: object
     embed_tokens: int
+    expanded_len: Callable[[list[int], list], int] | None = None
 
     def make(self, n: int) -> list:
         """`n` distinct items of the sample's size (PIL images of distinct colours)."""
@@ -259,6 +265,11 @@ class ReplayItems:
                                  (c % 256, (c // 256) % 256, 200)[:len(self.sample.mode)]
                                  if self.sample.mode not in ("L", "1") else c % 256))
         return out
+
+
+ALIGNMENTS = 8
+"""Positions (mod 8) an item is expanded at to learn the most tokens it takes: DeepSeek-V4's
+processor pads each image block to a multiple of 4 from where it starts (COMPRESS_PAD_TO)."""
 
 
 def replay_items(model_config, scheduler_config, encoder: EncoderStep
@@ -275,6 +286,7 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
     try:
         from vllm.multimodal import MULTIMODAL_REGISTRY
         from vllm.multimodal.processing import TimingContext
+        from vllm.multimodal.processing.inputs import ProcessorInputs
 
         processor = MULTIMODAL_REGISTRY.create_processor(model_config)
         mm_config = model_config.get_multimodal_config()
@@ -286,6 +298,12 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
         sample = sample[0] if isinstance(sample, (list, tuple)) else sample
         tokenizer = processor.info.get_tokenizer()
         limit = int(mm_config.get_limit_per_prompt(m))
+
+        def expanded_len(ids: list[int], data: list) -> int:
+            got = processor.apply(ProcessorInputs(prompt=list(ids), mm_data_items=processor.info
+                                                  .parse_mm_data({m: list(data)})),
+                                  TimingContext(enabled=False))
+            return len(got["prompt_token_ids"])
     except Exception as e:  # noqa: BLE001 - said in the report, the text replay still runs
         return None, f"vLLM's processor did not build a {m} item ({type(e).__name__}: {e})"
     if tokenizer is None or not list(inputs.prompt):
@@ -304,10 +322,17 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
     allowed = tuple(i for i in range(vocab) if i not in avoid)
     if not allowed:
         return None, "every token id of the tokenizer is a placeholder or added token"
-    spec = ItemSpec(modality=m, items=encoder.items, item_len=len(expanded),
+    try:  # the most one item takes wherever it stands: after 0 to ALIGNMENTS - 1 text tokens
+        longest = max(expanded_len([allowed[0]] * k + list(inputs.prompt), [sample]) - k
+                      for k in range(ALIGNMENTS))
+    except Exception as e:  # noqa: BLE001 - as above
+        return None, f"vLLM's processor did not place a {m} item ({type(e).__name__}: {e})"
+    spec = ItemSpec(modality=m, items=encoder.items, item_len=max(len(expanded), longest),
                     limit_per_prompt=limit, start=int(place.offset) + first_embed,
                     chunked=not bool(getattr(scheduler_config, "disable_chunked_mm_input", False)))
-    return ReplayItems(spec, tuple(inputs.prompt), allowed, sample, embed_tokens), ""
+    return ReplayItems(spec, tuple(inputs.prompt), allowed, sample, embed_tokens,
+                       expanded_len), ""
+
 
 
 def encoder_cache_snapshot(worker) -> dict[str, int] | None:

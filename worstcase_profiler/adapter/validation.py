@@ -490,25 +490,36 @@ def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
     """The requests of a multimodal plan (core/requests_plan.multimodal_plan): text ids drawn from
     `items.allowed` (the same prefix in the warm-up and the measured prompts), each item's
     placeholder ids after them, then the tail; vLLM prompt dicts carrying the items (`items`:
-    adapter/multimodal.ReplayItems)."""
+    adapter/multimodal.ReplayItems). The plan counts every item at the most tokens it expands
+    to; where vLLM expands a prompt's items to fewer (`items.expanded_len`: a block padded to
+    its position), the tail takes the difference, so the prompt is as long as planned and the
+    step forms with the plan's rows."""
     salt, memo = iter(range(1, 1 << 30)), {}
     allowed = items.allowed
 
     def text(p: Prompt) -> list[int]:
         return token_ids(p, 1 << 20, next(salt), memo, alphabet=allowed)
 
-    batches = []
+    batches, short = [], 0
     for b in plan.batches:
         prompts = []
         for p in b.prompts:
             ids = text(replace(p, items=0, item_len=0, tail_len=0))
             ids += list(items.unit) * p.items
             ids += text(Prompt(0, 0, p.tail_len)) if p.tail_len else []
+            data = items.make(p.items) if p.items else []
+            if data and items.expanded_len is not None:
+                planned = len(ids) + (items.spec.item_len - len(items.unit)) * p.items
+                missing = planned - items.expanded_len(ids, data)
+                short = max(short, -missing)
+                ids += text(Prompt(0, 0, missing)) if missing > 0 else []
             prompts.append({"prompt_token_ids": ids,
-                            "multi_modal_data": {items.spec.modality: items.make(p.items)}}
+                            "multi_modal_data": {items.spec.modality: data}}
                            if p.items else ids)
         batches.append((prompts, b.max_tokens, b.measured))
     notes = [plan.note if plan.exact else (plan.note or "approximate")]
+    if short:  # not expected: spec.item_len is the most an item took at every alignment
+        notes.append(f"a prompt's items expanded to {short} token(s) more than planned")
     return Workload(target, tuple(batches), tuple(b.label for b in plan.batches if b.measured),
                     shape=plan.target, note="; ".join(n for n in notes if n) or None,
                     modality=items.spec.modality, encoder_items=plan.items)
