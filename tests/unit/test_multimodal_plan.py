@@ -187,6 +187,12 @@ def test_a_prompt_whose_items_expand_short_is_topped_up_to_its_plan():
     assert short.note == plain.note
     # the prompt of two items came out 4 tokens long: nothing to take away, and said
     assert "4 token(s) more than planned" in multimodal_workload(plan, made(-2)).note
+    broken = dataclasses.replace(made(0), expanded_len=lambda ids, data: 1 // 0)
+    unknown = multimodal_workload(plan, broken)
+    ids = lambda work: [[q["prompt_token_ids"] if isinstance(q, dict) else q  # noqa: E731
+                         for q in prompts] for prompts, _, _ in work.batches]
+    assert ids(unknown) == ids(plain)  # as planned, untouched
+    assert "expanded length is unknown" in unknown.note and "ZeroDivisionError" in unknown.note
 
 
 def test_lookahead_hashes_make_a_cached_prefix_plan_approximate():
