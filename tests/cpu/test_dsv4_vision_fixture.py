@@ -104,8 +104,10 @@ ids = prompt["prompt_token_ids"]
 r = proc.apply(ProcessorInputs(prompt=ids, mm_data_items=proc.info.parse_mm_data(
     prompt["multi_modal_data"])), TimingContext(enabled=False))
 out["chat"] = dict(renderer=type(renderer).__name__, text=len(text),
-                   common=next(i for i, (a, b) in enumerate(zip(text, ids)) if a != b),
-                   placeholders=ids.count(129264), prompt=len(ids),
+                   common=next((i for i, (a, b) in enumerate(zip(text, ids)) if a != b),
+                               min(len(text), len(ids))),
+                   placeholders=ids.count(proc.info.get_image_placeholder_token_id()),
+                   prompt=len(ids),
                    expanded=len(r["prompt_token_ids"]),
                    blocks=[p.length for p in r["mm_placeholders"]["image"]])
 # --validate's multimodal replay on this fixture at dsv4vl's limits (bench/gpu_suite.py): each
@@ -128,7 +130,8 @@ plan, _ = multimodal_plan(items.spec, Limits(max_model_len=131072, max_num_batch
 (m,) = measured
 r = proc.apply(ProcessorInputs(prompt=m["prompt_token_ids"], mm_data_items=proc.info.parse_mm_data(
     m["multi_modal_data"])), TimingContext(enabled=False))
-out["replay"] = dict(item_len=items.spec.item_len, target=[plan.target.rows, plan.target.context_len],
+out["replay"] = dict(item_len=items.spec.item_len, start=items.spec.start,
+                     target=[plan.target.rows, plan.target.context_len],
                      warm=len(warm[0]), expanded=len(r["prompt_token_ids"]),
                      blocks=sorted({p.length for p in r["mm_placeholders"]["image"]}),
                      dummy=items.expanded_len(list(items.unit), [items.sample]))
@@ -204,11 +207,14 @@ def test_the_multimodal_replay_forms_its_planned_step_whatever_the_pads(probe):
     """dsv4vl's encoder step rebuilt from requests (bench/gpu_suite.py's limits): one item is
     counted at the most it expands to at any position (a pad of 3 ahead of its 378-token block,
     after the BOS of the dummy prompt's unit), the ten images of the measured prompt expand to
-    fewer (a pad of 0 to 3 each, by position), and the tail takes the difference: the prompt is
-    the cached text plus exactly the planned 4,096 rows. Before, it came out 9 tokens short, a
-    4,087-row step that never reached its 4,096-row target."""
+    fewer (a pad of 0 to 3 each, by position), and the tail takes the difference: vLLM's
+    processor expands the prompt to the cached text plus exactly the planned 4,096 rows (what
+    the scheduler then forms runs on the GPU only). Before, it came out 9 tokens short: a
+    4,087-row step, which never reaches its 4,096-row target."""
     replay = probe["replay"]
     assert replay["item_len"] == 1 + 3 + 378 and replay["dummy"] < replay["item_len"], replay
+    # its first embedding token at the latest: the BOS, a pad of 3, the block's start token
+    assert replay["start"] == 1 + 3 + 1, replay
     rows, context = replay["target"]
     assert rows == 4096 and replay["warm"] == context + 1, replay  # the cached text, and one more
     assert replay["expanded"] == context + rows, replay

@@ -242,10 +242,11 @@ class ReplayItems:
     prompt (core/requests_plan.ItemSpec), the prompt ids that stand for one item before vLLM
     expands them, the text ids that are no placeholder or added token, and the sample item
     whose size every replayed item takes. `spec.item_len` is the most tokens one item expands
-    to wherever a prompt puts it (DeepSeek-V4 pads each image block to its position, 0 to 3
-    tokens); `expanded_len`, where the processor is at hand, gives a prompt's real length once
-    vLLM expands its items, so a replay can top a prompt that came out shorter back up to its
-    plan (adapter/validation.multimodal_workload)."""
+    to wherever a prompt puts it, `spec.start` the latest its first embedding token comes
+    (DeepSeek-V4 pads each image block by its position, 0 to 3 tokens); `expanded_len`, only
+    where the item's layout depends on its position, gives a prompt's real length once vLLM
+    expands its items, so a replay can top a prompt that came out shorter back up to its plan
+    (adapter/validation.multimodal_workload)."""
 
     spec: ItemSpec
     unit: tuple[int, ...]
@@ -268,8 +269,9 @@ class ReplayItems:
 
 
 ALIGNMENTS = 8
-"""Positions (mod 8) an item is expanded at to learn the most tokens it takes: DeepSeek-V4's
-processor pads each image block to a multiple of 4 from where it starts (COMPRESS_PAD_TO)."""
+"""Positions an item is placed at (behind 0 to 7 text tokens) to learn the most tokens it takes
+and where its first embedding token comes last: DeepSeek-V4's processor puts 3 - start % 4 pad
+tokens ahead of each image block (COMPRESS_PAD_TO 4), so an item's length repeats every 4."""
 
 
 def replay_items(model_config, scheduler_config, encoder: EncoderStep
@@ -293,17 +295,15 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
         options, mml = mm_config.limit_per_prompt, int(model_config.max_model_len)
         inputs = processor.get_dummy_inputs(seq_len=mml, mm_counts={m: 1}, mm_options=options)
         out = processor.apply(inputs, TimingContext(enabled=False))
-        place = out["mm_placeholders"][m][0]
         sample = processor.dummy_inputs.get_dummy_mm_data(mml, {m: 1}, options)[m]
         sample = sample[0] if isinstance(sample, (list, tuple)) else sample
         tokenizer = processor.info.get_tokenizer()
         limit = int(mm_config.get_limit_per_prompt(m))
 
-        def expanded_len(ids: list[int], data: list) -> int:
-            got = processor.apply(ProcessorInputs(prompt=list(ids), mm_data_items=processor.info
-                                                  .parse_mm_data({m: list(data)})),
-                                  TimingContext(enabled=False))
-            return len(got["prompt_token_ids"])
+        def expand(ids: list[int], data: list) -> dict:
+            return processor.apply(ProcessorInputs(prompt=list(ids), mm_data_items=processor.info
+                                                   .parse_mm_data({m: list(data)})),
+                                   TimingContext(enabled=False))
     except Exception as e:  # noqa: BLE001 - said in the report, the text replay still runs
         return None, f"vLLM's processor did not build a {m} item ({type(e).__name__}: {e})"
     if tokenizer is None or not list(inputs.prompt):
@@ -311,28 +311,44 @@ def replay_items(model_config, scheduler_config, encoder: EncoderStep
     if not (hasattr(sample, "mode") and hasattr(sample, "size")):
         return None, f"vLLM's dummy {m} item is a {type(sample).__name__}, not a PIL image"
     expanded = list(out["prompt_token_ids"])
+    length, start = _placed(out, m, 0)
+    place = out["mm_placeholders"][m][0]
     embed = getattr(place, "is_embed", None)
     embed_tokens = int(embed.sum()) if embed is not None else int(place.length)
-    # vLLM's scheduler encodes an item in the step that schedules its first embedding token: a
-    # range may open with tokens that take none (Idefics3's tile markers, Gemma-3's)
-    first_embed = int(embed.nonzero()[0][0]) if embed is not None and bool(embed.any()) else 0
     avoid = set(expanded) | set(inputs.prompt) | set(getattr(tokenizer, "all_special_ids", ()))
     avoid |= set((tokenizer.get_added_vocab() or {}).values())
     vocab = min(int(model_config.get_vocab_size()), len(tokenizer))
     allowed = tuple(i for i in range(vocab) if i not in avoid)
     if not allowed:
         return None, "every token id of the tokenizer is a placeholder or added token"
-    try:  # the most one item takes wherever it stands: after 0 to ALIGNMENTS - 1 text tokens
-        longest = max(expanded_len([allowed[0]] * k + list(inputs.prompt), [sample]) - k
-                      for k in range(ALIGNMENTS))
-    except Exception as e:  # noqa: BLE001 - as above
-        return None, f"vLLM's processor did not place a {m} item ({type(e).__name__}: {e})"
-    spec = ItemSpec(modality=m, items=encoder.items, item_len=max(len(expanded), longest),
-                    limit_per_prompt=limit, start=int(place.offset) + first_embed,
+    try:  # the item after 1 to ALIGNMENTS - 1 text tokens: the most it takes, the latest start
+        placed = [_placed(expand([allowed[0]] * k + list(inputs.prompt), [sample]), m, k)
+                  for k in range(1, ALIGNMENTS)]
+    except Exception as e:  # noqa: BLE001 - the replay runs on the dummy's own layout
+        log.warning("[wcprof] the multimodal replay counts each %s item at its dummy prompt's "
+                    "position: vLLM's processor did not place one elsewhere (%s: %s)", m,
+                    type(e).__name__, e)
+        placed = []
+    moves = any(p != (length, start) for p in placed)
+    spec = ItemSpec(modality=m, items=encoder.items,
+                    item_len=max([length] + [n for n, _ in placed]),
+                    limit_per_prompt=limit, start=max([start] + [at for _, at in placed]),
                     chunked=not bool(getattr(scheduler_config, "disable_chunked_mm_input", False)))
     return ReplayItems(spec, tuple(inputs.prompt), allowed, sample, embed_tokens,
-                       expanded_len), ""
+                       (lambda ids, data: len(expand(ids, data)["prompt_token_ids"]))
+                       if moves else None), ""
 
+
+def _placed(out: dict, modality: str, k: int) -> tuple[int, int]:
+    """(prompt tokens, offset of the first embedding token) of the one item in a processed
+    prompt (`out`: vLLM's processor output) that put `k` text tokens ahead of the dummy prompt's
+    own. vLLM's scheduler encodes an item in the step that schedules its first embedding token:
+    a range may open with tokens that take none (Idefics3's tile markers, Gemma-3's, DeepSeek-V4's
+    pad and block start)."""
+    place = out["mm_placeholders"][modality][0]
+    embed = getattr(place, "is_embed", None)
+    first = int(embed.nonzero()[0][0]) if embed is not None and bool(embed.any()) else 0
+    return len(out["prompt_token_ids"]) - k, int(place.offset) + first - k
 
 
 def encoder_cache_snapshot(worker) -> dict[str, int] | None:

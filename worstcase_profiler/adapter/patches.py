@@ -376,14 +376,17 @@ REGISTRY: tuple[Touch, ...] = (
           "vllm.multimodal.MULTIMODAL_REGISTRY.create_processor(model_config): its "
           "get_dummy_inputs(seq_len, mm_counts, mm_options), apply(inputs, TimingContext("
           "enabled=False)) (prompt_token_ids, mm_placeholders), dummy_inputs.get_dummy_mm_data, "
-          "info.get_tokenizer().get_added_vocab(); model_config.get_multimodal_config()."
+          "info.get_tokenizer().get_added_vocab(), and apply(ProcessorInputs(prompt=ids, "
+          "mm_data_items=info.parse_mm_data(...))) on the item at other positions and on each "
+          "measured prompt where its layout moves with it; model_config.get_multimodal_config()."
           "get_limit_per_prompt; SchedulerOutput.scheduled_encoder_inputs (the step recorder); "
           "LLMEngine.renderer.render_cmpl (in-process: items processed before the meter)",
           "--validate's multimodal replay builds requests with images from vLLM's own dummy "
           "item: its placeholder ids, the prompt tokens it expands to (where its encoder runs) "
           "and its size, so that the measured step runs the encoder step's items; the recorder "
           "counts the items the scheduler sent through the encoder in a step",
-          run="0.32 (CPU: tests/cpu/test_multimodal_cpu.py, Idefics3 layout)",
+          run="0.32 (CPU: tests/cpu/test_multimodal_cpu.py, Idefics3 layout; "
+              "tests/cpu/test_dsv4_vision_fixture.py, DeepSeek-V4's processor)",
           read="0.32, 0.33",
           retire="a profile that measures the encoder step at max_model_len KV extent"),
     # -- the production guard (adapter/guard.py) -------------------------------------------------
