@@ -509,9 +509,8 @@ def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
             ids += text(Prompt(0, 0, p.tail_len)) if p.tail_len else []
             data = items.make(p.items) if p.items else []
             if data and items.expanded_len is not None:
-                planned = len(ids) + (items.spec.item_len - len(items.unit)) * p.items
                 try:
-                    missing = planned - items.expanded_len(ids, data)
+                    missing = p.length - items.expanded_len(ids, data)
                 except Exception as e:  # noqa: BLE001 - the replay runs as planned, and says so
                     unknown = f"{type(e).__name__}: {e}"
                     missing = 0
