@@ -86,8 +86,17 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(request, demo):
     assert cold.rc == 0 and warm.rc == 0, (cold.text + warm.text)[-3000:]
     assert warm.report["worstcase"]["cache"]["status"] == "hit"
     ac, aw = cold.report["admission"], warm.report["admission"]
-    for k in ("transient_bytes", "cudagraph_bytes", "margin_bytes"):
+    for k in ("cudagraph_bytes", "margin_bytes"):
         assert ac[k] == aw[k], (k, ac[k], aw[k])
+    # The transient is the cached one unless a replayed step read beyond the meter's tolerance
+    # above its cached figure (a busy host: CI read one 648 KiB high): then the restart admits
+    # the larger figure, says so, and reports by how much. Never less than the cold start's.
+    raised = warm.report["worstcase"]["cache"]["transient_raised_bytes"]
+    assert raised is not None and raised >= 0, warm.report["worstcase"]["cache"]
+    assert aw["transient_bytes"] - ac["transient_bytes"] == raised, (ac, aw, raised)
+    if raised:
+        assert "admitting the larger transient" in warm.text, warm.text[-3000:]
+        return  # the restart admitted less KV, on purpose: the figures above are the test
     # What the process holds before the sweep (or the replay) is read in each process by RSS:
     # two processes of one configuration read it a resolution or more apart. Where the cached
     # held figure stood (core/cache_trust.reuse_consumed: within its window), the restart counts

@@ -104,3 +104,17 @@ def test_a_hits_line_says_how_far_its_held_memory_moved_and_what_was_counted():
         cache_text(CacheUse(**hit, held_moved_bytes=560 * 1024, held_kept=False))
     assert "held 3.00 MiB less than when cached" in \
         cache_text(CacheUse(**hit, held_moved_bytes=-3 * MiB, held_kept=False))
+
+
+def test_a_hits_line_says_when_the_replay_raised_the_transient():
+    """A replayed step that read beyond the meter's tolerance raises the admitted transient
+    (core/sweep.reused); the cache line says by how much, and nothing where it did not."""
+    from worstcase_profiler.core.types import CacheUse
+    from worstcase_profiler.render.view import cache_text
+
+    hit = dict(status="hit", cached_at="then", cached_need_bytes=GiB, replayed_need_bytes=GiB,
+               allowed_drift_bytes=MiB, replay_seconds=1.0, trust="signed")
+    assert "transient raised" not in cache_text(CacheUse(**hit, transient_raised_bytes=0))
+    assert "transient raised" not in cache_text(CacheUse(**hit))
+    assert "transient raised 648.0 KiB by the replay" in \
+        cache_text(CacheUse(**hit, transient_raised_bytes=648 * 1024))

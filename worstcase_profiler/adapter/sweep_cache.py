@@ -81,6 +81,12 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         if driver.agree_max(int(not ok)) == 0:
             sweep = reused(entry.sweep, check, tolerance,
                            getattr(driver.meter, "allocator_slack_bytes", 0))
+            raised = sweep.peak_bytes - entry.sweep.peak_bytes
+            use = dataclasses.replace(use, transient_raised_bytes=raised)
+            if raised:
+                log.warning("[wcprof] the replay read %s above the cached sweep (beyond the "
+                            "meter's tolerance): admitting the larger transient, %s",
+                            fmt_bytes(raised), fmt_bytes(sweep.peak_bytes))
             log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
                      "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),

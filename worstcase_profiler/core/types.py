@@ -288,6 +288,11 @@ class CacheUse:
         "sweep did, within one resolution: the same admission as the start that swept), or "
         "this start's own held memory plus the larger residue was counted "
         "(core/cache_trust.reuse_consumed)", default=None)
+    transient_raised_bytes: int | None = doc(
+        "a hit: how far the replay raised the admitted transient above the cached sweep's (0: "
+        "the cached figure stood; above 0: a replayed step read more than one meter resolution "
+        "above its cached figure, and the larger figure is admitted: core/sweep.reused)",
+        default=None)
 
 
 @dataclass(frozen=True)

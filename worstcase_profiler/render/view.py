@@ -461,7 +461,8 @@ def cache_text(use) -> str:
             f"{fmt_bytes(use.cached_need_bytes)} when cached {use.cached_at} (allowed drift "
             f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s"
             f"{TRUST_TEXT.get(use.trust, '')}"
-            f"{'; ' + held if (held := held_moved_text(use.held_moved_bytes, use.held_kept)) else ''})")
+            f"{'; ' + held if (held := held_moved_text(use.held_moved_bytes, use.held_kept)) else ''}"
+            f"{f'; transient raised {fmt_bytes(up)} by the replay' if (up := use.transient_raised_bytes) else ''})")
 
 
 TRUST_TEXT = {"signed": "; signed under $WCPROF_CACHE_SECRET: no dominance re-check",
