@@ -153,28 +153,37 @@ def _sweep(peak):
     import dataclasses
 
     @dataclasses.dataclass(frozen=True)
-    class Sweep:  # the one field admit reads and replaces of core.types.SweepResult
+    class Sweep:  # the one field check_steps.admit reads and replaces of core.types.SweepResult
         peak_bytes: int
 
     return Sweep(peak)
 
 
+def _admitted(text, enc, allocator_slack=0, named=0):
+    """What adapter/startup admits: the encoder step beside the text sweep, then one floor."""
+    from worstcase_profiler.core import check_steps
+    from worstcase_profiler.core.multimodal import beside, need
+
+    enc = beside(text.peak_bytes, enc, allocator_slack, named=named)
+    return check_steps.admit(text, max(named, need(enc, allocator_slack))), enc
+
+
 def test_the_encoder_step_raises_the_admitted_transient_only_above_the_text_sweep():
-    from worstcase_profiler.core.multimodal import admit, encoder_line, text_prediction
+    from worstcase_profiler.core.multimodal import beside, encoder_line, text_prediction
 
     text = _sweep(2 << 20)
-    admitted, enc = admit(text, step())  # 54 MiB against 2 MiB of text steps
+    admitted, enc = _admitted(text, step())  # 54 MiB against 2 MiB of text steps
     assert admitted.peak_bytes == 54 << 20 and enc.sets_transient and enc.text_peak_bytes == 2 << 20
     assert text_prediction(admitted.peak_bytes, enc) == 2 << 20  # text replays: the text figure
     assert "sets the admitted transient" in encoder_line(enc)
     # the meter's allocator slack rides on the encoder step as on every sweep step
-    assert admit(text, step(), allocator_slack=2 << 20)[0].peak_bytes == 56 << 20
+    assert _admitted(text, step(), allocator_slack=2 << 20)[0].peak_bytes == 56 << 20
     big_text = _sweep(80 << 20)
-    same, enc = admit(big_text, step())
+    same, enc = _admitted(big_text, step())
     assert same is big_text and not enc.sets_transient
     assert text_prediction(same.peak_bytes, enc) == 80 << 20
     assert "within the text sweep's 80.00 MiB" in encoder_line(enc)
-    assert admit(text, None) == (text, None)
+    assert beside(text.peak_bytes, None) is None and _admitted(text, None) == (text, None)
     assert text_prediction(5, None) == 5
 
 
@@ -188,17 +197,16 @@ def test_the_report_carries_the_encoder_step():
 def test_a_named_step_above_the_encoder_step_is_the_one_that_sets_the_admitted_transient():
     """With a named step (core/check_steps) reading above the encoder step, the encoder step's
     line does not claim the admitted figure; text replays still hold against the text sweep's."""
-    from worstcase_profiler.core import check_steps
-    from worstcase_profiler.core.multimodal import admit, encoder_line, need, text_prediction
+    from worstcase_profiler.core.multimodal import encoder_line, need, text_prediction
 
     text = _sweep(2 << 20)
-    admitted, enc = admit(text, step(), named=60 << 20)  # the encoder step needs 54 MiB
-    assert admitted.peak_bytes == 54 << 20 and not enc.sets_transient
+    admitted, enc = _admitted(text, step(), named=60 << 20)  # the encoder step needs 54 MiB
+    assert not enc.sets_transient
     assert "above the text sweep's 2.00 MiB; a named step sets" in encoder_line(enc)
-    admitted = check_steps.admit(admitted, max(60 << 20, need(enc)))
     assert admitted.peak_bytes == 60 << 20
     assert text_prediction(admitted.peak_bytes, enc) == 2 << 20
-    assert admit(text, step(), named=50 << 20)[1].sets_transient
+    admitted, enc = _admitted(text, step(), named=50 << 20)
+    assert enc.sets_transient and admitted.peak_bytes == 54 << 20
     assert need(None) == 0 and need(step(), allocator_slack=2 << 20) == 56 << 20
     assert "items' own" not in encoder_line(enc)  # CUDA: the items' host bytes not counted
     import dataclasses

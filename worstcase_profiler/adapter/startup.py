@@ -36,7 +36,7 @@ from ..core.audits import (capture_warmup_verdict, concurrency_note, kv_audit_er
 from ..core.cache_trust import held_moved_text, reuse_consumed
 from ..core import check_steps
 from ..core.check_steps import CheckStep
-from ..core.multimodal import (EncoderStep, MultimodalFacts, admit, encoder_line,
+from ..core.multimodal import (EncoderStep, MultimodalFacts, beside, encoder_line,
                                need as encoder_need, unprofiled_note)
 from ..core.replay_rules import plan_agreement
 from ..core import shapes
@@ -335,11 +335,11 @@ def measure_start(worker, original, settings: ProfilerSettings,
     # the admitted transient holds the encoder step and the named steps too (the cache keeps
     # the text sweep): one floor, which a pool fit holds as well
     slack = getattr(meter, "allocator_slack_bytes", 0)
-    admitted, encoder = admit(sweep, encoder, slack, named=check_steps.floor(checks))
+    encoder = beside(sweep.peak_bytes, encoder, slack, named=check_steps.floor(checks))
     if encoder is not None:
         log.info("[wcprof] %s", encoder_line(encoder))
     floor = check_steps.floor(checks, encoder_need(encoder, slack))
-    admitted = check_steps.admit(admitted, floor)  # a named step counts like any other
+    admitted = check_steps.admit(sweep, floor)  # a step measured beside counts like any other
     if cap_plan is not None and admitted.peak_bytes > sweep.peak_bytes:  # the encoder step's
         cap_plan = dataclasses.replace(   # text step is uncapped: the cap credits nothing of it
             cap_plan, transient_bytes=max(cap_plan.transient_bytes, admitted.peak_bytes),

