@@ -78,8 +78,8 @@ EXIT_CODES = {
     0: "a safe value was found: SAFE, or STOCK UNSAFE (vLLM's own figure would not hold; the "
        "recommended one does)",
     1: "the run finished but something measured is unsafe: --validate measured more than "
-       "predicted, or KV over-committed under --kv-audit warn; for check/diff/gate/guard: the "
-       "gate failed",
+       "predicted (a --check-step step within the admitted figure only warns), or KV "
+       "over-committed under --kv-audit warn; for check/diff/gate/guard: the gate failed",
     2: "bad input or a host problem you can fix: a flag, a setting, a path, a model without "
        "weights, vLLM refusing the configuration, a full disk",
     3: "does not fit: after the worst step not even one request at max_model_len fits, or the "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_wcprof, within_prediction
+from conftest import check_step_held, run_wcprof, within_prediction
 
 pytestmark = pytest.mark.engine
 
@@ -42,7 +42,9 @@ def test_the_named_step_is_measured_and_held_in_the_admitted_figure(run):
 def test_validate_builds_it_from_real_requests_against_its_own_reading(run):
     (check,) = run.report["worstcase"]["check_steps"]
     (v,) = [v for v in run.report["validations"] if v["target"] == "check-step"]
-    assert v["shape"] == check["shape"] and within_prediction(v), v
+    assert v["shape"] == check["shape"] and check_step_held(v, run.report), v
+    if not within_prediction(v):  # over its one reading by RSS noise: a warning, exit 0
+        assert "but within the admitted figure" in run.out, run.out[-3000:]
     workspace = run.report["worstcase"]["workspace_bytes"]
     assert v["predicted_peak_bytes"] == check["predicted_bytes"] + workspace, v
     assert v["formed"]["rows"] >= 256 and v["formed"]["context_len"] >= 768, v

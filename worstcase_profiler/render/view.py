@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core.admission import least_of, null_block_text, pool_hold_text
 from ..core.cache_trust import held_moved_text
-from ..core.check_steps import line as check_line
+from ..core.check_steps import admitted_needs, missed, line as check_line
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
 from ..core.pool_fit import fit_text
@@ -254,10 +254,12 @@ def details(report: Report) -> list[Detail]:
         out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}", ERROR))
     elif report.warmup_audit is not None and report.warmup_audit.startup_transient_bytes is not None:
         out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}"))
+    need = admitted_needs(report)
     for v in (report.validations or ([report.validation] if report.validation else [])):
-        out.append(Detail("validation", validation_text(v),
-                          ERROR if validation_exceeded(v)
-                          else WARN if replay_reached(v) is False else INFO))
+        miss = missed(v, need.get(v.rank))
+        out.append(Detail("validation", validation_text(v, miss),
+                          ERROR if validation_exceeded(v) and not miss
+                          else WARN if miss or replay_reached(v) is False else INFO))
     if report.advice is not None:
         out.append(Detail("advice", advice_headline(report.advice)))
     if report.fit is not None:
@@ -370,7 +372,9 @@ def stock_detail(report: Report) -> Detail:
         f"{fmt_tokens(cfg.max_model_len)} ({scale})"), WARN)
 
 
-def validation_text(v) -> str:
+def validation_text(v, missed: bool = False) -> str:
+    """One validation in words; `missed`: a named step over its own reading but within the
+    admitted need (core/check_steps.missed), which warns instead of failing."""
     what = {"worst-step": " (worst step)",
             "quick": " (quick: the worst step's rows and requests, short context)",
             "multimodal": f" (multimodal step: {v.encoder_items} {v.modality} item(s) through "
@@ -394,7 +398,10 @@ def validation_text(v) -> str:
                  f"{fmt_tokens(v.formed.rows)} rows over {v.formed.num_reqs} request(s) at context "
                  f"{fmt_tokens(v.formed.context_len)}, so this measured another step, not the "
                  f"{'check' if v.target == 'check-step' else 'worst'} one")
-    if v.predicted_peak_bytes < v.measured_peak_bytes and not validation_exceeded(v):
+    if missed:
+        text += (f"; over its own reading by {fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)}"
+                 f" but within the admitted figure: a reading that missed, not an engine at risk")
+    elif v.predicted_peak_bytes < v.measured_peak_bytes and not validation_exceeded(v):
         text += (f" (over the prediction by {fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)}"
                  f", within the meter's {fmt_bytes(v.resolution_bytes)} resolution)")
     return text
