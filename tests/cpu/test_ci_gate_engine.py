@@ -80,16 +80,17 @@ def runs(tmp_path_factory) -> dict[str, GateRun]:
                        f"scratch: --model {wcp_fixtures.model_dir('scratch')} {SCRATCH_ARGS}\n")
     baseline = tmp / "baseline"
     result = {"accept": _gate(tmp, configs, baseline, "out-accept", "--accept")}
-    # On the CPU the worst peak of these tiny models (2-5 MiB, read from RSS) moves by up to
-    # ~0.3 MiB between identical runs: 13% of scratch's 2.4 MiB peak. So these runs gate need
-    # (peak + workspace) and the KV flag at 15%, well below the regressions made below (23%, 43%).
-    gate_flags = ("--metric", "need,kv_flag", "--max-increase", "15%")
+    # On the CPU the worst peak of these tiny models (2-5 MiB, read from RSS, at 512 KiB) moves
+    # between identical runs by a resolution or more: tiny's need is its 4.5 MiB peak alone, and
+    # a busy host read one step 648 KiB high (14%). So these runs gate need (peak + workspace)
+    # and the KV flag at 20%, well below the regressions made below (29%, 43%).
+    gate_flags = ("--metric", "need,kv_flag", "--max-increase", "20%")
     result["same"] = _gate(tmp, configs, baseline, "out-same", *gate_flags)
-    # A baseline from a "better" past: scratch needed 30% less, tiny's KV flag was 30% higher.
+    # A baseline from a "better" past: scratch needed 30% less, tiny's KV flag was 40% higher.
     doctored = tmp / "baseline-doctored"
     shutil.copytree(baseline, doctored)
     _doctor(baseline / "scratch.json", doctored / "scratch.json", need=0.7)
-    _doctor(baseline / "tiny.json", doctored / "tiny.json", kv_flag=1.3)
+    _doctor(baseline / "tiny.json", doctored / "tiny.json", kv_flag=1.4)
     result["regressed"] = _gate(tmp, configs, doctored, "out-regressed", *gate_flags)
     result["baseline"] = baseline  # type: ignore[assignment]
     return result
@@ -131,8 +132,8 @@ def test_regression_fails(runs):
     assert scratch[4].split()[-1] == "need", scratch
     assert 38 < _percent(scratch[4]) < 50, scratch
     assert "→" in scratch[2]
-    # old KV flag 30% higher: worse by 1 - 1/1.3 = 23.1%
-    assert tiny[4].endswith(" kv_flag") and 20 < _percent(tiny[4]) < 26, tiny
+    # old KV flag 40% higher: worse by 1 - 1/1.4 = 28.6%
+    assert tiny[4].endswith(" kv_flag") and 25 < _percent(tiny[4]) < 32, tiny
     assert "- **scratch** FAIL: " in run.summary and "need (peak + workspace)" in run.summary
     assert "- **tiny** FAIL: kv_flag (recommended KV flag)" in run.summary
     assert "**Result: FAIL** (2 FAIL; exit 1)" in run.summary

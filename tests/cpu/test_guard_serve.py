@@ -10,8 +10,8 @@ import urllib.request
 
 import pytest
 
-from conftest import (BIN, TINY, check_step_held, engine_env, free_port, stop_server,
-                      wait_healthy, within_prediction)
+from conftest import (BIN, CPU_RESOLUTION, TINY, check_step_held, engine_env, free_port,
+                      stop_server, wait_healthy, within_prediction)
 
 pytestmark = pytest.mark.engine
 
@@ -85,7 +85,7 @@ def test_metrics_carry_the_guards_series(served):
     assert steps >= 3 * 4 + 2  # 3 short requests (1 prefill + 3 decodes each), 2 prefill chunks
     assert _series(m, "wcprof_guard_steps_above_prediction_total") == 0
     observed = _series(m, "wcprof_guard_observed_need_bytes_max")
-    assert 0 < observed <= predicted
+    assert 0 < observed <= predicted + CPU_RESOLUTION  # the guard's own rule (core/guard)
     assert _series(m, "wcprof_guard_largest_step_rows") > 0
     headroom = _series(m, "wcprof_guard_kv_headroom_bytes")
     margin = served["report"]["admission"]["margin_bytes"]

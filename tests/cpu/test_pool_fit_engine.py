@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_wcprof
+from conftest import CPU_RESOLUTION, run_wcprof
 
 pytestmark = pytest.mark.engine
 
@@ -43,7 +43,8 @@ def test_the_planned_worst_step_is_fitted_to_the_blocks_the_pool_holds(fitted):
     # every kept request of the fitted worst step fits the usable pool at its extent
     worst = wc["worst_shape"]
     assert worst["num_reqs"] * (worst["context_len"] + 1) <= fit["pool_tokens"]
-    assert wc["peak_activation_bytes"] <= fit["swept_peak_bytes"]
+    # the fitted plan's new shapes count at one reading each (core/pool_fit.refit): RSS noise
+    assert wc["peak_activation_bytes"] <= fit["swept_peak_bytes"] + CPU_RESOLUTION
     assert "worst step fitted to the KV pool" in fitted.text
 
 

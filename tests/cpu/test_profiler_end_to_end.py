@@ -189,8 +189,11 @@ def test_sweep_depth_prove_admits_the_full_sweep_and_reports_the_cut_down_beside
     assert proof["verdict"] == "proven" or "B" in proof["verdict"], proof
     assert set(proof["deltas"]) <= {"prefill", "decode", "mixed", "stock"}
     assert "stock" in proof["deltas"] and "prefill" in proof["deltas"]  # both ran both ways
-    # two readings of the full stock step (the cut-down sweep's and the full sweep's): RSS noise
-    assert proof["depth_delta"] + proof["resolution_bytes"] >= proof["deltas"]["stock"]
+    # two single readings of the full stock step (the cut-down sweep's and the full sweep's):
+    # RSS noise, which a busy host can push past one resolution; the proof then says so
+    res, stock = proof["resolution_bytes"], proof["deltas"]["stock"]
+    assert stock <= proof["depth_delta"] + res or "from depth" in proof["verdict"], proof
+    assert stock <= proof["depth_delta"] + 4 * res, proof
     assert wc["sweep_mode"].startswith("full; cut-down beside it (1 of 2 layers): ")
     assert "cut-down proof (1 of 2 layers)" in run.out
 

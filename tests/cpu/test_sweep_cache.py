@@ -62,7 +62,12 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path, tin
     # the full sweep ran (its step count may differ by a bisection or two: the CPU meter is noisy)
     assert "[wcprof] sweep: " in third.text and wc3["cache"]["cached_at"] is not None
     assert abs(wc3["shapes_executed"] - wc1["shapes_executed"]) <= max(4, wc1["shapes_executed"] // 5)
-    assert wc3["peak_activation_bytes"] >= wc1["peak_activation_bytes"] - wc1["coverage"]["tolerance_bytes"]
+    # two full sweeps, each the largest of many noisy readings: the second may miss the first's
+    # outlier, within the drop core/cache_trust.cache_verdict calls normal (a quartered figure
+    # is far below it)
+    allowed = max(wc1["coverage"]["tolerance_bytes"], wc1["peak_activation_bytes"] // 50)
+    assert wc3["peak_activation_bytes"] >= wc1["peak_activation_bytes"] - max(
+        4 * allowed, wc1["peak_activation_bytes"] // 10), (wc1["peak_activation_bytes"], wc3)
     assert "stale" in third.text
     # ...and the entry now holds the fresh sweep
     assert json.loads(entry.read_text())["sweep"]["peak_bytes"] == wc3["peak_activation_bytes"]
@@ -114,11 +119,15 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(request, demo):
             assert aw["consumed_bytes"] >= ac["consumed_bytes"] - CPU_RESOLUTION, (cache, ac, aw)
         assert aw["consumed_bytes"] - ac["consumed_bytes"] >= moved - CPU_RESOLUTION, (cache, ac, aw)
         return  # the held figure moved with this process: the figures above are the test
-    # (CPU_RESOLUTION: the post-profile buffers are read in each process too)
-    assert abs(ac["consumed_bytes"] - aw["consumed_bytes"]) <= CPU_RESOLUTION, (cache, ac, aw)
+    # The held figure stood: what differs is the post-profile buffers, read in each process.
+    # The restart keeps the cached figure unless its replay reads them more than one resolution
+    # above it, then counts its own (core/sweep.reused): equal, or above by more than that.
+    post = warm.report["worstcase"]["post_profile_bytes"] - cold.report["worstcase"]["post_profile_bytes"]
+    assert post == 0 or post > CPU_RESOLUTION, (post, cache)
+    assert aw["consumed_bytes"] - ac["consumed_bytes"] == post, (cache, ac, aw)
     deducted = [a["requested_bytes"] - a["budget_bytes"] for a in (ac, aw)]
-    assert abs(deducted[0] - deducted[1]) <= CPU_RESOLUTION, (ac, aw)
-    if ac["requested_bytes"] != aw["requested_bytes"]:
+    assert deducted[1] - deducted[0] == post, (ac, aw)
+    if post or ac["requested_bytes"] != aw["requested_bytes"]:
         return  # the host moved vLLM's share between the starts: the figures above are the test
     a, b = pair.dir / "cold" / "report.json", pair.dir / "warm" / "report.json"
     for old, new in ((a, b), (b, a)):
@@ -158,7 +167,13 @@ def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path,
     # transient + warm-up + margin, the part a forged entry could shrink
     aside = lambda r: r["admission"]["requested_bytes"] - (  # noqa: E731
         r["admission"]["budget_bytes"] + r["admission"]["consumed_bytes"])
-    assert aside(after.report) >= aside(honest.report) - (1 << 20)
+    # (a fresh sweep may miss the honest one's largest noisy reading, within the drop
+    # core/cache_trust.cache_verdict calls normal; the forged step is far below it)
+    peak = honest.report["worstcase"]["peak_activation_bytes"]
+    drop = max(4 * max(honest.report["worstcase"]["coverage"]["tolerance_bytes"], peak // 50),
+               peak // 10)
+    assert small["peak_bytes"] < peak - drop, (small["peak_bytes"], peak, drop)
+    assert aside(after.report) >= aside(honest.report) - drop, (aside(after.report), drop)
     assert after.report["worstcase"]["workspace_bytes"] >= honest.report["worstcase"]["workspace_bytes"]
 
 

@@ -185,7 +185,7 @@ def test_checks_hold_for_an_admitted_fit_within_its_prediction():
     ({"predicted": 4_100_000_000}, "worst_step_within_1.02"),  # 1.025x: too loose
     ({"kv": 55548166144 - (2 << 20)}, "kv_as_fit_said"),  # two MiB below: beyond 1 MiB
     ({"tokens": 423776}, "kv_as_fit_said"),
-    ({"transient": (2 << 30) + (2 << 20)}, "transient_within_fit_bound"),
+    ({"transient": (2 << 30) + (2 << 20) + 1}, "transient_within_fit_bound"),
     # the start's own worst case left less than fit's pinned KV: fit was optimistic
     ({"budget": 55548166144 - (2 << 20)}, "own_budget_holds_fit_kv"),
 ])
@@ -445,7 +445,7 @@ def _broken_traffic() -> dict:
     (None, _fitted_report(kv=55548166144 - (2 << 20)), 0, {"served_kv_as_fit_said"}),
     (None, _fitted_report(measured=4_002_000_000), 0, {"served_worst_step_measured_le_predicted"}),
     (None, _fitted_report(budget=55548166144 - (2 << 20)), 0, {"served_own_budget_holds_fit_kv"}),
-    (None, _fitted_report(transient=(2 << 30) + (2 << 20)), 0,
+    (None, _fitted_report(transient=(2 << 30) + (2 << 20) + 1), 0,
      {"served_transient_within_fit_bound"}),
     (None, _fitted_report(predicted=4_100_000_000), 0, {"served_worst_step_within_1.02"}),
     (_broken_traffic(), None, 0, {"served_traffic_served"}),
