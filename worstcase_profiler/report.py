@@ -57,7 +57,8 @@ SCHEMA_VERSION = "1.21"
 # target (steps an operator names, measured beside the sweep and validated on their own reading).
 # 1.20: worstcase.cache.held_moved_bytes (a cached start's held memory against the cached one's).
 # 1.21: worstcase.cache.transient_raised_bytes (how far a cached start's replay raised the
-# admitted transient above the cached sweep's).
+# admitted transient above the cached sweep's); validations' admitted_peak_bytes (a named step's
+# admitted figure: within it, over its own reading only warns).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

@@ -42,11 +42,13 @@ def test_the_named_step_is_measured_and_held_in_the_admitted_figure(run):
 def test_validate_builds_it_from_real_requests_against_its_own_reading(run):
     (check,) = run.report["worstcase"]["check_steps"]
     (v,) = [v for v in run.report["validations"] if v["target"] == "check-step"]
-    assert v["shape"] == check["shape"] and check_step_held(v, run.report), v
+    assert v["shape"] == check["shape"] and check_step_held(v), v
     if not within_prediction(v):  # over its one reading by RSS noise: a warning, exit 0
         assert "but within the admitted figure" in run.out, run.out[-3000:]
     workspace = run.report["worstcase"]["workspace_bytes"]
     assert v["predicted_peak_bytes"] == check["predicted_bytes"] + workspace, v
+    # what it must stay within to pass at all: what the budget subtracted, plus that workspace
+    assert v["admitted_peak_bytes"] == run.report["admission"]["transient_bytes"] + workspace, v
     assert v["formed"]["rows"] >= 256 and v["formed"]["context_len"] >= 768, v
     # the worst step is validated too, against the admitted figure
     assert [w["target"] for w in run.report["validations"]].count("worst-step") == 1

@@ -140,12 +140,14 @@ def test_serving_validation_built_the_named_step_against_its_own_reading(served)
     assert check["shape"] == {"kind": "prefill", "rows": 512, "context_len": 2050, "num_reqs": 1}
     (v,) = [v for v in served["report"]["validations"] if v["target"] == "check-step"]
     assert v["shape"] == {**check["shape"], "context_len": 2048}, v
-    assert check_step_held(v, served["report"]), v
+    assert check_step_held(v), v
     if not within_prediction(v):  # over its one reading by RSS noise: the server warned
         assert "more than its own reading" in served["log"].read_text()
     assert "context 2048" in v["note"], v  # said, not silently another step
     workspace = served["report"]["worstcase"]["workspace_bytes"]
     assert v["predicted_peak_bytes"] == check["predicted_bytes"] + workspace, v
+    assert v["admitted_peak_bytes"] == \
+        served["report"]["admission"]["transient_bytes"] + workspace, v
     assert v["formed"]["rows"] >= 512, v
     text = served["log"].read_text()
     assert "serving validation, rank 0: the check step (prefill rows=512 ctx=2048 reqs=1)" in text

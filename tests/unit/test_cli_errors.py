@@ -184,27 +184,39 @@ def test_a_type_error_from_inside_a_model_step_is_not_called_a_refused_configura
 
 def test_a_named_step_over_its_own_reading_but_within_the_admitted_figure_only_warns(make_report):
     """A named step (--check-step) is held against its own reading, one measurement, where the
-    admitted figure is the largest of many: over its reading but within the admitted transient
-    plus the workspace, `wcprof` exits 0 and its verdict line warns (as `vllm serve` starts with
-    a warning); beyond the admitted need, or any other target over its prediction, exits 1."""
+    admitted figure is the largest of many: over its reading but within its admitted figure
+    (what the budget subtracted plus the same workspace, core/check_steps.with_admitted),
+    `wcprof` exits 0 and its verdict line warns (as `vllm serve` starts with a warning); beyond
+    it, without it, or any other target over its prediction, exits 1."""
+    from worstcase_profiler.core import check_steps
+    from worstcase_profiler.core.types import Validation
     from worstcase_profiler.render.view import INFO, WARN, details
 
     MiB = 1 << 20
-    need = 4 * 1024 * MiB + 64 * MiB  # the base report's admitted transient plus its workspace
+    reading, workspace, admitted = 2000 * MiB, 48 * MiB, 4096 * MiB
 
-    def v(target, measured, predicted=2048 * MiB):
-        return {"measured_peak_bytes": measured, "predicted_peak_bytes": predicted,
-                "ratio": measured / predicted, "requests": [], "seconds": 1.0,
-                "target": target, "resolution_bytes": MiB // 2}
+    def v(target, measured, predicted=reading + workspace):
+        return Validation(measured_peak_bytes=measured, predicted_peak_bytes=predicted,
+                          ratio=measured / predicted, requests=(), seconds=1.0, target=target,
+                          resolution_bytes=MiB // 2)
 
-    missed = make_report(validations=[v("check-step", 2049 * MiB)])
+    def held(measured, target="check-step"):
+        return check_steps.with_admitted(v(target, measured), reading, admitted)
+
+    assert held(1).admitted_peak_bytes == admitted + workspace
+    missed = make_report(validations=[held(reading + workspace + MiB)])
     assert exit_code(missed) == 0
     (line,) = [d for d in details(missed) if d.kind == "validation"]
     assert line.severity == WARN and "within the admitted figure" in line.text, line
-    assert exit_code(make_report(validations=[v("check-step", need + MiB)])) == 1
-    assert exit_code(make_report(validations=[v("check-step", need, predicted=need - 2 * MiB)])) == 0
-    assert exit_code(make_report(validations=[v("worst-step", 2049 * MiB)])) == 1
-    within = make_report(validations=[v("check-step", 2048 * MiB + MiB // 4)])
+    assert exit_code(make_report(validations=[held(admitted + workspace + MiB // 2)])) == 0
+    assert exit_code(make_report(validations=[held(admitted + workspace + MiB)])) == 1
+    assert exit_code(make_report(validations=[v("check-step", reading + workspace + MiB)])) == 1
+    assert exit_code(make_report(validations=[held(reading + workspace + MiB, "worst-step")])) == 1
+    within = make_report(validations=[held(reading + workspace + MiB // 4)])
     assert exit_code(within) == 0  # within the resolution: no warning either
     (line,) = [d for d in details(within) if d.kind == "validation"]
     assert line.severity == INFO, line
+    # the admitted figure is what the budget subtracted, per rank
+    assert check_steps.admitted_transients(make_report(admission__transient_bytes=3 << 30)) == \
+        {0: 3 << 30}
+    assert check_steps.admitted_transients(make_report()) == {0: 4 << 30}  # none: the worst peak

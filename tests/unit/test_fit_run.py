@@ -185,7 +185,7 @@ def test_checks_hold_for_an_admitted_fit_within_its_prediction():
     ({"predicted": 4_100_000_000}, "worst_step_within_1.02"),  # 1.025x: too loose
     ({"kv": 55548166144 - (2 << 20)}, "kv_as_fit_said"),  # two MiB below: beyond 1 MiB
     ({"tokens": 423776}, "kv_as_fit_said"),
-    ({"transient": (2 << 30) + (2 << 20) + 1}, "transient_within_fit_bound"),
+    ({"transient": (2 << 30) + (1 << 20) + 1}, "transient_within_fit_bound"),
     # the start's own worst case left less than fit's pinned KV: fit was optimistic
     ({"budget": 55548166144 - (2 << 20)}, "own_budget_holds_fit_kv"),
 ])
@@ -213,6 +213,12 @@ def test_the_cpu_checks_allow_the_meters_resolution_and_leave_the_ratio_unheld()
     assert cpu["worst_step_measured_le_predicted"]["ok"] and "worst_step_within_1.02" not in cpu
     slack = fit_run.fitted_result(_fitted_report(measured=3_000_000_000), 0, fit)
     assert all(c["ok"] for c in fit_run.checks(fit, slack, tight=False).values())
+    # two sweeps' worst transients: a resolution each way on the CPU, one where tight
+    for over, cpu_ok, tight_ok in ((1 << 20, True, True), (2 << 20, True, False),
+                                   ((2 << 20) + 1, False, False)):
+        got = fit_run.fitted_result(_fitted_report(transient=(2 << 30) + over), 1, fit)
+        assert fit_run.checks(fit, got, tight=False)["transient_within_fit_bound"]["ok"] is cpu_ok
+        assert fit_run.checks(fit, got)["transient_within_fit_bound"]["ok"] is tight_ok
 
 
 def _model(steps: dict, checks: dict | None = None) -> dict:
@@ -445,7 +451,7 @@ def _broken_traffic() -> dict:
     (None, _fitted_report(kv=55548166144 - (2 << 20)), 0, {"served_kv_as_fit_said"}),
     (None, _fitted_report(measured=4_002_000_000), 0, {"served_worst_step_measured_le_predicted"}),
     (None, _fitted_report(budget=55548166144 - (2 << 20)), 0, {"served_own_budget_holds_fit_kv"}),
-    (None, _fitted_report(transient=(2 << 30) + (2 << 20) + 1), 0,
+    (None, _fitted_report(transient=(2 << 30) + (1 << 20) + 1), 0,
      {"served_transient_within_fit_bound"}),
     (None, _fitted_report(predicted=4_100_000_000), 0, {"served_worst_step_within_1.02"}),
     (_broken_traffic(), None, 0, {"served_traffic_served"}),

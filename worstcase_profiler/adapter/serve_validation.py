@@ -19,7 +19,7 @@ import functools
 import logging
 
 from ..core import codec
-from ..core.check_steps import CheckStep, readings, within_admitted
+from ..core.check_steps import CheckStep, missed, readings, with_admitted
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
 from ..core.replay_rules import replay_reached, replay_stops, validation_exceeded
@@ -76,7 +76,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     """Build the worst step (and each step named in check_steps) from requests on `client` (an
     AsyncLLM), measure every rank, record the results in each rank's report; WcprofError when a
     rank needed more than predicted (a named step: more than the admitted figure, core/
-    check_steps.within_admitted). which="all" also serves generic traffic
+    check_steps.missed). which="all" also serves generic traffic
     (validation.traffic_workload), like --validate."""
     from .facts import hash_lookahead_tokens, limits_of, sibling_hits_serialize
 
@@ -88,7 +88,8 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")
         return []
     predicted = {s["rank"]: int(s["peak"]) for s in summaries}
-    admitted = _admitted(summaries)
+    # rank -> what its KV budget subtracted: a named step within it warns (core/check_steps.missed)
+    subtracted = {s["rank"]: int(s.get("subtracted", s["peak"])) for s in summaries}
     pool = pool_from(await ask(client, "pool"))
     plan = functools.partial(plan_for, limits=limits, prefix_caching=limits.prefix_caching,
                              distinct_hits=sibling_hits_serialize(client.vllm_config), pool=pool,
@@ -96,7 +97,6 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     vocab = int(client.model_config.get_vocab_size())
     results = await _measure(client, worst_step_workload(plan(codec.decode(Shape, worst)), vocab),
                              predicted, vocab)
-    checked: list[tuple[Validation, int]] = []  # (a named step's validation, its own reading)
     named = readings((s["rank"], codec.decode(tuple[CheckStep, ...], s.get("checks") or []))
                      for s in summaries)
     for shape, own in named.items():  # built as near as requests reach
@@ -108,8 +108,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
                      "serve anyway")
         found = await _measure(client, worst_step_workload(plan(shape), vocab, "check-step"),
                                own, vocab)
-        checked += [(v, own[v.rank]) for v in found]
-        results += found
+        results += [with_admitted(v, own[v.rank], subtracted[v.rank]) for v in found]
     results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab)
     if which == "all":
         work = traffic_workload(limits, vocab,
@@ -125,14 +124,13 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
                         "(the closest step formed: %s); its ratio is about another step",
                         v.rank, v.shape.label(), v.formed.label())
     over = [v for v in results if validation_exceeded(v)]
-    missed = [v for v, reading in checked
-              if validation_exceeded(v) and within_admitted(v, reading, admitted[v.rank])]
-    for v in missed:
+    warned = [v for v in results if missed(v)]
+    for v in warned:
         log.warning("[wcprof] serving validation, rank %d: %s needed %s, more than its own "
                     "reading (%s predicted) but within the admitted figure: the start goes on; "
                     "report it with the profiler report", v.rank, _what(v),
                     fmt_bytes(v.measured_peak_bytes), fmt_bytes(v.predicted_peak_bytes))
-    over = [v for v in over if v not in missed]
+    over = [v for v in over if v not in warned]
     if over:
         v = over[0]
         raise WcprofError(

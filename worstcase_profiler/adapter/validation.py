@@ -717,7 +717,8 @@ def worker_rpc(worker, op: str, payload=None):
       pool      this rank's KV pool (pool_of), or None
       formed    the steps recorded since begin (_formed: the recorder's frontier)
       summary   {"rank", "worst": the profile's worst Shape, "peak": the text replays'
-                prediction, "admitted": the admitted transient, "encoder": the EncoderStep or
+                prediction, "admitted": the admitted sweep's transient, "subtracted": what the
+                KV budget subtracted (admission.transient_bytes), "encoder": the EncoderStep or
                 None, "checks": the CheckSteps measured} (codec-encoded)
       record    payload: codec-encoded Validations; this rank's are recorded in its report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
@@ -752,6 +753,9 @@ def worker_rpc(worker, op: str, payload=None):
         peak = text_prediction(sweep.peak_bytes, encoder)
         return {"rank": world_rank(), "peak": peak, "worst": codec.encode(target),
                 "admitted": sweep.peak_bytes,
+                "subtracted": (session.profile.admission.transient_bytes
+                               if session.profile.admission.transient_bytes is not None
+                               else sweep.peak_bytes),
                 "encoder": codec.encode(encoder) if encoder is not None else None,
                 "checks": codec.encode(tuple(session.profile.check_steps))}
     if op == "record":

@@ -226,7 +226,7 @@ def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
     saying why."""
     from ..adapter.facts import limits_of
     from ..adapter.validation import validate_multimodal, validate_traffic, validate_worst_step
-    from ..core.check_steps import readings
+    from ..core.check_steps import admitted_transients, readings, with_admitted
     from ..core.multimodal import text_prediction
     from ..core.requests_plan import validation_target
 
@@ -245,9 +245,11 @@ def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
                                      prefix_caching=limits.prefix_caching, quick=which == "quick")
     if which in ("all", "worst"):  # each named step against its own reading, per rank
         named = readings((r.rank, r.worstcase.check_steps) for r in (report.ranks or [report]))
+        admitted = admitted_transients(report)
         for shape, own in named.items():
-            found += validate_worst_step(llm, own, limits, shape, target="check-step",
-                                         prefix_caching=limits.prefix_caching)
+            found += [with_admitted(v, own.get(v.rank, own.get(0, 0)), admitted[v.rank])
+                      for v in validate_worst_step(llm, own, limits, shape, target="check-step",
+                                                   prefix_caching=limits.prefix_caching)]
     encoder = report.worstcase.encoder_step
     if which in ("all", "worst") and encoder is not None:
         # the encoder step from requests with images, against the admitted figure it is in
@@ -314,16 +316,15 @@ def exit_code(report) -> int:
     """profile's exit code for a finished run's report (EXIT_CODES): 0 for SAFE and STOCK UNSAFE
     (the recommended value is safe), 3 DOES NOT FIT (a start the plugin let through, in report
     mode), 1 a KV over-commit started anyway or a validation above its prediction (a named
-    step's within the admitted need only warns: core/check_steps.missed)."""
-    from ..core.check_steps import admitted_needs, missed
+    step's within its admitted figure only warns: core/check_steps.missed)."""
+    from ..core.check_steps import missed
     from ..core.replay_rules import validation_exceeded
     from ..report import Verdict
 
     verdict = report.verdict
     if verdict == Verdict.DOES_NOT_FIT:
         return 3
-    need = admitted_needs(report)
-    if verdict.severity >= 2 or any(validation_exceeded(v) and not missed(v, need.get(v.rank))
+    if verdict.severity >= 2 or any(validation_exceeded(v) and not missed(v)
                                     for v in report.validations):
         return 1
     return 0

@@ -49,7 +49,8 @@ def add_profile_flags(p, title: str = "wcprof") -> None:
                    choices=("all", "worst", "quick", "traffic"),
                    help="serve real requests and report the measured peak against the "
                         "prediction (exit 1 when it exceeds it by more than the meter resolves: "
-                        "512 KiB on the CPU, 1 MiB on CUDA): `worst` builds the report's own "
+                        "512 KiB on the CPU, 1 MiB on CUDA; a --check-step step within the "
+                        "admitted figure only warns): `worst` builds the report's own "
                         "worst step from requests, `quick` its rows and requests at the "
                         "shortest context within a few steps (where `worst` would wait "
                         "hundreds), `traffic` a generic workload, `all` worst and traffic "

@@ -120,36 +120,30 @@ def readings(per_rank) -> dict[Shape, dict[int, int]]:
     return {shape: {rank: b for sh, rank, b in read if sh == shape} for shape, _, _ in read}
 
 
-def within_admitted(v: Validation, reading: int, admitted: int) -> bool:
-    """Whether a check step's validation `v`, held against `reading` (the step's own prediction),
-    measured within the admitted transient all the same: against `admitted` plus the same
-    workspace, at the meter's resolution (`within_need`, the workspace being what `v`'s
-    prediction holds beside `reading`)."""
-    return within_need(v, v.predicted_peak_bytes - reading + admitted)
+def with_admitted(v: Validation, reading: int, admitted: int) -> Validation:
+    """`v`, a named step's validation held against `reading` (its own prediction), with
+    `admitted_peak_bytes`: `admitted` (the rank's admitted transient, what its budget
+    subtracted) plus the workspace `v`'s prediction holds beside the reading."""
+    return dataclasses.replace(v, admitted_peak_bytes=v.predicted_peak_bytes - reading + admitted)
 
 
-def within_need(v: Validation, admitted_need: int) -> bool:
-    """Whether validation `v` measured within `admitted_need` (the admitted transient plus the
-    workspace: what the worst step's own validation is held against) at the meter's
-    resolution."""
-    return v.measured_peak_bytes <= admitted_need + (v.resolution_bytes or 0)
-
-
-def missed(v: Validation, admitted_need: int | None) -> bool:
+def missed(v: Validation) -> bool:
     """Whether `v` is a named step's validation over its own reading (beyond the meter's
-    resolution) but within the admitted need: a reading that missed, not an engine at risk.
-    `wcprof` and `vllm serve` warn and go on; any other validation over its prediction fails
-    the run (`wcprof` exits 1, the server does not start). Its reading is one measurement,
-    where the admitted figure is the largest of many: on a busy CPU host a replay can read
-    above it by RSS noise alone."""
-    return (v.target == "check-step" and admitted_need is not None and validation_exceeded(v)
-            and within_need(v, admitted_need))
+    resolution) but within its admitted figure (`with_admitted`): a reading that missed, not an
+    engine at risk. `wcprof` and `vllm serve` warn and go on; any other validation over its
+    prediction fails the run (`wcprof` exits 1, the server does not start). Its reading is one
+    measurement, where the admitted figure is the largest of many: on a busy CPU host a replay
+    can read above one reading by RSS noise alone."""
+    return (v.target == "check-step" and v.admitted_peak_bytes is not None
+            and validation_exceeded(v)
+            and v.measured_peak_bytes <= v.admitted_peak_bytes + (v.resolution_bytes or 0))
 
 
-def admitted_needs(report) -> dict[int, int]:
-    """Each rank's admitted need in a report (core/types, report.Report): its admitted transient
-    plus its workspace, by rank."""
-    return {r.rank: r.worstcase.peak_activation_bytes + r.worstcase.workspace_bytes
+def admitted_transients(report) -> dict[int, int]:
+    """Each rank's admitted transient in a report (core/types, report.Report): what its KV
+    budget subtracted (admission.transient_bytes; the worst peak where a report has none)."""
+    return {r.rank: (r.admission.transient_bytes if r.admission.transient_bytes is not None
+                     else r.worstcase.peak_activation_bytes)
             for r in (report.ranks or [report])}
 
 

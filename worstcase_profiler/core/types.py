@@ -290,7 +290,7 @@ class CacheUse:
         "(core/cache_trust.reuse_consumed)", default=None)
     transient_raised_bytes: int | None = doc(
         "a hit: how far the replay raised the admitted transient above the cached sweep's (0: "
-        "the cached figure stood; above 0: a replayed step read more than one meter resolution "
+        "the cached figure stood; above 0: a replayed step read more than the meter's tolerance "
         "above its cached figure, and the larger figure is admitted: core/sweep.reused)",
         default=None)
 
@@ -485,12 +485,18 @@ class Validation:
         "quick`); traffic: generic requests; multimodal: the encoder step (worstcase."
         "encoder_step) built from requests with items (images) behind a text prefix, held "
         "against the admitted figure; check-step: a step named in check_steps (worstcase."
-        "check_steps) built from requests, held against its own reading", default="traffic")
+        "check_steps) built from requests, held against its own reading (within "
+        "admitted_peak_bytes it warns instead of failing)", default="traffic")
     shape: Shape | None = doc("the step the requests were built to reach", default=None)
     note: str | None = doc("why a shape could not be built exactly, if so", default=None)
     resolution_bytes: int = doc(
         "the meter's resolution on this device: measured may exceed predicted by this much "
         "before the validation fails (0: exact)", default=0)
+    admitted_peak_bytes: int | None = doc(
+        "check-step: the admitted transient (what the KV budget subtracted) plus the same "
+        "workspace. Over its own reading but within this (at the meter's resolution), the step "
+        "is a reading that missed, not an engine at risk: `wcprof` and `vllm serve` warn and go "
+        "on (core/check_steps.missed); beyond it the run fails", default=None)
     formed: Shape | None = doc(
         "a step the scheduler formed while the measured requests ran (context_len: the longest "
         "context a request of it held): the smallest covering the target's rows, requests and "

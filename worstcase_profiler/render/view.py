@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core.admission import least_of, null_block_text, pool_hold_text
 from ..core.cache_trust import held_moved_text
-from ..core.check_steps import admitted_needs, missed, line as check_line
+from ..core.check_steps import line as check_line, missed
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
 from ..core.pool_fit import fit_text
@@ -254,9 +254,8 @@ def details(report: Report) -> list[Detail]:
         out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}", ERROR))
     elif report.warmup_audit is not None and report.warmup_audit.startup_transient_bytes is not None:
         out.append(Detail("warmup-audit", f"warm-up audit: {report.warmup_audit.message}"))
-    need = admitted_needs(report)
     for v in (report.validations or ([report.validation] if report.validation else [])):
-        miss = missed(v, need.get(v.rank))
+        miss = missed(v)
         out.append(Detail("validation", validation_text(v, miss),
                           ERROR if validation_exceeded(v) and not miss
                           else WARN if miss or replay_reached(v) is False else INFO))
@@ -373,8 +372,8 @@ def stock_detail(report: Report) -> Detail:
 
 
 def validation_text(v, missed: bool = False) -> str:
-    """One validation in words; `missed`: a named step over its own reading but within the
-    admitted need (core/check_steps.missed), which warns instead of failing."""
+    """One validation in words; `missed`: a named step over its own reading but within its
+    admitted figure (core/check_steps.missed), which warns instead of failing."""
     what = {"worst-step": " (worst step)",
             "quick": " (quick: the worst step's rows and requests, short context)",
             "multimodal": f" (multimodal step: {v.encoder_items} {v.modality} item(s) through "
