@@ -152,6 +152,24 @@ def test_a_report_that_misses_the_multimodal_step_fails(edit, failed):
     assert failed in _failed(r)
 
 
+def test_a_validation_over_its_prediction_fails_its_check_whatever_follows_it():
+    """Each target's check holds every validation of it (ranks, named steps): a named step over
+    its prediction is its own check's failure, and a later traffic validation that held does not
+    overwrite it (check-step validations had been filed under traffic, the last one winning)."""
+    def v(target, measured, rank=0):
+        return {"target": target, "measured_peak_bytes": measured, "predicted_peak_bytes": 100,
+                "ratio": measured / 100, "requests": [], "seconds": 1.0, "rank": rank}
+
+    r = copy.deepcopy(_report())
+    r["validations"] += [v("check-step", 101), v("traffic", 90), v("traffic", 90, rank=1)]
+    assert "check_step_within_prediction" in _failed(r)
+    assert "traffic_within_prediction" not in _failed(r)
+    r["validations"] += [v("traffic", 101, rank=1), v("traffic", 90)]
+    checks = gpu_suite._check(r, "qwen25vl_eager", 0, "")
+    assert not checks["traffic_within_prediction"]["ok"], checks["traffic_within_prediction"]
+    assert "rank 1" in checks["traffic_within_prediction"]["detail"]
+
+
 BUDGET = r"""
 import json, os, sys
 sys.path[:0] = [{bench!r}, {plugins!r}]
