@@ -121,7 +121,8 @@ def test_a_cached_restart_admits_what_the_cold_start_admitted(request, demo):
     # The held figure stood: what differs is the post-profile buffers, read in each process.
     # The restart keeps the cached figure unless its replay reads them more than one resolution
     # above it, then counts its own (core/sweep.reused): equal, or above by more than that.
-    post = warm.report["worstcase"]["post_profile_bytes"] - cold.report["worstcase"]["post_profile_bytes"]
+    post = (warm.report["worstcase"]["post_profile_bytes"]
+            - cold.report["worstcase"]["post_profile_bytes"])
     assert post == 0 or post > CPU_RESOLUTION, (post, cache)
     assert aw["consumed_bytes"] - ac["consumed_bytes"] == post, (cache, ac, aw)
     deducted = [a["requested_bytes"] - a["budget_bytes"] for a in (ac, aw)]

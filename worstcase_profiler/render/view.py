@@ -398,8 +398,9 @@ def validation_text(v, missed: bool = False) -> str:
                  f"{fmt_tokens(v.formed.context_len)}, so this measured another step, not the "
                  f"{'check' if v.target == 'check-step' else 'worst'} one")
     if missed:
-        text += (f"; over its own reading by {fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)}"
-                 f" but within the admitted figure: a reading that missed, not an engine at risk")
+        over = fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)
+        text += (f"; over its own reading by {over} but within the admitted figure: a reading "
+                 f"that missed, not an engine at risk")
     elif v.predicted_peak_bytes < v.measured_peak_bytes and not validation_exceeded(v):
         text += (f" (over the prediction by {fmt_bytes(v.measured_peak_bytes - v.predicted_peak_bytes)}"
                  f", within the meter's {fmt_bytes(v.resolution_bytes)} resolution)")
@@ -468,7 +469,12 @@ def cache_text(use) -> str:
             f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s"
             f"{TRUST_TEXT.get(use.trust, '')}"
             f"{'; ' + held if (held := held_moved_text(use.held_moved_bytes, use.held_kept)) else ''}"
-            f"{f'; transient raised {fmt_bytes(up)} by the replay' if (up := use.transient_raised_bytes) else ''})")
+            f"{raised_text(use.transient_raised_bytes)})")
+
+
+def raised_text(raised: int | None) -> str:
+    """A cached start's transient raised by its replay (core/sweep.reused), or "" where not."""
+    return f"; transient raised {fmt_bytes(raised)} by the replay" if raised else ""
 
 
 TRUST_TEXT = {"signed": "; signed under $WCPROF_CACHE_SECRET: no dominance re-check",
