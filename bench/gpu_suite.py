@@ -413,25 +413,29 @@ def _check_report(report: dict, name: str, put) -> None:
         put("validation_within_prediction", val["measured_peak_bytes"] <= val["predicted_peak_bytes"],
             f"measured {val['measured_peak_bytes']} vs predicted {val['predicted_peak_bytes']}")
     within: dict[str, tuple[bool, str]] = {}
-    for v in report.get("validations") or []:
-        key = {"worst-step": "worst_step", "quick": "quick", "multimodal": "multimodal",
-               "check-step": "check_step"}.get(v.get("target"), "traffic")
-        # one check per target over every validation of it (ranks, named steps): any one over
-        # its prediction fails it (a later one passing used to overwrite it)
-        ok = v["measured_peak_bytes"] <= v["predicted_peak_bytes"]
-        detail = f"ratio {v['ratio']:.4f} ({v.get('note') or 'exact'})" + (
-            f" rank {v['rank']}" if v.get("rank") else "")
+
+    def put_all(key: str, ok: bool, detail: str) -> None:
+        """One check over every validation of a target (ranks, named steps): any one failing
+        fails it (a later one passing used to overwrite it)."""
         if key in within:
             ok, detail = ok and within[key][0], f"{within[key][1]}; {detail}"
         within[key] = (ok, detail)
-        put(f"{key}_within_prediction", ok, detail)
+        put(key, ok, detail)
+
+    for v in report.get("validations") or []:
+        key = {"worst-step": "worst_step", "quick": "quick", "multimodal": "multimodal",
+               "check-step": "check_step"}.get(v.get("target"), "traffic")
+        put_all(f"{key}_within_prediction", v["measured_peak_bytes"] <= v["predicted_peak_bytes"],
+                f"ratio {v['ratio']:.4f} ({v.get('note') or 'exact'})"
+                + (f" rank {v['rank']}" if v.get("rank") else ""))
         if key in ("worst_step", "quick", "multimodal") and v.get("shape") and \
                 tuple(map(int, str(report.get("schema_version", "0")).split("."))) >= (1, 6):
             from worstcase_profiler.core.replay_rules import replay_reached
             from worstcase_profiler.report import validation_model
 
-            put(f"{key}_formed", replay_reached(validation_model(v)) is True,
-                f"the closest step the scheduler formed: {v.get('formed')} (target {v['shape']})")
+            put_all(f"{key}_formed", replay_reached(validation_model(v)) is True,
+                    f"the closest step the scheduler formed: {v.get('formed')} (target "
+                    f"{v['shape']})" + (f" rank {v['rank']}" if v.get("rank") else ""))
     warm = report.get("warmup_audit") or {}
     if warm.get("startup_transient_bytes") is not None:  # schema 1.16+
         got, want = warm["startup_transient_bytes"], report["admission"]["transient_bytes"]

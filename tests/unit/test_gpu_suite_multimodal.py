@@ -168,6 +168,12 @@ def test_a_validation_over_its_prediction_fails_its_check_whatever_follows_it():
     checks = gpu_suite._check(r, "qwen25vl_eager", 0, "")
     assert not checks["traffic_within_prediction"]["ok"], checks["traffic_within_prediction"]
     assert "rank 1" in checks["traffic_within_prediction"]["detail"]
+    # and whether the scheduler formed the target: rank 0's miss is not hidden by rank 1's hit
+    shape = {"kind": "prefill", "rows": 512, "context_len": 4096, "num_reqs": 1}
+    short = {**shape, "context_len": 1024}
+    r["validations"] = [{**v("worst-step", 50), "shape": shape, "formed": short},
+                        {**v("worst-step", 50, rank=1), "shape": shape, "formed": dict(shape)}]
+    assert "worst_step_formed" in _failed(r)
 
 
 BUDGET = r"""

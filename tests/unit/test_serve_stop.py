@@ -199,3 +199,78 @@ def test_a_failed_serving_request_fails_the_validation_at_once():
     with pytest.raises(RuntimeError, match="engine failed"):
         _serve_measure(engine)
     assert time.monotonic() - t0 < 2
+
+
+# -- the serving validation's verdict -----------------------------------------------------------
+
+def _serve_verdict(monkeypatch, check_measured: int, worst_measured: int = 90):
+    """validate_before_serving on fakes: one rank whose summary names a worst step and one named
+    step (reading 40, admitted sweep 100, the budget subtracted 100), each measured as given
+    against a workspace of 10; returns (the recorded validations or the error, the log)."""
+    import logging
+
+    from worstcase_profiler.adapter import facts, serve_validation as sv
+    from worstcase_profiler.core import codec
+    from worstcase_profiler.core.check_steps import CheckStep
+    from worstcase_profiler.core.types import Validation
+
+    check = CheckStep(shape=Shape("prefill", 8, 16, 1), peak_bytes=40, predicted_bytes=40,
+                      need_bytes=50)
+    summary = {"rank": 0, "peak": 100, "admitted": 100, "subtracted": 100,
+               "worst": codec.encode(Shape("prefill", 8, 64, 1)), "encoder": None,
+               "checks": codec.encode((check,))}
+    recorded = []
+
+    async def ask(client, op, *payload):
+        if op == "record":
+            recorded.extend(payload[0])
+        return {"summary": [summary], "pool": [None], "record": [1]}[op]
+
+    async def measure(client, work, predicted, vocab):
+        got = check_measured if work == "check-step" else worst_measured
+        return [Validation(measured_peak_bytes=got + 10, predicted_peak_bytes=predicted[0] + 10,
+                           ratio=(got + 10) / (predicted[0] + 10), requests=(), seconds=0.1,
+                           target=work, resolution_bytes=0)]
+
+    class Client:
+        vllm_config = object()
+        model_config = type("M", (), {"get_vocab_size": lambda self: 32})()
+
+    monkeypatch.setattr(sv, "ask", ask)
+    monkeypatch.setattr(sv, "_measure", measure)
+    monkeypatch.setattr(sv, "worst_step_workload", lambda plan, vocab, target="worst-step": target)
+    monkeypatch.setattr(sv, "plan_for", lambda shape, **kw: shape)
+    monkeypatch.setattr(sv, "pool_from", lambda answers: None)
+    monkeypatch.setattr(facts, "limits_of", lambda cfg: type("L", (), {"prefix_caching": True})())
+    monkeypatch.setattr(facts, "hash_lookahead_tokens", lambda cfg: 0)
+    monkeypatch.setattr(facts, "sibling_hits_serialize", lambda cfg: False)
+    records = []
+    handler = logging.Handler()
+    handler.emit = lambda r: records.append(r.getMessage())
+    logging.getLogger("vllm.wcprof").addHandler(handler)
+    try:
+        out = asyncio.run(sv.validate_before_serving(Client(), "worst"))
+    except Exception as e:  # noqa: BLE001 - the refusal is the result under test
+        out = e
+    finally:
+        logging.getLogger("vllm.wcprof").removeHandler(handler)
+    return out, recorded, records
+
+
+def test_a_named_step_over_its_reading_but_within_what_was_subtracted_warns_and_serves(
+        monkeypatch):
+    """Under vllm serve a named step over its own reading (40) but within what the budget
+    subtracted (100, plus the same workspace) warns and the server starts, its validation
+    recorded with that figure; beyond it the server refuses, naming the admitted figure; the
+    worst step over its prediction refuses whatever the named step read."""
+    from worstcase_profiler.errors import WcprofError
+
+    out, recorded, log = _serve_verdict(monkeypatch, check_measured=60)
+    assert not isinstance(out, Exception), out
+    (check,) = [v for v in out if v.target == "check-step"]
+    assert check.admitted_peak_bytes == 110 and len(recorded) == 2
+    assert any("more than its own reading" in m for m in log), log
+    out, _, _ = _serve_verdict(monkeypatch, check_measured=101)
+    assert isinstance(out, WcprofError) and "more than the 110 B admitted" in str(out), out
+    out, _, _ = _serve_verdict(monkeypatch, check_measured=30, worst_measured=101)
+    assert isinstance(out, WcprofError) and "110 B predicted" in str(out), out

@@ -133,10 +133,13 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     over = [v for v in over if v not in warned]
     if over:
         v = over[0]
+        # a named step fails only beyond its admitted figure: that is the difference that counts
+        held = v.admitted_peak_bytes if v.admitted_peak_bytes is not None else v.predicted_peak_bytes
         raise WcprofError(
             f"serving validation: on rank {v.rank} {_what(v)} needed "
-            f"{fmt_bytes(v.measured_peak_bytes)}, more than the {fmt_bytes(v.predicted_peak_bytes)} "
-            f"predicted; the server does not start",
+            f"{fmt_bytes(v.measured_peak_bytes)}, more than the {fmt_bytes(held)} "
+            f"{'admitted' if v.admitted_peak_bytes is not None else 'predicted'}; the server "
+            f"does not start",
             hint="report it with the profiler report; start without validate_on_start to serve "
                  "anyway, or lower --kv-cache-memory-bytes by the difference")
     return results

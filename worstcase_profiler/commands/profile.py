@@ -247,7 +247,9 @@ def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
         named = readings((r.rank, r.worstcase.check_steps) for r in (report.ranks or [report]))
         admitted = admitted_transients(report)
         for shape, own in named.items():
+            # a rank without a report of its own gets no admitted figure: held strictly
             found += [with_admitted(v, own.get(v.rank, own.get(0, 0)), admitted[v.rank])
+                      if v.rank in admitted else v
                       for v in validate_worst_step(llm, own, limits, shape, target="check-step",
                                                    prefix_caching=limits.prefix_caching)]
     encoder = report.worstcase.encoder_step
