@@ -10,7 +10,8 @@ import pytest
 
 from conftest import CPU_RESOLUTION, engine_env, run_wcprof
 
-from worstcase_profiler.core.cache_trust import BASELINE_BELOW, cache_verdict as verdict
+from worstcase_profiler.core.cache_trust import (BASELINE_BELOW, cache_verdict as verdict,
+                                                 normal_drop)
 
 pytestmark = pytest.mark.engine
 
@@ -65,9 +66,8 @@ def test_restart_reuses_the_sweep_and_a_stale_entry_is_swept_again(tmp_path, tin
     # two full sweeps, each the largest of many noisy readings: the second may miss the first's
     # outlier, within the drop core/cache_trust.cache_verdict calls normal (a quartered figure
     # is far below it)
-    allowed = max(wc1["coverage"]["tolerance_bytes"], wc1["peak_activation_bytes"] // 50)
-    assert wc3["peak_activation_bytes"] >= wc1["peak_activation_bytes"] - max(
-        4 * allowed, wc1["peak_activation_bytes"] // 10), (wc1["peak_activation_bytes"], wc3)
+    assert wc3["peak_activation_bytes"] >= wc1["peak_activation_bytes"] - normal_drop(
+        wc1["peak_activation_bytes"], wc1["coverage"]["tolerance_bytes"]), (wc1, wc3)
     assert "stale" in third.text
     # ...and the entry now holds the fresh sweep
     assert json.loads(entry.read_text())["sweep"]["peak_bytes"] == wc3["peak_activation_bytes"]
@@ -170,8 +170,7 @@ def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path,
     # (a fresh sweep may miss the honest one's largest noisy reading, within the drop
     # core/cache_trust.cache_verdict calls normal; the forged step is far below it)
     peak = honest.report["worstcase"]["peak_activation_bytes"]
-    drop = max(4 * max(honest.report["worstcase"]["coverage"]["tolerance_bytes"], peak // 50),
-               peak // 10)
+    drop = normal_drop(peak, honest.report["worstcase"]["coverage"]["tolerance_bytes"])
     assert small["peak_bytes"] < peak - drop, (small["peak_bytes"], peak, drop)
     assert aside(after.report) >= aside(honest.report) - drop, (aside(after.report), drop)
     assert after.report["worstcase"]["workspace_bytes"] >= honest.report["worstcase"]["workspace_bytes"]

@@ -19,10 +19,10 @@ import functools
 import logging
 
 from ..core import codec
-from ..core.check_steps import CheckStep, missed, readings, with_admitted
+from ..core.check_steps import CheckStep, fails, missed, readings, with_admitted
 from ..core.requests_plan import plan_for
 from ..core.shapes import Limits
-from ..core.replay_rules import replay_reached, replay_stops, validation_exceeded
+from ..core.replay_rules import replay_reached, replay_stops
 from ..core.types import Shape, Validation
 from ..errors import WcprofError
 from ..settings import resolve
@@ -123,14 +123,12 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
             log.warning("[wcprof] serving validation, rank %d: the requests did not form %s "
                         "(the closest step formed: %s); its ratio is about another step",
                         v.rank, v.shape.label(), v.formed.label())
-    over = [v for v in results if validation_exceeded(v)]
-    warned = [v for v in results if missed(v)]
-    for v in warned:
+    for v in filter(missed, results):
         log.warning("[wcprof] serving validation, rank %d: %s needed %s, more than its own "
                     "reading (%s predicted) but within the admitted figure: the start goes on; "
                     "report it with the profiler report", v.rank, _what(v),
                     fmt_bytes(v.measured_peak_bytes), fmt_bytes(v.predicted_peak_bytes))
-    over = [v for v in over if v not in warned]
+    over = [v for v in results if fails(v)]
     if over:
         v = over[0]
         # a named step fails only beyond its admitted figure: that is the difference that counts

@@ -319,14 +319,12 @@ def exit_code(report) -> int:
     (the recommended value is safe), 3 DOES NOT FIT (a start the plugin let through, in report
     mode), 1 a KV over-commit started anyway or a validation above its prediction (a named
     step's within its admitted figure only warns: core/check_steps.missed)."""
-    from ..core.check_steps import missed
-    from ..core.replay_rules import validation_exceeded
+    from ..core.check_steps import fails
     from ..report import Verdict
 
     verdict = report.verdict
     if verdict == Verdict.DOES_NOT_FIT:
         return 3
-    if verdict.severity >= 2 or any(validation_exceeded(v) and not missed(v)
-                                    for v in report.validations):
+    if verdict.severity >= 2 or any(fails(v) for v in report.validations):
         return 1
     return 0

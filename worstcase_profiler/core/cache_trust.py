@@ -3,6 +3,7 @@
 measured bytes; the adapter (adapter/startup.py) replays and applies.
 
   cache_verdict       whether the replayed worst step still needs what it needed when cached
+  normal_drop         how far below a cached figure a fresh reading may fall (cache_verdict's)
   still_worst         whether none of the plan's heaviest other shapes now needs more
   recheck_dominance   whether a reused entry must be re-checked against those shapes
   reuse_transient     the transient a cached start admits
@@ -24,8 +25,14 @@ def cache_verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int
     so only a large drop (4x the allowance or 10%, whichever is larger) also rejects the entry:
     it describes another build, and reusing it would only throw KV away."""
     allowed = max(tolerance, cached // 50)
-    floor = cached - max(4 * allowed, cached // 10)
-    return floor <= measured <= cached + allowed, allowed
+    return cached - normal_drop(cached, tolerance) <= measured <= cached + allowed, allowed
+
+
+def normal_drop(cached: int, tolerance: int) -> int:
+    """How far below a cached figure (the largest of many noisy readings) a fresh reading of the
+    same configuration may fall and still describe the same build (`cache_verdict`): 4x the
+    allowed upward drift or 10%, whichever is larger."""
+    return max(4 * max(tolerance, cached // 50), cached // 10)
 
 
 def still_worst(cached_need: int, others: list[int], allowed: int) -> bool:

@@ -139,6 +139,12 @@ def missed(v: Validation) -> bool:
             and v.measured_peak_bytes <= v.admitted_peak_bytes + (v.resolution_bytes or 0))
 
 
+def fails(v: Validation) -> bool:
+    """Whether validation `v` fails the run (`wcprof` exits 1, the server does not start): over
+    its prediction beyond the meter's resolution, and not a named step's reading that `missed`."""
+    return validation_exceeded(v) and not missed(v)
+
+
 def admitted_transients(report) -> dict[int, int]:
     """Each rank's admitted transient in a report (core/types, report.Report): what its KV
     budget subtracted (admission.transient_bytes; the worst peak where a report has none)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..core.admission import least_of, null_block_text, pool_hold_text
 from ..core.cache_trust import held_moved_text
-from ..core.check_steps import line as check_line, missed
+from ..core.check_steps import fails, line as check_line, missed
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
 from ..core.pool_fit import fit_text
@@ -257,7 +257,7 @@ def details(report: Report) -> list[Detail]:
     for v in (report.validations or ([report.validation] if report.validation else [])):
         miss = missed(v)
         out.append(Detail("validation", validation_text(v, miss),
-                          ERROR if validation_exceeded(v) and not miss
+                          ERROR if fails(v)
                           else WARN if miss or replay_reached(v) is False else INFO))
     if report.advice is not None:
         out.append(Detail("advice", advice_headline(report.advice)))
