@@ -124,6 +124,7 @@ LONGEST_FIRST = (
     "tests/cpu/test_qwen25vl_cpu.py",  # 35
     "tests/cpu/test_dsv4_cpu.py",  # 35
     "tests/cpu/test_tensor_parallel.py",  # 33
+    "tests/cpu/test_context_end_repro.py",  # 32
 )  # then the other tests/cpu files (25 s or less each), then tests/unit
 
 
