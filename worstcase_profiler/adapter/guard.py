@@ -59,7 +59,8 @@ from pathlib import Path
 from ..core.guard import (ABOVE, HEADROOM, HELP, LARGEST_CTX, LARGEST_REQS, LARGEST_ROWS,
                           OBSERVED, OVER_CAP, PREDICTED, PREFIX, STEPS, StepLedger, StepShape,
                           cap_rows, cap_warning_text, warning_text)
-from ..core.multimodal import encoder_cache_change, step_transient
+from ..core.multimodal import encoder_cache_change
+from ..core.readings import step_transient
 from ..settings import ProfilerSettings, resolve
 from .meters import CpuMeter
 

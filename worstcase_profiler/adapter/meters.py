@@ -18,7 +18,7 @@ import os
 from contextlib import contextmanager
 from typing import Protocol
 
-from ..core.multimodal import step_transient
+from ..core.readings import step_transient
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -48,6 +48,10 @@ class MemoryMeter(Protocol):
         consumed figure, not again as transient. `kept` and `freed` adjust the two levels for
         the encoder cache (core/multimodal.encoder_cache_change): high-water mark above
         max(baseline - freed, left live - kept)."""
+
+    def left(self) -> int:
+        """What the step left live above its baseline (bytes; negative if it freed more), read
+        after end(): whether its reading is taken again (core/readings.measure_again)."""
 
     def consumed(self) -> int:
         """Everything this process holds on the device, torch or not."""
@@ -136,6 +140,9 @@ class CpuMeter:
         v = _read_status_kb("VmHWM", "VmRSS")
         return step_transient(v["VmHWM"], self._base, v["VmRSS"], kept, freed)
 
+    def left(self) -> int:
+        return self.in_use() - self._base
+
     def consumed(self) -> int:
         return self.in_use()
 
@@ -181,6 +188,9 @@ class CudaMeter:
         torch.cuda.synchronize(self._device)
         return step_transient(torch.cuda.max_memory_allocated(self._device), self._base,
                               torch.cuda.memory_allocated(self._device), kept, freed)
+
+    def left(self) -> int:
+        return self.in_use() - self._base
 
 
 def meter_for(device) -> MemoryMeter:

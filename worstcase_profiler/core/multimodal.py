@@ -246,10 +246,3 @@ def encoder_cache_change(before: dict[str, int] | None,
     freed = sum(b for k, b in before.items() if k not in after)
     return kept, freed
 
-
-def step_transient(peak: int, start: int, end: int, kept: int = 0, freed: int = 0) -> int:
-    """A step's transient (core/types.StepResult): its high-water mark above max(start, end),
-    what it leaves live being persistent; with the encoder cache's change (encoder_cache_change)
-    the levels adjusted, above max(start - freed, end - kept). Every meter and probe reads it
-    so (adapter/meters, adapter/guard)."""
-    return max(0, peak - max(start - freed, end - kept))
