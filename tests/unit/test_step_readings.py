@@ -109,3 +109,18 @@ def test_ranks_decide_alike_on_the_largest_left_live():
     driver._agree = lambda v: max(v, 9 * MiB)  # another rank's step left 9 MiB live
     driver._measured(SHAPE, lambda: driver.step(lazy_after_peak=0), attribute=False)
     assert driver.runs == 2
+
+
+def test_a_second_reading_below_the_first_does_not_lower_the_figure():
+    dev = Device()
+    driver = Driver(dev)
+    peaks = iter([100 * MiB, 97 * MiB])  # the same step, read 3 MiB apart (noise)
+
+    def step():
+        dev.alloc(2 * MiB)  # left live every time: measured again
+        p = next(peaks)
+        dev.alloc(p)
+        dev.alloc(-p)
+
+    got = driver._measured(SHAPE, step, attribute=False)
+    assert got.peak_bytes == 100 * MiB

@@ -12,6 +12,7 @@ V2 runner: see runner_v2.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -214,7 +215,9 @@ class DriverBase:
     def _measured(self, shape: Shape, body, attribute: bool) -> StepResult:
         """`body` run as one step and read by the meter; again, once, where it left more live
         than the meter resolves (core/readings.measure_again: a buffer it created after its
-        peak would otherwise be taken off its reading), every rank deciding alike."""
+        peak would otherwise be taken off its reading), every rank deciding alike. The larger
+        reading counts: the first can read low, never high, so noise in the second cannot
+        lower the figure."""
         step = self._measured_once(shape, body, attribute)
         left = self.agree_max(self.meter.left())
         if not measure_again(left, self.meter.resolution_bytes):
@@ -222,7 +225,7 @@ class DriverBase:
         again = self._measured_once(shape, body, attribute)
         log.debug("[wcprof] %s left %s live: measured again, %s (first %s)", shape,
                   fmt_bytes(left), fmt_bytes(again.peak_bytes), fmt_bytes(step.peak_bytes))
-        return again
+        return dataclasses.replace(again, peak_bytes=max(step.peak_bytes, again.peak_bytes))
 
     def _measured_once(self, shape: Shape, body, attribute: bool) -> StepResult:
         meter = self.meter
