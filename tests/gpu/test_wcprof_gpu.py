@@ -117,7 +117,7 @@ def test_suite_fits_one_device_call(suite):
     """A suite run inside one device call fits it; one given a budget beyond a call ran detached
     (staging/device_bg.sh: DeepSeek-V4's first sweep compiles TileLang kernels for minutes)."""
     if "call_wall_s" not in suite and suite.get("sources"):
-        pytest.skip("every suite here ran detached (budget beyond one call)")
+        pytest.skip("no one-call suite here: every suite ran detached (budget beyond one call)")
     wall = suite.get("call_wall_s", suite["wall_s"])
     assert wall <= 570, f"the GPU suite took {wall:.0f}s"
 
