@@ -143,8 +143,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error("--speculative-config must be a JSON object")
     if a.modes is not None:
         a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
-        if not a.modes or set(a.modes) - {"stock", "worstcase"}:
-            p.error("--modes takes stock and/or worstcase, comma-separated")
+        if not a.modes or set(a.modes) - {"stock", "worstcase"} or len(set(a.modes)) < len(a.modes):
+            p.error("--modes takes stock and/or worstcase, comma-separated, each once")
+        if a.timeout_s <= 0:
+            p.error("--timeout-s must be positive")
     try:
         a.vocab_size = model_vocab(a.model)
     except (OSError, ValueError, KeyError) as e:
@@ -243,18 +245,19 @@ def first_result(a, argv: list[str]) -> dict:
             "end_gap": a.end_gap, "end_context": a.max_model_len - a.end_gap,
             "submitted": a.requests + a.mix_prefill, "vocab_size": a.vocab_size,
             "phase": "start", "finished": 0, "finish_reasons": {}, "final_contexts": {},
-            "reached_end": 0, "error": None, "traceback": None, "report": None}
+            "reached_end": 0, "reached_end_context": 0, "error": None, "traceback": None, "report": None}
 
 
-def outcome(outputs, max_model_len: int) -> dict:
+def outcome(outputs, max_model_len: int, end_context: int) -> dict:
     """What the generate call returned: how many finished, their finish reasons, their final
-    contexts (prompt + generated tokens, as {context: count}) and how many reached
-    max_model_len."""
+    contexts (prompt + generated tokens, as {context: count}), how many reached max_model_len
+    and how many the context they were built to end at (max_model_len - end_gap)."""
     contexts = [len(o.prompt_token_ids) + len(o.outputs[0].token_ids) for o in outputs]
     return {"finished": sum(o.finished for o in outputs),
             "finish_reasons": dict(Counter(str(o.outputs[0].finish_reason) for o in outputs)),
             "final_contexts": {str(c): n for c, n in sorted(Counter(contexts).items())},
-            "reached_end": sum(c == max_model_len for c in contexts)}
+            "reached_end": sum(c == max_model_len for c in contexts),
+            "reached_end_context": sum(c == end_context for c in contexts)}
 
 
 def run_mode(a, argv: list[str]) -> int:
@@ -290,7 +293,7 @@ def run_mode(a, argv: list[str]) -> int:
             [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for _, n in reqs],
             use_tqdm=False)
         result["generate_s"] = round(time.perf_counter() - t1, 3)
-        result.update(outcome(outputs, a.max_model_len))
+        result.update(outcome(outputs, a.max_model_len, a.max_model_len - a.end_gap))
     except Exception as e:  # noqa: BLE001 - the engine's failure is the measurement
         result["error"] = error_line(e)
         result["traceback"] = traceback.format_exc().splitlines()[-60:]
@@ -323,16 +326,27 @@ def child_argv(argv: list[str]) -> list[str]:
 
 def run_child(cmd: list[str], log: Path, timeout_s: float) -> int | None:
     """Run cmd in a session of its own, its output to log; its exit code, or None when it ran
-    past timeout_s (then its whole process group, the engine core included, is killed)."""
+    past timeout_s. Its whole process group is killed either way, so an engine-core process
+    that outlived its parent (a failed engine's exits without teardown) cannot hold the device
+    while the next mode starts."""
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            return p.wait(timeout=timeout_s)
+            rc = p.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
+            rc = None
+        finally:
+            _kill_group(p.pid)
             p.wait()
-            return None
+        return rc
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing of it is left
 
 
 def verdict(rc: int | None, result: dict | None) -> str:

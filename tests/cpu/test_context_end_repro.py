@@ -59,7 +59,7 @@ def test_every_request_ends_at_max_model_len(both, mode):
     assert (r["requests"], r["submitted"], r["finished"]) == (REQUESTS, n, n)
     assert r["finish_reasons"] == {"length": n}
     assert r["final_contexts"] == {str(MAX_MODEL_LEN): n}
-    assert r["reached_end"] == n
+    assert r["reached_end"] == r["reached_end_context"] == n
     assert r["cuda_launch_blocking"] == "1"
     assert r["vllm_version"].startswith("0.") and r["device"] == "cpu"
     assert r["flags"]["max_model_len"] == MAX_MODEL_LEN and r["flags"]["in_process"] is True
@@ -103,6 +103,8 @@ def test_the_runner_says_timed_out(tmp_path):
     (["--speculative-config", "{mtp"], "not JSON"),
     (["--modes", "stock,other"], "--modes takes"),
     (["--requests", "0"], "must be positive"),
+    (["--modes", "stock,stock"], "each once"),
+    (["--modes", "stock", "--timeout-s", "0"], "--timeout-s must be positive"),
 ])
 def test_a_bad_argument_exits_2(tmp_path, bad, words):
     """Refused before anything starts: exit 2, argparse's message, no file written."""

@@ -124,3 +124,29 @@ def test_a_second_reading_below_the_first_does_not_lower_the_figure():
 
     got = driver._measured(SHAPE, step, attribute=False)
     assert got.peak_bytes == 100 * MiB
+
+
+def test_a_step_read_once_by_design_is_not_measured_again():
+    """The encoder step (measure_after) reads above its start level itself; the stock step on
+    the CPU is read three times: neither is measured again."""
+    dev = Device()
+    driver = Driver(dev)
+    got = driver._measured(SHAPE, lambda: driver.step(lazy_after_peak=9 * MiB), attribute=False,
+                           again=False)
+    assert driver.runs == 1 and got.peak_bytes == 91 * MiB
+
+
+def test_the_reading_that_counts_keeps_its_own_runs_figures():
+    dev = Device()
+    driver = Driver(dev)
+    peaks = iter([100 * MiB, 97 * MiB])
+
+    def step():
+        dev.alloc(2 * MiB)
+        p = next(peaks)
+        dev.alloc(p)
+        dev.alloc(-p)
+        driver._requests.per_slot[0] = p  # the workspace this run asked for
+
+    got = driver._measured(SHAPE, step, attribute=False)
+    assert (got.peak_bytes, got.workspace_bytes) == (100 * MiB, 100 * MiB)

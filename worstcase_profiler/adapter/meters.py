@@ -141,6 +141,9 @@ class CpuMeter:
         return step_transient(v["VmHWM"], self._base, v["VmRSS"], kept, freed)
 
     def left(self) -> int:
+        import gc
+
+        gc.collect()  # as begin() did: garbage is not what the step left
         return self.in_use() - self._base
 
     def consumed(self) -> int:

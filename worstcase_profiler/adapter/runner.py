@@ -12,13 +12,13 @@ V2 runner: see runner_v2.py.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import time
 
 from ..core.readings import measure_again
 from ..core.shapes import Limits, most_requests, stock_shape
+from ..core.sweep import stock_readings
 from ..core.types import ProvisionalKV, Shape, StepResult
 from ..errors import DoesNotFit
 from ..sizes import fmt_bytes
@@ -148,9 +148,12 @@ class DriverBase:
     def measure_stock(self) -> StepResult:
         """vLLM's own profile step. Same semantics as every synthetic step: the transient above
         what the step leaves live (lazy one-time initialisations land in the held memory). On
-        the cut decoder while cut_down() is active, like every step."""
+        the cut decoder while cut_down() is active, like every step. Where the sweep reads it
+        several times (core/sweep.STOCK_READINGS: the CPU), each reading is taken once: the
+        later ones already start with what the first created, and the lowest is the steady
+        need by design."""
         return self._measured(stock_shape(self.limits), lambda: self._at_depth(self.run_stock),
-                              attribute=False)
+                              attribute=False, again=stock_readings(self) == 1)
 
     def measure(self, shape: Shape, attribute: bool = False) -> StepResult:
         return self._measured(shape, lambda: self._at_depth(lambda: self.run(shape)), attribute)
@@ -158,13 +161,14 @@ class DriverBase:
     def measure_after(self, shape: Shape, prelude) -> StepResult:
         """`shape` measured as `measure` measures it, with `prelude()` run first inside the same
         measurement and what it returns held until the step is done: an encoder forward whose
-        outputs the chunk reads (adapter/multimodal.encoder_step)."""
+        outputs the chunk reads (adapter/multimodal.encoder_step). Taken once: its caller reads
+        the high-water mark above the start level, what the encoder leaves resident included."""
         def body() -> None:
             held = prelude()
             self._at_depth(lambda: self.run(shape))
             del held
 
-        return self._measured(shape, body, attribute=False)
+        return self._measured(shape, body, attribute=False, again=False)
 
     _cut = None
     _eager = ()
@@ -212,20 +216,22 @@ class DriverBase:
             for m in compiled:
                 m.do_not_compile = False
 
-    def _measured(self, shape: Shape, body, attribute: bool) -> StepResult:
-        """`body` run as one step and read by the meter; again, once, where it left more live
-        than the meter resolves (core/readings.measure_again: a buffer it created after its
-        peak would otherwise be taken off its reading), every rank deciding alike. The larger
-        reading counts: the first can read low, never high, so noise in the second cannot
-        lower the figure."""
+    def _measured(self, shape: Shape, body, attribute: bool, again: bool = True) -> StepResult:
+        """`body` run as one step and read by the meter; with `again`, once more where it left
+        more live than the meter resolves (core/readings.measure_again: a buffer it created
+        after its peak would otherwise be taken off its reading), every rank deciding alike.
+        Of two readings the larger counts, with its run's timing and op, so a second reading
+        cannot lower a figure."""
         step = self._measured_once(shape, body, attribute)
+        if not again:
+            return step
         left = self.agree_max(self.meter.left())
         if not measure_again(left, self.meter.resolution_bytes):
             return step
-        again = self._measured_once(shape, body, attribute)
+        second = self._measured_once(shape, body, attribute)
         log.debug("[wcprof] %s left %s live: measured again, %s (first %s)", shape,
-                  fmt_bytes(left), fmt_bytes(again.peak_bytes), fmt_bytes(step.peak_bytes))
-        return dataclasses.replace(again, peak_bytes=max(step.peak_bytes, again.peak_bytes))
+                  fmt_bytes(left), fmt_bytes(second.peak_bytes), fmt_bytes(step.peak_bytes))
+        return step if step.peak_bytes > second.peak_bytes else second
 
     def _measured_once(self, shape: Shape, body, attribute: bool) -> StepResult:
         meter = self.meter

@@ -9,8 +9,8 @@ by its size: vLLM 0.33's DSpark draft metadata builders create theirs (3 MiB eac
 4,096-token budget) at the first draft, after the target forward's peak, on every fresh KV
 cache, so a step measured first on one read 9 MiB below the same step built from requests.
 Such a step is measured again (`measure_again`): the buffer is then in its start
-level, as it is in a serving engine's. The larger of its two readings counts (the first can
-only read low)."""
+level, as it is in a serving engine's. The larger of its two readings counts, so a second
+reading cannot lower a figure."""
 
 from __future__ import annotations
 
