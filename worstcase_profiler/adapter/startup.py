@@ -196,9 +196,13 @@ def apply_budget(worker, sweep: SweepResult, decided: budget.Decided) -> int:
     # vllm-touch: worker-budget-attrs
     worker.peak_activation_memory = adm.transient_bytes
     worker.available_kv_cache_memory_bytes = decided.budget.budget_bytes
-    log.info("[wcprof] stock KV %s (peak %s) -> worst-case KV %s (peak %s at %s%s); "
+    kv = (f"worst-case KV {fmt_bytes(adm.budget_bytes)}"
+          if adm.explicit_kv_cache_memory_bytes is None else
+          f"explicit KV {fmt_bytes(adm.kv_cache_bytes)} kept (the worst case admits up to "
+          f"{fmt_bytes(adm.budget_bytes)})")
+    log.info("[wcprof] stock KV %s (peak %s) -> %s (peak %s at %s%s); "
              "recommended --kv-cache-memory-bytes %d", fmt_bytes(adm.stock_kv_cache_bytes),
-             fmt_bytes(sweep.stock.peak_bytes), fmt_bytes(adm.budget_bytes),
+             fmt_bytes(sweep.stock.peak_bytes), kv,
              fmt_bytes(adm.transient_bytes), sweep.worst.shape.label(),
              f", op {sweep.worst_op}" if sweep.worst_op else "",
              adm.recommended_kv_cache_memory_bytes)
