@@ -147,6 +147,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error("--modes takes stock and/or worstcase, comma-separated, each once")
         if a.timeout_s <= 0:
             p.error("--timeout-s must be positive")
+        if Path(a.out).exists() and not Path(a.out).is_dir():
+            p.error(f"--out {a.out} is a file: with --modes it names a directory")
     try:
         a.vocab_size = model_vocab(a.model)
     except (OSError, ValueError, KeyError) as e:
@@ -350,8 +352,11 @@ def _kill_group(pgid: int) -> None:
 
 
 def verdict(rc: int | None, result: dict | None) -> str:
-    """One line per mode: "completed", "failed: <error>" or "timed out"."""
+    """One line per mode: "completed", "failed: <error>" or "timed out" (a run that had
+    written its result whole before its teardown outlived the timeout completed, and says so)."""
     if rc is None:
+        if result is not None and result.get("phase") == "done" and result.get("error") is None:
+            return "completed (its engine's teardown then ran past the timeout)"
         return "timed out"
     if rc == 0 and result is not None and result.get("error") is None:
         return "completed"
@@ -380,7 +385,8 @@ def run_modes(a, argv: list[str]) -> int:
                                   "json": str(path), "log": str(log), "result": result}
         write_json(out / "summary.json", summary, indent=2)
         _say(f"mode {mode}: {summary['modes'][mode]['verdict']}")
-    return 0 if all(m["verdict"] == "completed" for m in summary["modes"].values()) else 1
+    return 0 if all(m["verdict"].startswith("completed") for m in summary["modes"].values()) \
+        else 1
 
 
 def main(argv: list[str] | None = None) -> int:

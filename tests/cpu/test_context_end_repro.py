@@ -113,3 +113,26 @@ def test_a_bad_argument_exits_2(tmp_path, bad, words):
     p = _run([*ENGINE, "--requests", "2", *bad, *tail], timeout=60)  # a later flag's value wins
     assert p.returncode == 2 and words in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not list(tmp_path.iterdir())
+
+
+def test_a_mode_is_named_by_what_it_wrote_and_how_it_ended():
+    """The runner's verdict: a run whose result was written whole completed, even where its
+    engine's teardown then outlived the timeout; a run killed before that timed out."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import context_end_repro as repro
+
+    done = {"phase": "done", "error": None}
+    assert repro.verdict(0, done) == "completed"
+    assert repro.verdict(None, done).startswith("completed (")
+    assert repro.verdict(None, {"phase": "generate", "error": None}) == "timed out"
+    assert repro.verdict(None, None) == "timed out"
+    assert repro.verdict(1, {"phase": "failed in engine", "error": "RuntimeError: x"}) == \
+        "failed: RuntimeError: x"
+    assert repro.verdict(1, None) == "failed: exit code 1, no error recorded"
+
+
+def test_a_runner_out_that_is_a_file_exits_2(tmp_path):
+    f = tmp_path / "taken"
+    f.write_text("")
+    p = _run([*ENGINE, "--requests", "2", "--modes", "stock", "--out", str(f)], timeout=60)
+    assert p.returncode == 2 and "names a directory" in p.stderr, p.stderr
