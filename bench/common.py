@@ -74,6 +74,12 @@ def read_json(path: Path, default=None):
     return json.loads(path.read_text()) if path.exists() else default
 
 
+def model_vocab(model: str | Path) -> int:
+    """vocab_size of a local model directory's config.json (or of its text_config: a VLM's)."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    return int(cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])
+
+
 def error_line(e: BaseException, limit: int = 400) -> str:
     """`Type: first line of the message` (at most `limit` characters of it)."""
     lines = str(e).splitlines()

@@ -78,7 +78,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-from common import error_line, worstcase_config, write_json
+from common import error_line, model_vocab, worstcase_config, write_json
 
 PLUGIN = "worstcase_profiler"  # its vllm.general_plugins entry point
 TAG = "[context_end_repro]"
@@ -156,12 +156,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.vocab_size <= FIRST_ID:
         p.error(f"--model {a.model}: vocab_size {a.vocab_size} leaves no token ids above 2")
     return a
-
-
-def model_vocab(model: str) -> int:
-    """vocab_size of a local model's config.json (or of its text_config)."""
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    return int(cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])
 
 
 # ---------------------------------------------------------------- one mode, one engine
@@ -247,7 +241,8 @@ def first_result(a, argv: list[str]) -> dict:
             "end_gap": a.end_gap, "end_context": a.max_model_len - a.end_gap,
             "submitted": a.requests + a.mix_prefill, "vocab_size": a.vocab_size,
             "phase": "start", "finished": 0, "finish_reasons": {}, "final_contexts": {},
-            "reached_end": 0, "reached_end_context": 0, "error": None, "traceback": None, "report": None}
+            "reached_end": 0, "reached_end_context": 0, "error": None, "traceback": None,
+            "report": None}
 
 
 def outcome(outputs, max_model_len: int, end_context: int) -> dict:

@@ -58,7 +58,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, merged_config, write_json  # noqa: E402
+from common import ROOT, merged_config, model_vocab, write_json  # noqa: E402
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.I)
 CHAT_TEMPLATE = ROOT / "bench" / "serve_chat_template.jinja"
@@ -100,10 +100,6 @@ def _free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
-
-
-def _vocab(model: str) -> int:
-    return int(json.loads((Path(model) / "config.json").read_text())["vocab_size"])
 
 
 def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
@@ -436,7 +432,7 @@ def _metrics(text: str | None) -> dict:
 
 
 def traffic(srv: Server, a, rng_seed: int = 0, decodes_only: bool = False) -> dict:
-    vocab = _vocab(a.model)
+    vocab = model_vocab(a.model)
     rng = random.Random(rng_seed)
     prefix = _tokens(rng, a.prefix, vocab)
     new = _tokens(rng, a.chunk, vocab)
