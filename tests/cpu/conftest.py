@@ -40,6 +40,13 @@ class Run:
     def text(self) -> str:
         return self.out + self.err
 
+    def result(self) -> dict:
+        """The JSON of the last stdout line starting "RESULT " (what a run_python script
+        prints); fails the test with the output's tail when there is none."""
+        lines = [ln for ln in self.out.splitlines() if ln.startswith("RESULT ")]
+        assert lines, self.text[-4000:]
+        return json.loads(lines[-1][len("RESULT "):])
+
 
 def run_wcprof(args: list[str], tmp: Path, *, timeout: int = 600, env: dict | None = None) -> Run:
     json_path = tmp / "report.json"
@@ -96,6 +103,17 @@ def assert_text_side_holds(report: dict, batched: int) -> None:
     (v,) = [v for v in report["validations"] if v["target"] == "worst-step"]
     assert within_prediction(v), v
     assert v["predicted_peak_bytes"] < report["worstcase"]["peak_activation_bytes"], v
+
+
+def assert_served_steps_held(served: dict) -> None:
+    """The production guard's ledger from a script serving image requests: it held every served
+    step (the image steps included) against the start's prediction, which the encoder step set,
+    and the largest was an image step, not a text-sized one."""
+    assert served["tolerance"] == CPU_RESOLUTION
+    assert served["encoder_step"] == served["predicted"], served
+    assert served["above"] == 0 and served["max_need"] <= served["predicted"] + CPU_RESOLUTION, \
+        served
+    assert served["max_need"] > served["predicted"] // 2, served
 
 
 def assert_multimodal_replay(report: dict, out: str, *, items: int, context: int,

@@ -75,8 +75,7 @@ def served(tmp_path_factory):
     run = run_python(SCRIPT.replace("sys.argv[1]", repr(str(report))), timeout=900,
                      env=engine_env(WCPROF_GUARD_DIR=str(tmp)))
     assert run.rc == 0, run.text[-4000:]
-    line = next(ln for ln in run.out.splitlines() if ln.startswith("RESULT "))
-    return json.loads(report.read_text()), json.loads(line[len("RESULT "):])
+    return json.loads(report.read_text()), run.result()
 
 
 def test_the_capped_start_admits_more_kv_than_the_uncapped_one(served):

@@ -144,15 +144,9 @@ print("RESULT", json.dumps({{"report": session is not None and session.profile i
 """
 
 
-def _result(run):
-    line = [l for l in run.out.splitlines() if l.startswith("RESULT ")]
-    assert line, run.text[-3000:]
-    return json.loads(line[-1][7:])
-
-
 def test_disabled_changes_nothing():
     run = run_python(ENGINE_SNIPPET.format(model=str(TINY), extra=""))
-    res = _result(run)
+    res = run.result()
     assert res == {"report": False, "patched": True}
     assert "[wcprof]" not in run.text
 
@@ -160,14 +154,14 @@ def test_disabled_changes_nothing():
 def test_enabled_by_environment_variable():
     run = run_python(ENGINE_SNIPPET.format(model=str(TINY), extra=""),
                      env=engine_env(WCPROF_PROFILER="worstcase"))
-    assert _result(run)["report"] is True
+    assert run.result()["report"] is True
     assert "[wcprof] worst-case sweep" in run.text
 
 
 def test_enabled_by_additional_config():
     extra = 'additional_config={"worstcase_profiler": {"profiler": "worstcase", "context_ladder": False}}'
     run = run_python(ENGINE_SNIPPET.format(model=str(TINY), extra=extra))
-    assert _result(run)["report"] is True
+    assert run.result()["report"] is True
 
 
 def test_correct_model_audits_within_budget(validated):

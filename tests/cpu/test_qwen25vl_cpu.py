@@ -28,8 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (CPU_RESOLUTION, assert_multimodal_replay, assert_text_side_holds, engine_env,
-                      run_python, run_wcprof, vlm_args, within_prediction)
+from conftest import (assert_multimodal_replay, assert_served_steps_held, assert_text_side_holds,
+                      engine_env, run_python, run_wcprof, vlm_args, within_prediction)
 
 pytestmark = pytest.mark.engine
 
@@ -135,9 +135,7 @@ print("RESULT", json.dumps({{
 def served():
     run = run_python(SERVE.format(model=str(MODEL), mml=MML, mnbt=MNBT, seqs=SEQS, pool=POOL,
                                   limits=LIMITS), env=engine_env(**ENV))
-    line = [l for l in run.out.splitlines() if l.startswith("RESULT ")]
-    assert line, run.text[-4000:]
-    return json.loads(line[-1][7:])
+    return run.result()
 
 
 def test_real_image_requests_are_served_at_their_resized_grids(served):
@@ -155,11 +153,7 @@ def test_every_served_step_stays_within_the_prediction(served):
     """The production guard held every served step (the image steps included) against the
     start's prediction, which the encoder step set."""
     print("served image steps:", served)
-    assert served["tolerance"] == CPU_RESOLUTION
-    assert served["encoder_step"] == served["predicted"], served
-    assert served["above"] == 0 and served["max_need"] <= served["predicted"] + CPU_RESOLUTION, \
-        served
-    assert served["max_need"] > served["predicted"] // 2, served  # an image step: not text-sized
+    assert_served_steps_held(served)
 
 
 WIDE_VOCAB, WIDE_SEQS = 151_936, 128  # Qwen2.5-VL's own vocabulary; 128 requests a step
