@@ -77,7 +77,8 @@ def _cell(m: dict, name: str, case: dict) -> dict:
     if val:
         ctx = (val.get("shape") or {}).get("context_len")
         quick = f"quick: its rows and requests, context {ctx}"
-        target = {"worst-step": "worst step", "quick": quick}.get(val.get("target"), "traffic")
+        target = {"worst-step": "worst step", "quick": quick, "multimodal": "multimodal step",
+                  "check-step": "named step"}.get(val.get("target"), "traffic")
         worst_ctx = (wc.get("worst_shape") or {}).get("context_len")
         if val.get("target") == "worst-step" and ctx is not None and worst_ctx \
                 and ctx * 10 < worst_ctx * 9:  # its plan's target is short of the worst context
