@@ -217,14 +217,15 @@ QWEN = ItemSpec("image", items=2, item_len=4098, limit_per_prompt=2, start=1)
 PROFILE_STEP = Shape("stock", 8192, 0, 1024)
 
 
-def _first_step(plan, limits, spec=QWEN):
+def _first_step(plan, limits, spec=QWEN, hit_unit=1):
     """(rows, requests, items encoded, context) of the measured batch's first step, scheduled as
     vLLM's V1 scheduler does for waiting requests: in submission order, each prompt past its
     cached prefix for min(what it has left, the budget left). A warmed prefix is hit whole but
     for the block a drafter drops (hit_drop), and only where the prompt's first `lookahead`
     tokens after it are the warm-up's (0.33's lookahead block hashes: else a block short). An
     item is encoded where its first embedding token (`spec.start`) is scheduled; with chunked
-    multimodal input off a request stops before an item it cannot take whole."""
+    multimodal input off a request stops before an item it cannot take whole. A hit is a
+    multiple of `hit_unit` tokens (the KV groups' common block: 256 on DeepSeek-V4)."""
     cached = {p.prefix_id: p for b in plan.batches if not b.measured for p in b.prompts}
     budget, rows, reqs, items, ctx = limits.max_num_batched_tokens, 0, 0, 0, 0
     for p in _measured(plan).prompts:
@@ -233,7 +234,7 @@ def _first_step(plan, limits, spec=QWEN):
         hit = 0
         warm = cached.get(p.prefix_id)
         if p.prefix_len and warm is not None:
-            hit = min(p.prefix_len, warm.prefix_len) - limits.hit_drop
+            hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit - limits.hit_drop
             if p.lookahead < warm.lookahead:
                 hit -= limits.block_size
         new = min(p.length - hit, budget)
@@ -363,3 +364,27 @@ def test_an_item_whose_range_opens_with_tokens_that_take_no_embedding_is_cut_aft
     plan, _ = multimodal_plan(marked, WIDE, prefix_caching=True, text=PROFILE_STEP)
     assert _first_step(plan, WIDE, marked) == (8192, 1024, 2, 0)
     assert _first_step(plan, WIDE, dataclasses.replace(marked, start=9))[2] == 1
+
+
+def test_a_multimodal_context_is_aligned_to_the_pool_hit_unit_not_the_smallest_block():
+    """h100-run74's dsv4vl cases (DeepSeek-V4 vision layout, block 256, 10 whole images of 382
+    tokens beside 3 text requests in 4,096 rows): planned on the engine's limits (block 4 once
+    the KV cache exists) the shared prefix was 127,248 tokens, which the scheduler hits at
+    127,232; every request then computed 16 tokens more, and the tenth image no longer fit the
+    step (3,762 rows, 9 images). With the pool's hit unit the prefix is a multiple of 256 and
+    the step forms whole."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    limits = Limits(max_model_len=131072, max_num_batched_tokens=4096, max_num_seqs=4,
+                    block_size=4, prefix_caching=True)
+    spec = ItemSpec("image", items=10, item_len=382, limit_per_prompt=10, chunked=False)
+    text = Shape("prefill", 4096, 130048, 4)
+    wrong, _ = multimodal_plan(spec, limits, prefix_caching=True, text=text)
+    assert wrong.target.context_len % 256 and \
+        _first_step(wrong, limits, spec, hit_unit=256)[2] < 10  # what the H100 formed
+    plan, why = multimodal_plan(spec, limits, prefix_caching=True, text=text,
+                                pool=Pool(10**6, 7, 7, hit_unit=256))
+    ctx = plan.target.context_len
+    assert not why and ctx % 256 == 0 and plan.target == Shape("prefill", 4096, ctx, 4)
+    assert _first_step(plan, limits, spec, hit_unit=256) == (4096, 4, 10, ctx)
+    _fits(plan, limits)

@@ -20,7 +20,7 @@ import logging
 
 from ..core import codec
 from ..core.check_steps import CheckStep, fails, missed, readings, with_admitted
-from ..core.requests_plan import plan_for
+from ..core.requests_plan import Pool, plan_for
 from ..core.shapes import Limits
 from ..core.replay_rules import replay_reached, replay_stops
 from ..core.types import Shape, Validation
@@ -109,7 +109,8 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
         found = await _measure(client, worst_step_workload(plan(shape), vocab, "check-step"),
                                own, vocab)
         results += [with_admitted(v, own[v.rank], subtracted[v.rank]) for v in found]
-    results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab)
+    results += await _multimodal(client, summaries, limits, codec.decode(Shape, worst), vocab,
+                                 pool)
     if which == "all":
         work = traffic_workload(limits, vocab,
                                 kv_tokens_of(client.vllm_config, limits.block_size, pool))
@@ -144,7 +145,7 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
 
 
 async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,
-                      vocab: int) -> list[Validation]:
+                      vocab: int, pool: Pool | None) -> list[Validation]:
     """Where an encoder step was measured: that step built from requests with items
     (validation.multimodal_replay), against the admitted transient; where it cannot be
     built, a warning saying why (the text replay above is held against the text figure)."""
@@ -158,7 +159,8 @@ async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,
     work, why = multimodal_replay(client.model_config, client.vllm_config.scheduler_config,
                                   codec.decode(EncoderStep, encoded), limits,
                                   prefix_caching=limits.prefix_caching, text_shape=text_shape,
-                                  hash_lookahead=hash_lookahead_tokens(client.vllm_config))
+                                  hash_lookahead=hash_lookahead_tokens(client.vllm_config),
+                                  pool=pool)
     if work is None:
         log.warning("[wcprof] serving validation: the multimodal step (the encoder step, which "
                     "the admitted figure holds) was not built from requests: %s; only the text "

@@ -531,11 +531,12 @@ def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
 
 
 def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | None, limits, *,
-                      prefix_caching: bool, text_shape=None, hash_lookahead: int = 0):
+                      prefix_caching: bool, text_shape=None, hash_lookahead: int = 0,
+                      pool: Pool | None = None):
     """(the workload that builds the encoder step from requests with items, "") or (None, why
     it is not built): no encoder step was measured, the items cannot be built, or no requests
     form the step (core/requests_plan.multimodal_plan, which `hash_lookahead`,
-    facts.hash_lookahead_tokens, goes to)."""
+    facts.hash_lookahead_tokens, and the engine's KV `pool` go to)."""
     from .multimodal import replay_items
 
     if encoder is None:
@@ -544,7 +545,7 @@ def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | Non
     if items is None:
         return None, why
     plan, why = multimodal_plan(items.spec, limits, prefix_caching=prefix_caching,
-                                text=text_shape, hash_lookahead=hash_lookahead)
+                                text=text_shape, hash_lookahead=hash_lookahead, pool=pool)
     if plan is None:
         return None, why
     work = multimodal_workload(plan, items)
@@ -704,7 +705,8 @@ def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder,
     work, why = multimodal_replay(engine.model_config, engine.vllm_config.scheduler_config,
                                   encoder, limits, prefix_caching=prefix_caching,
                                   text_shape=text_shape,
-                                  hash_lookahead=hash_lookahead_tokens(engine.vllm_config))
+                                  hash_lookahead=hash_lookahead_tokens(engine.vllm_config),
+                                  pool=pool_from(llm.collective_rpc(pool_of)))
     if work is None:
         return [], why
     return _measure(llm, work, predicted), ""

@@ -180,8 +180,7 @@ def plan_for(shape: Shape, limits: Limits, *, prefix_caching: bool,
     prompt on a cached prefix, warm-up or measured, starts its suffix with the same tokens
     (`_share_lookahead`); with tokens of their own there, each would hit a block short and
     compute a block more, and far fewer would share the step."""
-    if pool is not None and pool.hit_unit > limits.block_size:
-        limits = replace(limits, block_size=pool.hit_unit)
+    limits = _hit_aligned(limits, pool)
     if shape.kind == "stock":
         plan = _stock(shape, limits, pool)
     elif shape.kind == "prefill":
@@ -250,6 +249,15 @@ def quick_plan(shape: Shape, limits: Limits) -> RequestPlan:
         batches=(Batch(f"{n} prompts of {length} tokens prefilled in one step, then decoding "
                        f"together", prompts, steps * per_req, True),),
         exact=False, note=instead)
+
+
+def _hit_aligned(limits: Limits, pool: Pool | None) -> Limits:
+    """The limits with the block every prefix hit is a multiple of: the pool's hit unit where
+    it is larger than the limits' block size (DeepSeek-V4: 256, where the engine's limits say 4
+    once its KV cache exists); a context planned on a smaller block would hit a block short."""
+    if pool is not None and pool.hit_unit > limits.block_size:
+        return replace(limits, block_size=pool.hit_unit)
+    return limits
 
 
 def _down(n: int, to: int) -> int:
@@ -705,8 +713,8 @@ class ItemSpec:
 
 
 def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
-                    text: Shape | None = None,
-                    hash_lookahead: int = 0) -> tuple[RequestPlan | None, str]:
+                    text: Shape | None = None, hash_lookahead: int = 0,
+                    pool: Pool | None = None) -> tuple[RequestPlan | None, str]:
     """Requests whose one step runs the encoder on `spec.items` items and a full chunk around them
     on the longest context they leave (the encoder step: its items through the encoder, then a
     chunk with their outputs held); (None, why) where no requests form it.
@@ -731,7 +739,10 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
     plan forms a prefill of that step's rows over its requests on its context with the items
     inside it (`_wide_multimodal`): that step's requests, not one long one, are what its peak
     holds (their logits and sampler). Where that step is not formed with an item, the
-    one-request plan above, said not exact, and why."""
+    one-request plan above, said not exact, and why.
+
+    pool: the serving engine's KV pool, as plan_for's: contexts are aligned to its hit unit."""
+    limits = _hit_aligned(limits, pool)
     mnbt, mml, seqs = limits.max_num_batched_tokens, limits.max_model_len, limits.max_num_seqs
     want, length = spec.items, spec.item_len
     if want < 1 or length < 1:
