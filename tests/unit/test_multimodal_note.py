@@ -214,3 +214,30 @@ def test_a_named_step_above_the_encoder_step_is_the_one_that_sets_the_admitted_t
     cpu = dataclasses.replace(enc, inputs_bytes=4 << 20)
     assert "54.00 MiB with the items' own 4.00 MiB (host memory is the device's)" in \
         encoder_line(cpu)
+
+
+def test_the_rest_of_the_encoder_cache_is_counted_at_the_measured_bytes_per_token():
+    """vLLM schedules an item only while the encoder cache has room for its outputs, so beside a
+    step's own items at most the cache's other tokens stay resident from earlier steps: the
+    encoder step's need counts them at the bytes per token its own outputs held, and the cache
+    is then no longer a limit the report lists. h100-run74's DeepSeek-V4 vision layout: 10
+    images of 387 tokens held 30,146,560 B of outputs in a cache of 4,096 tokens."""
+    import dataclasses
+
+    from worstcase_profiler.core.multimodal import cache_rest, encoder_line, need
+
+    big_cache = MultimodalFacts((IMAGE,), 2873, 8192, True)
+    rest = cache_rest(big_cache, 1, 2873, 1 << 20)
+    assert rest == -(-(1 << 20) * (8192 - 2873) // 2873) and rest > 1 << 20
+    enc = dataclasses.replace(step(), cache_rest_bytes=rest)
+    assert unprofiled_limits(big_cache, enc) == () and unprofiled_note(big_cache, enc) is None
+    admitted, placed = _admitted(_sweep(2 << 20), enc)
+    assert need(enc) == (54 << 20) + rest == admitted.peak_bytes and placed.sets_transient
+    assert "for the rest of the encoder cache" in encoder_line(placed)
+    dsv4vl = MultimodalFacts((ModalityBudget("image", 10, 387, 10, 10),), 4096, 4096, False)
+    assert cache_rest(dsv4vl, 10, 387, 30_146_560) == -(-30_146_560 * 226 // 3870)
+    # the step's items fill the cache, or no outputs were measured: nothing added, and in the
+    # second case the cache stays listed
+    assert cache_rest(FACTS, 1, 2873, 1 << 20) == 0
+    assert cache_rest(big_cache, 1, 2873, 0) == 0
+    assert any("encoder cache" in m for m in unprofiled_limits(big_cache, step()))

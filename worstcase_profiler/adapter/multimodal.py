@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-from ..core.multimodal import EncoderStep, ModalityBudget, MultimodalFacts
+from ..core.multimodal import EncoderStep, ModalityBudget, MultimodalFacts, cache_rest
 from ..core.requests_plan import ItemSpec
 
 log = logging.getLogger("vllm.wcprof")
@@ -223,11 +223,14 @@ def encoder_step(driver, facts: MultimodalFacts, shape) -> tuple[EncoderStep | N
     inputs = _inputs_bytes(items) if meter.device_kind == "cpu" else 0
     del items
     budget.reset_cache()
+    held = driver.agree_max(seen.get("held", 0))
     return EncoderStep(modality=big.modality, items=big.max_items_per_batch,
                        tokens_per_item=big.max_tokens_per_item,
                        peak_bytes=driver.agree_max(max(raw, result.peak_bytes) + inputs),
                        inputs_bytes=driver.agree_max(inputs),
-                       held_bytes=driver.agree_max(seen.get("held", 0)),
+                       held_bytes=held,
+                       cache_rest_bytes=cache_rest(facts, big.max_items_per_batch,
+                                                   big.max_tokens_per_item, held),
                        encoder_peak_bytes=driver.agree_max(seen.get("encoder_peak", 0)),
                        text_shape=shape.label(), seconds=time.perf_counter() - t0), ""
 

@@ -93,10 +93,29 @@ class EncoderStep:
         "received from the front end while it runs, and the sweep built its own before the "
         "measurement. 0 on CUDA: the host copy is not device memory, and the device copy is "
         "inside the measurement", default=0)
+    cache_rest_bytes: int = doc(
+        "the encoder cache's other tokens: outputs of earlier steps' items it may keep resident "
+        "beside this step's (encoder_cache_size less the items x tokens_per_item held here), at "
+        "the bytes per token this step's outputs held (cache_rest); in the step's need, not in "
+        "peak_bytes", default=0)
 
 
 def _n(v: int) -> str:
     return f"{v:,}"
+
+
+def cache_rest(facts: MultimodalFacts, items: int, tokens_per_item: int, held_bytes: int) -> int:
+    """Bytes of the encoder cache's tokens beyond the `items` x `tokens_per_item` an encoder step
+    held (`held_bytes` of outputs): vLLM schedules an item only while the cache has room for its
+    outputs, so beside a step's own items at most encoder_cache_size less theirs stay resident
+    from earlier steps. Each token's output is the same size (one embedding row), so they count
+    at the measured bytes per token, rounded up. 0 where the step's items fill the cache, or no
+    outputs were measured (the report then names the cache as not profiled)."""
+    held_tokens = items * tokens_per_item
+    rest = facts.encoder_cache_size - held_tokens
+    if rest <= 0 or held_tokens <= 0 or held_bytes <= 0:
+        return 0
+    return -(-held_bytes * rest // held_tokens)
 
 
 def unprofiled_limits(facts: MultimodalFacts, encoder: EncoderStep | None = None
@@ -105,8 +124,9 @@ def unprofiled_limits(facts: MultimodalFacts, encoder: EncoderStep | None = None
     Without a measured encoder step (`encoder` None) that is every limit of every modality: the
     sweep's steps are text steps. With one, the encoder forward of `encoder.items` items of the
     profiled modality at its largest size and their outputs held through the worst text step
-    are covered; other modalities, more items per prompt than one step runs, and a cache holding
-    items of earlier steps beside them are not."""
+    are covered, and so is the rest of the encoder cache where the step measured its outputs
+    (EncoderStep.cache_rest_bytes); other modalities and more items per prompt than one step
+    runs are not."""
     out: list[str] = []
     for m in sorted(facts.modalities, key=lambda m: m.modality):
         covered = (encoder is not None and encoder.modality == m.modality
@@ -125,7 +145,8 @@ def unprofiled_limits(facts: MultimodalFacts, encoder: EncoderStep | None = None
         out.append(f"the encoder compute budget ({_n(facts.encoder_compute_budget)} tokens a "
                    f"step)")
     cached_in_step = encoder.items * encoder.tokens_per_item if encoder is not None else 0
-    if facts.encoder_cache_size > cached_in_step:
+    if facts.encoder_cache_size > cached_in_step and (encoder is None
+                                                      or not encoder.cache_rest_bytes):
         out.append(f"the encoder cache ({_n(facts.encoder_cache_size)} tokens of encoder outputs "
                    f"resident across steps" + (f"; {_n(cached_in_step)} held in the measured step"
                                                if encoder is not None else "") + ")")
@@ -173,9 +194,12 @@ def unprofiled_note(facts: MultimodalFacts | None, encoder: EncoderStep | None =
 
 
 def need(encoder: EncoderStep | None, allocator_slack: int = 0) -> int:
-    """What the admitted transient must hold for the encoder step (0 without one): its peak plus
-    the meter's allocator slack (the sweep's own figure carries it already)."""
-    return 0 if encoder is None else encoder.peak_bytes + max(0, allocator_slack)
+    """What the admitted transient must hold for the encoder step (0 without one): its peak, the
+    rest of the encoder cache beside it (cache_rest_bytes) and the meter's allocator slack (the
+    sweep's own figure carries it already)."""
+    if encoder is None:
+        return 0
+    return encoder.peak_bytes + encoder.cache_rest_bytes + max(0, allocator_slack)
 
 
 def beside(text_peak: int, encoder: EncoderStep | None, allocator_slack: int = 0,
@@ -198,7 +222,7 @@ def standing(encoder: EncoderStep) -> str:
     (core/check_steps) above it does, or the text sweep's figure holds it."""
     if encoder.sets_transient:
         return "sets the admitted transient"
-    if encoder.peak_bytes > encoder.text_peak_bytes:
+    if need(encoder) > encoder.text_peak_bytes:
         return (f"above the text sweep's {fmt_bytes(encoder.text_peak_bytes)}; a named step "
                 f"sets the admitted transient")
     return f"within the text sweep's {fmt_bytes(encoder.text_peak_bytes)}"
@@ -213,7 +237,9 @@ def encoder_line(encoder: EncoderStep) -> str:
             f"({fmt_bytes(encoder.encoder_peak_bytes)}), then {encoder.text_shape} with their "
             f"outputs held ({fmt_bytes(encoder.held_bytes)}): {fmt_bytes(encoder.peak_bytes)}"
             + (f" with the items' own {fmt_bytes(encoder.inputs_bytes)} (host memory is the "
-               f"device's)" if encoder.inputs_bytes else "") + f", {verdict}")
+               f"device's)" if encoder.inputs_bytes else "")
+            + (f", and {fmt_bytes(encoder.cache_rest_bytes)} for the rest of the encoder cache"
+               if encoder.cache_rest_bytes else "") + f", {verdict}")
 
 
 def text_prediction(admitted: int, encoder: EncoderStep | None) -> int:

@@ -27,7 +27,7 @@ import io
 import math
 from dataclasses import dataclass, field
 
-from ..core.multimodal import standing
+from ..core.multimodal import need as encoder_need, standing
 from ..errors import ConfigError
 from ..report import Report, Shape, StepResult, Verdict
 from ..sizes import GiB, MiB, fmt_bytes, fmt_tokens
@@ -435,7 +435,7 @@ def encoder_mark(report: Report) -> tuple[int, int, str] | None:
              f" tokens,\nthen {enc.text_shape} ({verdict}"
              + ("; other multimodal limits not profiled: warnings)" if missing else
                 "; every multimodal limit profiled)"))
-    return wc.worst_shape.rows, enc.peak_bytes + wc.workspace_bytes, label
+    return wc.worst_shape.rows, encoder_need(enc) + wc.workspace_bytes, label
 
 
 def _coverage_strip(ax, report: Report) -> list:
