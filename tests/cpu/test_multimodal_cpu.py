@@ -21,7 +21,6 @@ the step that schedules its first token (the encoder compute budget holds one su
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest

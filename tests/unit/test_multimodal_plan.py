@@ -236,7 +236,7 @@ def _first_step(plan, limits, spec=QWEN, hit_unit=1):
         if p.prefix_len and warm is not None:
             hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit - limits.hit_drop
             if p.lookahead < warm.lookahead:
-                hit -= limits.block_size
+                hit -= max(limits.block_size, hit_unit)
         new = min(p.length - hit, budget)
         first = p.prefix_len + p.branch_len + p.suffix_len  # the first item's first token
         for i in range(p.items):
