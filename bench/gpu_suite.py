@@ -178,6 +178,9 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
                                   '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),
     "dsv4_mtp": (DSV4, [*LONG, "--enforce-eager", "--speculative-config",
                         '{"method": "mtp", "num_speculative_tokens": 1}'], {}, None),
+    # the same with vLLM's default CUDA graphs (issue 31 asks for both; not run yet)
+    "dsv4_mtp_graphs": (DSV4, [*LONG, "--speculative-config",
+                               '{"method": "mtp", "num_speculative_tokens": 1}'], {}, None),
     # vLLM 0.26: FP8 weights (MXFP4 experts) and the fp8_ds_mla cache, which 0.26 does not pick
     # itself; staged with .stage-dsv4 (tilelang, CuTe-DSL, _moe_C: staging/dsv4_026/README.md)
     # 0.26's dummy loader skips DSv4's mHC finalisation (wcp_fixtures/loaders.py)
@@ -253,8 +256,8 @@ def mm_expected(name: str) -> tuple[int, int]:
 
 NAMED_ONLY = ("llama8b_graphs", "llama8b_eager", "llama8b_eager_restart", "llama8b_cut",
               "dsv32_fp8_graphs", "dsv32_fp8_cut", "qwen35_eager", "qwen35_graphs", "qwen35_mtp",
-              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_fp8", "dsv4_mtp_fp8_short",
-              "dsv4_mtp_fp8_short_quick",
+              "qwen35_mtp_eager", "dsv4_mtp", "dsv4_mtp_graphs", "dsv4_mtp_fp8",
+              "dsv4_mtp_fp8_short", "dsv4_mtp_fp8_short_quick",
               "llama_v1_graphs", "dsv32_bf16_graphs", *(n for n in CASES if n.endswith("_prove")),
               *DRAFTER_CASES, *DSPARK_CASES, *MULTIMODAL_CASES)
 DEFAULT_CASES = [n for n in CASES if "--tensor-parallel-size" not in CASES[n][1]
