@@ -283,6 +283,11 @@ def pool_from(answers) -> Pool | None:
     return min(found, key=lambda p: p.blocks) if found else None
 
 
+def _engine_pool(llm) -> Pool | None:
+    """The in-process engine's KV pool, asked of every rank (pool_of, pool_from)."""
+    return pool_from(llm.collective_rpc(pool_of))
+
+
 def _vocab(llm) -> int:
     # vllm-touch: worker-config
     return int(llm.llm_engine.model_config.get_vocab_size())
@@ -667,7 +672,7 @@ def validate_traffic(llm, predicted: dict[int, int], limits: Limits) -> list[Val
     workspace, against its predicted transient (`predicted[rank]`) plus the same workspace."""
     work = traffic_workload(limits, _vocab(llm),
                             kv_tokens_of(llm.llm_engine.vllm_config, limits.block_size,
-                                         pool_from(llm.collective_rpc(pool_of))))
+                                         _engine_pool(llm)))
     return _measure(llm, work, predicted)
 
 
@@ -687,7 +692,7 @@ def validate_worst_step(llm, predicted: dict[int, int], limits: Limits, worst: S
     vllm_config = llm.llm_engine.vllm_config
     plan = plan_for(worst, limits, prefix_caching=prefix_caching,
                     distinct_hits=sibling_hits_serialize(vllm_config),
-                    pool=pool_from(llm.collective_rpc(pool_of)),
+                    pool=_engine_pool(llm),
                     hash_lookahead=hash_lookahead_tokens(vllm_config))
     return _measure(llm, worst_step_workload(plan, _vocab(llm), target), predicted)
 
@@ -706,7 +711,7 @@ def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder,
                                   encoder, limits, prefix_caching=prefix_caching,
                                   text_shape=text_shape,
                                   hash_lookahead=hash_lookahead_tokens(engine.vllm_config),
-                                  pool=pool_from(llm.collective_rpc(pool_of)))
+                                  pool=_engine_pool(llm))
     if work is None:
         return [], why
     return _measure(llm, work, predicted), ""
