@@ -54,7 +54,18 @@ def test_the_log_line_names_every_figure_and_a_formula_that_does_not_hold():
 
 
 class Heap:
+    """The device's free memory and the allocator's cache of freed blocks (counted as used)."""
     free = 100 * GiB
+    cache = 0
+
+    def emptied(self) -> int:  # torch.cuda.empty_cache(), then mem_get_info
+        self.free, self.cache = self.free + self.cache, 0
+        return self.free
+
+
+def _meter(monkeypatch, heap):
+    monkeypatch.setattr(warmup, "_free_bytes", lambda: heap.free)
+    monkeypatch.setattr(warmup, "_free_bytes_emptied", heap.emptied)
 
 
 class Manager:
@@ -68,17 +79,20 @@ class V2Runner:
     """vLLM 0.32/0.33's V2 runner as the free memory sees it: `pieces` of PIECEWISE graphs and the
     cache their warm-ups leave (`c0`), then per FULL graph an eager warm-up that grows the cache
     by `w` and a capture that first empties the cache (torch.cuda.graph's __enter__) and then
-    grows the graph pool by `g`."""
+    grows the graph pool by `g`. `kv_init`: what the estimator's minimal KV cache setup leaves in
+    the allocator's cache before capture_model, which empties it first."""
 
-    def __init__(self, heap, n_full=51, pieces=250 * MiB, c0=40 * MiB, w=137 * MiB, g=2 * MiB):
+    def __init__(self, heap, n_full=51, pieces=250 * MiB, c0=40 * MiB, w=137 * MiB, g=2 * MiB,
+                 kv_init=0):
         self.heap, self.n_full = heap, n_full
         self.pieces, self.c0, self.w, self.g = pieces, c0, w, g
+        self.kv_init = kv_init
         self.cudagraph_manager = None
         self.pool = 0
 
     def capture_model(self, *, profile_only=False):  # model_runner.capture_model
         m, h = self.cudagraph_manager, self.heap
-        start = h.free  # after its empty_cache
+        start = h.emptied()  # torch.accelerator.empty_cache(), then its start reading
         h.free -= self.pieces + self.c0
         self.pool += self.pieces
         cache = self.c0
@@ -101,6 +115,8 @@ class V2Runner:
         from vllm.v1.worker.gpu import cudagraph_utils as cgu
 
         self.cudagraph_manager = m = Manager(self.n_full)
+        self.heap.free -= self.kv_init  # _init_minimal_kv_cache_for_profiling's freed blocks
+        self.heap.cache += self.kv_init
         m._max_full_descs_to_capture = cgu._FULL_GRAPH_PROFILING_SAMPLES
         samples: list[int] = []
         m._capture_mem_samples = samples
@@ -128,7 +144,7 @@ def _v2_estimator_module():
 def runner(monkeypatch):
     _v2_estimator_module()
     heap = Heap()
-    monkeypatch.setattr(warmup, "_free_bytes", lambda: heap.free)
+    _meter(monkeypatch, heap)
     return V2Runner(heap)
 
 
@@ -226,7 +242,7 @@ def test_one_capture_of_every_graph_gives_the_exact_memory_and_vllm_keeps_stocks
 def test_few_full_graphs_the_capture_is_stocks_own(monkeypatch, n_full):
     _v2_estimator_module()
     heap = Heap()
-    monkeypatch.setattr(warmup, "_free_bytes", lambda: heap.free)
+    _meter(monkeypatch, heap)
     runner = V2Runner(heap, n_full=n_full)
     worker = SimpleNamespace(model_runner=runner)
     stock = runner.profile_cudagraph_memory()
@@ -282,3 +298,24 @@ def test_stock_from_one_capture_is_the_identity_when_the_capture_was_stocks():
     assert prof.measured_bytes == 700 * MiB and prof.full_samples == s[:2]
     assert figure == v2_estimate(prof)
     assert max(back - sum(s) + ex(list(s), 51), 0) == figure
+
+
+def test_cache_held_before_the_capture_is_not_taken_off_the_graphs(monkeypatch):
+    """h100-run75 (DeepSeek-V4 + MTP, graphs, 0.33): the minimal KV cache vLLM's estimator sets up
+    left 192 MiB in the allocator's cache; capture_model empties it before its own start reading.
+    Read with it held, the capture's growth was offset by its release: 520 MiB measured where the
+    capture took 712 MiB, and the warm-up audit refused the first start (the real capture kept
+    644 MiB). The start is read with the cache emptied, as vLLM reads its own."""
+    _v2_estimator_module()
+    heap = Heap()
+    _meter(monkeypatch, heap)
+    runner = V2Runner(heap, kv_init=192 * MiB)
+    worker = SimpleNamespace(model_runner=runner)
+    exact = runner.pieces + runner.n_full * runner.g
+    assert warmup.measure_graphs_apart(worker, enabled=True).bytes == exact
+    with warmup.one_capture_profile(worker, enabled=True, exact=True) as measure:
+        runner.profile_cudagraph_memory()
+    assert measure.bytes == exact
+    # the reading this replaces: the start read with the cache held comes out short by it
+    monkeypatch.setattr(warmup, "_free_bytes_emptied", lambda: heap.free)
+    assert warmup.measure_graphs_apart(worker, enabled=True).bytes == exact - 192 * MiB
