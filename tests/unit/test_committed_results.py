@@ -176,10 +176,12 @@ def test_compatibility_page_is_rendered_from_the_committed_results():
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stdout + p.stderr
     page = (ROOT / "docs" / "compatibility.md").read_text()
-    assert "| 0.32.0 | H200 | v2 | on | 1 | llama8b_graphs | pass" in page
+    assert "| 0.32.0 | 2.11 | H200 | v2 | on | 1 | llama8b_graphs | pass" in page
+    # 0.32 on the torch it pins, told apart from the trimmed wheelhouse on the host's torch
+    assert "| 0.32.0 | 2.13 | H200 | v2 | off | 1 | dsv32_fp8 | pass" in page
     assert "## Read, not run" in page and "| 0.33 |" in page
     # a case that timed out before its report: the graphs it asked for, from its own flags
-    assert "| 0.33.0 | H200 | ? | on | 1 | dsv4_dspark_graphs | FAIL" in page
+    assert "| 0.33.0 | 2.14 | H200 | ? | on | 1 | dsv4_dspark_graphs | FAIL" in page
 
 
 def test_a_served_run_is_tabulated_from_its_serve_json():
