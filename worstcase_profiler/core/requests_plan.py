@@ -875,10 +875,12 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
     prefix. Every prompt stays within max_model_len: the context is lowered where a prompt
     would not fit behind it (the note says). A mixed step (decodes beside a chunk) is formed as
     a prefill of its rows over its requests on its chunk's context, not exact (the note says):
-    without a drafter what its peak holds by request (logits, sampler) and by row is the same;
-    under speculative decoding its decodes carry 1 + k logits rows each and the rejection
-    sampler, which the prefill does not. Fewer items than asked where they do not fit beside
-    the step's requests (the note says); None where not one does."""
+    what its peak holds by request (logits, sampler) is the same without a drafter, but not
+    what attention holds per request (an indexer over one long chunk's rows holds more than
+    over two shorter prompts'), and under speculative decoding its decodes carry 1 + k logits
+    rows each and the rejection sampler, which the prefill does not; so it measures at most the
+    mixed step's figure, possibly less (docs/sweep.md). Fewer items than asked where they do
+    not fit beside the step's requests (the note says); None where not one does."""
     if text.kind not in ("stock", "prefill", "mixed"):
         return None, f"a {text.kind} step carries no prefill rows for an item"
     if not prefix_caching and text.context_len > 0:
