@@ -388,3 +388,71 @@ def test_a_multimodal_context_is_aligned_to_the_pool_hit_unit_not_the_smallest_b
     assert not why and ctx % 256 == 0 and plan.target == Shape("prefill", 4096, ctx, 4)
     assert _first_step(plan, limits, spec, hit_unit=256) == (4096, 4, 10, ctx)
     _fits(plan, limits)
+
+
+def _mixed_step(plan, limits, spec, hit_unit=1):
+    """(rows, requests, items encoded, the chunk's context) of the measured batch's second step,
+    as vLLM's V1 scheduler runs it: in the first step each prompt computes past its hit for
+    min(what it has left, the budget left) (as _first_step); in the second, a prompt that
+    finished its prefill decodes 1 + k rows, one still prefilling takes what the budget leaves,
+    rolled back before an item it cannot take whole (chunked multimodal input off)."""
+    cached = {p.prefix_id: p for b in plan.batches if not b.measured for p in b.prompts}
+    done = []
+    budget = limits.max_num_batched_tokens
+    for p in _measured(plan).prompts:
+        warm = cached.get(p.prefix_id)
+        hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit if warm else 0
+        new = min(p.length - hit, budget)
+        budget -= new
+        done.append((p, hit + new))
+    budget, rows, reqs, items, ctx = limits.max_num_batched_tokens, 0, 0, 0, 0
+    for p, at_start in done:
+        if at_start >= p.length:
+            new = limits.rows_per_decode
+        else:
+            new = min(p.length - at_start, budget)
+            first = p.prefix_len + p.branch_len + p.suffix_len
+            for i in range(p.items):
+                at = first + i * p.item_len
+                if not spec.chunked and at < at_start + new < at + p.item_len:
+                    new = at - at_start
+                    break
+                if at_start <= at + spec.start < at_start + new:
+                    items += 1
+            ctx = max(ctx, at_start)
+        rows, reqs, budget = rows + new, reqs + 1, budget - new
+    return rows, reqs, items, ctx
+
+
+def test_a_mixed_text_step_is_formed_as_a_mixed_step_with_the_items_in_its_chunk():
+    """h100-run75's `vllm serve` of the DeepSeek-V4 vision layout at max_model_len 262,144: the
+    encoder step's text step was mixed (a decode beside a 4,095-row chunk), and its replay formed
+    a prefill of 4,096 rows over 2 requests with the 10 images instead, which the indexer runs
+    for less (0.9694 of the prediction). Now the decode runs beside the long prompt's second
+    chunk, which ends in the 10 whole images: the step the sweep measured, with them in it."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    limits = Limits(max_model_len=262144, max_num_batched_tokens=4096, max_num_seqs=4,
+                    block_size=4, prefix_caching=True)
+    spec = ItemSpec("image", items=10, item_len=382, limit_per_prompt=10, chunked=False)
+    text = Shape("mixed", 4096, 258049, 2)
+    plan, why = multimodal_plan(spec, limits, prefix_caching=True, text=text,
+                                pool=Pool(10**6, 7, 7, hit_unit=256))
+    assert not why and plan.items == 10 and not plan.exact
+    assert plan.target.kind == "mixed" and plan.target.rows == 4096
+    assert plan.target.num_reqs == 2
+    decode, long = _measured(plan).prompts
+    assert (decode.items, long.items, long.item_len) == (0, 10, 382)
+    rows, reqs, items, ctx = _mixed_step(plan, limits, spec, hit_unit=256)
+    assert (rows, reqs, items) == (4096, 2, 10)
+    assert ctx == plan.target.context_len and ctx > 250_000  # the chunk near the context's end
+    assert "ending in 10 image item(s) of 382 tokens" in _measured(plan).label
+    # every prompt within max_model_len (vLLM stops a request's output there, as for the text
+    # replay's mixed step, whose long prompt leaves no room for its few decode tokens)
+    assert all(p.length <= limits.max_model_len - 1 for b in plan.batches for p in b.prompts)
+    # where the chunk cannot hold every item whole, the prefill formation, which the note says
+    many = dataclasses.replace(spec, items=11)
+    plan, _ = multimodal_plan(many, limits, prefix_caching=True, text=text,
+                              pool=Pool(10**6, 7, 7, hit_unit=256))
+    assert plan.target.kind == "prefill" and "holds 10 whole 382-token image item(s) of 11" \
+        in plan.note

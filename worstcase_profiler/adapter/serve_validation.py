@@ -150,7 +150,7 @@ async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,
     (validation.multimodal_replay), against the admitted transient; where it cannot be
     built, a warning saying why (the text replay above is held against the text figure)."""
     from ..core.multimodal import EncoderStep
-    from .facts import hash_lookahead_tokens
+    from .facts import hash_lookahead_tokens, sibling_hits_serialize
 
     encoded = next((s["encoder"] for s in summaries if s.get("encoder")), None)
     if encoded is None:
@@ -160,7 +160,8 @@ async def _multimodal(client, summaries, limits: Limits, text_shape: Shape,
                                   codec.decode(EncoderStep, encoded), limits,
                                   prefix_caching=limits.prefix_caching, text_shape=text_shape,
                                   hash_lookahead=hash_lookahead_tokens(client.vllm_config),
-                                  pool=pool)
+                                  pool=pool,
+                                  distinct_hits=sibling_hits_serialize(client.vllm_config))
     if work is None:
         log.warning("[wcprof] serving validation: the multimodal step (the encoder step, which "
                     "the admitted figure holds) was not built from requests: %s; only the text "

@@ -537,11 +537,12 @@ def multimodal_workload(plan: RequestPlan, items, target: str = "multimodal"):
 
 def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | None, limits, *,
                       prefix_caching: bool, text_shape=None, hash_lookahead: int = 0,
-                      pool: Pool | None = None):
+                      pool: Pool | None = None, distinct_hits: bool = False):
     """(the workload that builds the encoder step from requests with items, "") or (None, why
     it is not built): no encoder step was measured, the items cannot be built, or no requests
     form the step (core/requests_plan.multimodal_plan, which `hash_lookahead`,
-    facts.hash_lookahead_tokens, and the engine's KV `pool` go to)."""
+    facts.hash_lookahead_tokens, the engine's KV `pool` and `distinct_hits`,
+    facts.sibling_hits_serialize, go to)."""
     from .multimodal import replay_items
 
     if encoder is None:
@@ -550,7 +551,8 @@ def multimodal_replay(model_config, scheduler_config, encoder: EncoderStep | Non
     if items is None:
         return None, why
     plan, why = multimodal_plan(items.spec, limits, prefix_caching=prefix_caching,
-                                text=text_shape, hash_lookahead=hash_lookahead, pool=pool)
+                                text=text_shape, hash_lookahead=hash_lookahead, pool=pool,
+                                distinct_hits=distinct_hits)
     if plan is None:
         return None, why
     work = multimodal_workload(plan, items)
@@ -705,13 +707,14 @@ def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder,
     admitted transient, which the encoder step is in); ([], why) where it is not built."""
     # vllm-touch: worker-config
     engine = llm.llm_engine
-    from .facts import hash_lookahead_tokens
+    from .facts import hash_lookahead_tokens, sibling_hits_serialize
 
     work, why = multimodal_replay(engine.model_config, engine.vllm_config.scheduler_config,
                                   encoder, limits, prefix_caching=prefix_caching,
                                   text_shape=text_shape,
                                   hash_lookahead=hash_lookahead_tokens(engine.vllm_config),
-                                  pool=_engine_pool(llm))
+                                  pool=_engine_pool(llm),
+                                  distinct_hits=sibling_hits_serialize(engine.vllm_config))
     if work is None:
         return [], why
     return _measure(llm, work, predicted), ""

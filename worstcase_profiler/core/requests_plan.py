@@ -714,7 +714,8 @@ class ItemSpec:
 
 def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
                     text: Shape | None = None, hash_lookahead: int = 0,
-                    pool: Pool | None = None) -> tuple[RequestPlan | None, str]:
+                    pool: Pool | None = None, distinct_hits: bool = False
+                    ) -> tuple[RequestPlan | None, str]:
     """Requests whose one step runs the encoder on `spec.items` items and a full chunk around them
     on the longest context they leave (the encoder step: its items through the encoder, then a
     chunk with their outputs held); (None, why) where no requests form it.
@@ -741,7 +742,12 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
     holds (their logits and sampler). Where that step is not formed with an item, the
     one-request plan above, said not exact, and why.
 
-    pool: the serving engine's KV pool, as plan_for's: contexts are aligned to its hit unit."""
+    Where that text step is a mixed step (decodes beside one chunk), the plan forms it as
+    plan_for forms a mixed step, with whole items at the end of the chunk (`_mixed_multimodal`);
+    where it cannot, as a prefill of its rows over its requests, as above.
+
+    pool: the serving engine's KV pool, as plan_for's: contexts are aligned to its hit unit.
+    distinct_hits: as plan_for's (facts.sibling_hits_serialize), for the mixed step's decodes."""
     limits = _hit_aligned(limits, pool)
     mnbt, mml, seqs = limits.max_num_batched_tokens, limits.max_model_len, limits.max_num_seqs
     want, length = spec.items, spec.item_len
@@ -751,8 +757,16 @@ def multimodal_plan(spec: ItemSpec, limits: Limits, *, prefix_caching: bool,
         return None, (f"one {spec.modality} item is {length:,} prompt tokens, more than "
                       f"max_model_len - 1 = {mml - 1:,}")
     if text is not None and text.num_reqs > 1:
+        mixed_why = ""
+        if text.kind == "mixed" and prefix_caching and text.context_len > 0:
+            mixed, mixed_why = _mixed_multimodal(spec, limits, text, hash_lookahead,
+                                                 distinct_hits)
+            if mixed is not None:
+                return mixed, ""
         wide, why_not = _wide_multimodal(spec, limits, text, prefix_caching, hash_lookahead)
         if wide is not None:
+            if mixed_why:
+                wide = replace(wide, note="; ".join(x for x in (wide.note, mixed_why) if x))
             return wide, ""
         said = (f"the encoder step's text step ({text.label()}) not formed with items: "
                 f"{why_not}")
@@ -852,6 +866,43 @@ def token_ids(prompt: Prompt, vocab: int, salt: int, memo: dict | None = None,
             *ids(50000 + salt, prompt.suffix_len - shared)]
 
 
+def _mixed_multimodal(spec: ItemSpec, limits: Limits, text: Shape, hash_lookahead: int,
+                      distinct_hits: bool) -> tuple[RequestPlan | None, str]:
+    """The encoder step's mixed text step (`text`: decodes beside one chunk, on a cached prefix)
+    with items in its chunk: `_mixed`'s requests (the decodes on their cached prefix beside one
+    long prompt whose second chunk is the measured one), the long prompt ending in as many whole
+    items as the encoder step encoded. Its first chunk is text, so the encoder runs on every
+    item in the measured step, beside the decodes. (the plan, "") or (None, why: the text step
+    is not formed as a mixed step, or its chunk or one prompt does not hold every item whole;
+    the prefill formation, which can cut the last item, then forms it).
+
+    The chunk's context is what the long prompt's two chunks leave in max_model_len, as for a
+    text mixed step. Not exact, as `_mixed` is not: the decodes and the chunk share a step when
+    the scheduler runs them together."""
+    plan = _mixed(text, limits, True, distinct_hits, hash_lookahead)
+    if plan.target.kind != "mixed":
+        return None, (f"the mixed text step ({text.label()}) is not formed as a mixed step: "
+                      f"{plan.note}")
+    *before, measured = plan.batches
+    long = measured.prompts[-1]
+    chunk = plan.target.rows - (text.num_reqs - 1) * limits.rows_per_decode
+    fit = min(chunk, long.suffix_len) // spec.item_len
+    items = spec.items
+    if min(fit, spec.limit_per_prompt) < items:
+        return None, (f"the mixed text step ({text.label()}) is formed as a prefill: its chunk of "
+                      f"{chunk:,} rows holds {fit} whole {spec.item_len:,}-token "
+                      f"{spec.modality} item(s) of {items}, one prompt "
+                      f"{spec.limit_per_prompt}")
+    notes = [plan.note] if plan.note else []
+    with_items = replace(long, suffix_len=long.suffix_len - items * spec.item_len, items=items,
+                         item_len=spec.item_len)
+    label = (f"{measured.label}, the prompt's second chunk ending in {items} {spec.modality} "
+             f"item(s) of {spec.item_len:,} tokens: the encoder runs on {items} in that step")
+    measured = replace(measured, label=label, prompts=(*measured.prompts[:-1], with_items))
+    return replace(plan, batches=(*before, measured), note="; ".join(notes) or None,
+                   items=items), ""
+
+
 def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching: bool,
                      hash_lookahead: int) -> tuple[RequestPlan | None, str]:
     """The encoder step's own text step (`text`: its rows over its requests, on its context)
@@ -873,8 +924,9 @@ def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching
     drafter's dropped block, and the item prompts start with the tokens a cached block's hash
     covers beyond it (`hash_lookahead`), as the text prompts do, so that each hits the whole
     prefix. Every prompt stays within max_model_len: the context is lowered where a prompt
-    would not fit behind it (the note says). A mixed step (decodes beside a chunk) is formed as
-    a prefill of its rows over its requests on its chunk's context, not exact (the note says):
+    would not fit behind it (the note says). A mixed step (decodes beside a chunk) that
+    `_mixed_multimodal` cannot form is formed as a prefill of its rows over its requests on its
+    chunk's context, not exact (the note says):
     what its peak holds by request (logits, sampler) is the same without a drafter, but not
     what attention holds per request (an indexer over one long chunk's rows holds more than
     over two shorter prompts'), and under speculative decoding its decodes carry 1 + k logits
