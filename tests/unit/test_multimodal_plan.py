@@ -395,14 +395,29 @@ def _mixed_step(plan, limits, spec, hit_unit=1):
     as vLLM's V1 scheduler runs it: in the first step each prompt computes past its hit for
     min(what it has left, the budget left) (as _first_step); in the second, a prompt that
     finished its prefill decodes 1 + k rows, one still prefilling takes what the budget leaves,
-    rolled back before an item it cannot take whole (chunked multimodal input off)."""
+    rolled back before an item it cannot take whole (chunked multimodal input off). Hits as
+    _first_step's: a block short where the prompt's lookahead tokens are not the warm-up's, less
+    a drafter's dropped block."""
     cached = {p.prefix_id: p for b in plan.batches if not b.measured for p in b.prompts}
+
+    def whole(p, at, new):  # chunked multimodal input off: no partial item
+        first = p.prefix_len + p.branch_len + p.suffix_len
+        for i in range(p.items):
+            start = first + i * p.item_len
+            if not spec.chunked and start < at + new < start + p.item_len:
+                return start - at
+        return new
+
     done = []
     budget = limits.max_num_batched_tokens
     for p in _measured(plan).prompts:
         warm = cached.get(p.prefix_id)
-        hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit if warm else 0
-        new = min(p.length - hit, budget)
+        hit = 0
+        if warm is not None:
+            hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit - limits.hit_drop
+            if p.lookahead < warm.lookahead:
+                hit -= max(limits.block_size, hit_unit)
+        new = whole(p, hit, min(p.length - hit, budget))
         budget -= new
         done.append((p, hit + new))
     budget, rows, reqs, items, ctx = limits.max_num_batched_tokens, 0, 0, 0, 0
@@ -456,3 +471,30 @@ def test_a_mixed_text_step_is_formed_as_a_mixed_step_with_the_items_in_its_chunk
                               pool=Pool(10**6, 7, 7, hit_unit=256))
     assert plan.target.kind == "prefill" and "holds 10 whole 382-token image item(s) of 11" \
         in plan.note
+
+
+def test_a_mixed_multimodal_step_shares_lookahead_tokens_and_leaves_a_drafters_hits_alone():
+    """Under 0.33's lookahead block hashes every prompt on a cached prefix starts its suffix with
+    the warm-up's tokens (as plan_for's mixed plan), so each hits its whole prefix and the long
+    prompt's second chunk still ends in the 10 images; where a drafter recomputes each hit's last
+    block the long prompt's end moves off that chunk, and the prefill formation (which counts
+    the dropped block) forms the step instead."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    limits = Limits(max_model_len=262144, max_num_batched_tokens=4096, max_num_seqs=4,
+                    block_size=4, prefix_caching=True)
+    spec = ItemSpec("image", items=10, item_len=382, limit_per_prompt=10, chunked=False)
+    text, pool = Shape("mixed", 4096, 258049, 2), Pool(10**6, 7, 7, hit_unit=256)
+    plan, _ = multimodal_plan(spec, limits, prefix_caching=True, text=text, pool=pool,
+                              hash_lookahead=1)
+    assert plan.target.kind == "mixed"
+    assert all(p.lookahead == 1 for b in plan.batches for p in b.prompts if p.prefix_len)
+    assert _mixed_step(plan, limits, spec, hit_unit=256)[:3] == (4096, 2, 10)
+    unshared = dataclasses.replace(plan, batches=tuple(
+        dataclasses.replace(b, prompts=tuple(dataclasses.replace(p, lookahead=0)
+                                             for p in b.prompts)) if b.measured else b
+        for b in plan.batches))
+    assert _mixed_step(unshared, limits, spec, hit_unit=256)[2] < 10  # what sharing prevents
+    drafter = dataclasses.replace(limits, prefix_hit_drop=256, prefix_hit_min_rows=257)
+    plan, _ = multimodal_plan(spec, drafter, prefix_caching=True, text=text, pool=pool)
+    assert plan.target.kind == "prefill" and "a drafter recomputes" in plan.note

@@ -79,7 +79,7 @@ def _free_bytes() -> int:
 def _free_bytes_emptied() -> int:
     """The device's free memory after the allocator's cache is emptied: the start of a capture
     measurement. vLLM's capture_model empties the cache before it reads its own start, so blocks
-    the cache held before a capture (what the estimator's minimal KV cache set-up left) are
+    the cache held before a capture (such as what the estimator's minimal KV cache set-up left) are
     released inside it; read with them held, the capture's growth is offset by their release and
     the graphs read short by them (docs/gpu.md has the run that showed it)."""
     import torch
@@ -447,7 +447,11 @@ def _v1_all_descriptors(runner, measure: GraphMeasure):
         return [(mode, _AllDescs(descs)) for mode, descs in original_descs(*a, **kw)]
 
     def warmup_and_capture(*a, **kw):
-        before = _free_bytes_emptied()
+        # held, not emptied: vLLM's V1 estimator empties the cache once before its descriptor
+        # loop, and each capture's torch.cuda.graph releases what the last one left cached
+        # inside the next window, so the windows' sum telescopes to the graphs and one cache;
+        # emptied starts would add every descriptor's leftover cache once more
+        before = _free_bytes()
         out = original_capture(*a, **kw)
         measure.add(before - _free_bytes())
         return out

@@ -684,8 +684,9 @@ def _mixed(shape: Shape, limits: Limits, prefix_caching: bool,
     return RequestPlan(
         target=Shape("mixed", decodes * per_req + chunk, long_ctx + first, shape.num_reqs),
         batches=(*warms, _warm(2, long_ctx),
-                 Batch(f"{decodes} decodes on a cached {decode_ctx}-token prefix beside a "
-                       f"{first + chunk}-token prompt on a cached {long_ctx}-token prefix",
+                 Batch(f"{decodes} decode{'s' * (decodes != 1)} on a cached {decode_ctx}-token "
+                       f"prefix beside a {first + chunk}-token prompt on a cached {long_ctx}-token "
+                       f"prefix",
                        prompts, steps, True)),
         exact=False,
         note="the decodes and the chunk share a step when the scheduler runs them together; "
@@ -872,13 +873,20 @@ def _mixed_multimodal(spec: ItemSpec, limits: Limits, text: Shape, hash_lookahea
     with items in its chunk: `_mixed`'s requests (the decodes on their cached prefix beside one
     long prompt whose second chunk is the measured one), the long prompt ending in as many whole
     items as the encoder step encoded. Its first chunk is text, so the encoder runs on every
-    item in the measured step, beside the decodes. (the plan, "") or (None, why: the text step
-    is not formed as a mixed step, or its chunk or one prompt does not hold every item whole;
-    the prefill formation, which can cut the last item, then forms it).
+    item in the measured step, beside the decodes; every prompt on a cached prefix shares its
+    first `hash_lookahead` suffix tokens, as plan_for's (`_share_lookahead`). (the plan, "") or
+    (None, why: the text step is not formed as a mixed step, its chunk or one prompt does not
+    hold every item whole, or a drafter recomputes each hit's last block, which would move the
+    long prompt's end off the measured chunk; the prefill formation, which accounts for that
+    and can cut the last item, then forms it).
 
     The chunk's context is what the long prompt's two chunks leave in max_model_len, as for a
     text mixed step. Not exact, as `_mixed` is not: the decodes and the chunk share a step when
     the scheduler runs them together."""
+    if limits.hit_drop:
+        return None, (f"the mixed text step ({text.label()}) is formed as a prefill: a drafter "
+                      f"recomputes each hit's last {limits.hit_drop} tokens, which moves the "
+                      f"long prompt's end off the measured chunk")
     plan = _mixed(text, limits, True, distinct_hits, hash_lookahead)
     if plan.target.kind != "mixed":
         return None, (f"the mixed text step ({text.label()}) is not formed as a mixed step: "
@@ -899,8 +907,8 @@ def _mixed_multimodal(spec: ItemSpec, limits: Limits, text: Shape, hash_lookahea
     label = (f"{measured.label}, the prompt's second chunk ending in {items} {spec.modality} "
              f"item(s) of {spec.item_len:,} tokens: the encoder runs on {items} in that step")
     measured = replace(measured, label=label, prompts=(*measured.prompts[:-1], with_items))
-    return replace(plan, batches=(*before, measured), note="; ".join(notes) or None,
-                   items=items), ""
+    plan = replace(plan, batches=(*before, measured), note="; ".join(notes) or None, items=items)
+    return _share_lookahead(plan, hash_lookahead, limits), ""
 
 
 def _wide_multimodal(spec: ItemSpec, limits: Limits, text: Shape, prefix_caching: bool,
