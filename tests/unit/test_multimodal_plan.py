@@ -231,23 +231,39 @@ def _first_step(plan, limits, spec=QWEN, hit_unit=1):
     for p in _measured(plan).prompts:
         if budget <= 0 or reqs == limits.max_num_seqs:
             break
-        hit = 0
-        warm = cached.get(p.prefix_id)
-        if p.prefix_len and warm is not None:
-            hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit - limits.hit_drop
-            if p.lookahead < warm.lookahead:
-                hit -= max(limits.block_size, hit_unit)
-        new = min(p.length - hit, budget)
-        first = p.prefix_len + p.branch_len + p.suffix_len  # the first item's first token
-        for i in range(p.items):
-            at = first + i * p.item_len
-            if not spec.chunked and at < hit + new < at + p.item_len:
-                new = at - hit  # vLLM rolls a partial item back
-                break
-            if at + spec.start < hit + new:
-                items += 1
+        hit = _hit(p, cached, limits, hit_unit)
+        new, encoded = _take(p, hit, min(p.length - hit, budget), spec)
+        items += encoded
         rows, reqs, budget, ctx = rows + new, reqs + 1, budget - new, max(ctx, hit)
     return rows, reqs, items, ctx
+
+
+def _hit(p, cached, limits, hit_unit):
+    """The tokens prompt `p` hits of its warmed prefix (`cached`: prefix id -> warm-up prompt):
+    whole hit units, less a drafter's dropped block, and a block short where its lookahead
+    tokens are not the warm-up's."""
+    warm = cached.get(p.prefix_id)
+    if not p.prefix_len or warm is None:
+        return 0
+    hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit - limits.hit_drop
+    if p.lookahead < warm.lookahead:
+        hit -= max(limits.block_size, hit_unit)
+    return hit
+
+
+def _take(p, at, new, spec):
+    """(tokens scheduled, items encoded) where prompt `p`, computed up to `at`, is given `new`
+    more: with chunked multimodal input off vLLM rolls a partial item back; an item is encoded
+    in the step that schedules its first embedding token (`spec.start`)."""
+    first = p.prefix_len + p.branch_len + p.suffix_len  # the first item's first token
+    encoded = 0
+    for i in range(p.items):
+        start = first + i * p.item_len
+        if not spec.chunked and start < at + new < start + p.item_len:
+            return start - at, encoded
+        if at <= start + spec.start < at + new:
+            encoded += 1
+    return new, encoded
 
 
 def test_a_wide_text_step_is_formed_with_the_items_inside_it():
@@ -399,42 +415,20 @@ def _mixed_step(plan, limits, spec, hit_unit=1):
     _first_step's: a block short where the prompt's lookahead tokens are not the warm-up's, less
     a drafter's dropped block."""
     cached = {p.prefix_id: p for b in plan.batches if not b.measured for p in b.prompts}
-
-    def whole(p, at, new):  # chunked multimodal input off: no partial item
-        first = p.prefix_len + p.branch_len + p.suffix_len
-        for i in range(p.items):
-            start = first + i * p.item_len
-            if not spec.chunked and start < at + new < start + p.item_len:
-                return start - at
-        return new
-
     done = []
     budget = limits.max_num_batched_tokens
     for p in _measured(plan).prompts:
-        warm = cached.get(p.prefix_id)
-        hit = 0
-        if warm is not None:
-            hit = min(p.prefix_len, warm.prefix_len) // hit_unit * hit_unit - limits.hit_drop
-            if p.lookahead < warm.lookahead:
-                hit -= max(limits.block_size, hit_unit)
-        new = whole(p, hit, min(p.length - hit, budget))
+        hit = _hit(p, cached, limits, hit_unit)
+        new, _ = _take(p, hit, min(p.length - hit, budget), spec)
         budget -= new
         done.append((p, hit + new))
     budget, rows, reqs, items, ctx = limits.max_num_batched_tokens, 0, 0, 0, 0
-    for p, at_start in done:
-        if at_start >= p.length:
+    for p, at in done:
+        if at >= p.length:
             new = limits.rows_per_decode
         else:
-            new = min(p.length - at_start, budget)
-            first = p.prefix_len + p.branch_len + p.suffix_len
-            for i in range(p.items):
-                at = first + i * p.item_len
-                if not spec.chunked and at < at_start + new < at + p.item_len:
-                    new = at - at_start
-                    break
-                if at_start <= at + spec.start < at_start + new:
-                    items += 1
-            ctx = max(ctx, at_start)
+            new, encoded = _take(p, at, min(p.length - at, budget), spec)
+            items, ctx = items + encoded, max(ctx, at)
         rows, reqs, budget = rows + new, reqs + 1, budget - new
     return rows, reqs, items, ctx
 

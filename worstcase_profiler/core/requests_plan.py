@@ -894,20 +894,19 @@ def _mixed_multimodal(spec: ItemSpec, limits: Limits, text: Shape, hash_lookahea
     *before, measured = plan.batches
     long = measured.prompts[-1]
     chunk = plan.target.rows - (text.num_reqs - 1) * limits.rows_per_decode
-    fit = min(chunk, long.suffix_len) // spec.item_len
+    fit = chunk // spec.item_len  # the chunk is the long prompt's last: items end it
     items = spec.items
     if min(fit, spec.limit_per_prompt) < items:
         return None, (f"the mixed text step ({text.label()}) is formed as a prefill: its chunk of "
                       f"{chunk:,} rows holds {fit} whole {spec.item_len:,}-token "
                       f"{spec.modality} item(s) of {items}, one prompt "
                       f"{spec.limit_per_prompt}")
-    notes = [plan.note] if plan.note else []
     with_items = replace(long, suffix_len=long.suffix_len - items * spec.item_len, items=items,
                          item_len=spec.item_len)
     label = (f"{measured.label}, the prompt's second chunk ending in {items} {spec.modality} "
              f"item(s) of {spec.item_len:,} tokens: the encoder runs on {items} in that step")
     measured = replace(measured, label=label, prompts=(*measured.prompts[:-1], with_items))
-    plan = replace(plan, batches=(*before, measured), note="; ".join(notes) or None, items=items)
+    plan = replace(plan, batches=(*before, measured), items=items)
     return _share_lookahead(plan, hash_lookahead, limits), ""
 
 
