@@ -175,20 +175,29 @@ def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
                                    groups=groups)
 
 
+def state_blocks(spec) -> int:
+    """The pool blocks a request holds in a group of `spec` whatever its length: 1 + k in a
+    Mamba group (its running state, plus speculative_state_blocks' k), 0 in any other."""
+    # vllm-touch: kv-holders
+    inner = list((getattr(spec, "kv_cache_specs", None) or {}).values()) or [spec]
+    if not all(is_spec(s, "MambaSpec") for s in inner):
+        return 0
+    return 1 + speculative_state_blocks(spec)
+
+
 def state_request_tokens(runner, bytes_per_token: int) -> int:
     """Limits.state_request_tokens: the pool blocks a request holds whatever its length, in
     capacity tokens (rounded down: fewer tokens a request means more requests at once, the
-    safe direction) — 1 + k per Mamba group whose spec carries k speculative blocks (issue
-    33: the recurrent state counted per speculative slot). 0, without building a config,
-    when no group does."""
+    safe direction): state_blocks over the Mamba groups, 1 + k each: the running state's
+    block with or without a drafter, and a drafter's k speculative blocks. Left out, a pool
+    a few thousand blocks deep holds far fewer short requests than the plan counts (each
+    holds one block in every group). 0, without building a config, when no group is Mamba."""
     # vllm-touch: kv-cache-config
-    if not any(speculative_state_blocks(spec) > 0
-               for spec in runner.get_kv_cache_spec().values()):
+    if not any(state_blocks(spec) for spec in runner.get_kv_cache_spec().values()):
         return 0
     cfg, block_bytes = _pool_block(runner)
-    blocks = sum(1 + speculative_state_blocks(g.kv_cache_spec) for g in cfg.kv_cache_groups
-                 if not getattr(g, "host_resident", False)
-                 and speculative_state_blocks(g.kv_cache_spec) > 0)
+    blocks = sum(state_blocks(g.kv_cache_spec) for g in cfg.kv_cache_groups
+                 if not getattr(g, "host_resident", False))
     return blocks * block_bytes // max(1, bytes_per_token)
 
 
