@@ -171,11 +171,13 @@ def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]
       - long_prefill_token_threshold > 0 caps every prefill chunk, cached or not, below a block;
       - a KV connector (kv_transfer_config: LMCache, P/D disaggregation) adds external hits that
         need not drop anything;
-      - KV groups of different block sizes (DeepSeek-V4's compressed attention), a hybrid not in
-        "align" mode, an attention-free model;
+      - a hybrid not in "align" mode, an attention-free model;
       - vLLM 0.33's lookahead block hashes (hash_lookahead_tokens): each block's hash covers the
         token(s) after it, and the scheduler then drops no hit block (a hit leaves at least
         that many rows, at least 1);
+    DeepSeek-V4's groups of several block sizes drop the whole block too (vLLM's hybrid
+    coordinator aligns the hit to the block every group divides, then the drafter's drop
+    removes one such block: docs/sweep.md).
     One KV group: `kv_groups` == 1 where the worker counted vLLM's own groups (None: unknown),
     else only where neither the target's nor the draft's config names any layer kind beside
     full attention (`_one_kv_group`); otherwise the block alone stands."""
@@ -192,8 +194,7 @@ def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]
     if getattr(vllm_config, "kv_transfer_config", None) is not None:
         return none
     model = vllm_config.model_config
-    text = _text_config(model)
-    if getattr(text, "compress_ratios", None) or getattr(model, "is_attention_free", False):
+    if getattr(model, "is_attention_free", False):
         return none
     if getattr(model, "is_hybrid", False) and getattr(cache, "mamba_cache_mode", None) != "align":
         return none
