@@ -97,11 +97,13 @@ def case(request, suite) -> dict:
     if c["status"] == "skipped":
         pytest.fail(f"{name} was skipped by the suite: {c.get('detail')}")
     # a case that passed only on its restart (its first start refused) fails its first-start
-    # tests alone: those are the expected failures; its other tests must pass
-    restarted = c["status"] == "pass" and c.get("first_start") is not None and \
+    # tests alone: those are the expected failures; its other tests must pass. One the suite
+    # passed on its first start fails a bound only these tests hold (within 1.02)
+    first = c.get("first_start") is None
+    restarted = c["status"] == "pass" and not first and \
         request.node.originalname in FIRST_START_TESTS
     if name in (request.config.getoption("--known-failure") or []) and \
-            (c["status"] in ("fail", "timeout") or restarted):
+            (c["status"] in ("fail", "timeout") or restarted or (c["status"] == "pass" and first)):
         request.node.add_marker(pytest.mark.xfail(
             reason=f"{name}: a failure its manifest records (failed)", strict=False))
     return c
