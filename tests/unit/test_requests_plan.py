@@ -224,6 +224,26 @@ def test_the_rows_a_hit_leaves_follow_the_drafter_and_the_cache(kwargs, expected
     assert (got["prefix_hit_min_rows"], got["prefix_hit_drop"]) == expected
 
 
+def test_limits_read_after_kv_initialisation_keep_the_block_the_engine_started_with():
+    """vLLM 0.32+ lowers cache_config.block_size to its smallest prefix-cacheable group's once
+    the KV cache exists (DeepSeek-V4: 4, a compressor state's; its hits drop 256). The replays
+    read their limits then, so they take the start's block (the report's config.block_size):
+    with it the drop is the 256-token block, without it a 4-token one no hit gives back."""
+    from types import SimpleNamespace as NS
+
+    from worstcase_profiler.adapter.facts import limits_of
+
+    cfg = _config(hybrid=False, block=4, compress=[0, 4, 128, 0])  # as vLLM left it
+    cfg.model_config.max_model_len = 131072
+    cfg.scheduler_config = NS(long_prefill_token_threshold=0, max_num_batched_tokens=8192,
+                              max_num_seqs=1024)
+    lowered = limits_of(cfg)
+    started = limits_of(cfg, block_size=256)
+    assert (lowered.block_size, lowered.prefix_hit_drop) == (4, 4)
+    assert (started.block_size, started.prefix_hit_min_rows, started.prefix_hit_drop) == \
+        (256, 256, 256)
+
+
 # One KV group under EAGLE-3 (the Llama-3.1-8B layout, block 16, 512 sequences): a hit is capped
 # at the prompt's length minus one and then drops a block, so each request on a cached context
 # computes at least 17 rows (H200 run 35: a swept 512 x 16-row step on 131,056 cached tokens

@@ -216,7 +216,7 @@ def _serve_verdict(monkeypatch, check_measured: int, worst_measured: int = 90):
 
     check = CheckStep(shape=Shape("prefill", 8, 16, 1), peak_bytes=40, predicted_bytes=40,
                       need_bytes=50)
-    summary = {"rank": 0, "peak": 100, "admitted": 100, "subtracted": 100,
+    summary = {"rank": 0, "peak": 100, "admitted": 100, "subtracted": 100, "block": 256,
                "worst": codec.encode(Shape("prefill", 8, 64, 1)), "encoder": None,
                "checks": codec.encode((check,))}
     recorded = []
@@ -241,7 +241,11 @@ def _serve_verdict(monkeypatch, check_measured: int, worst_measured: int = 90):
     monkeypatch.setattr(sv, "worst_step_workload", lambda plan, vocab, target="worst-step": target)
     monkeypatch.setattr(sv, "plan_for", lambda shape, **kw: shape)
     monkeypatch.setattr(sv, "pool_from", lambda answers: None)
-    monkeypatch.setattr(facts, "limits_of", lambda cfg: type("L", (), {"prefix_caching": True})())
+    def limits_of(cfg, block_size=None):  # the block the engine started with, from its ranks
+        assert block_size == 256, block_size
+        return type("L", (), {"prefix_caching": True})()
+
+    monkeypatch.setattr(facts, "limits_of", limits_of)
     monkeypatch.setattr(facts, "hash_lookahead_tokens", lambda cfg: 0)
     monkeypatch.setattr(facts, "sibling_hits_serialize", lambda cfg: False)
     records = []

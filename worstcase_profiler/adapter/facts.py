@@ -21,23 +21,30 @@ from .versions import vllm_version
 log = logging.getLogger("vllm.wcprof")
 
 
-def limits_of(vllm_config, runner=None) -> Limits:
+def limits_of(vllm_config, runner=None, *, block_size: int | None = None) -> Limits:
     """The scheduler limits of this engine. With the worker's `runner`, whether the model has
     one KV group is read from vLLM's own grouping of its layers (kv.kv_group_count); without
-    it (a front-end process), from the configs (`_one_kv_group`)."""
+    it (a front-end process), from the configs (`_one_kv_group`).
+
+    `block_size`: the block the engine started with (the report's config.block_size), for a
+    config read after KV initialisation: vLLM 0.32+ then lowers cache_config.block_size to its
+    smallest prefix-cacheable group's (DeepSeek-V4: 4, a compressor state's, where its hits
+    land on 256), which is not the block a hit drops or the plan aligns to."""
     # vllm-touch: worker-config
     spec = vllm_config.speculative_config
     k = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+    block = int(block_size or vllm_config.cache_config.block_size or 16)
     return Limits(
         max_model_len=int(vllm_config.model_config.max_model_len),
         max_num_batched_tokens=int(vllm_config.scheduler_config.max_num_batched_tokens),
         max_num_seqs=int(vllm_config.scheduler_config.max_num_seqs),
         num_speculative_tokens=k,
-        block_size=int(vllm_config.cache_config.block_size or 16),
+        block_size=block,
         prefix_caching=bool(getattr(vllm_config.cache_config, "enable_prefix_caching", False)),
         stock_reruns_with_kv=stock_reruns_with_kv(vllm_config, runner),
         draft_slots=draft_slots(spec),
-        **prefix_hit_rows(vllm_config, None if runner is None else kvmod.kv_group_count(runner)),
+        **prefix_hit_rows(vllm_config, None if runner is None else kvmod.kv_group_count(runner),
+                          block_size=block),
     )
 
 
@@ -155,7 +162,8 @@ def compile_warmup_sizes(vllm_config, runner=None) -> list[int] | None:
     return sorted(set(sizes), reverse=True)
 
 
-def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]:
+def prefix_hit_rows(vllm_config, kv_groups: int | None = None, *,
+                    block_size: int | None = None) -> dict[str, int]:
     """Limits.prefix_hit_min_rows and prefix_hit_drop: under a drafter that makes vLLM drop a
     prefix hit's last matched block (EAGLE, MTP; DFlash and DSpark up to 0.32: the drafter needs
     the target's hidden states of the last tokens), the dropped block, and the fewest rows a hit leaves: that
@@ -198,7 +206,7 @@ def prefix_hit_rows(vllm_config, kv_groups: int | None = None) -> dict[str, int]
         return none
     if getattr(model, "is_hybrid", False) and getattr(cache, "mamba_cache_mode", None) != "align":
         return none
-    block = int(cache.block_size or 16)
+    block = int(block_size or cache.block_size or 16)  # limits_of: the block at the start
     unit = getattr(cache, "prefix_match_unit", None)
     drop = min(block, int(unit)) if unit else block
     one = kv_groups == 1 if kv_groups is not None else _one_kv_group(vllm_config)

@@ -81,8 +81,10 @@ async def validate_before_serving(client, which: str) -> list[Validation]:
     from .facts import hash_lookahead_tokens, limits_of, sibling_hits_serialize
 
     # vllm-touch: worker-config
-    limits: Limits = limits_of(client.vllm_config)
     summaries = await ask(client, "summary")
+    # the block the engine started with: vLLM lowers the front end's after KV initialisation
+    block = next((s["block"] for s in summaries if s.get("block")), None)
+    limits: Limits = limits_of(client.vllm_config, block_size=block)
     worst = next((s["worst"] for s in summaries if s.get("worst")), None)
     if worst is None:
         log.warning("[wcprof] serving validation skipped: no profile was recorded")

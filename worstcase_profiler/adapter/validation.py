@@ -754,14 +754,15 @@ def worker_rpc(worker, op: str, payload=None):
 
         sweep = session.profile.sweep
         # vllm-touch: worker-config
+        block = session.facts.config.block_size  # the start's, not the one vLLM lowered since
         target = validation_target(sweep.worst.shape, sweep.worst.peak_bytes,
                                    [(r.shape, r.peak_bytes) for r in sweep.steps],
-                                   limits_of(worker.vllm_config))
+                                   limits_of(worker.vllm_config, block_size=block))
         from ..core.multimodal import text_prediction
 
         encoder = getattr(session.profile, "encoder", None)
         peak = text_prediction(sweep.peak_bytes, encoder)
-        return {"rank": world_rank(), "peak": peak, "worst": codec.encode(target),
+        return {"rank": world_rank(), "peak": peak, "worst": codec.encode(target), "block": block,
                 "admitted": sweep.peak_bytes,
                 "subtracted": (session.profile.admission.transient_bytes
                                if session.profile.admission.transient_bytes is not None

@@ -230,7 +230,8 @@ def validate(llm, report, which: str = "all") -> tuple[list, list[str]]:
     from ..core.multimodal import text_prediction
     from ..core.requests_plan import validation_target
 
-    limits = limits_of(llm.llm_engine.vllm_config)
+    # the block the engine started with (vLLM lowers cache_config's after KV initialisation)
+    limits = limits_of(llm.llm_engine.vllm_config, block_size=report.config.block_size)
     # text replays against the text sweep's figure, where an encoder step set the admitted one
     predicted = {r.rank: text_prediction(r.worstcase.peak_activation_bytes, r.worstcase.encoder_step)
                  for r in (report.ranks or [report])}
