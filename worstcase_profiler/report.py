@@ -30,7 +30,7 @@ from .core.check_steps import CheckStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.22"
+SCHEMA_VERSION = "1.23"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -59,7 +59,8 @@ SCHEMA_VERSION = "1.22"
 # 1.21: worstcase.cache.transient_raised_bytes (how far a cached start's replay raised the
 # admitted transient above the cached sweep's); validations' admitted_peak_bytes (a named step's
 # admitted figure: within it, over its own reading only warns). 1.22: worstcase.encoder_step's
-# cache_rest_bytes (the encoder cache's other tokens, in the encoder step's need).
+# cache_rest_bytes (the encoder cache's other tokens, in the encoder step's need). 1.23:
+# validations' left_bytes (what the measured requests left allocated after they finished).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

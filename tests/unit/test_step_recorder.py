@@ -87,6 +87,7 @@ def test_the_step_is_named_in_the_ranks_answer(monkeypatch):
     monkeypatch.setattr(validation, "_pause_guard", lambda w, p: None)
     monkeypatch.setattr(workspace, "manager", lambda: None)
     meter.end = lambda kept=0, freed=0: meter.high
+    meter.left = lambda: 3  # what the batch left allocated above its start
     meter.resolution_bytes = 1
     setattr(worker, validation._METER_ATTR, meter)
     setattr(worker, validation._FORMED_ATTR, StepRecorder(worker, meter))
@@ -95,6 +96,27 @@ def test_the_step_is_named_in_the_ranks_answer(monkeypatch):
     assert out["peak_step"] == dict(rows=64, reqs=1, max_context=300, prefills=1,
                                     largest_chunk=64, chunk_context=300, start_bytes=0,
                                     peak_bytes=7)
+    assert out["left"] == 3
+
+
+def test_what_the_requests_left_allocated_is_reported_and_said():
+    """A batch that leaves memory allocated once its requests finished (the meter takes it off
+    the transient as persistent) says so in the validation and in its words: the most any
+    measured batch of the rank left."""
+    from worstcase_profiler.adapter.validation import RankPeaks
+    from worstcase_profiler.render.view import validation_text
+
+    peaks = RankPeaks()
+    answer = dict(rank=0, workspace=0, resolution=1 << 20, formed=[])
+    peaks.add([dict(answer, transient=4_170_704_384, left=131_899_904),
+               dict(answer, transient=100, left=0)])
+    (v,) = peaks.results({0: 4_305_750_016}, ["356 fresh prompts"], 1.0, target="worst-step")
+    assert (v.measured_peak_bytes, v.left_bytes) == (4_170_704_384, 131_899_904)
+    assert "left 125.79 MiB allocated after they finished" in validation_text(v)
+    quiet = RankPeaks()
+    quiet.add([dict(answer, transient=100, left=4096)])  # under the resolution: not said
+    (q,) = quiet.results({0: 200}, [], 1.0, target="worst-step")
+    assert "allocated after" not in validation_text(q)
 
 
 def test_what_earlier_steps_left_live_is_told_apart_from_the_steps_own():

@@ -191,6 +191,7 @@ def _begin(wrapper) -> None:
 
 def _end(wrapper) -> dict:
     """Worker side: this rank's transient since _begin (read before anything else runs here),
+    what the batch left allocated above its start (`left`, the encoder cache's growth aside),
     and its workspace bytes."""
     worker = getattr(wrapper, "worker", wrapper)
     from ..core.multimodal import encoder_cache_change
@@ -202,6 +203,7 @@ def _end(wrapper) -> dict:
     kept, freed = encoder_cache_change(getattr(worker, _CACHE_ATTR, None),
                                        encoder_cache_snapshot(worker))
     transient = int(meter.end(kept, freed))
+    left = int(meter.left()) - kept  # the encoder outputs the cache kept are not a leftover
     # vllm-touch: worker-session
     recorder = getattr(worker, _FORMED_ATTR, None)
     formed = recorder.remove() if recorder is not None else []
@@ -228,7 +230,7 @@ def _end(wrapper) -> dict:
     return {"rank": world_rank(), "transient": transient,
             "workspace": ws.total_bytes(mgr) if mgr is not None else 0,
             "resolution": int(meter.resolution_bytes), "formed": formed,
-            "encoder_items": encoder_items, "peak_step": peak_step}
+            "encoder_items": encoder_items, "peak_step": peak_step, "left": left}
 
 
 def _formed(wrapper) -> list[dict]:
@@ -406,11 +408,14 @@ class RankPeaks:
         self.resolution: dict[int, int] = {}
         self.formed: dict[int, list] = {}
         self.encoder_items: dict[int, int] = {}
+        self.left: dict[int, int] = {}
 
     def add(self, answers) -> None:
         for out in answers:
             rank = out["rank"]
             self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
+            if out.get("left") is not None:
+                self.left[rank] = max(self.left.get(rank, 0), int(out["left"]))
             self.workspace[rank] = out["workspace"]
             self.resolution[rank] = out["resolution"]
             if out.get("encoder_items") is not None:
@@ -438,7 +443,8 @@ class RankPeaks:
                                   formed=formed_for(shape, self.formed.get(rank)),
                                   modality=modality, encoder_items=encoder_items,
                                   encoder_items_formed=self.encoder_items.get(rank)
-                                  if encoder_items else None))
+                                  if encoder_items else None,
+                                  left_bytes=self.left.get(rank)))
         return out
 
 
