@@ -284,12 +284,12 @@ def test_the_pool_bound_follows_kv_cap_not_the_hosts_free_memory_where_the_cap_b
 
 
 def test_an_entry_of_the_previous_schema_is_neither_found_nor_reused(tmp_path):
-    """Sweeps of the previous schema read steps otherwise (SCHEMA 9: a step that leaves memory
-    live is measured again, so an older entry's figures can read low), so a signed entry of it
-    (which skips the dominance re-check) must not stand for this build's sweep."""
+    """Sweeps of the previous schema plan otherwise (SCHEMA 10: a hybrid's state block counted
+    without a drafter, so an older entry can keep a step the pool cannot form), so a signed
+    entry of it (which skips the dominance re-check) must not stand for this build's sweep."""
     from worstcase_profiler.core import cache as cache_mod
 
-    assert cache_mod.SCHEMA == 9
+    assert cache_mod.SCHEMA == 10
     key = cache_key(FACTS)
     cache = SweepCache(tmp_path, secret="s3cret")
     entry = _entry(_sweep(), key)

@@ -196,6 +196,32 @@ def test_a_mamba_state_is_charged_its_one_plus_k_blocks(monkeypatch, k):
     assert decode_batch(limits).num_reqs <= 1000
 
 
+def test_a_mamba_block_is_charged_once_beside_a_sliding_window(monkeypatch):
+    """A hybrid with a window layer (NemotronH with sliding_window, say): full_request_tokens
+    counts the attention groups per group, and the Mamba group's running-state block belongs to
+    state_request_tokens alone; tokens_per_full_request adds the two, so the block is paid once
+    (it was paid in both, a request charged one pool block more than it holds)."""
+    names = [f"model.layers.{i}" for i in range(3)]
+    full = {f"{names[0]}.attn": _spec(kvi.FullAttentionSpec)}
+    swa = {f"{names[1]}.attn": _spec(kvi.SlidingWindowSpec, sliding_window=128)}
+    page = next(iter(full.values())).page_size_bytes
+    mamba = {f"{names[2]}.mixer": kvi.MambaSpec(
+        block_size=MML, shapes=((page // 4,),), dtypes=(torch.float32,),
+        mamba_cache_mode="none")}
+    groups = [kvi.KVCacheGroupSpec(list(d), next(iter(d.values()))) for d in (full, swa, mamba)]
+    runner = _runner({**full, **swa, **mamba}, groups, monkeypatch, num_blocks=3000)
+    bpt = kvmod.bytes_per_token(runner)
+    tokens = kvmod.full_request_tokens(runner, bpt, MML, BLOCK)
+    state = kvmod.state_request_tokens(runner, bpt)
+    unit = kvmod._pool_block(runner)[1] // bpt  # one pool block, in capacity tokens
+    assert state == unit  # the running state's one block
+    limits = Limits(MML, MBT, 1024, kv_capacity_tokens=10**9, full_request_tokens=tokens,
+                    state_request_tokens=state)
+    # the full group's MML // BLOCK blocks and the window's 128 // BLOCK, then the state's
+    assert tokens == (MML // BLOCK + 128 // BLOCK) * unit
+    assert limits.tokens_per_full_request == tokens + unit
+
+
 def test_a_non_mamba_model_builds_no_config_for_its_state(monkeypatch):
     def boom(*a):
         raise AssertionError("no KV config is built without a recurrent state")

@@ -101,14 +101,15 @@ def test_the_step_is_named_in_the_ranks_answer(monkeypatch):
 
 def test_what_the_requests_left_allocated_is_reported_and_said():
     """A batch that leaves memory allocated once its requests finished (the meter takes it off
-    the transient as persistent) says so in the validation and in its words: the most any
-    measured batch of the rank left."""
+    the transient as persistent) says so in the validation and in its words: what the batch
+    whose transient is reported left, not another batch's."""
     from worstcase_profiler.adapter.validation import RankPeaks
     from worstcase_profiler.render.view import validation_text
 
     peaks = RankPeaks()
     answer = dict(rank=0, workspace=0, resolution=1 << 20, formed=[])
-    peaks.add([dict(answer, transient=4_170_704_384, left=131_899_904),
+    peaks.add([dict(answer, transient=100, left=7 << 30),  # a smaller batch's leftover
+               dict(answer, transient=4_170_704_384, left=131_899_904),
                dict(answer, transient=100, left=0)])
     (v,) = peaks.results({0: 4_305_750_016}, ["356 fresh prompts"], 1.0, target="worst-step")
     assert (v.measured_peak_bytes, v.left_bytes) == (4_170_704_384, 131_899_904)

@@ -154,7 +154,9 @@ def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
     tokens, counted per KV group on a KVCacheConfig of vLLM's own grouping (the pool block is
     what the plan allocates per block, as in prefix_request_tokens). None, without building a
     config, unless some layer keeps only a window (sliding window, chunked local attention):
-    pure full-attention models and Mamba hybrids keep the block-rounded max_model_len."""
+    pure full-attention models and Mamba hybrids keep the block-rounded max_model_len. Mamba
+    groups are left out: their blocks are state_request_tokens', added to this in
+    Limits.tokens_per_full_request (counted here too, a hybrid with a window paid them twice)."""
     # vllm-touch: kv-cache-config
     if not any(_kept_tokens(spec) is not None and not is_spec(spec, "MambaSpec")
                for spec in runner.get_kv_cache_spec().values()):
@@ -166,6 +168,8 @@ def full_request_tokens(runner, bytes_per_token: int, max_model_len: int,
         if getattr(group, "host_resident", False):  # a pool of its own (0.32 HiSparse)
             continue
         spec = group.kv_cache_spec
+        if state_blocks(spec):  # a Mamba group's blocks are state_request_tokens' (1 + k)
+            continue
         reserved = -(-int(spec.max_memory_usage_bytes(vllm_config)) // int(spec.page_size_bytes))
         groups.append((int(spec.block_size), reserved, _kept_tokens(spec)))
     if block_bytes <= 0 or not groups:

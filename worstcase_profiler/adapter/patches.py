@@ -179,7 +179,7 @@ REGISTRY: tuple[Touch, ...] = (
           "per-layer buffers of a group's shape outside the plan counted in it), recurrent "
           "state included; the serving pool a --validate plan has to fit and its capacity in "
           "tokens (validation.pool_of); what one max_model_len request holds of the pool per "
-          "group (kv.full_request_tokens) and a speculative recurrent state's 1 + k blocks "
+          "group (kv.full_request_tokens) and a recurrent state's 1 + k blocks a Mamba group "
           "(kv.state_request_tokens)"),
     # -- workspace --------------------------------------------------------------------------------
     Touch("workspace-slots", "private-write",

@@ -388,8 +388,9 @@ def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt
     what can be resident at once. The pool planned is vLLM's own budget (or the explicit size),
     at most `kv_cap`; the admission never gives the engine more than it (budget.decide holds a
     budget that would come out larger, as where the stock step is left out). Windowed groups keep part of each request, and requests on one
-    cached prefix may share a step only on hits of their own; a recurrent state under
-    speculative decoding holds 1 + k blocks of each request; every rank plans the same."""
+    cached prefix may share a step only on hits of their own; a recurrent state holds 1 + k
+    blocks of each request in each Mamba group (k speculative, 0 without a drafter); every rank
+    plans the same."""
     # vllm-touch: worker-config
     vllm_config = worker.vllm_config
     runner = worker.model_runner
@@ -401,11 +402,13 @@ def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt
             # sliding-window / chunked-local groups keep a window of each request, not all
             full_request_tokens=kvmod.full_request_tokens(runner, bpt, limits.max_model_len,
                                                           limits.block_size),
-            # a recurrent state under speculative decoding: 1 + k blocks of every request
+            # a recurrent state: 1 + k blocks of every request in each Mamba group (k = 0
+            # without a drafter)
             state_request_tokens=kvmod.state_request_tokens(runner, bpt))
         if limits.state_request_tokens:
-            log.info("[wcprof] the recurrent state holds 1 + k blocks of each request under "
-                     "speculative decoding (%d KV tokens of the pool): one at max_model_len "
+            log.info("[wcprof] the recurrent state holds 1 + k blocks of each request in each "
+                     "Mamba group, k its speculative blocks (%d KV tokens of the pool): one at "
+                     "max_model_len "
                      "holds %d, so up to %s of them sit at the full extent at once",
                      limits.state_request_tokens, limits.tokens_per_full_request,
                      limits.max_resident_requests)

@@ -413,9 +413,9 @@ class RankPeaks:
     def add(self, answers) -> None:
         for out in answers:
             rank = out["rank"]
+            if out["transient"] >= self.transient.get(rank, 0) and out.get("left") is not None:
+                self.left[rank] = max(0, int(out["left"]))  # the batch the transient is from
             self.transient[rank] = max(self.transient.get(rank, 0), out["transient"])
-            if out.get("left") is not None:
-                self.left[rank] = max(self.left.get(rank, 0), int(out["left"]))
             self.workspace[rank] = out["workspace"]
             self.resolution[rank] = out["resolution"]
             if out.get("encoder_items") is not None:
@@ -587,8 +587,8 @@ def traffic_workload(limits: Limits, vocab: int, kv_tokens: int) -> Workload:
 
 def kv_tokens_of(vllm_config, block_size: int, pool: Pool | None = None) -> int:
     """Tokens the engine's KV pool holds (0 before it is sized): the pool's own count where its
-    workers gave one (per KV group: with groups of different block sizes cache_config's
-    block_size is the smallest after KV init, 4 for DeepSeek-V4), else blocks x block_size."""
+    workers gave one (per KV group, the groups' block sizes differing), else blocks x
+    `block_size` (the limits' block: the one the engine started with)."""
     if pool is not None and pool.capacity_tokens:
         return pool.capacity_tokens
     # vllm-touch: worker-config
@@ -729,13 +729,14 @@ def validate_multimodal(llm, predicted: dict[int, int], limits: Limits, encoder,
 def worker_rpc(worker, op: str, payload=None):
     """Worker side of the serving validation (Worker.wcprof_rpc, adapter/patches.py):
       begin     reset this rank's meter
-      end       {"rank", "transient", "workspace", "resolution"} since begin
+      end       {"rank", "transient", "workspace", "resolution", "left", ...} since begin
       pool      this rank's KV pool (pool_of), or None
       formed    the steps recorded since begin (_formed: the recorder's frontier)
       summary   {"rank", "worst": the profile's worst Shape, "peak": the text replays'
                 prediction, "admitted": the admitted sweep's transient, "subtracted": what the
                 KV budget subtracted (admission.transient_bytes), "encoder": the EncoderStep or
-                None, "checks": the CheckSteps measured} (codec-encoded)
+                None, "checks": the CheckSteps measured, "block": the block the engine started
+                with} (codec-encoded)
       record    payload: codec-encoded Validations; this rank's are recorded in its report
     Only plain data crosses, so vLLM's msgpack RPC carries it between processes."""
     # vllm-touch: worker-session

@@ -33,13 +33,14 @@ from .types import CutDownProof, SweepResult, WarmupEstimate
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
 OFF = "off"
-SCHEMA = 9
+SCHEMA = 10
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
 mixed pair, shapes.mixed_pair; 7: the context ladder's rungs past powers of two, and extents
 that no longer scale a recurrent state down; 8: a compiled forward's cut-down sweep reads its
 full-model steps eagerly too and splits each difference, sweep_depth.depth_difference), reads
 a step differently (9: a step that leaves memory live is measured again, core/readings) or
-admits differently for the same facts: an older
+admits differently for the same facts (10: a Mamba group's running-state block counted in every
+request without a drafter too, adapter/kv.state_blocks, so a hybrid plans fewer requests): an older
 entry is then a miss, never a worst case that skipped a step real traffic forms. What each
 value changed is in the commit that raised it."""
 

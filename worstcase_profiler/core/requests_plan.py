@@ -94,8 +94,8 @@ class Pool:
     """The tokens every prefix hit is a multiple of, when the KV groups' block sizes differ
     (vLLM's scheduler block size, their least common multiple: 256 for DeepSeek-V4's 256, 64,
     8 and 4); 0 when they do not, or a Mamba group decides (the limits' block size stands).
-    After its KV cache exists vLLM sets cache_config.block_size to the smallest group's, so
-    the engine's limits then say 4 for DeepSeek-V4 (a plan would build 4-token hits)."""
+    After its KV cache exists vLLM sets cache_config.block_size to the smallest group's (4 for
+    DeepSeek-V4); the replays' limits keep the start's block (adapter/facts.limits_of)."""
     capacity_tokens: int = 0
     """The tokens of context the pool holds at once, counted per KV group (vLLM's own
     get_kv_cache_capacity: max concurrency x max_model_len); 0 where that vLLM lacks it."""
@@ -127,8 +127,8 @@ def validation_target(worst: Shape, worst_peak: int, steps, limits: Limits) -> S
     decode step of the same rows, requests and context that the sweep measured at no lower a
     peak (`steps`: (Shape, peak bytes) pairs). Both are one token layout; the prefill one needs
     every request to hit the prefix cache up to its last 1 + k tokens, which caches of mixed
-    block sizes and drafters can rule out (DeepSeek-V4 with MTP: every hit leaves at least 65
-    tokens to compute), while a decode batch forms from any long prompts.
+    block sizes and drafters can rule out (DeepSeek-V4 with MTP on vLLM 0.32: every hit leaves
+    at least 256 tokens to compute), while a decode batch forms from any long prompts.
 
     Under a drafter that drops a hit's last block, a prefill step of more requests than its
     rows leave each room for the dropped block and a row (split_prefills' widest: one request

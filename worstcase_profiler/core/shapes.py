@@ -65,11 +65,11 @@ class Limits:
     (adapter/kv.full_request_tokens). None: every group holds the whole request.
     `tokens_per_full_request` takes the smaller of the two, so it never lowers a count."""
     state_request_tokens: int = 0
-    """KV capacity tokens (kv_capacity_tokens' unit) a request holds whatever its length: a Mamba
-    group's recurrent state under speculative decoding, 1 + k blocks of the pool per request
-    (vLLM's MambaManager allocates the k speculative blocks with the request and keeps them;
-    its `max_num_reqs * (num_spec + 1)` slots), from
-    adapter/kv.state_request_tokens. 0 without such a state. Added to every request's cost, so
+    """KV capacity tokens (kv_capacity_tokens' unit) a request holds whatever its length: each
+    Mamba group's recurrent state, 1 + k blocks of the pool per request (its running state's
+    block, and under speculative decoding the k speculative blocks vLLM's MambaManager
+    allocates with the request and keeps: its `max_num_reqs * (num_spec + 1)` slots), from
+    adapter/kv.state_request_tokens. 0 without a Mamba group. Added to every request's cost, so
     fewer requests sit at the full extent at once; a request at extent E still costs at least E
     * tokens_per_full_request / rounded_model_len (the fixed blocks cost no less when shorter)."""
 
@@ -145,7 +145,7 @@ class Limits:
     def tokens_per_full_request(self) -> int:
         """KV capacity tokens one request at max_model_len occupies: its length rounded up to
         whole blocks, or full_request_tokens where windowed KV groups make it less, plus
-        state_request_tokens (a recurrent state's 1 + k blocks under speculative decoding). A request at
+        state_request_tokens (a recurrent state's 1 + k blocks in each Mamba group). A request at
         extent E <= max_model_len then costs at least E * tokens_per_full_request /
         rounded_model_len (`request_capacity_tokens`' contract), which `_extent_for` inverts."""
         rounded = self.rounded_model_len
@@ -178,7 +178,7 @@ class Limits:
         """How many requests of any length the KV cache holds at once; None when capacity is
         unknown. Each holds at least sibling_tokens (a block of its own and its recurrent
         state's blocks), so this is an upper bound on any step's requests: where a state's 1 + k
-        blocks under speculative decoding make it fewer than max_num_seqs, wider steps are
+        blocks a Mamba group make it fewer than max_num_seqs, wider steps are
         never formed."""
         if self.kv_capacity_tokens is None:
             return None
@@ -187,7 +187,7 @@ class Limits:
     @property
     def sibling_tokens(self) -> int:
         """The fewest capacity tokens a request beside others on one cached prefix holds: a
-        block of its own, and its recurrent state's blocks under speculative decoding."""
+        block of its own, and its recurrent state's blocks (1 + k a Mamba group)."""
         return self.block_size + self.state_request_tokens
 
     def _resident(self, own: int) -> int | None:
@@ -283,8 +283,8 @@ def stock_excluded_why(limits: Limits) -> str | None:
     pool it can only come back two ways: vLLM runs it again after allocating the KV cache
     (limits.stock_reruns_with_kv), or the scheduler forms it from real requests, which needs
     stock's request count resident at once. Where neither can happen (a pool of fewer requests
-    than stock's, e.g. a recurrent state holding 1 + k blocks of each request under speculative
-    decoding), the figure vLLM's profile read is not a step of serving; the stock step is still
+    than stock's, e.g. a recurrent state holding 1 + k blocks of each request in each Mamba
+    group), the figure vLLM's profile read is not a step of serving; the stock step is still
     measured and reported, and its verdict compared, as before."""
     cap, reqs = limits.max_concurrent_requests, stock_shape(limits).num_reqs
     if limits.stock_reruns_with_kv or cap is None or reqs <= cap:

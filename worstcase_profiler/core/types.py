@@ -514,10 +514,10 @@ class Validation:
         "target only if this is at least encoder_items; None where not recorded", default=None)
     left_bytes: int | None = doc(
         "what the measured requests left allocated above their batch's start once they had "
-        "finished (the most over the measured batches): persistent to the meter, so taken off "
-        "the transient (core/readings.step_transient), and not in what the admission counted "
-        "before serving. Well above resolution_bytes, it names an allocation real requests make "
-        "that the sweep's steps do not; None where not read (a report before schema 1.23)",
+        "finished (the batch the measured transient is from): persistent to the meter, so "
+        "taken off the transient (core/readings.step_transient). Memory the engine holds after "
+        "serving that the admission counted nowhere; what holds it is not told here. None where "
+        "not read (a report before schema 1.23)",
         default=None)
 
 

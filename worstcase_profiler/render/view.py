@@ -394,8 +394,8 @@ def validation_text(v, missed: bool = False) -> str:
         text += f"; the encoder ran on {v.encoder_items_formed} item(s) in one step"
     if (v.left_bytes or 0) > max(v.resolution_bytes, 1):
         text += (f"; the requests left {fmt_bytes(v.left_bytes)} allocated after they finished "
-                 f"(taken off the measured transient as persistent: an allocation the sweep's "
-                 f"steps do not make)")
+                 f"(taken off the measured transient as persistent; the admission did not count "
+                 f"it)")
     if replay_reached(v) is False:
         text += (f"; NOT REACHED: the closest step the scheduler formed was "
                  f"{fmt_tokens(v.formed.rows)} rows over {v.formed.num_reqs} request(s) at context "
