@@ -84,6 +84,7 @@ def pytest_generate_tests(metafunc):
 
 FIRST_START_TESTS = ("test_first_start_is_admitted", "test_drafter_case_started_first_time",
                      "test_vlm_case_started_first_time_as_asked")
+BOUND_TESTS = ("test_worst_step_from_real_requests_is_within_two_percent",)
 
 
 @pytest.fixture
@@ -98,12 +99,13 @@ def case(request, suite) -> dict:
         pytest.fail(f"{name} was skipped by the suite: {c.get('detail')}")
     # a case that passed only on its restart (its first start refused) fails its first-start
     # tests alone: those are the expected failures; its other tests must pass. One the suite
-    # passed on its first start fails a bound only these tests hold (within 1.02)
+    # passed on its first start fails a bound only these tests hold (BOUND_TESTS: ratio >= 0.98)
     first = c.get("first_start") is None
-    restarted = c["status"] == "pass" and not first and \
-        request.node.originalname in FIRST_START_TESTS
+    test = request.node.originalname
+    restarted = c["status"] == "pass" and not first and test in FIRST_START_TESTS
+    over_bound = c["status"] == "pass" and first and test in BOUND_TESTS
     if name in (request.config.getoption("--known-failure") or []) and \
-            (c["status"] in ("fail", "timeout") or restarted or (c["status"] == "pass" and first)):
+            (c["status"] in ("fail", "timeout") or restarted or over_bound):
         request.node.add_marker(pytest.mark.xfail(
             reason=f"{name}: a failure its manifest records (failed)", strict=False))
     return c

@@ -92,9 +92,9 @@ def test_first_start_is_admitted(case):
 
 
 def test_worst_step_from_real_requests_reaches_the_prediction(case, request, allowed_over):
-    """--validate worst: requests built to form the report's own worst step measure between 0.98
-    and 1.00 of the prediction. A case where requests do not form it is named in the manifest's
-    not_run (`<case>_worst_step`) with the reason."""
+    """--validate worst: requests built to form the report's own worst step form it and measure
+    within the prediction (test_worst_step_from_real_requests_is_within_two_percent: and at
+    least 0.98 of it)."""
     r = report_of(case)
     worst = [v for v in r.get("validations") or [] if v.get("target") == "worst-step"]
     if not worst:
@@ -107,6 +107,16 @@ def test_worst_step_from_real_requests_reaches_the_prediction(case, request, all
             from worstcase_profiler.report import validation_model
 
             assert replay_reached(validation_model(v)) is True, (v.get("formed"), v["shape"])
+
+
+def test_worst_step_from_real_requests_is_within_two_percent(case, request):
+    """The worst step from real requests measures at least 0.98 of the prediction (the issue's
+    predicted/measured <= 1.02). A case where requests do not form it is named in the
+    manifest's not_run (`<case>_worst_step`) with the reason."""
+    worst = [v for v in report_of(case).get("validations") or []
+             if v.get("target") == "worst-step"]
+    if not worst:
+        return
     gaps = request.config.getoption("--allowed-gap", default=None) or []
     if f"{case['case']}_worst_step" in gaps:
         pytest.skip(f"no {case['case']}_worst_step (a known gap the manifest names, with why)")
