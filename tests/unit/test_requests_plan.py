@@ -1017,3 +1017,18 @@ def test_a_stock_step_wider_than_a_hybrid_pool_shares_its_rows_among_the_request
                   Pool(blocks=2170, groups=1, prefix_groups=1)):
         assert plan_for(Shape("stock", 8192, 0, 1024), lim, prefix_caching=True, pool=other) \
             == plan_for(Shape("stock", 8192, 0, 1024), lim, prefix_caching=True)
+
+
+def test_fresh_prompts_a_hybrids_pool_cannot_hold_at_once_are_said_not_exact():
+    """Qwen3.5 on an H100 (h100-run77): 1,024 fresh prompts of 8 tokens, 4 KV groups (three
+    Mamba), a 3,155-block pool: each holds a block in every group, so 788 run at once and the
+    plan says so instead of calling the step exact; a pool that holds them all keeps it exact."""
+    from worstcase_profiler.core.requests_plan import Pool
+
+    lim = Limits(131072, 8192, 1024, block_size=800, kv_capacity_tokens=10**9,
+                 prefix_caching=True)
+    shape = Shape("prefill", 8192, 0, 1024)
+    small = plan_for(shape, lim, prefix_caching=True, pool=Pool(3155, 4, 1))
+    assert not small.exact and "holds 788 of these 1024 fresh requests" in small.note
+    roomy = plan_for(shape, lim, prefix_caching=True, pool=Pool(8233, 4, 1))
+    assert roomy.exact and roomy.note is None

@@ -406,6 +406,19 @@ def _fresh_room(rows: int, n: int, limits: Limits, pool: Pool) -> int:
     return 1
 
 
+def _crowded(rows: int, n: int, limits: Limits, pool: Pool | None) -> str | None:
+    """Why `n` fresh prompts sharing `rows` do not form one step in a hybrid's `pool`
+    (`_fresh_room`: each holds blocks in every group, its running state's among them), or None
+    where it holds them all (or no pool with Mamba groups was given). Said, not reshaped: the
+    step is the target's, and the replay reports what formed."""
+    if pool is None or not pool.state_groups:
+        return None
+    held = _fresh_room(rows, n, limits, pool)
+    return None if held >= n else (
+        f"the KV pool ({pool.blocks} blocks, {pool.groups} KV groups) holds {held} of these "
+        f"{n} fresh requests at once: the scheduler forms part of this step")
+
+
 def _fit(prompts: tuple[Prompt, ...], warms: tuple[Batch, ...], prefix_id: int, limits: Limits,
          pool: Pool) -> tuple[tuple[Prompt, ...], tuple[Batch, ...], int]:
     """The branched prompts of a distinct-hit plan (`_branch`) cut to what `pool` holds at once,
@@ -463,12 +476,13 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
         return replace(plan, exact=False, note=note)
     n, rows, mml = shape.num_reqs, shape.rows, limits.max_model_len
     if shape.context_len == 0 and n > 1:  # fresh prompts (shapes.fresh_prefill_batch)
+        crowded = _crowded(rows, n, limits, pool)
         return RequestPlan(
             target=shape,
             batches=(Batch(f"{n} fresh prompts sharing {rows} tokens, together",
                            tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, n))),
                            1, True),),
-            exact=True)
+            exact=crowded is None, note=crowded)
     largest = -(-rows // n)
     reachable = min(shape.context_len, mml - 1 - largest)
     dropped = limits.hit_drop
@@ -504,6 +518,8 @@ def _prefill(shape: Shape, limits: Limits, prefix_caching: bool,
                 f"{n - kept} of the {n} requests on no context: the KV pool ({pool.blocks} blocks"
                 f", {pool.groups} KV groups) holds {kept or 'fewer than 2'} on the {ctx}-token "
                 f"context, each with a cached last block and a new block in every group")
+        if not kept:  # all fresh: does the pool hold them at once?
+            crowded = crowded or _crowded(rows, n, limits, pool)
         if crowded:
             notes.append(crowded)
         return RequestPlan(
