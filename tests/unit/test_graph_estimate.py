@@ -65,7 +65,7 @@ class Heap:
 
 def _meter(monkeypatch, heap):
     monkeypatch.setattr(warmup, "_free_bytes", lambda: heap.free)
-    monkeypatch.setattr(warmup, "_free_bytes_emptied", heap.emptied)
+    monkeypatch.setattr(warmup, "free_bytes_emptied", heap.emptied)
 
 
 class Manager:
@@ -317,5 +317,5 @@ def test_cache_held_before_the_capture_is_not_taken_off_the_graphs(monkeypatch):
         runner.profile_cudagraph_memory()
     assert measure.bytes == exact
     # the reading this replaces: the start read with the cache held comes out short by it
-    monkeypatch.setattr(warmup, "_free_bytes_emptied", lambda: heap.free)
+    monkeypatch.setattr(warmup, "free_bytes_emptied", lambda: heap.free)
     assert warmup.measure_graphs_apart(worker, enabled=True).bytes == exact - 192 * MiB

@@ -242,7 +242,7 @@ def test_the_capture_marks_split_the_warm_up_into_before_during_and_after(tmp_pa
     worker, session, _ = _worker(tmp_path, graphs=20 * MiB)
     meter = _WarmUpMeter()
     monkeypatch.setattr(startup, "meter_for", lambda device: meter)
-    monkeypatch.setattr(startup, "_cuda_free_now", lambda: 0)  # no torch.cuda here
+    monkeypatch.setattr(startup.warmup, "free_bytes_emptied", lambda: 0)  # no torch.cuda here
     consumed["now"] = 1000 * MiB + 20 * MiB
 
     def vllm_warm_up(w):

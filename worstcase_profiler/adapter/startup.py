@@ -788,25 +788,16 @@ def _recording_capture(worker, session: StartupSession | None, reading=None):
 
     def capture_model(*args, **kwargs):
         mark("startup_before_capture", first_only=True)
-        before = _cuda_free_now()
+        before = warmup.free_bytes_emptied()
         out = original(*args, **kwargs)
         session.measurements["graphs"] = session.measurements.get("graphs", 0) + \
-            max(0, before - _cuda_free_now())
+            max(0, before - warmup.free_bytes_emptied())
         mark("startup_after_capture", first_only=False)
         return out
 
     # vllm-touch: runner-capture-model
     with warmup.replaced(runner, "capture_model", capture_model):
         yield
-
-
-def _cuda_free_now() -> int:
-    """Free device memory, read like the held memory: synchronised, allocator cache emptied."""
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    return int(torch.cuda.mem_get_info()[0])
 
 
 def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0.0) -> None:

@@ -76,8 +76,9 @@ def _free_bytes() -> int:
     return int(torch.cuda.mem_get_info()[0])
 
 
-def _free_bytes_emptied() -> int:
-    """The device's free memory after the allocator's cache is emptied: the start of a capture
+def free_bytes_emptied() -> int:
+    """The device's free memory, synchronised, after the allocator's cache is emptied: how the
+    start's held memory is read (startup's capture marks), and the start of a capture
     measurement. vLLM's capture_model empties the cache before it reads its own start, so blocks
     the cache held before a capture (such as what the estimator's minimal KV cache set-up left) are
     released inside it; read with them held, the capture's growth is offset by their release and
@@ -481,7 +482,7 @@ def _v2_all_full_graphs(runner, measure: GraphMeasure):
     original_capture = runner.capture_model
 
     def capture_model(*a, **kw):
-        before = _free_bytes_emptied()
+        before = free_bytes_emptied()
         out = original_capture(*a, **kw)
         measure.add(before - _free_bytes())
         if kw.get("profile_only"):
@@ -689,7 +690,7 @@ def _graph_capture_replaced(runner, measure: GraphMeasure, capture: bool):
 
     def throwaway_capture(*a, **kw):
         with _throwaway_graph_pool(runner):
-            before = _free_bytes_emptied()
+            before = free_bytes_emptied()
             original(*a, **kw)
             measure.add(before - _free_bytes())
         return 0

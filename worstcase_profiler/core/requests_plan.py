@@ -341,13 +341,12 @@ def _fewer_rows_note(rows: int, room: int, n: int, limits: Limits) -> str:
 def _stock(shape: Shape, limits: Limits, pool: Pool | None = None) -> RequestPlan:
     """Fresh prompts sharing the step's rows, one per request. Where `pool` (the serving
     engine's, with Mamba groups) holds fewer of them at once (`_fresh_room`: a hybrid's requests
-    each hold 1 + k state blocks under speculative decoding), as many as it holds share the
+    each hold 1 + k state blocks in each Mamba group), as many as it holds share the
     rows, and the note says so: the step itself is vLLM's profile step, run before the KV cache
     exists; the warm-up audit meters what vLLM's start then ran beside the pool, and so records
     whether anything that wide did."""
     n = min(shape.num_reqs, limits.max_num_seqs, shape.rows)
-    held = _fresh_room(shape.rows, n, limits, pool) if pool is not None and pool.state_groups \
-        else n
+    held = _fresh_room(shape.rows, n, limits, pool)
     rows = _prompt_room(shape.rows, held, limits)
     prompts = tuple(Prompt(100 + i, 0, r) for i, r in enumerate(split_rows(rows, held)))
     notes = [] if rows == shape.rows else [_fewer_rows_note(shape.rows, rows, held, limits)]
@@ -395,9 +394,12 @@ def _request_blocks(new: int, limits: Limits, pool: Pool) -> int:
         + pool.state_groups * (1 + checkpoint) + pool.state_blocks
 
 
-def _fresh_room(rows: int, n: int, limits: Limits, pool: Pool) -> int:
+def _fresh_room(rows: int, n: int, limits: Limits, pool: Pool | None) -> int:
     """The most of `n` fresh prompts sharing `rows` (split_rows) that `pool` holds at once, the
-    null block kept back: `n` where it holds them all, at least 1."""
+    null block kept back: `n` where it holds them all, or where no pool with Mamba groups was
+    given; at least 1."""
+    if pool is None or not pool.state_groups:
+        return n
     while n > 1:
         need = 1 + sum(_request_blocks(r, limits, pool) for r in split_rows(rows, n))
         if need <= pool.blocks:
@@ -411,8 +413,6 @@ def _crowded(rows: int, n: int, limits: Limits, pool: Pool | None) -> str | None
     (`_fresh_room`: each holds blocks in every group, its running state's among them), or None
     where it holds them all (or no pool with Mamba groups was given). Said, not reshaped: the
     step is the target's, and the replay reports what formed."""
-    if pool is None or not pool.state_groups:
-        return None
     held = _fresh_room(rows, n, limits, pool)
     return None if held >= n else (
         f"the KV pool ({pool.blocks} blocks, {pool.groups} KV groups) holds {held} of these "
