@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from worstcase_profiler.adapter import workspace as ws
 from worstcase_profiler.adapter.runner import DriverBase
-from worstcase_profiler.core.readings import measure_again, step_transient
+from worstcase_profiler.adapter import leftover
+from worstcase_profiler.core.readings import leftover_sites, measure_again, step_transient
 from worstcase_profiler.core.types import Shape
 
 MiB = 1 << 20
@@ -150,3 +151,35 @@ def test_the_reading_that_counts_keeps_its_own_runs_figures():
 
     got = driver._measured(SHAPE, step, attribute=False)
     assert (got.peak_bytes, got.workspace_bytes) == (100 * MiB, 100 * MiB)
+
+
+def _alloc(addr, size, *frames):
+    return {"action": "alloc", "addr": addr, "size": size,
+            "frames": [{"filename": f, "line": 1, "name": "f"} for f in frames]}
+
+
+def test_leftover_sites_sums_what_no_free_follows_by_call_site():
+    events = [_alloc(1, 100, "/x/torch/nn/module.py", "/x/vllm/a.py"),
+              _alloc(2, 50, "/x/vllm/a.py"),
+              {"action": "free_requested", "addr": 2},
+              {"action": "free_completed", "addr": 2},
+              _alloc(2, 30, "/x/fla/b.py"),
+              _alloc(3, 7, "/x/vllm/a.py")]
+    out = leftover_sites(events)
+    assert out["bytes"] == 137 and out["count"] == 3
+    # torch's own frames are dropped, so the two vllm/a.py allocations share a site
+    assert out["sites"][0] == {"bytes": 107, "count": 2, "frames": ["/x/vllm/a.py:1 f"]}
+    assert out["sites"][1]["frames"] == ["/x/fla/b.py:1 f"]
+
+
+def test_leftover_sites_of_a_batch_that_freed_everything_is_empty():
+    events = [_alloc(1, 100, "/x/vllm/a.py"), {"action": "free_completed", "addr": 1}]
+    assert leftover_sites(events) == {"bytes": 0, "count": 0, "sites": []}
+
+
+def test_the_history_diagnostic_is_off_unless_named_and_never_on_cpu(monkeypatch, tmp_path):
+    assert leftover.history_dir({}) is None
+    assert leftover.history_dir({leftover.HISTORY_ENV: " "}) is None
+    assert leftover.history_dir({leftover.HISTORY_ENV: str(tmp_path)}) == tmp_path
+    monkeypatch.setenv(leftover.HISTORY_ENV, str(tmp_path))
+    assert leftover.start("cpu") is False

@@ -40,6 +40,7 @@ PROGRESS_S = 15.0
 _METER_ATTR = "_wcprof_validation_meter"
 _FORMED_ATTR = "_wcprof_validation_steps"
 _CACHE_ATTR = "_wcprof_validation_encoder_cache"
+_HISTORY_ATTR = "_wcprof_validation_history"
 
 
 class StepRecorder:
@@ -181,8 +182,10 @@ def _begin(wrapper) -> None:
     old = getattr(worker, _FORMED_ATTR, None)
     if old is not None:
         old.remove()
+    from . import leftover
     from .multimodal import encoder_cache_snapshot
 
+    setattr(worker, _HISTORY_ATTR, leftover.start(meter.device_kind))
     meter.begin()
     setattr(worker, _CACHE_ATTR, encoder_cache_snapshot(worker))
     setattr(worker, _FORMED_ATTR,
@@ -220,11 +223,17 @@ def _end(wrapper) -> dict:
                  "at an unknown level" if began is None else
                  f"{fmt_bytes(began)} above the batch's start" if began >= 0 else
                  f"{fmt_bytes(-began)} below the batch's start")
-    setattr(worker, _FORMED_ATTR, None)
-    setattr(worker, _CACHE_ATTR, None)
-    _pause_guard(worker, False)
     from . import workspace as ws
     from .facts import world_rank
+
+    if getattr(worker, _HISTORY_ATTR, False):
+        from . import leftover
+
+        leftover.finish(world_rank(), left)
+    setattr(worker, _FORMED_ATTR, None)
+    setattr(worker, _CACHE_ATTR, None)
+    setattr(worker, _HISTORY_ATTR, False)
+    _pause_guard(worker, False)
 
     mgr = ws.manager()
     return {"rank": world_rank(), "transient": transient,

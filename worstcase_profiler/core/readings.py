@@ -30,3 +30,31 @@ def measure_again(left_bytes: int, resolution_bytes: int) -> bool:
     that happened, so it reads the step as an engine that already holds them runs it; a step
     that leaves nothing is measured once."""
     return left_bytes > resolution_bytes
+
+
+def leftover_sites(events, top: int = 20, depth: int = 8) -> dict:
+    """The allocations an allocator history still holds live at its end, summed by call site: a
+    history is torch's trace of events (dicts with action, addr, size, frames), recorded from a
+    batch's begin, so every live allocation in it was made inside the batch. An allocation is
+    live when no free of its address follows it. A call site is the innermost `depth` frames
+    outside torch's own files, as "file:line name". Answers {"bytes", "count", "sites": the
+    `top` largest [{"bytes", "count", "frames"}]}."""
+    live: dict[int, dict] = {}
+    for e in events:
+        action = e.get("action")
+        if action == "alloc":
+            live[e["addr"]] = e
+        elif action in ("free_requested", "free_completed"):
+            live.pop(e.get("addr"), None)
+    sites: dict[tuple, list] = {}
+    for e in live.values():
+        frames = tuple(f"{f.get('filename', '?')}:{f.get('line', '?')} {f.get('name', '?')}"
+                       for f in e.get("frames") or ()
+                       if "/torch/" not in str(f.get("filename", "")))[:depth]
+        site = sites.setdefault(frames, [0, 0])
+        site[0] += int(e.get("size", 0))
+        site[1] += 1
+    ranked = sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"bytes": sum(v[0] for v in sites.values()),
+            "count": sum(v[1] for v in sites.values()),
+            "sites": [{"bytes": b, "count": c, "frames": list(f)} for f, (b, c) in ranked]}
