@@ -42,12 +42,14 @@ def start(device_kind: str) -> bool:
         return False
     import torch
 
+    # vllm-touch: allocator-history
     torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
                                              max_entries=MAX_ENTRIES, clear_history=True)
     return True
 
 
 def _events(torch) -> list[dict]:
+    # vllm-touch: allocator-history
     snap = torch.cuda.memory._snapshot()
     traces = snap.get("device_traces") or []
     return traces[torch.cuda.current_device()] if traces else []
@@ -56,6 +58,7 @@ def _events(torch) -> list[dict]:
 def finish(rank: int, left_bytes: int) -> Path | None:
     """Stop recording and write what the batch left (before and after a garbage collection) to
     the history directory; the file written. Called only after `start` answered True."""
+    # vllm-touch: allocator-history
     import torch
 
     torch.cuda.synchronize()

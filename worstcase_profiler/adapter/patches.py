@@ -234,6 +234,25 @@ REGISTRY: tuple[Touch, ...] = (
           read="0.26, 0.32, 0.33 (compile_or_warm_up_model a wrapper of "
                "_compile_or_warm_up_model in the same module: the same switches, same globals)",
           retire="a warm-up entry point without the serving-time switches"),
+    Touch("sampler-topk-buffer", "private-read",
+          "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p (called once, before the "
+          "baseline, on min(SMs, max_num_seqs x (1 + drafts)) rows), vllm.triton_utils."
+          "HAS_TRITON, vllm.utils.platform_utils.num_compute_units, model_runner.sampler, "
+          ".vocab_size",
+          "the Triton top-k/top-p kernel keeps a buffer of min(next_power_of_2(rows), SMs) "
+          "vocabulary rows in fp32 from the first batch that asks for top-k or top-p; the V2 "
+          "profile's dummy batch asks for neither, so no profile made it and a served engine "
+          "grew by it (125 MiB on a 248,320-entry vocabulary, 132 SMs) after the KV cache was "
+          "fixed (adapter/sampler_buffers.py)",
+          run="0.32 (CUDA: found by the validation's allocator history, docs/vllm-hooks.md)",
+          read="0.32, 0.33 (the same cache key, row count and dtype)",
+          retire="a profile whose dummy sampler batch asks for top-k and top-p, as V1's does"),
+    Touch("allocator-history", "private-read",
+          "torch.cuda.memory._record_memory_history and ._snapshot (torch's documented memory "
+          "visualisation API, underscored; not vLLM), only under WCPROF_MEMORY_HISTORY",
+          "a validation batch that leaves memory allocated says which call made it "
+          "(adapter/leftover.py)",
+          run="torch 2.13 (CUDA)", read="torch 2.11, 2.13, 2.14"),
     Touch("mamba-hit-serialize", "private-read",
           "vllm.v1.core.single_type_kv_cache_manager.MambaManager._cache_partial_tail_block "
           "(presence, and its source: whether it skips a block already keyed at the boundary)",

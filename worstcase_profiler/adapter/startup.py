@@ -54,7 +54,7 @@ from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
 from . import kv as kvmod
-from . import advice, chunk_cap, fitting, guard, pool_fit, sweep_cache, warmup
+from . import advice, chunk_cap, fitting, guard, pool_fit, sampler_buffers, sweep_cache, warmup
 from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
@@ -273,6 +273,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
                      fmt_bytes(now), fmt_bytes(meter.in_use()), fmt_bytes(reserved_bytes(meter)))
             return now
 
+        if cuda:  # a buffer vLLM keeps from its first top-k batch: held from here on
+            with clock("sampler_buffers"):
+                sampler_buffers.make_topk_topp_buffer(worker)
         with clock("measure_baseline"):
             baseline = held("measure_baseline")
         sweep, use, entry, sweep_mode, proof = sweep_cache.sweep_or_reuse(
