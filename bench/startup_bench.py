@@ -18,7 +18,10 @@ another host's worstcase-imported.
 --repeat N runs --modes N times over, interleaved (stock, cold, warm, stock, cold, warm: drift
 hits every mode alike), each round's cold start on an empty cache of its own and its warm start
 on what that cold start wrote, and compares medians. A warm or imported start that did not reuse
-the cache (status other than hit) counts as an error, not as a cached start.
+the cache (status other than hit) counts as an error, not as a cached start. --signed signs the
+sweep cache as a fleet sharing one does (a cached start then replays its worst step only; an
+unsigned one also re-checks the plan's heaviest shapes, docs/cache.md); the table's cache column
+says which ("hit/signed", "hit/re-checked").
 --family NAME (repeatable, instead of --model) benchmarks one of FAMILIES: issue 34's five
 layouts (tests/gpu/models), each with the engine options its family needs; --graphs and the
 other options apply to all. --deadline (epoch s) skips a start that would not end before it
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,6 +47,11 @@ import time
 from pathlib import Path
 
 from common import ROOT, engine_env, merged_config, run_child, worstcase_config, write_json
+from worstcase_profiler.core.cache import ENV_SECRET
+
+SECRET_ENV = ENV_SECRET
+BENCH_SECRET = "wcprof-bench"
+"""--signed's secret where none is set: a benchmark's, not an operator's."""
 
 MODES = ("stock", "worstcase-cold", "worstcase-warm", "worstcase-cut", "worstcase-imported")
 DEFAULT_MODES = MODES[:3]
@@ -119,7 +128,8 @@ def child(a) -> int:
     if report.exists():
         written = json.loads(report.read_text())
         wc, phases = written["worstcase"], written.get("startup_seconds") or {}
-        out.update(cache=(wc.get("cache") or {}).get("status"), sweep_s=wc["seconds"],
+        out.update(cache=(wc.get("cache") or {}).get("status"),
+                   trust=(wc.get("cache") or {}).get("trust"), sweep_s=wc["seconds"],
                    sweep_mode=wc.get("sweep_mode"),
                    kv_cache_bytes=written.get("admission", {}).get("kv_cache_bytes"),
                    kv_tokens_stock=written.get("admission", {}).get("kv_tokens_stock"),
@@ -191,6 +201,10 @@ def _parse() -> argparse.Namespace:
                    help="worstcase-imported starts from this directory's entries (wcprof cache import)")
     p.add_argument("--prime", action="store_true",
                    help="one uncounted stock start first (a fresh host compiles its kernels there)")
+    p.add_argument("--signed", action="store_true",
+                   help=f"sign the sweep cache ({SECRET_ENV}={BENCH_SECRET} unless one is set), as "
+                        "a fleet sharing a cache does: a cached start then replays its worst step "
+                        "only, where an unsigned one also re-checks the plan's heaviest shapes")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if not a.child and not a.out:
@@ -304,7 +318,8 @@ def print_table(results: dict) -> None:
             elif "not_run" in r:
                 print(f"{name:<22} {r['mode']:<16} NOT RUN {r['not_run']}")
         for mode, m in res["medians"].items():
-            top = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"] if not k.startswith("vllm_"))
+            top = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"]
+                            if not k.startswith("vllm_") and v >= 0.05)
             print(f"{name:<22} {mode:<16} {m['n']:>2} {m['boot_s']:7.2f} {m['ratio']:6.2f} "
                   f"{m['extra_s']:6.2f} {m['profiler_s']:10.2f} {str(m['cache'] or '-'):>7}  {top}")
 
@@ -316,8 +331,10 @@ def main() -> int:
         return child(a)
     passthrough = ["--kv-cache-dtype", a.kv_cache_dtype, "--max-model-len", str(a.max_model_len),
                    "--mnbt", str(a.mnbt), "--util", str(a.util), *(["--graphs"] if a.graphs else [])]
+    if a.signed and not os.environ.get(SECRET_ENV):
+        os.environ[SECRET_ENV] = BENCH_SECRET  # every child inherits it (common.engine_env)
     results = {"command": " ".join(sys.argv), "graphs": a.graphs, "repeat": a.repeat,
-               "models": {}}
+               "signed": bool(os.environ.get(SECRET_ENV)), "models": {}}
 
     def save() -> None:
         write_json(a.out, results)
@@ -353,7 +370,7 @@ def _mode_medians(ok: list[dict], stock: float) -> dict:
     medians = {k: statistics.median([p.get(k, 0.0) for p in phases]) for k in names}
     return {"n": len(ok), "boot_s": boot, "ratio": boot / stock, "extra_s": boot - stock,
             "profiler_s": statistics.median([r.get("profiler_s", 0.0) for r in ok]),
-            "cache": ok[-1].get("cache"),
+            "cache": "/".join(filter(None, (ok[-1].get("cache"), ok[-1].get("trust")))) or None,
             "phases": sorted(medians.items(), key=lambda kv: -kv[1])}
 
 

@@ -176,21 +176,32 @@ def test_a_forged_entry_naming_a_small_step_as_the_worst_is_not_reused(tmp_path,
     assert after.report["worstcase"]["workspace_bytes"] >= honest.report["worstcase"]["workspace_bytes"]
 
 
-def test_a_signed_entry_replays_only_its_worst_step_and_an_unsigned_one_is_rechecked(tmp_path):
-    """The dominance re-check guards against forged entries; under $WCPROF_CACHE_SECRET only
-    entries whose signature verifies are loaded at all, so a signed restart skips it (the
-    restart's cost) while a start without the secret runs it."""
+def test_a_signed_or_own_entry_replays_only_its_worst_step_and_an_imported_one_is_rechecked(
+        tmp_path):
+    """The dominance re-check guards against forged entries. Under $WCPROF_CACHE_SECRET only
+    entries whose signature verifies are loaded at all, and an entry carrying this host's own
+    MAC was written by a start here: both skip it (the restart's cost). An entry copied in from
+    elsewhere (another cache directory: another host key), without the secret, runs it."""
+    import shutil
+
     signed = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"), WCPROF_CACHE_SECRET="s3")
-    unsigned = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
+    plain = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "cache"))
+    imported = engine_env(WCPROF_CACHE_DIR=str(tmp_path / "imported-cache"))
     uses = {}
-    for name, env in (("cold", signed), ("signed", signed), ("unsigned", unsigned)):
+    for name, env in (("cold", signed), ("signed", signed), ("own", plain),
+                      ("imported", imported)):
+        if name == "imported":  # as `wcprof cache import` copies them: the entries, as written
+            (tmp_path / "imported-cache").mkdir()
+            for entry in (tmp_path / "cache").glob("*.json"):
+                shutil.copy(entry, tmp_path / "imported-cache" / entry.name)
         (tmp_path / name).mkdir()
         run = run_wcprof([], tmp_path / name, env=env)
         assert run.rc == 0, run.text[-3000:]
         uses[name] = (run.report["worstcase"]["cache"], run.out)
     assert uses["cold"][0]["status"] == "stored"
-    (use, out), (plain, plain_out) = uses["signed"], uses["unsigned"]
-    assert use["status"] == "hit" and use["trust"] == "signed"
-    assert "no dominance re-check" in out
-    assert plain["status"] == "hit" and plain["trust"] == "re-checked"
-    assert "heaviest plan shape(s) re-checked" in plain_out
+    for name, trust, said in (("signed", "signed", "no dominance re-check"),
+                              ("own", "host", "no dominance re-check"),
+                              ("imported", "re-checked", "heaviest plan shape(s) re-checked")):
+        use, out = uses[name]
+        assert use["status"] == "hit" and use["trust"] == trust, (name, use)
+        assert said in out, (name, out[-2000:])

@@ -138,3 +138,15 @@ def test_on_the_cpu_the_stock_figure_is_recorded_not_compared():
                        "device": "cpu"}]}
     startup_bench._ratios(entry)
     assert entry["stock_kv_tokens"]["agree"] is None
+
+
+def test_a_cached_start_says_whether_its_entry_was_signed_or_re_checked():
+    """An unsigned restart re-checks the plan's heaviest shapes and a signed one does not
+    (docs/cache.md): its median's cache label says which, so a table is not read as the other."""
+    warm = [{"mode": "worstcase-warm", "boot_s": 9.0, "cache": "hit", "trust": "re-checked"}]
+    assert startup_bench._mode_medians(warm, 6.0)["cache"] == "hit/re-checked"
+    warm[0]["trust"] = "signed"
+    assert startup_bench._mode_medians(warm, 6.0)["cache"] == "hit/signed"
+    cold = [{"mode": "worstcase-cold", "boot_s": 12.0, "cache": "stored"}]
+    assert startup_bench._mode_medians(cold, 6.0)["cache"] == "stored"
+    assert startup_bench._mode_medians([{"boot_s": 6.0}], 6.0)["cache"] is None

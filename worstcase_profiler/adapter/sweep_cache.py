@@ -21,12 +21,16 @@ from ..sizes import fmt_bytes
 from .facts import sweep_facts
 
 log = logging.getLogger("vllm.wcprof")
+TRUSTED = {"signed": "signed under $WCPROF_CACHE_SECRET: no dominance re-check",
+           "host": "written by this host (its host key): no dominance re-check"}
 
 
 class CacheHandle(NamedTuple):
     cache: SweepCache
     key: str
     facts: dict
+    trust: str | None = None
+    """How the entry found is trusted beyond its replay (SweepCache.load_with_trust)."""
 
 
 def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettings):
@@ -36,13 +40,16 @@ def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettin
     directory = cache_dir(settings.cache_dir)
     if directory is None:
         return None, None
-    cache = SweepCache.with_env_secret(directory)
+    cache, no_host_key = SweepCache.for_engine(directory)
+    if no_host_key:
+        log.info("[wcprof] the sweep cache has no host key (%s): a cached start re-checks the "
+                 "plan's heaviest shapes unless $WCPROF_CACHE_SECRET signs it", no_host_key)
     facts = sweep_facts(worker, engine, dataclasses.replace(limits, kv_capacity_tokens=None),
                         settings)
     key = cache_key(facts)
     # A proof compares two sweeps measured now: a cached one proves nothing (it is still stored).
-    return CacheHandle(cache, key, facts), (None if settings.sweep_depth == "prove"
-                                            else cache.load(key))
+    entry, trust = (None, None) if settings.sweep_depth == "prove" else cache.load_with_trust(key)
+    return CacheHandle(cache, key, facts, trust), entry
 
 
 def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
@@ -57,7 +64,8 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
     use = CacheUse(status="stored", key=handle.key, path=str(handle.cache.path(handle.key)))
     if driver.agree_max(int(entry is None)) == 0:
         # With a secret, the cache loads only entries whose signature it verified.
-        recheck = recheck_dominance(signed=handle.cache.secret is not None)
+        # every rank runs the same steps (they hold collectives): one rank's re-check is all's
+        recheck = bool(driver.agree_max(int(recheck_dominance(handle.trust))))
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
                            dominance_checks(limits, entry.sweep.worst.shape) if recheck else (),
@@ -77,7 +85,7 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
                                   cached_need_bytes=expected,
                                   replayed_need_bytes=check.step.need_bytes,
                                   allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3),
-                                  trust="re-checked" if recheck else "signed")
+                                  trust="re-checked" if recheck else handle.trust)
         if driver.agree_max(int(not ok)) == 0:
             sweep = reused(entry.sweep, check, tolerance,
                            getattr(driver.meter, "allocator_slack_bytes", 0))
@@ -91,7 +99,7 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
                      "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
-                     if recheck else "signed under $WCPROF_CACHE_SECRET: no dominance re-check")
+                     if recheck else TRUSTED[handle.trust])
             return sweep, use, entry, entry.sweep_mode, entry.proof
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
@@ -140,12 +148,12 @@ def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
     up front."""
     if use.path is None or use.key is None:
         return
-    cache = SweepCache.with_env_secret(Path(use.path).parent)
-    entry = cache.load(use.key)
+    cache, _ = SweepCache.for_engine(Path(use.path).parent)
+    entry, trust = cache.load_with_trust(use.key)
     if entry is None or entry.warmup == warmup:
         return
-    try:
-        cache.store(entry.replace(warmup=warmup))
+    try:  # re-signed as this host's own only where it was (an import stays an import)
+        cache.store(entry.replace(warmup=warmup), as_own=trust is not None)
     except OSError as e:
         log.warning("[wcprof] could not update the sweep cache: %s", e)
 

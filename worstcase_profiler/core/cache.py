@@ -22,6 +22,8 @@ import hashlib
 import hmac
 import json
 import os
+import secrets
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,9 @@ from .types import CutDownProof, SweepResult, WarmupEstimate
 
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
+HOST_KEY = ".host-key"
+"""This host's own signing key, in the cache directory (no .json: never listed, exported or
+imported as an entry)."""
 OFF = "off"
 SCHEMA = 10
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
@@ -119,6 +124,9 @@ class CacheEntry:
     mac: str | None = None
     """HMAC-SHA256 of the entry under the operator's secret ($WCPROF_CACHE_SECRET), when one is
     set: a cache shared between hosts then only accepts entries a trusted producer wrote."""
+    host_mac: str | None = None
+    """HMAC-SHA256 of the entry under the key of the host that wrote it (host_key, bound to
+    that machine): a start on that host knows the entry is its own, not an import or a forgery."""
 
     @property
     def worst_need(self) -> int:
@@ -128,8 +136,12 @@ class CacheEntry:
     def to_json(self) -> str:
         return json.dumps(encode(self), indent=1)
 
-    def signed(self, secret: str | None) -> "CacheEntry":
-        return dataclasses.replace(self, mac=entry_mac(self, secret) if secret else None)
+    def signed(self, secret: str | None, host: bytes | None = None) -> "CacheEntry":
+        """This entry with the operator's MAC (under `secret`) and this host's (under `host`,
+        a host_key), each None where its key is."""
+        body = encode(dataclasses.replace(self, mac=None, host_mac=None))
+        return dataclasses.replace(self, mac=_mac(body, secret) if secret else None,
+                                   host_mac=_mac(body, host) if host else None)
 
     @classmethod
     def from_document(cls, data) -> "CacheEntry":
@@ -144,12 +156,17 @@ class CacheEntry:
 
 
 def entry_mac(entry: CacheEntry, secret: str) -> str:
-    return _mac(encode(dataclasses.replace(entry, mac=None)), secret)
+    return entry.signed(secret).mac
 
 
-def _mac(body: dict, secret: str) -> str:
-    canonical = json.dumps(dict(body, mac=None), sort_keys=True, separators=(",", ":"))
-    return hmac.new(secret.encode(), canonical.encode(), hashlib.sha256).hexdigest()
+def _mac(body: dict, key: str | bytes) -> str:
+    """The MAC of an entry document under `key`: over its fields with `mac` null and `host_mac`
+    left out, so neither MAC covers the other and an entry written before host_mac existed
+    verifies as it did."""
+    fields = {k: v for k, v in body.items() if k != "host_mac"}
+    canonical = json.dumps(dict(fields, mac=None), sort_keys=True, separators=(",", ":"))
+    raw = key.encode() if isinstance(key, str) else key
+    return hmac.new(raw, canonical.encode(), hashlib.sha256).hexdigest()
 
 
 def document_trusted(data: dict, secret: str | None) -> bool:
@@ -163,6 +180,61 @@ def document_trusted(data: dict, secret: str | None) -> bool:
     return isinstance(mac, str) and hmac.compare_digest(mac, _mac(data, secret))
 
 
+def written_here(data: dict, host: bytes | None) -> bool:
+    """Whether the entry document `data` carries this host's MAC of its own fields (host: this
+    host's host_key; None: False)."""
+    mac = data.get("host_mac")
+    return bool(host) and isinstance(mac, str) and hmac.compare_digest(mac, _mac(data, host))
+
+
+def machine_id() -> str:
+    """What tells this machine from another sharing its files: /etc/machine-id, else the host
+    name."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            found = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if found:
+            return found
+    return socket.gethostname()
+
+
+def host_key(directory: Path) -> tuple[bytes | None, str]:
+    """(this host's signing key for the cache at `directory`, "") or (None, why not). The key is
+    32 random bytes in directory/.host-key, made once (whole or not at all) and bound to
+    machine_id, so a directory two machines share yields a different key on each. None, and
+    every entry re-checked as before, where another user could read the key or write the
+    directory (an entry written there proves nothing about who wrote it), or where the key
+    cannot be read or made."""
+    path = directory / HOST_KEY
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new one: this user's
+        if not path.exists():
+            tmp = directory / f"{HOST_KEY}.{os.getpid()}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            try:
+                os.link(tmp, path)  # never a half-written key; a racing start's stands
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        here, key = directory.stat(), path.stat()
+        uid = os.getuid()
+        if here.st_uid != uid or here.st_mode & 0o022:
+            return None, f"{directory} is writable by other users"
+        if key.st_uid != uid or key.st_mode & 0o077:
+            return None, f"{path} is readable by other users"
+        text = path.read_text().strip()
+    except OSError as e:
+        return None, f"{path}: {e.strerror or e}"
+    if len(text) != 64:
+        return None, f"{path} is not a key this build wrote"
+    return f"{text}|{machine_id()}".encode(), ""
+
+
 @dataclass
 class SweepCache:
     directory: Path
@@ -172,6 +244,9 @@ class SweepCache:
 
     secret: str | None = None
     """$WCPROF_CACHE_SECRET: entries are signed with it, and only verified ones are loaded."""
+    host: bytes | None = None
+    """This host's key (host_key): entries this host writes carry its MAC, and one that does is
+    known to be this host's own (trust "host")."""
 
     @classmethod
     def with_env_secret(cls, directory: Path, environ: dict[str, str] | None = None) -> "SweepCache":
@@ -180,28 +255,52 @@ class SweepCache:
         env = os.environ if environ is None else environ
         return cls(directory, secret=env.get(ENV_SECRET) or None)
 
+    @classmethod
+    def for_engine(cls, directory: Path, environ: dict[str, str] | None = None
+                   ) -> tuple["SweepCache", str]:
+        """(the cache an engine start reads and writes: with_env_secret's plus this host's key,
+        why there is no host key or "")."""
+        host, why = host_key(directory)
+        return dataclasses.replace(cls.with_env_secret(directory, environ), host=host), why
+
     def load(self, key: str) -> CacheEntry | None:
         return self.inspect(self.path(key))[0]
+
+    def load_with_trust(self, key: str) -> tuple[CacheEntry | None, str | None]:
+        """(the entry for `key` or None, how it is trusted beyond its replay): "signed" (its MAC
+        verified under $WCPROF_CACHE_SECRET), "host" (written by this host: its host MAC
+        verified), None (neither: an import, an entry of an older build, or a forgery)."""
+        entry, _, data = self._read(self.path(key))
+        if entry is None:
+            return None, None
+        return entry, ("signed" if self.secret else
+                       "host" if written_here(data, self.host) else None)
 
     def inspect(self, path: Path) -> tuple[CacheEntry | None, str | None]:
         """(the entry, None) when the file at `path` may be used, else (None, why not): not a
         complete entry of this schema, named for another key, or unsigned with a secret set."""
+        entry, why, _ = self._read(path)
+        return entry, why
+
+    def _read(self, path: Path) -> tuple[CacheEntry | None, str | None, dict]:
         try:
             data = json.loads(path.read_text())
             entry = CacheEntry.from_document(data)
         except (OSError, ValueError, TypeError) as e:
-            return None, f"not a cache entry ({e})"
+            return None, f"not a cache entry ({e})", {}
         if path.stem != entry.key:
-            return None, "named for another key"
+            return None, "named for another key", data
         if not document_trusted(data, self.secret):
-            return None, "not signed with $WCPROF_CACHE_SECRET"
+            return None, "not signed with $WCPROF_CACHE_SECRET", data
         if "confirmed" not in data["sweep"] and entry.sweep.depth_delta > 0:
             # SweepResult.confirmed's default (0) would take its full-model steps for cut ones
-            return None, "a cut-down sweep written before it recorded its confirmed steps"
-        return entry, None
+            return None, "a cut-down sweep written before it recorded its confirmed steps", data
+        return entry, None, data
 
-    def store(self, entry: CacheEntry) -> Path:
-        entry = entry.signed(self.secret)
+    def store(self, entry: CacheEntry, *, as_own: bool = True) -> Path:
+        """Write `entry`, signed under the secret and, where `as_own`, this host's key: an entry
+        this start measured, or one it had trusted as its own (not an import re-written)."""
+        entry = entry.signed(self.secret, self.host if as_own else None)
         target = self.path(entry.key)
         # 0600 as before the one helper: an entry names the host's model paths and config
         write_atomically(target, entry.to_json(), mode=0o600)  # a Ctrl-C waits for the rename

@@ -96,9 +96,11 @@ and the restart then admitted 0.86 MiB more KV than the cold start. Above it, on
 resolution: more held memory is always counted."""
 
 
-def recheck_dominance(signed: bool) -> bool:
+def recheck_dominance(trust: str | None) -> bool:
     """Whether a reused entry's worst step must be re-checked against the plan's heaviest shapes
     (core/sweep.dominance_checks). That re-check is what stops an entry whose worst shape and
     need were swapped for a smaller self-consistent pair; an entry signed under the operator's
-    secret cannot have been forged that way (docs/cache.md), so it replays only its worst step."""
-    return not signed
+    secret (trust "signed") or carrying this host's own MAC (trust "host": written by a start on
+    this machine, under a key no other user can read) cannot have been forged that way
+    (docs/cache.md), so it replays only its worst step."""
+    return trust not in ("signed", "host")

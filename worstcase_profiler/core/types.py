@@ -277,7 +277,8 @@ class CacheUse:
     replay_seconds: float | None = None
     trust: str | None = None
     """How a reused entry was trusted besides its replay: "signed" (its MAC verified under
-    $WCPROF_CACHE_SECRET, so the dominance re-check was skipped) or "re-checked" (the plan's
+    $WCPROF_CACHE_SECRET, so the dominance re-check was skipped), "host" (written by a start on
+    this machine: its host MAC verified, the re-check skipped) or "re-checked" (the plan's
     heaviest shapes ran and none beat its worst step)."""
     held_moved_bytes: int | None = doc(
         "a hit: this start's held memory before the replay minus the cached start's (positive: "

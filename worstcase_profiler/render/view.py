@@ -482,6 +482,7 @@ def raised_text(raised: int | None) -> str:
 
 
 TRUST_TEXT = {"signed": "; signed under $WCPROF_CACHE_SECRET: no dominance re-check",
+              "host": "; written by this host (its host key): no dominance re-check",
               "re-checked": "; the plan's heaviest shapes re-checked"}
 
 

@@ -1,0 +1,88 @@
+"""core/cache's host key: an entry a start on this machine wrote carries this host's MAC, so the
+next start here knows it as its own (trust "host") and skips the dominance re-check; an entry
+copied in from another cache directory or machine, an edited one, or one in a directory other
+users can write, is not (the re-check runs, as for any unsigned entry). Files only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+from worstcase_profiler.core import cache as cache_mod
+from worstcase_profiler.core.cache import HOST_KEY, CacheEntry, SweepCache, host_key
+from worstcase_profiler.core.cache_trust import recheck_dominance
+from worstcase_profiler.core.coverage import cover_rows
+from worstcase_profiler.core.types import Shape, StepResult, SweepResult
+
+
+def _entry(key: str = "k") -> CacheEntry:
+    stock = StepResult(shape=Shape(kind="stock", rows=512, context_len=0, num_reqs=256),
+                       peak_bytes=120, seconds=0.1)
+    worst = StepResult(shape=Shape(kind="prefill", rows=512, context_len=3584), peak_bytes=90,
+                       workspace_bytes=10, seconds=0.2)
+    sweep = SweepResult(stock=stock, steps=(worst,), worst=worst, worst_op="layers.0.attn",
+                        peak_bytes=100, coverage=cover_rows(lambda r: r, 1, 4, tolerance=1),
+                        context_curve=(worst,), rows_max=512, post_profile_bytes=3, seconds=3.0)
+    return CacheEntry(key=key, facts={"vllm": "x"}, created_at="t", sweep=sweep)
+
+
+def _stored(directory, **env) -> SweepCache:
+    cache, why = SweepCache.for_engine(directory, environ=env)
+    assert why == "" and cache.host is not None
+    cache.store(_entry())
+    return cache
+
+
+def test_an_entry_this_host_wrote_is_its_own_and_skips_the_recheck(tmp_path):
+    cache = _stored(tmp_path / "c")
+    entry, trust = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")
+    assert entry is not None and trust == "host"
+    assert not recheck_dominance(trust) and recheck_dominance(None)
+    assert (tmp_path / "c" / HOST_KEY).stat().st_mode & 0o777 == 0o600
+    assert cache.host == host_key(tmp_path / "c")[0]  # made once, then read
+
+
+def test_a_copy_in_another_directory_an_edit_or_an_unsigned_rewrite_is_not_its_own(tmp_path):
+    _stored(tmp_path / "c")
+    (tmp_path / "other").mkdir()
+    shutil.copy(tmp_path / "c" / "k.json", tmp_path / "other" / "k.json")  # an import
+    assert SweepCache.for_engine(tmp_path / "other", environ={})[0].load_with_trust("k")[1] is None
+    data = json.loads((tmp_path / "c" / "k.json").read_text())
+    data["sweep"]["peak_bytes"] = 1  # a forgery in place: its host MAC no longer matches
+    (tmp_path / "c" / "k.json").write_text(json.dumps(data))
+    cache, _ = SweepCache.for_engine(tmp_path / "c", environ={})
+    assert cache.load_with_trust("k")[1] is None
+    cache.store(_entry(), as_own=False)  # an import re-written (remember_warmup) stays foreign
+    assert cache.load_with_trust("k")[1] is None
+    assert json.loads((tmp_path / "c" / "k.json").read_text())["host_mac"] is None
+
+
+def test_the_key_is_bound_to_the_machine(tmp_path, monkeypatch):
+    _stored(tmp_path / "c")
+    monkeypatch.setattr(cache_mod, "machine_id", lambda: "another-machine")  # a shared mount
+    assert SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")[1] is None
+
+
+def test_a_directory_others_can_write_or_a_key_others_can_read_gives_no_host_key(tmp_path):
+    d = tmp_path / "shared"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    key, why = host_key(d)
+    assert key is None and "writable by other users" in why
+    os.chmod(d, 0o755)
+    assert host_key(d)[0] is not None
+    os.chmod(d / HOST_KEY, 0o644)
+    key, why = host_key(d)
+    assert key is None and "readable by other users" in why
+
+
+def test_with_a_secret_every_loaded_entry_is_signed_and_the_two_macs_are_independent(tmp_path):
+    _stored(tmp_path / "c", WCPROF_CACHE_SECRET="s3")
+    data = json.loads((tmp_path / "c" / "k.json").read_text())
+    assert data["mac"] and data["host_mac"] and data["mac"] != data["host_mac"]
+    cache, _ = SweepCache.for_engine(tmp_path / "c", environ={"WCPROF_CACHE_SECRET": "s3"})
+    assert cache.load_with_trust("k")[1] == "signed"
+    # the fleet MAC is the one an entry without host_mac had: an older signed entry verifies
+    del data["host_mac"]
+    assert cache_mod.document_trusted(data, "s3")
