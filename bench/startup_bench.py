@@ -11,17 +11,20 @@ For each model, fresh processes one after the other, the same engine arguments e
   worstcase-cut   a cold start with --sweep-depth cut-down, in a cache of its own (named only);
   worstcase-imported
                   a start whose empty cache first imports --import-from's entries (`wcprof cache
-                  import`): another host's sweep, replayed and checked here (named only).
+                  import`): another host's sweep, replayed and checked here (named only); without
+                  --import-from, its round's cold start's entry, exported and imported as
+                  another host would receive it (after worstcase-cold in --modes).
 --modes picks the modes and their order (default: stock, worstcase-cold, worstcase-warm);
 --export-to copies the cache the cold start wrote into a directory (`wcprof cache export`), for
 another host's worstcase-imported.
 --repeat N runs --modes N times over, interleaved (stock, cold, warm, stock, cold, warm: drift
 hits every mode alike), each round's cold start on an empty cache of its own and its warm start
 on what that cold start wrote, and compares medians. A warm or imported start that did not reuse
-the cache (status other than hit) counts as an error, not as a cached start. --signed signs the
-sweep cache as a fleet sharing one does (a cached start then replays its worst step only; an
-unsigned one also re-checks the plan's heaviest shapes, docs/cache.md); the table's cache column
-says which ("hit/signed", "hit/re-checked").
+the cache (status other than hit) counts as an error, not as a cached start. A warm start finds
+the entry its round's cold start wrote, which this host's key signed (trust "host": it replays
+its worst step only); an imported one is re-checked against the plan's heaviest shapes
+(docs/cache.md). --signed signs the cache as a fleet sharing one does; the table's cache column
+says which trust each cached start had ("hit/host", "hit/signed", "hit/re-checked").
 --family NAME (repeatable, instead of --model) benchmarks one of FAMILIES: issue 34's five
 layouts (tests/gpu/models), each with the engine options its family needs; --graphs and the
 other options apply to all. --deadline (epoch s) skips a start that would not end before it
@@ -152,13 +155,13 @@ def wcprof_cache(verb: str, directory: str, cache_dir: str) -> str:
 
 
 def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
-             engine: dict | None = None) -> dict:
+             engine: dict | None = None, import_from: str | None = None) -> dict:
     imported = None
     if mode == "worstcase-cut":
         cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-cut-")
     elif mode == "worstcase-imported":  # an empty cache that holds only what was imported
         cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-imported-")
-        imported = wcprof_cache("import", a.import_from, cache_dir)
+        imported = wcprof_cache("import", import_from or a.import_from, cache_dir)
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough, "--engine-json", json.dumps(engine or {})]
     out = {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=a.timeout_s, log_match="[wcprof]",
@@ -203,8 +206,9 @@ def _parse() -> argparse.Namespace:
                    help="one uncounted stock start first (a fresh host compiles its kernels there)")
     p.add_argument("--signed", action="store_true",
                    help=f"sign the sweep cache ({SECRET_ENV}={BENCH_SECRET} unless one is set), as "
-                        "a fleet sharing a cache does: a cached start then replays its worst step "
-                        "only, where an unsigned one also re-checks the plan's heaviest shapes")
+                        "a fleet sharing a cache does: an imported start then replays its worst "
+                        "step only, where an unsigned import also re-checks the plan's heaviest "
+                        "shapes")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     if not a.child and not a.out:
@@ -213,8 +217,11 @@ def _parse() -> argparse.Namespace:
     unknown = [m for m in a.order if m not in MODES]
     if unknown:
         p.error(f"unknown mode(s) {unknown}; known: {', '.join(MODES)}")
-    if "worstcase-imported" in a.order and not a.import_from:
-        p.error("worstcase-imported needs --import-from DIR")
+    if "worstcase-imported" in a.order and not a.import_from and not (
+            "worstcase-cold" in a.order
+            and a.order.index("worstcase-cold") < a.order.index("worstcase-imported")):
+        p.error("worstcase-imported needs --import-from DIR, or worstcase-cold before it (its "
+                "round's own entry, exported and imported into an empty cache)")
     return a
 
 
@@ -234,7 +241,8 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
         results.setdefault("primed", {})[name] = primed.get("boot_s", primed.get("error"))
     for rnd, mode in start_order(a.order, a.repeat):
         why = _no_time(a, results)
-        if not why and mode == "worstcase-warm" and "worstcase-cold" in a.order and \
+        from_cold = mode == "worstcase-warm" or (mode == "worstcase-imported" and not a.import_from)
+        if not why and from_cold and "worstcase-cold" in a.order and \
                 not any(r.get("cache") == "stored" for r in entry["runs"]
                         if r.get("round") == rnd and r["mode"] == "worstcase-cold"):
             why = "this round's first start stored no sweep to restart from"
@@ -244,7 +252,11 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
         if rnd not in caches:
             caches[rnd] = tempfile.mkdtemp(prefix="wcprof-startup-")
         try:
-            run = run_mode(a, model, mode, caches[rnd], passthrough, engine)
+            source = None
+            if mode == "worstcase-imported" and not a.import_from:  # this round's own entry,
+                source = tempfile.mkdtemp(prefix="wcprof-startup-export-")  # as another host
+                wcprof_cache("export", source, caches[rnd])  # would receive it
+            run = run_mode(a, model, mode, caches[rnd], passthrough, engine, import_from=source)
         except RuntimeError as e:  # wcprof cache import failed: this start cannot be made
             run = {"mode": mode, "error": str(e)}
         entry["runs"].append({**run, "round": rnd})
@@ -302,8 +314,8 @@ def _ratios(entry: dict) -> None:
 
 
 def print_table(results: dict) -> None:
-    print(f"{'model':<22} {'mode':<16} {'n':>2} {'boot s':>7} {'ratio':>6} {'+s':>6} {'profiler s':>10} "
-          f"{'cache':>7}  where the profiler's time went (median)")
+    print(f"{'model':<22} {'mode':<18} {'n':>2} {'boot s':>7} {'ratio':>6} {'+s':>6} {'profiler s':>10} "
+          f"{'cache':>14}  where the profiler's time went (median)")
     for name, res in results["models"].items():
         if "stock_kv_tokens" in res:
             k = res["stock_kv_tokens"]
@@ -314,14 +326,14 @@ def print_table(results: dict) -> None:
                   f"stock figure {k['reports']}: {verdict[k['agree']]}")
         for r in res["runs"]:
             if "error" in r:
-                print(f"{name:<22} {r['mode']:<16} ERROR {r['error']}")
+                print(f"{name:<22} {r['mode']:<18} ERROR {r['error']}")
             elif "not_run" in r:
-                print(f"{name:<22} {r['mode']:<16} NOT RUN {r['not_run']}")
+                print(f"{name:<22} {r['mode']:<18} NOT RUN {r['not_run']}")
         for mode, m in res["medians"].items():
             top = ", ".join(f"{k} {v:.2f}" for k, v in m["phases"]
                             if not k.startswith("vllm_") and v >= 0.05)
-            print(f"{name:<22} {mode:<16} {m['n']:>2} {m['boot_s']:7.2f} {m['ratio']:6.2f} "
-                  f"{m['extra_s']:6.2f} {m['profiler_s']:10.2f} {str(m['cache'] or '-'):>7}  {top}")
+            print(f"{name:<22} {mode:<18} {m['n']:>2} {m['boot_s']:7.2f} {m['ratio']:6.2f} "
+                  f"{m['extra_s']:6.2f} {m['profiler_s']:10.2f} {str(m['cache'] or '-'):>14}  {top}")
 
 
 def main() -> int:

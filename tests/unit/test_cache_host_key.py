@@ -36,8 +36,8 @@ def _stored(directory, **env) -> SweepCache:
 
 def test_an_entry_this_host_wrote_is_its_own_and_skips_the_recheck(tmp_path):
     cache = _stored(tmp_path / "c")
-    entry, trust = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")
-    assert entry is not None and trust == "host"
+    entry, trust, own = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")
+    assert entry is not None and trust == "host" and own
     assert not recheck_dominance(trust) and recheck_dominance(None)
     assert (tmp_path / "c" / HOST_KEY).stat().st_mode & 0o777 == 0o600
     assert cache.host == host_key(tmp_path / "c")[0]  # made once, then read
@@ -82,7 +82,38 @@ def test_with_a_secret_every_loaded_entry_is_signed_and_the_two_macs_are_indepen
     data = json.loads((tmp_path / "c" / "k.json").read_text())
     assert data["mac"] and data["host_mac"] and data["mac"] != data["host_mac"]
     cache, _ = SweepCache.for_engine(tmp_path / "c", environ={"WCPROF_CACHE_SECRET": "s3"})
-    assert cache.load_with_trust("k")[1] == "signed"
-    # the fleet MAC is the one an entry without host_mac had: an older signed entry verifies
-    del data["host_mac"]
-    assert cache_mod.document_trusted(data, "s3")
+    assert cache.load_with_trust("k")[1:] == ("signed", True)
+    # the fleet MAC is the formula of entries written before host_mac existed (fields with mac
+    # null, hashed as canonical JSON), so an older build's signed entry verifies as it did
+    import hashlib
+    import hmac
+
+    older = {k: v for k, v in data.items() if k != "host_mac"}
+    canonical = json.dumps(dict(older, mac=None), sort_keys=True, separators=(",", ":"))
+    assert data["mac"] == hmac.new(b"s3", canonical.encode(), hashlib.sha256).hexdigest()
+    older["mac"] = data["mac"]
+    assert cache_mod.document_trusted(older, "s3")
+
+
+def test_a_fleet_signed_import_re_stored_does_not_become_this_hosts(tmp_path):
+    """With a secret, an import loads as "signed"; re-stored (remember_warmup), it must not gain
+    this host's MAC, or it would read as this host's own once the secret is gone."""
+    _stored(tmp_path / "elsewhere", WCPROF_CACHE_SECRET="s3")
+    (tmp_path / "here").mkdir()
+    shutil.copy(tmp_path / "elsewhere" / "k.json", tmp_path / "here" / "k.json")
+    cache, _ = SweepCache.for_engine(tmp_path / "here", environ={"WCPROF_CACHE_SECRET": "s3"})
+    entry, trust, own = cache.load_with_trust("k")
+    assert trust == "signed" and not own
+    cache.store(entry, as_own=own)
+    plain, _ = SweepCache.for_engine(tmp_path / "here", environ={})
+    assert plain.load_with_trust("k")[1:] == (None, False)
+
+
+def test_a_key_file_this_build_did_not_write_gives_no_host_key_and_never_raises(tmp_path):
+    d = tmp_path / "c"
+    d.mkdir(mode=0o700)
+    (d / HOST_KEY).write_bytes(os.urandom(32))  # raw bytes, as an operator might make one
+    os.chmod(d / HOST_KEY, 0o600)
+    key, why = host_key(d)
+    assert key is None and "64 hex characters" in why
+    assert list(d.glob("*.tmp")) == []

@@ -61,7 +61,7 @@ class _Args:
     def __init__(self, **kw):
         self.order = ["stock", "worstcase-cold", "worstcase-warm"]
         self.repeat, self.prime, self.deadline, self.timeout_s = 2, False, None, 100.0
-        self.export_to = None
+        self.export_to = self.import_from = None
         self.__dict__.update(kw)
 
 
@@ -69,8 +69,8 @@ def _bench(monkeypatch, args, outcome):
     """bench_model over a fake run_mode: `outcome(mode, round)` gives each start's record."""
     made = []
 
-    def run_mode(a, model, mode, cache_dir, passthrough, engine=None):
-        made.append((mode, cache_dir))
+    def run_mode(a, model, mode, cache_dir, passthrough, engine=None, import_from=None):
+        made.append((mode, import_from or cache_dir))
         return {"mode": mode, "wall_s": 10.0, **outcome(mode, len([m for m, _ in made
                                                                   if m == mode]) - 1)}
 
@@ -147,6 +147,29 @@ def test_a_cached_start_says_whether_its_entry_was_signed_or_re_checked():
     assert startup_bench._mode_medians(warm, 6.0)["cache"] == "hit/re-checked"
     warm[0]["trust"] = "signed"
     assert startup_bench._mode_medians(warm, 6.0)["cache"] == "hit/signed"
+    warm[0]["trust"] = "host"
+    assert startup_bench._mode_medians(warm, 6.0)["cache"] == "hit/host"
     cold = [{"mode": "worstcase-cold", "boot_s": 12.0, "cache": "stored"}]
     assert startup_bench._mode_medians(cold, 6.0)["cache"] == "stored"
     assert startup_bench._mode_medians([{"boot_s": 6.0}], 6.0)["cache"] is None
+
+
+def test_an_imported_start_without_a_source_imports_its_rounds_own_entry(monkeypatch):
+    """worstcase-imported after worstcase-cold, no --import-from: the round's cold entry is
+    exported and imported into an empty cache (another host's path), beside the warm restart
+    on the same host, in one run."""
+    exported = []
+    monkeypatch.setattr(startup_bench, "wcprof_cache",
+                        lambda verb, directory, cache_dir: exported.append((verb, cache_dir)) or "")
+
+    def outcome(mode, i):
+        return {"boot_s": 12.0, "cache": "stored"} if mode == "worstcase-cold" else \
+            {"boot_s": 10.0, "cache": None if mode == "stock" else "hit"}
+
+    made, entry = _bench(monkeypatch, _Args(repeat=1, order=["stock", "worstcase-cold",
+                                                             "worstcase-warm",
+                                                             "worstcase-imported"]), outcome)
+    cold = next(c for m, c in made if m == "worstcase-cold")
+    source = next(c for m, c in made if m == "worstcase-imported")
+    assert exported == [("export", cold)] and source != cold  # the round's cache, exported
+    assert not [r for r in entry["runs"] if "not_run" in r or "error" in r]

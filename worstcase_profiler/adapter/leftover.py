@@ -3,10 +3,11 @@ allocated after its requests finished (Validation.left_bytes), which the meter c
 persistent (core/readings.step_transient).
 
 With WCPROF_MEMORY_HISTORY=DIR set, each measured validation batch on CUDA records the caching
-allocator's history (torch.cuda.memory._record_memory_history, Python stacks) from its begin to
-its end, and writes DIR/leftover-rank<R>-<N>.json: the allocations made inside the batch still
-live at its end, summed by call site (core/readings.leftover_sites), read once as the batch left
-them and once after a full garbage collection (tensors only a reference cycle held). Off by
+allocator's history (torch.cuda.memory._record_memory_history, Python stacks) from its begin
+to its end, and writes DIR/leftover-rank<R>-pid<P>-<N>.json: the allocations made inside the
+batch still live at its end, summed by call site (core/readings.leftover_sites), read once as
+the batch left them and once after a full garbage collection (tensors only a reference cycle
+held). Off by
 default: recording stacks slows every allocation. On CPU, or without the variable, nothing
 happens. The file is written whole or not at all."""
 
@@ -18,6 +19,7 @@ import logging
 import os
 from pathlib import Path
 
+from ..atomic_write import write_atomically
 from ..core.readings import leftover_sites
 from ..sizes import fmt_bytes
 
@@ -56,25 +58,27 @@ def _events(torch) -> list[dict]:
 
 
 def finish(rank: int, left_bytes: int) -> Path | None:
-    """Stop recording and write what the batch left (before and after a garbage collection) to
-    the history directory; the file written. Called only after `start` answered True."""
+    """Stop recording (whatever happens) and write what the batch left (before and after a
+    garbage collection) to the history directory, as leftover-rank<R>-pid<P>-<N>.json (each
+    process and batch its own file); the file written. Called only after `start` answered
+    True."""
     # vllm-touch: allocator-history
     import torch
 
-    torch.cuda.synchronize()
-    before = leftover_sites(_events(torch))
-    gc.collect()
-    torch.cuda.synchronize()
-    after = leftover_sites(_events(torch))
-    torch.cuda.memory._record_memory_history(enabled=None)
+    try:
+        torch.cuda.synchronize()
+        before = leftover_sites(_events(torch))
+        gc.collect()
+        torch.cuda.synchronize()
+        after = leftover_sites(_events(torch))
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
     out = history_dir()
     out.mkdir(parents=True, exist_ok=True)
-    n = len(list(out.glob(f"leftover-rank{rank}-*.json")))
-    path = out / f"leftover-rank{rank}-{n}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"rank": rank, "left_bytes": left_bytes,
-                               "before_gc": before, "after_gc": after}, indent=1) + "\n")
-    tmp.replace(path)
+    stem = f"leftover-rank{rank}-pid{os.getpid()}"
+    path = out / f"{stem}-{len(list(out.glob(stem + '-*.json')))}.json"
+    write_atomically(path, json.dumps({"rank": rank, "pid": os.getpid(), "left_bytes": left_bytes,
+                                       "before_gc": before, "after_gc": after}, indent=1) + "\n")
     log.info("[wcprof] validation: the batch left %s live that it allocated (%s after a garbage "
              "collection); call sites in %s", fmt_bytes(before["bytes"]),
              fmt_bytes(after["bytes"]), path)

@@ -235,10 +235,11 @@ REGISTRY: tuple[Touch, ...] = (
                "_compile_or_warm_up_model in the same module: the same switches, same globals)",
           retire="a warm-up entry point without the serving-time switches"),
     Touch("sampler-topk-buffer", "private-read",
-          "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p (called once, before the "
-          "baseline, on min(SMs, max_num_seqs x (1 + drafts)) rows), vllm.triton_utils."
-          "HAS_TRITON, vllm.utils.platform_utils.num_compute_units, model_runner.sampler, "
-          ".vocab_size",
+          "vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p (before the baseline: top-k "
+          "on min(SMs, max_num_seqs x (1 + drafts)) rows, then top-p alone on at most 64 of "
+          "them, its split path's workspace), vllm.triton_utils.HAS_TRITON, vllm.utils."
+          "platform_utils.num_compute_units, vllm.distributed.get_pp_group, model_runner."
+          "sampler, .is_pooling_model, .is_last_pp_rank, .vocab_size",
           "the Triton top-k/top-p kernel keeps a buffer of min(next_power_of_2(rows), SMs) "
           "vocabulary rows in fp32 from the first batch that asks for top-k or top-p; the V2 "
           "profile's dummy batch asks for neither, so no profile made it and a served engine "

@@ -48,7 +48,8 @@ def lookup(worker, engine: EngineFacts, limits: Limits, settings: ProfilerSettin
                         settings)
     key = cache_key(facts)
     # A proof compares two sweeps measured now: a cached one proves nothing (it is still stored).
-    entry, trust = (None, None) if settings.sweep_depth == "prove" else cache.load_with_trust(key)
+    entry, trust, _ = (None, None, False) if settings.sweep_depth == "prove" else \
+        cache.load_with_trust(key)
     return CacheHandle(cache, key, facts, trust), entry
 
 
@@ -149,11 +150,11 @@ def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
     if use.path is None or use.key is None:
         return
     cache, _ = SweepCache.for_engine(Path(use.path).parent)
-    entry, trust = cache.load_with_trust(use.key)
+    entry, _, own = cache.load_with_trust(use.key)
     if entry is None or entry.warmup == warmup:
         return
     try:  # re-signed as this host's own only where it was (an import stays an import)
-        cache.store(entry.replace(warmup=warmup), as_own=trust is not None)
+        cache.store(entry.replace(warmup=warmup), as_own=own)
     except OSError as e:
         log.warning("[wcprof] could not update the sweep cache: %s", e)
 

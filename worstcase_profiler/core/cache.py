@@ -24,6 +24,7 @@ import json
 import os
 import secrets
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,16 @@ HOST_KEY = ".host-key"
 """This host's own signing key, in the cache directory (no .json: never listed, exported or
 imported as an entry)."""
 OFF = "off"
-SCHEMA = 10
+SCHEMA = 11
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
 mixed pair, shapes.mixed_pair; 7: the context ladder's rungs past powers of two, and extents
 that no longer scale a recurrent state down; 8: a compiled forward's cut-down sweep reads its
 full-model steps eagerly too and splits each difference, sweep_depth.depth_difference), reads
 a step differently (9: a step that leaves memory live is measured again, core/readings) or
 admits differently for the same facts (10: a Mamba group's running-state block counted in every
-request without a drafter too, adapter/kv.state_blocks, so a hybrid plans fewer requests): an older
+request without a drafter too, adapter/kv.state_blocks, so a hybrid plans fewer requests), or
+writes an entry an older build cannot read (11: host_mac, which an older build's decoder and
+fleet MAC do not know, so builds sharing a directory would overwrite each other): an older
 entry is then a miss, never a worst case that skipped a step real traffic forms. What each
 value changed is in the commit that raised it."""
 
@@ -202,37 +205,38 @@ def machine_id() -> str:
 
 def host_key(directory: Path) -> tuple[bytes | None, str]:
     """(this host's signing key for the cache at `directory`, "") or (None, why not). The key is
-    32 random bytes in directory/.host-key, made once (whole or not at all) and bound to
-    machine_id, so a directory two machines share yields a different key on each. None, and
-    every entry re-checked as before, where another user could read the key or write the
-    directory (an entry written there proves nothing about who wrote it), or where the key
-    cannot be read or made."""
+    64 hex characters (32 random bytes) in directory/.host-key, made once (whole or not at all),
+    and used with machine_id: two machines sharing the directory sign differently, unless they
+    share a machine id too (containers of one image that ships a fixed /etc/machine-id: they
+    then trust each other's entries as nodes under one fleet secret do). None, and every entry
+    re-checked as before, where another user could read the key or write the directory (an
+    entry written there proves nothing about who wrote it), or where the key cannot be read or
+    made, or is not one this build writes. Never raises."""
     path = directory / HOST_KEY
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # a new one: this user's
         if not path.exists():
-            tmp = directory / f"{HOST_KEY}.{os.getpid()}.tmp"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_hex(32))
+            fd, tmp = tempfile.mkstemp(prefix=f"{HOST_KEY}.", suffix=".tmp", dir=directory)
             try:
+                with os.fdopen(fd, "w") as f:  # mkstemp's file is 0600
+                    f.write(secrets.token_hex(32))
                 os.link(tmp, path)  # never a half-written key; a racing start's stands
             except FileExistsError:
                 pass
             finally:
-                tmp.unlink()
+                os.unlink(tmp)
         here, key = directory.stat(), path.stat()
         uid = os.getuid()
         if here.st_uid != uid or here.st_mode & 0o022:
             return None, f"{directory} is writable by other users"
         if key.st_uid != uid or key.st_mode & 0o077:
             return None, f"{path} is readable by other users"
-        text = path.read_text().strip()
+        text = path.read_bytes().strip()
     except OSError as e:
         return None, f"{path}: {e.strerror or e}"
-    if len(text) != 64:
-        return None, f"{path} is not a key this build wrote"
-    return f"{text}|{machine_id()}".encode(), ""
+    if len(text) != 64 or any(c not in b"0123456789abcdef" for c in text):
+        return None, f"{path} is not a key this build writes (64 hex characters)"
+    return text + b"|" + machine_id().encode(), ""
 
 
 @dataclass
@@ -266,15 +270,16 @@ class SweepCache:
     def load(self, key: str) -> CacheEntry | None:
         return self.inspect(self.path(key))[0]
 
-    def load_with_trust(self, key: str) -> tuple[CacheEntry | None, str | None]:
-        """(the entry for `key` or None, how it is trusted beyond its replay): "signed" (its MAC
-        verified under $WCPROF_CACHE_SECRET), "host" (written by this host: its host MAC
-        verified), None (neither: an import, an entry of an older build, or a forgery)."""
+    def load_with_trust(self, key: str) -> tuple[CacheEntry | None, str | None, bool]:
+        """(the entry for `key` or None, how it is trusted beyond its replay, whether this host
+        wrote it): trust "signed" (its MAC verified under $WCPROF_CACHE_SECRET), "host" (no
+        secret, and this host's MAC verified), None (neither: an import, an entry of an older
+        build, or a forgery); `own` whether this host's MAC verified, with a secret or not."""
         entry, _, data = self._read(self.path(key))
         if entry is None:
-            return None, None
-        return entry, ("signed" if self.secret else
-                       "host" if written_here(data, self.host) else None)
+            return None, None, False
+        own = written_here(data, self.host)
+        return entry, ("signed" if self.secret else "host" if own else None), own
 
     def inspect(self, path: Path) -> tuple[CacheEntry | None, str | None]:
         """(the entry, None) when the file at `path` may be used, else (None, why not): not a
