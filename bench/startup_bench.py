@@ -52,7 +52,6 @@ from pathlib import Path
 from common import ROOT, engine_env, merged_config, run_child, worstcase_config, write_json
 from worstcase_profiler.core.cache import ENV_SECRET
 
-SECRET_ENV = ENV_SECRET
 BENCH_SECRET = "wcprof-bench"
 """--signed's secret where none is set: a benchmark's, not an operator's."""
 
@@ -131,13 +130,13 @@ def child(a) -> int:
     if report.exists():
         written = json.loads(report.read_text())
         wc, phases = written["worstcase"], written.get("startup_seconds") or {}
-        out.update(cache=(wc.get("cache") or {}).get("status"),
-                   trust=(wc.get("cache") or {}).get("trust"), sweep_s=wc["seconds"],
+        cache = wc.get("cache") or {}
+        out.update(cache=cache.get("status"), trust=cache.get("trust"), sweep_s=wc["seconds"],
                    sweep_mode=wc.get("sweep_mode"),
                    kv_cache_bytes=written.get("admission", {}).get("kv_cache_bytes"),
                    kv_tokens_stock=written.get("admission", {}).get("kv_tokens_stock"),
                    kv_groups=len((written.get("kv_audit") or {}).get("groups") or ()) or None,
-                   replay_s=(wc.get("cache") or {}).get("replay_seconds"),
+                   replay_s=cache.get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                    profiler_s=round(sum(profiler_phases(phases).values()), 3))
     print("STARTUP " + json.dumps(out), flush=True)
@@ -205,7 +204,7 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--prime", action="store_true",
                    help="one uncounted stock start first (a fresh host compiles its kernels there)")
     p.add_argument("--signed", action="store_true",
-                   help=f"sign the sweep cache ({SECRET_ENV}={BENCH_SECRET} unless one is set), as "
+                   help=f"sign the sweep cache ({ENV_SECRET}={BENCH_SECRET} unless one is set), as "
                         "a fleet sharing a cache does: an imported start then replays its worst "
                         "step only, where an unsigned import also re-checks the plan's heaviest "
                         "shapes")
@@ -343,10 +342,10 @@ def main() -> int:
         return child(a)
     passthrough = ["--kv-cache-dtype", a.kv_cache_dtype, "--max-model-len", str(a.max_model_len),
                    "--mnbt", str(a.mnbt), "--util", str(a.util), *(["--graphs"] if a.graphs else [])]
-    if a.signed and not os.environ.get(SECRET_ENV):
-        os.environ[SECRET_ENV] = BENCH_SECRET  # every child inherits it (common.engine_env)
+    if a.signed and not os.environ.get(ENV_SECRET):
+        os.environ[ENV_SECRET] = BENCH_SECRET  # every child inherits it (common.engine_env)
     results = {"command": " ".join(sys.argv), "graphs": a.graphs, "repeat": a.repeat,
-               "signed": bool(os.environ.get(SECRET_ENV)), "models": {}}
+               "signed": bool(os.environ.get(ENV_SECRET)), "models": {}}
 
     def save() -> None:
         write_json(a.out, results)

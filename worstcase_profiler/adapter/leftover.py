@@ -7,9 +7,8 @@ allocator's history (torch.cuda.memory._record_memory_history, Python stacks) fr
 to its end, and writes DIR/leftover-rank<R>-pid<P>-<N>.json: the allocations made inside the
 batch still live at its end, summed by call site (core/readings.leftover_sites), read once as
 the batch left them and once after a full garbage collection (tensors only a reference cycle
-held). Off by
-default: recording stacks slows every allocation. On CPU, or without the variable, nothing
-happens. The file is written whole or not at all."""
+held). Off by default: recording stacks slows every allocation. On CPU, or without the variable,
+nothing happens. The file is written whole or not at all."""
 
 from __future__ import annotations
 

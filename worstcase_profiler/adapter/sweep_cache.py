@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 from ..core.cache import ENV_DIR, CacheEntry, SweepCache, cache_dir, cache_key
-from ..core.cache_trust import cache_verdict, recheck_dominance, still_worst
+from ..core.cache_trust import (TRUST_SKIPS_RECHECK, cache_verdict, recheck_dominance,
+                                still_worst)
 from ..core.shapes import Limits
 from ..core.sweep import dominance_checks, replay, reused, stock_readings
 from ..core.timing import PhaseTimer
@@ -21,8 +22,6 @@ from ..sizes import fmt_bytes
 from .facts import sweep_facts
 
 log = logging.getLogger("vllm.wcprof")
-TRUSTED = {"signed": "signed under $WCPROF_CACHE_SECRET: no dominance re-check",
-           "host": "written by this host (its host key): no dominance re-check"}
 
 
 class CacheHandle(NamedTuple):
@@ -100,7 +99,7 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
                      "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
-                     if recheck else TRUSTED[handle.trust])
+                     if recheck else TRUST_SKIPS_RECHECK[handle.trust])
             return sweep, use, entry, entry.sweep_mode, entry.proof
         log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),

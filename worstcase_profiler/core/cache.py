@@ -158,10 +158,6 @@ class CacheEntry:
         return dataclasses.replace(self, **changes)
 
 
-def entry_mac(entry: CacheEntry, secret: str) -> str:
-    return entry.signed(secret).mac
-
-
 def _mac(body: dict, key: str | bytes) -> str:
     """The MAC of an entry document under `key`: over its fields with `mac` null and `host_mac`
     left out, so neither MAC covers the other and an entry written before host_mac existed

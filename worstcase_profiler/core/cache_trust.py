@@ -96,6 +96,13 @@ and the restart then admitted 0.86 MiB more KV than the cold start. Above it, on
 resolution: more held memory is always counted."""
 
 
+TRUST_SKIPS_RECHECK = {
+    "signed": "signed under $WCPROF_CACHE_SECRET: no dominance re-check",
+    "host": "written by this host (its host key): no dominance re-check"}
+"""The trusts (CacheUse.trust) under which a reused entry replays only its worst step, each as
+the start-up log and the verdict say it."""
+
+
 def recheck_dominance(trust: str | None) -> bool:
     """Whether a reused entry's worst step must be re-checked against the plan's heaviest shapes
     (core/sweep.dominance_checks). That re-check is what stops an entry whose worst shape and
@@ -103,4 +110,4 @@ def recheck_dominance(trust: str | None) -> bool:
     secret (trust "signed") or carrying this host's own MAC (trust "host": written by a start on
     this machine, under a key no other user can read) cannot have been forged that way
     (docs/cache.md), so it replays only its worst step."""
-    return trust not in ("signed", "host")
+    return trust not in TRUST_SKIPS_RECHECK

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.admission import least_of, null_block_text, pool_hold_text
-from ..core.cache_trust import held_moved_text
+from ..core.cache_trust import TRUST_SKIPS_RECHECK, held_moved_text
 from ..core.check_steps import fails, line as check_line, missed
 from ..core.coverage import certified_count
 from ..core.multimodal import encoder_line
@@ -481,8 +481,7 @@ def raised_text(raised: int | None) -> str:
     return f"; transient raised {fmt_bytes(raised)} by the replay" if raised else ""
 
 
-TRUST_TEXT = {"signed": "; signed under $WCPROF_CACHE_SECRET: no dominance re-check",
-              "host": "; written by this host (its host key): no dominance re-check",
+TRUST_TEXT = {**{trust: f"; {text}" for trust, text in TRUST_SKIPS_RECHECK.items()},
               "re-checked": "; the plan's heaviest shapes re-checked"}
 
 
