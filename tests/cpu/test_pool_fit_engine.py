@@ -5,13 +5,14 @@ explicit 6 MiB pool, prefix caching off: three requests at max_model_len fill th
 sweep plans for, but vLLM's block pool holds one of its 48 blocks back (the null block), so only
 6,016 tokens hold requests: the planned worst decode steps cannot form. The fit plans for the
 usable pool, measures what that plan adds, and the report says so; the size given stays the
-allocation."""
+allocation. A restart on the entry this host wrote takes the fit's readings from it instead of
+measuring them again, and admits the same."""
 
 from __future__ import annotations
 
 import pytest
 
-from conftest import CPU_RESOLUTION, run_wcprof
+from conftest import CPU_RESOLUTION, engine_env, run_wcprof
 
 pytestmark = pytest.mark.engine
 
@@ -19,7 +20,11 @@ POOL = 6 << 20  # 48 blocks of 128 tokens x 1,024 B
 
 
 @pytest.fixture(scope="module")
-def fitted(tmp_path_factory):
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("fit-cache")
+
+
+def _args():
     from worstcase_profiler.commands.demo import fixture_dir, scenario_args
 
     # without --validate: with prefix caching off the CPU replay cannot line the decodes up at
@@ -28,7 +33,20 @@ def fitted(tmp_path_factory):
     args = [a for a in scenario_args("decode") if a != "--validate"]
     args += ["--kv-cache-memory-bytes", str(POOL), "--no-enable-prefix-caching"]
     assert fixture_dir("decode")  # the fixture plugin is installed
-    return run_wcprof(args, tmp_path_factory.mktemp("fit"))
+    return args
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, cache):
+    return run_wcprof(_args(), tmp_path_factory.mktemp("fit"),
+                      env=engine_env(WCPROF_CACHE_DIR=str(cache)))
+
+
+@pytest.fixture(scope="module")
+def refitted(tmp_path_factory, cache, fitted):
+    assert fitted.rc == 0, fitted.text[-3000:]
+    return run_wcprof(_args(), tmp_path_factory.mktemp("refit"),
+                      env=engine_env(WCPROF_CACHE_DIR=str(cache)))
 
 
 def test_the_planned_worst_step_is_fitted_to_the_blocks_the_pool_holds(fitted):
@@ -52,3 +70,17 @@ def test_the_given_size_stays_the_allocation(fitted):
     adm = fitted.report["admission"]
     assert adm["kv_cache_bytes"] == POOL
     assert fitted.report["kv_audit"]["verdict"] == "ok"
+
+
+def test_a_restart_on_its_own_entry_fits_from_the_cached_readings(fitted, refitted):
+    assert refitted.rc == 0, refitted.text[-3000:]
+    first, again = fitted.report["worstcase"], refitted.report["worstcase"]
+    assert again["cache"]["status"] == "hit" and again["cache"]["trust"] == "host"
+    fit = again["pool_fit"]
+    assert fit is not None and fit["steps"] == first["pool_fit"]["steps"]
+    assert fit["reused"] == len(fit["steps"]) > 0 and first["pool_fit"]["reused"] == 0
+    assert "at an earlier start (the sweep cache)" in refitted.text
+    # the same answer as the start that measured them
+    assert again["worst_shape"] == first["worst_shape"]
+    assert again["peak_activation_bytes"] == first["peak_activation_bytes"]
+    assert refitted.report["admission"]["kv_cache_bytes"] == POOL

@@ -5,6 +5,7 @@ users can write, is not (the re-check runs, as for any unsigned entry). Files on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -117,3 +118,40 @@ def test_a_key_file_this_build_did_not_write_gives_no_host_key_and_never_raises(
     key, why = host_key(d)
     assert key is None and "64 hex characters" in why
     assert list(d.glob("*.tmp")) == []
+
+
+def test_the_pool_fits_readings_are_kept_and_reused_only_where_the_entry_is_trusted(
+        tmp_path, monkeypatch):
+    """remember_pool_fit adds the fit's readings to the entry, one per shape, keeping this
+    host's MAC; a restart takes them (reusable_pool_fit) only from an entry that skips the
+    dominance re-check; an import re-written with them stays an import."""
+    from worstcase_profiler.adapter import sweep_cache
+    from worstcase_profiler.core.types import CacheUse
+
+    monkeypatch.delenv(cache_mod.ENV_SECRET, raising=False)
+    _stored(tmp_path / "c")
+    path = str(tmp_path / "c" / "k.json")
+    a = StepResult(shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=40),
+                   peak_bytes=70, seconds=0.3, top_op="layers.1.gdn")
+    b = StepResult(shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=41),
+                   peak_bytes=71, seconds=0.3)
+    stored = CacheUse(status="stored", key="k", path=path)
+    sweep_cache.remember_pool_fit(stored, (a,))
+    sweep_cache.remember_pool_fit(stored, (StepResult(shape=a.shape, peak_bytes=99, seconds=1),
+                                           b))  # a's first reading stays; b is added
+    entry, trust, own = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")
+    assert entry.pool_fit_steps == (a, b) and trust == "host" and own
+    restart = CacheUse(status="hit", key="k", path=path, trust="host")
+    assert sweep_cache.reusable_pool_fit(restart, entry) == {a.shape: a, b.shape: b}
+    for use in (CacheUse(status="hit", key="k", path=path, trust="re-checked"), stored):
+        assert sweep_cache.reusable_pool_fit(use, entry) == {}
+    assert sweep_cache.reusable_pool_fit(restart, None) == {}
+    (tmp_path / "other").mkdir()  # an import gains readings measured here, and stays an import
+    shutil.copy(path, tmp_path / "other" / "k.json")
+    imported = CacheUse(status="hit", key="k", path=str(tmp_path / "other" / "k.json"),
+                        trust="re-checked")
+    c = dataclasses.replace(b, shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=42))
+    sweep_cache.remember_pool_fit(imported, (c,))
+    entry, trust, own = SweepCache.for_engine(tmp_path / "other",
+                                              environ={})[0].load_with_trust("k")
+    assert entry.pool_fit_steps == (a, b, c) and trust is None and not own

@@ -294,3 +294,47 @@ def test_a_measured_step_outside_the_plan_is_never_admitted_below_its_reading():
     held, _ = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False,
                           floor=floor)
     assert held.sweep.pool_fit is not None and held.sweep.peak_bytes == floor
+
+
+def test_a_restart_with_the_readings_fits_the_same_without_measuring_them():
+    """A trusted cache entry's readings (sweep_cache.reusable_pool_fit) stand in for the fit's
+    steps: the same transient, pool and worst step, and no step run."""
+    driver, facts, first, fresh, fresh_answer = fitted_start(per_request, CONSUMED, attribute=True)
+    known = {r.shape: r for r in fresh.sweep.pool_fit.steps}
+    driver.shapes.clear()
+    again, answer = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=True,
+                                known=known)
+    assert driver.shapes == []  # nothing measured, the attribution's step neither
+    assert again.sweep.peak_bytes == fresh.sweep.peak_bytes
+    assert answer.budget.budget_bytes == fresh_answer.budget.budget_bytes
+    assert again.sweep.worst == fresh.sweep.worst
+    fit = again.sweep.pool_fit
+    assert fit.reused == len(fit.steps) == len(fresh.sweep.pool_fit.steps)
+    assert "at an earlier start" in core.fit_line(again.sweep)
+    assert fresh.sweep.pool_fit.reused == 0 and "earlier" not in core.fit_line(fresh.sweep)
+
+
+def test_a_reading_one_rank_lacks_is_measured_on_every_rank():
+    """Ranks measure the same steps (a step holds collectives): a shape is taken from the cache
+    only where every rank has it, so a rank with every reading still measures the one another
+    rank's entry lacks."""
+    driver, facts, first, fresh, _ = fitted_start(per_request, CONSUMED)
+    steps = fresh.sweep.pool_fit.steps
+    missing = steps[0].shape
+
+    class Known(dict):  # this rank's readings: all of them; it remembers the shape asked about
+        asked = None
+
+        def __contains__(self, shape):
+            Known.asked = shape
+            return super().__contains__(shape)
+
+    def agree_max(v: int) -> int:  # the other rank lacks `missing`, and has every other one
+        lacks, Known.asked = Known.asked == missing, None  # only the question just asked
+        return max(v, int(lacks))
+
+    driver.shapes.clear()
+    again, _ = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False,
+                           known=Known({r.shape: r for r in steps}), agree_max=agree_max)
+    assert driver.shapes == [missing]
+    assert again.sweep.pool_fit.reused == len(steps) - 1

@@ -1,8 +1,8 @@
 """The worst step fitted to the admitted KV pool, on the engine (core/pool_fit.py has the why).
 
 fit_to_pool runs after the start's first decision: it plans for the pool that decision leaves,
-measures the shapes that plan adds on the same driver and provisional KV cache as the sweep,
-and decides again, at most ROUNDS times. Every rank plans for the largest pool any rank left
+measures the shapes that plan adds on the same driver and provisional KV cache as the sweep
+(or takes a trusted cache entry's readings of them), and decides again, at most ROUNDS times. Every rank plans for the largest pool any rank left
 (the safe direction: each rank's allocation is held at or below it) and stops where any rank
 stops, so the ranks measure the same steps in the same order.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..core import pool_fit as core
 from ..core.budget import Decided, Measured
@@ -29,7 +29,8 @@ the second overshot, for the pool the second one's transient leaves (core/pool_f
 def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Measured], Decided],
                 *, mode: str, agree_max: Callable[[int], int] | None = None,
                 held: Callable[[str], int] | None = None, attribute: bool = True,
-                floor: int = 0) -> tuple[Measured, Decided]:
+                floor: int = 0, known: Mapping[Shape, StepResult] | None = None
+                ) -> tuple[Measured, Decided]:
     """(facts, decision) with the worst step fitted to the admitted pool, or the ones given
     where the sweep's plan stands: its worst shape fits the pool, the start is refused (on any
     rank), the pool is not the admission's (report mode, the chunk cap's plan), or no pool was
@@ -38,7 +39,10 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     A first round that does not fit is the answer (refused: its readings are steps the unfitted
     pool forms too); a later one ends the fit with the round before. `held(phase)` reads what
     the process holds: what the fit's steps leave behind is added to the consumed memory.
-    `floor`: the transient no fitted plan admits less than (core.refit's)."""
+    `floor`: the transient no fitted plan admits less than (core.refit's). `known`: readings
+    of this configuration's shapes to take instead of measuring (a trusted cache entry's,
+    sweep_cache.reusable_pool_fit); a shape is taken only where every rank has it, so the
+    ranks still measure the same steps."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     agree = agree_max or (lambda v: v)
     if (mode != "enforce" or not bpt or facts.chunk_cap_plan is not None
@@ -53,7 +57,9 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
         return agree(core.usable_tokens(budget_bytes, **blocks))
 
     slack = facts.allocator_slack_bytes
+    known = known or {}
     readings: dict[Shape, StepResult] = {}
+    reused: set[Shape] = set()
     skipped: dict[Shape, str] = {}
     best: tuple[Measured, Decided] | None = None
     tokens = usable(decided.budget.budget_bytes)
@@ -66,6 +72,10 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
             for shape in fitted.added:
                 if shape in readings or shape in skipped:
                     continue
+                if agree(int(shape not in known)) == 0:  # every rank has it: not measured
+                    readings[shape] = known[shape]
+                    reused.add(shape)
+                    continue
                 why = cannot_build(driver, shape)
                 if why is not None:
                     skipped[shape] = why
@@ -75,7 +85,8 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
                            [readings[s] for s in fitted.added if s in readings],
                            allocator_slack=slack, rounds=rounds,
                            skipped=[(s, skipped[s]) for s in fitted.added if s in skipped],
-                           ran=readings.values(), floor=floor)
+                           ran=readings.values(), floor=floor,
+                           reused=sum(s in reused for s in readings))
         trial = dataclasses.replace(facts, limits=fitted.limits, sweep=refit)
         answer = decide(trial)
         if agree(int(answer.budget.error is not None)):
@@ -103,7 +114,8 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
         log.error("[wcprof] %s", core.fit_line(trial.sweep))
         return trial, answer
     worst = trial.sweep.worst
-    if attribute and worst.shape in readings and worst.shape.kind != "stock":
+    if attribute and worst.shape in readings and worst.shape not in reused \
+            and worst.shape.kind != "stock":  # a reused reading carries its op
         with driver.provisional_kv():
             top = driver.measure(worst.shape, attribute=True).top_op
         trial = dataclasses.replace(trial, sweep=dataclasses.replace(trial.sweep, worst_op=top))

@@ -109,6 +109,8 @@ class StartMeasurement(NamedTuple):
     capture_warmup: tuple[int, tuple[int, int]] | None = None
     """The widest graph capture's eager warm-up, metered apart from vLLM's profile: (its
     transient, (tokens, requests)); None where not metered (eager, a cached start, V1)."""
+    known_pool_fit: dict | None = None
+    """Pool-fit readings a trusted cache entry gives (sweep_cache.reusable_pool_fit)."""
 
 
 def determine_available_memory(worker, original, settings: ProfilerSettings) -> int:
@@ -130,7 +132,9 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         facts, decided = pool_fit.fit_to_pool(
             measured.driver, measured.facts, decided, decide, mode=settings.mode,
             agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops,
-            floor=measured.floor)
+            floor=measured.floor, known=measured.known_pool_fit)
+    if facts.sweep.pool_fit is not None:  # a restart fits without measuring them again
+        sweep_cache.remember_pool_fit(measured.cache, attributed_fit_steps(facts.sweep))
     for note in decided.warnings:
         session.warn(note)
         log.warning("[wcprof] %s", note)
@@ -187,6 +191,13 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         chunk_cap.publish(worker.vllm_config, core_cap.as_pairs(decided.chunk_cap.plan.levels),
                           session.facts.rank)
     return apply_budget(worker, sweep, decided)
+
+
+def attributed_fit_steps(sweep: SweepResult) -> tuple[StepResult, ...]:
+    """The pool fit's readings, the fitted worst step's with the op the fit attributed it to."""
+    return tuple(dataclasses.replace(r, top_op=sweep.worst_op)
+                 if r.shape == sweep.worst.shape and sweep.worst_op else r
+                 for r in sweep.pool_fit.steps)
 
 
 def apply_budget(worker, sweep: SweepResult, decided: budget.Decided) -> int:
@@ -367,7 +378,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not, checks=checks,
                             floor=floor, driver=driver,
-                            held=held, capture_warmup=capture_warmup)
+                            held=held, capture_warmup=capture_warmup,
+                            known_pool_fit=sweep_cache.reusable_pool_fit(use, entry))
 
 
 def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,

@@ -1,6 +1,6 @@
 """The sweep cache's flow inside a start: find this configuration's entry, reuse it when its
 worst step replayed now still needs what it needed (or sweep), store a new sweep, and remember
-what warm-up kept. The entries and their trust are core/cache.py's and core/cache_trust.py's."""
+what warm-up kept and what the pool fit measured. The entries and their trust are core/cache.py's and core/cache_trust.py's."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from ..core.cache_trust import (TRUST_SKIPS_RECHECK, cache_verdict, recheck_domi
 from ..core.shapes import Limits
 from ..core.sweep import dominance_checks, replay, reused, stock_readings
 from ..core.timing import PhaseTimer
-from ..core.types import (CacheUse, CutDownProof, EngineFacts, SweepResult, WarmupEstimate,
-                          Workspace)
+from ..core.types import (CacheUse, CutDownProof, EngineFacts, Shape, StepResult, SweepResult,
+                          WarmupEstimate, Workspace)
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
 from .facts import sweep_facts
@@ -146,14 +146,41 @@ def cache_unwritable_text(directory, error: OSError) -> str:
 def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
     """Store what warm-up kept in this configuration's cache entry: the next start subtracts it
     up front."""
+    _update(use, lambda entry: None if entry.warmup == warmup else entry.replace(warmup=warmup))
+
+
+def remember_pool_fit(use: CacheUse, steps: tuple[StepResult, ...]) -> None:
+    """Add the pool fit's full-model readings to this configuration's cache entry, one per shape
+    (a reading already there stays): a restart that trusts the entry fits without measuring
+    them again (reusable_pool_fit)."""
+    def merged(entry: CacheEntry) -> CacheEntry | None:
+        have = {r.shape for r in entry.pool_fit_steps}
+        new = tuple(r for r in steps if r.shape not in have)
+        return entry.replace(pool_fit_steps=entry.pool_fit_steps + new) if new else None
+    _update(use, merged)
+
+
+def reusable_pool_fit(use: CacheUse, entry: CacheEntry | None) -> dict[Shape, StepResult]:
+    """The pool-fit readings a start may take from its entry instead of measuring: those of an
+    entry reused without the dominance re-check (its trust: this host's own, or fleet-signed),
+    else none. Ranks agree on the trust with the re-check (sweep_or_reuse)."""
+    if entry is None or use.status != "hit" or use.trust not in TRUST_SKIPS_RECHECK:
+        return {}
+    return {r.shape: r for r in entry.pool_fit_steps}
+
+
+def _update(use: CacheUse, change: Callable[[CacheEntry], CacheEntry | None]) -> None:
+    """Re-store this start's entry as `change` returns it (None: unchanged), re-signed as this
+    host's own only where it was (an import stays an import); a write that fails is logged."""
     if use.path is None or use.key is None:
         return
     cache, _ = SweepCache.for_engine(Path(use.path).parent)
     entry, _, own = cache.load_with_trust(use.key)
-    if entry is None or entry.warmup == warmup:
+    changed = change(entry) if entry is not None else None
+    if changed is None:
         return
-    try:  # re-signed as this host's own only where it was (an import stays an import)
-        cache.store(entry.replace(warmup=warmup), as_own=own)
+    try:
+        cache.store(changed, as_own=own)
     except OSError as e:
         log.warning("[wcprof] could not update the sweep cache: %s", e)
 

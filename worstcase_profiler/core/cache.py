@@ -31,7 +31,7 @@ from typing import Any
 
 from ..atomic_write import write_atomically
 from .codec import decode, encode
-from .types import CutDownProof, SweepResult, WarmupEstimate
+from .types import CutDownProof, StepResult, SweepResult, WarmupEstimate
 
 ENV_DIR = "WCPROF_CACHE_DIR"
 ENV_SECRET = "WCPROF_CACHE_SECRET"
@@ -39,7 +39,7 @@ HOST_KEY = ".host-key"
 """This host's own signing key, in the cache directory (no .json: never listed, exported or
 imported as an entry)."""
 OFF = "off"
-SCHEMA = 11
+SCHEMA = 12
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
 mixed pair, shapes.mixed_pair; 7: the context ladder's rungs past powers of two, and extents
 that no longer scale a recurrent state down; 8: a compiled forward's cut-down sweep reads its
@@ -48,7 +48,8 @@ a step differently (9: a step that leaves memory live is measured again, core/re
 admits differently for the same facts (10: a Mamba group's running-state block counted in every
 request without a drafter too, adapter/kv.state_blocks, so a hybrid plans fewer requests), or
 writes an entry an older build cannot read (11: host_mac, which an older build's decoder and
-fleet MAC do not know, so builds sharing a directory would overwrite each other): an older
+fleet MAC do not know, so builds sharing a directory would overwrite each other; 12:
+pool_fit_steps, the same way): an older
 entry is then a miss, never a worst case that skipped a step real traffic forms. What each
 value changed is in the commit that raised it."""
 
@@ -123,6 +124,11 @@ class CacheEntry:
     sweep, or fell back to the full one, with the sampled differences): signed with the entry, so a restart or another host
     reuses the verdict with the sweep and the report shows it again. None for other modes (a
     prove run's comparison is one start's, not reused) and for entries written before it."""
+    pool_fit_steps: tuple[StepResult, ...] = ()
+    """The full-model readings the pool fit measured at the starts that used the entry (one per
+    shape; the fitted worst step's with its attributed op). A restart whose entry skips the
+    dominance re-check (cache_trust.TRUST_SKIPS_RECHECK) fits with these instead of measuring
+    them again, and measures only shapes missing here; a re-checked entry measures them all."""
     schema: int = SCHEMA
     mac: str | None = None
     """HMAC-SHA256 of the entry under the operator's secret ($WCPROF_CACHE_SECRET), when one is

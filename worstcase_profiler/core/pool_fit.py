@@ -68,7 +68,8 @@ def replan(limits: Limits, worst_rows: int, pool_tokens: int) -> Replan | None:
 def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable[StepResult],
           *, allocator_slack: int = 0, rounds: int = 1,
           skipped: Iterable[tuple[Shape, str]] = (),
-          ran: Iterable[StepResult] | None = None, floor: int = 0) -> SweepResult:
+          ran: Iterable[StepResult] | None = None, floor: int = 0,
+          reused: int = 0) -> SweepResult:
     """`sweep` admitted for the fitted plan: `measured` holds the full-model readings of the
     plan's added shapes (those the driver could build; the others in `skipped`, with why).
 
@@ -85,7 +86,8 @@ def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable
     sweep's (its rows curve's shapes). `ran`: every step the fit measured, earlier rounds'
     included, for the record (default `measured`). `floor`: measured steps outside the plan that
     the fitted pool still forms (the encoder step, the named check steps: their predictions); the
-    admitted transient never goes below it, since a carried excess shrinks with the formula."""
+    admitted transient never goes below it, since a carried excess shrinks with the formula.
+    `reused`: how many of `ran` came from the sweep cache instead of being measured now."""
     measured, skipped = tuple(measured), tuple(skipped)
     excluded = sweep.stock_excluded
     stand_in = plan.fresh_prefill_batch(fitted.limits)
@@ -103,7 +105,7 @@ def refit(sweep: SweepResult, limits: Limits, fitted: Replan, measured: Iterable
                   pool_tokens=int(fitted.limits.kv_capacity_tokens or 0),
                   swept_worst=sweep.worst.shape, swept_peak_bytes=sweep.peak_bytes,
                   dropped=fitted.dropped, steps=measured if ran is None else tuple(ran),
-                  rounds=rounds)
+                  rounds=rounds, reused=reused)
     return dataclasses.replace(
         sweep, worst=worst, peak_bytes=peak, pool_fit=fit, stock_excluded=excluded,
         worst_op=sweep.worst_op if worst.shape == sweep.worst.shape else worst.top_op,
@@ -181,5 +183,6 @@ def fit_text(fit: PoolFit, worst: Shape, peak_bytes: int) -> str:
             f"{fmt_bytes(fit.swept_peak_bytes)} admitted) holds more requests or context than "
             f"the admitted pool ({fit.pool_tokens:,} of the {fit.planned_pool_tokens:,} tokens "
             f"planned); the plan for that pool admits {fmt_bytes(peak_bytes)} at "
-            f"{worst.label()} ({len(fit.steps)} step(s) measured, {fit.rounds} round(s)), and "
-            f"the pool is held at it")
+            f"{worst.label()} ({len(fit.steps)} step(s) measured"
+            f"{f', {fit.reused} of them at an earlier start (the sweep cache)' if fit.reused else ''}, "
+            f"{fit.rounds} round(s)), and the pool is held at it")

@@ -145,6 +145,8 @@ class PoolFit:
     rounds: int = doc("plans fitted: the first for the pool the sweep's admission left, the "
                       "second where the pool a plan's transient leaves meets the pool it plans "
                       "for, a third where the second overshot")
+    reused: int = doc("of `steps`, how many were read from a trusted sweep-cache entry "
+                      "instead of measured (a restart: adapter/pool_fit.fit_to_pool)", default=0)
 
 
 @dataclass(frozen=True)
