@@ -79,7 +79,7 @@ def test_a_restart_on_its_own_entry_fits_from_the_cached_readings(fitted, refitt
     fit = again["pool_fit"]
     assert fit is not None and fit["steps"] == first["pool_fit"]["steps"]
     assert fit["reused"] == len(fit["steps"]) > 0 and first["pool_fit"]["reused"] == 0
-    assert "at an earlier start (the sweep cache)" in refitted.text
+    assert "at an earlier start, read from the sweep cache" in refitted.text
     # the same answer as the start that measured them
     assert again["worst_shape"] == first["worst_shape"]
     assert again["peak_activation_bytes"] == first["peak_activation_bytes"]

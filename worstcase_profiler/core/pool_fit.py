@@ -184,5 +184,5 @@ def fit_text(fit: PoolFit, worst: Shape, peak_bytes: int) -> str:
             f"the admitted pool ({fit.pool_tokens:,} of the {fit.planned_pool_tokens:,} tokens "
             f"planned); the plan for that pool admits {fmt_bytes(peak_bytes)} at "
             f"{worst.label()} ({len(fit.steps)} step(s) measured"
-            f"{f', {fit.reused} of them at an earlier start (the sweep cache)' if fit.reused else ''}, "
+            f"{f', {fit.reused} of them at an earlier start, read from the sweep cache' if fit.reused else ''}, "
             f"{fit.rounds} round(s)), and the pool is held at it")
