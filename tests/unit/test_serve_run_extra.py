@@ -88,3 +88,17 @@ def test_serve_dsv4_passes_its_drafter_and_graph_configs_as_json(eager):
         assert cc == {"cudagraph_mode": "FULL_AND_PIECEWISE"}
     else:
         assert "--compilation-config" not in args
+
+
+def test_a_worst_case_mode_is_refused_where_vllm_would_not_load_the_plugin():
+    """Without the plugin's entry point `vllm serve --profiler worstcase` dies in argparse
+    (--profiler read as --profiler-config, h100-run82's first server): serve_run says why before
+    anything starts; a stock-only run needs no plugin."""
+    from types import SimpleNamespace
+
+    other = [SimpleNamespace(value="vllm.plugins.lora_resolvers.filesystem_resolver:register")]
+    with pytest.raises(SystemExit, match="install_entrypoint.py"):
+        serve_run.check_plugin_registered(["worstcase", "stock"], other)
+    serve_run.check_plugin_registered(["stock"], other)
+    serve_run.check_plugin_registered(
+        ["worstcase"], [*other, SimpleNamespace(value=serve_run.PLUGIN_ENTRY)])
