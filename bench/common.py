@@ -46,6 +46,37 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str,
     return {**json.loads(lines[-1][len(marker) + 1:]), "wall_s": wall, log_key: logged[:log_lines]}
 
 
+def plugin_problem(entry_points=None, environ=None) -> str | None:
+    """Why vLLM started from this Python would not load worstcase_profiler from this checkout,
+    or None: it must import from ROOT, have its vllm.general_plugins entry point (the project
+    on PYTHONPATH alone has none; staging/install_entrypoint.py writes one), and not be left
+    out by $VLLM_PLUGINS. Without the plugin `vllm serve` reads --profiler as its own
+    --profiler-config. `entry_points`/`environ`: the group's entries and the environment
+    (default: importlib.metadata's, as vLLM reads them, and os.environ)."""
+    import sys
+    from importlib.util import find_spec
+
+    env = os.environ if environ is None else environ
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))  # the children get it through PYTHONPATH
+    spec = find_spec("worstcase_profiler")
+    if spec is None or not str(spec.origin).startswith(str(ROOT)):
+        return (f"worstcase_profiler does not import from {ROOT} "
+                f"(PYTHONPATH={env.get('PYTHONPATH')})")
+    if entry_points is None:
+        from importlib.metadata import entry_points as found
+        entry_points = found(group="vllm.general_plugins")
+    if not any(ep.name == "worstcase_profiler" for ep in entry_points):
+        return ("no vllm.general_plugins entry point 'worstcase_profiler', so vLLM would not "
+                "load the plugin (`vllm serve` would read --profiler as its own "
+                "--profiler-config): pip install the project, or on a staged site run "
+                "`python3 staging/install_entrypoint.py --target <a dir on PYTHONPATH>` first")
+    allowed = env.get("VLLM_PLUGINS")
+    if allowed is not None and "worstcase_profiler" not in [p.strip() for p in allowed.split(",")]:
+        return f"VLLM_PLUGINS={allowed!r} leaves worstcase_profiler out: vLLM would not load it"
+    return None
+
+
 def worstcase_config(json_path: str, **extra) -> dict:
     """vLLM's additional_config that turns the profiler on and writes its report to json_path."""
     return {"worstcase_profiler": {"profiler": "worstcase", "json_path": json_path, **extra}}

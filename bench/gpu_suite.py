@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import ROOT, engine_env, gib, md_table, write_json
+from common import ROOT, engine_env, gib, md_table, plugin_problem, write_json
 
 MODELS = ROOT / "tests" / "gpu" / "models"
 LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
@@ -724,22 +724,6 @@ def _write_summary_to(out: Path, summary: dict) -> None:
     (out / "summary.md").write_text("\n".join(lines) + "\n")
 
 
-def _entrypoint_problem() -> str | None:
-    from importlib.metadata import entry_points
-    from importlib.util import find_spec
-
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))  # the children get it through PYTHONPATH (_env)
-    spec = find_spec("worstcase_profiler")
-    if spec is None or not str(spec.origin).startswith(str(ROOT)):
-        return f"worstcase_profiler does not import from {ROOT} (PYTHONPATH={os.environ.get('PYTHONPATH')})"
-    eps = [ep for ep in entry_points(group="vllm.general_plugins") if ep.name == "worstcase_profiler"]
-    if not eps:
-        return ("no vllm.general_plugins entry point 'worstcase_profiler': run "
-                "`python3 staging/install_entrypoint.py --target <a dir on PYTHONPATH>` first")
-    return None
-
-
 @dataclass
 class Attempt:
     """One start of a case, finished: its process, exit code, end time and log."""
@@ -796,7 +780,7 @@ class Suite:
         return Run(name, self.a.out, self.a.python, prespawn)
 
     def run(self) -> int:
-        problem = _entrypoint_problem()
+        problem = plugin_problem()
         if problem:
             self.summary.update(error=problem, all_passed=False)
             self.write()

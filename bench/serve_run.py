@@ -58,7 +58,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import ROOT, merged_config, model_vocab, write_json  # noqa: E402
+from common import ROOT, merged_config, model_vocab, plugin_problem, write_json  # noqa: E402
 
 OOM = re.compile(r"out of memory|OutOfMemoryError|CUDA error", re.I)
 CHAT_TEMPLATE = ROOT / "bench" / "serve_chat_template.jinja"
@@ -214,28 +214,6 @@ class GpuSampler:
 
 UNQUOTED_KEY = re.compile(r"[{,]\s*[A-Za-z_][\w.-]*\s*:")
 """A JSON object whose keys lost their quotes in a shell split (`{method:dspark,k:3}`)."""
-
-
-PLUGIN_ENTRY = "worstcase_profiler.plugin:register"
-
-
-def check_plugin_registered(modes: list[str], entry_points=None) -> None:
-    """Refuse a worst-case mode before any ballast or server starts where vLLM would not load
-    the plugin: without its vllm.general_plugins entry point (the project on PYTHONPATH but not
-    installed), `vllm serve` does not know --profiler and argparse reads it as an abbreviation
-    of vLLM's own --profiler-config, failing with a pydantic JSON error about 'worstcase'.
-    `entry_points`: the group's entries (default: importlib.metadata's, as vLLM reads them)."""
-    if "worstcase" not in modes:
-        return
-    if entry_points is None:
-        from importlib.metadata import entry_points as found
-        entry_points = found(group="vllm.general_plugins")
-    if not any(e.value == PLUGIN_ENTRY for e in entry_points):
-        raise SystemExit(
-            "serve_run: vLLM would not load worstcase_profiler in this Python (no "
-            f"vllm.general_plugins entry point {PLUGIN_ENTRY}), so `vllm serve` would read "
-            "--profiler as its own --profiler-config; pip install the project, or on a staged "
-            "site run `python3 staging/install_entrypoint.py --target $SITE --fixtures` first")
 
 
 def checked_extra(extra: str) -> list[str]:
@@ -612,7 +590,8 @@ def main(argv=None) -> int:
     # a SIGTERM (a driver's timeout) unwinds like Ctrl-C: run_mode's finally stops the server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     checked_extra(a.extra)
-    check_plugin_registered(a.modes.split(","))
+    if "worstcase" in a.modes.split(",") and (problem := plugin_problem()):
+        raise SystemExit(f"serve_run: {problem}")  # before a ballast or a server starts
     summary = {"args": vars(a), "modes": []}
     ok = True
     for mode in a.modes.split(","):

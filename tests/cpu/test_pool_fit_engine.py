@@ -77,10 +77,20 @@ def test_a_restart_on_its_own_entry_fits_from_the_cached_readings(fitted, refitt
     first, again = fitted.report["worstcase"], refitted.report["worstcase"]
     assert again["cache"]["status"] == "hit" and again["cache"]["trust"] == "host"
     fit = again["pool_fit"]
-    assert fit is not None and fit["steps"] == first["pool_fit"]["steps"]
-    assert fit["reused"] == len(fit["steps"]) > 0 and first["pool_fit"]["reused"] == 0
-    assert "at an earlier start, read from the sweep cache" in refitted.text
-    # the same answer as the start that measured them
+    shapes = lambda f: [s["shape"] for s in f["steps"]]  # noqa: E731
+    assert fit is not None and shapes(fit) == shapes(first["pool_fit"])
+    assert first["pool_fit"]["reused"] == 0
     assert again["worst_shape"] == first["worst_shape"]
-    assert again["peak_activation_bytes"] == first["peak_activation_bytes"]
+    assert again["worst_op"] == first["worst_op"]
     assert refitted.report["admission"]["kv_cache_bytes"] == POOL
+    if "the cached pool fit's worst step" in refitted.text:
+        # RSS read the worst step more than the meter's resolution above its cached reading: the
+        # fit measured every shape again instead (the busy-host path), never the cached figure
+        assert fit["reused"] == 0
+        assert again["peak_activation_bytes"] >= first["peak_activation_bytes"] - CPU_RESOLUTION
+        return
+    # the readings came from the entry, the worst measured again held: the same answer
+    assert fit["reused"] == len(fit["steps"]) > 0
+    assert fit["held_bytes"] >= first["pool_fit"]["held_bytes"]  # its own, or what they left then
+    assert "at an earlier start, read from the sweep cache" in refitted.text
+    assert again["peak_activation_bytes"] == first["peak_activation_bytes"]

@@ -319,3 +319,16 @@ def test_a_refused_start_forgets_the_entry_it_stored(tmp_path):
     assert not path.exists()
     sweep_cache.forget(CacheUse(status="stored", key="k", path=str(path)))  # already gone: fine
     sweep_cache.forget(CacheUse(status="off"))  # nothing stored: nothing to do
+
+
+def test_a_cached_reading_stands_within_the_tolerance_above_and_a_normal_drop_below():
+    """core/cache_trust.reading_holds: the pool fit's cached worst step, measured again, stands
+    up to the meter's tolerance above its figure (more would admit below the step) and down to
+    a fresh reading's normal drop (further: another build)."""
+    from worstcase_profiler.core.cache_trust import normal_drop, reading_holds
+
+    cached, tol = 1000 << 20, 2 << 20
+    assert reading_holds(cached, cached, tol) and reading_holds(cached, cached + tol, tol)
+    assert not reading_holds(cached, cached + tol + 1, tol)
+    low = cached - normal_drop(cached, tol)
+    assert reading_holds(cached, low, tol) and not reading_holds(cached, low - 1, tol)

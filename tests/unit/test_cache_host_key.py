@@ -122,9 +122,10 @@ def test_a_key_file_this_build_did_not_write_gives_no_host_key_and_never_raises(
 
 def test_the_pool_fits_readings_are_kept_and_reused_only_where_the_entry_is_trusted(
         tmp_path, monkeypatch):
-    """remember_pool_fit adds the fit's readings to the entry, one per shape, keeping this
-    host's MAC; a restart takes them (reusable_pool_fit) only from an entry that skips the
-    dominance re-check; an import re-written with them stays an import."""
+    """remember_pool_fit adds the fit's readings to the entry, one per shape, the larger where
+    one is there, and the most they left held, keeping this host's MAC; a restart takes them
+    (reusable_pool_fit) only from an entry that skips the dominance re-check; an import
+    re-written with them stays an import."""
     from worstcase_profiler.adapter import sweep_cache
     from worstcase_profiler.core.types import CacheUse
 
@@ -136,22 +137,27 @@ def test_the_pool_fits_readings_are_kept_and_reused_only_where_the_entry_is_trus
     b = StepResult(shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=41),
                    peak_bytes=71, seconds=0.3)
     stored = CacheUse(status="stored", key="k", path=path)
-    sweep_cache.remember_pool_fit(stored, (a,))
-    sweep_cache.remember_pool_fit(stored, (StepResult(shape=a.shape, peak_bytes=99, seconds=1),
-                                           b))  # a's first reading stays; b is added
+    sweep_cache.remember_pool_fit(stored, (a,), 5)
+    sweep_cache.remember_pool_fit(stored, (dataclasses.replace(a, peak_bytes=60), b), 2)
     entry, trust, own = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")
-    assert entry.pool_fit_steps == (a, b) and trust == "host" and own
+    assert entry.pool_fit_steps == (a, b) and entry.pool_fit_held_bytes == 5
+    assert trust == "host" and own
+    higher = dataclasses.replace(a, peak_bytes=99, top_op=None)
+    sweep_cache.remember_pool_fit(stored, (higher,), 0)
+    entry = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")[0]
+    assert entry.pool_fit_steps == (higher, b)
     restart = CacheUse(status="hit", key="k", path=path, trust="host")
-    assert sweep_cache.reusable_pool_fit(restart, entry) == {a.shape: a, b.shape: b}
+    assert sweep_cache.reusable_pool_fit(restart, entry) == (
+        {a.shape: higher, b.shape: b}, 5)
     for use in (CacheUse(status="hit", key="k", path=path, trust="re-checked"), stored):
-        assert sweep_cache.reusable_pool_fit(use, entry) == {}
-    assert sweep_cache.reusable_pool_fit(restart, None) == {}
+        assert sweep_cache.reusable_pool_fit(use, entry) is None
+    assert sweep_cache.reusable_pool_fit(restart, None) is None
     (tmp_path / "other").mkdir()  # an import gains readings measured here, and stays an import
     shutil.copy(path, tmp_path / "other" / "k.json")
     imported = CacheUse(status="hit", key="k", path=str(tmp_path / "other" / "k.json"),
                         trust="re-checked")
     c = dataclasses.replace(b, shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=42))
-    sweep_cache.remember_pool_fit(imported, (c,))
+    sweep_cache.remember_pool_fit(imported, (c,), 0)
     entry, trust, own = SweepCache.for_engine(tmp_path / "other",
                                               environ={})[0].load_with_trust("k")
-    assert entry.pool_fit_steps == (a, b, c) and trust is None and not own
+    assert entry.pool_fit_steps == (higher, b, c) and trust is None and not own

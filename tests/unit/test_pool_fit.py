@@ -14,7 +14,8 @@ from worstcase_profiler.core import pool_fit as core
 from worstcase_profiler.core import shapes as plan
 from worstcase_profiler.core.shapes import Limits
 from worstcase_profiler.core.sweep import run_cut_down, run_sweep
-from worstcase_profiler.core.types import HeldMemory, WarmupEstimate, Workspace
+from worstcase_profiler.core.types import (HeldMemory, Shape, StepResult, WarmupEstimate,
+                                          Workspace)
 
 from test_sweep import FakeDriver
 
@@ -296,22 +297,68 @@ def test_a_measured_step_outside_the_plan_is_never_admitted_below_its_reading():
     assert held.sweep.pool_fit is not None and held.sweep.peak_bytes == floor
 
 
-def test_a_restart_with_the_readings_fits_the_same_without_measuring_them():
-    """A trusted cache entry's readings (sweep_cache.reusable_pool_fit) stand in for the fit's
-    steps: the same transient, pool and worst step, and no step run."""
+def test_a_restart_with_the_readings_fits_the_same_measuring_only_its_worst_step():
+    """A trusted cache entry's readings (sweep_cache.reusable_pool_fit, kept as
+    core/pool_fit.kept_readings keeps them) stand in for the fit's steps: the same transient,
+    pool, worst step and op; the one step run is the admitted worst, measured again (and
+    attributed to its op)."""
     driver, facts, first, fresh, fresh_answer = fitted_start(per_request, CONSUMED, attribute=True)
-    known = {r.shape: r for r in fresh.sweep.pool_fit.steps}
+    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
     driver.shapes.clear()
     again, answer = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=True,
                                 known=known)
-    assert driver.shapes == []  # nothing measured, the attribution's step neither
+    assert driver.shapes == [fresh.sweep.worst.shape]
     assert again.sweep.peak_bytes == fresh.sweep.peak_bytes
     assert answer.budget.budget_bytes == fresh_answer.budget.budget_bytes
-    assert again.sweep.worst == fresh.sweep.worst
+    assert again.sweep.worst.shape == fresh.sweep.worst.shape
+    assert again.sweep.worst.need_bytes == fresh.sweep.worst.need_bytes
+    assert again.sweep.worst_op == fresh.sweep.worst_op == "op"
     fit = again.sweep.pool_fit
     assert fit.reused == len(fit.steps) == len(fresh.sweep.pool_fit.steps)
     assert "at an earlier start" in core.fit_line(again.sweep)
     assert fresh.sweep.pool_fit.reused == 0 and "earlier" not in core.fit_line(fresh.sweep)
+
+
+def test_a_cached_worst_step_that_needs_more_now_is_not_reused():
+    """Where the admitted worst step, measured again, needs more than its cached reading (beyond
+    the meter's tolerance), no cached reading is taken: the fit measures every shape now and
+    admits what a first start would."""
+    driver, facts, first, fresh, fresh_answer = fitted_start(per_request, CONSUMED)
+    worst = fresh.sweep.worst.shape
+    known = {r.shape: (dataclasses.replace(r, peak_bytes=r.peak_bytes - 64 * KiB)
+                       if r.shape == worst else r) for r in fresh.sweep.pool_fit.steps}
+    driver.shapes.clear()
+    again, answer = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False,
+                                known=known)
+    assert driver.shapes[0] == worst and set(driver.shapes[1:]) == set(known)
+    assert again.sweep.pool_fit.reused == 0
+    assert again.sweep.peak_bytes == fresh.sweep.peak_bytes
+    assert answer.budget.budget_bytes == fresh_answer.budget.budget_bytes
+
+
+def test_what_the_cached_steps_left_held_counts_on_a_restart():
+    """A restart that runs none of the fit's steps counts what they left held when they ran
+    (known_held), where that is more than its own reading: the consumed memory, and so the KV,
+    are the first start's."""
+    readings = iter([100 * MiB, 100 * MiB + 3 * MiB])
+    _, facts, first, fresh, _ = fitted_start(per_request, CONSUMED,
+                                             held=lambda phase: next(readings))
+    assert fresh.sweep.pool_fit.held_bytes == 3 * MiB
+    driver = FakeDriver(LIMITS, transient=per_request)
+    again, _ = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False,
+                           known={r.shape: r for r in fresh.sweep.pool_fit.steps},
+                           known_held=3 * MiB, held=lambda phase: 100 * MiB)
+    assert again.held.consumed_bytes == fresh.held.consumed_bytes == CONSUMED + 3 * MiB
+    assert again.sweep.pool_fit.held_bytes == 3 * MiB
+
+
+def test_a_cache_entry_keeps_the_larger_reading_of_a_shape():
+    shape = Shape(kind="prefill", rows=64, context_len=0, num_reqs=3)
+    low = StepResult(shape=shape, peak_bytes=10, seconds=0.1, top_op="x")
+    high = dataclasses.replace(low, peak_bytes=12, top_op=None)
+    other = dataclasses.replace(low, shape=dataclasses.replace(shape, num_reqs=4))
+    assert core.merged_readings((low,), (high, other)) == (high, other)
+    assert core.merged_readings((high,), (low,)) == (high,)
 
 
 def test_a_reading_one_rank_lacks_is_measured_on_every_rank():
@@ -336,5 +383,6 @@ def test_a_reading_one_rank_lacks_is_measured_on_every_rank():
     driver.shapes.clear()
     again, _ = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=False,
                            known=Known({r.shape: r for r in steps}), agree_max=agree_max)
-    assert driver.shapes == [missing]
+    worst = again.sweep.worst.shape  # measured again where its reading was taken
+    assert driver.shapes == [missing] + ([worst] if worst != missing else [])
     assert again.sweep.pool_fit.reused == len(steps) - 1

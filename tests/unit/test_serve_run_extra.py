@@ -90,15 +90,18 @@ def test_serve_dsv4_passes_its_drafter_and_graph_configs_as_json(eager):
         assert "--compilation-config" not in args
 
 
-def test_a_worst_case_mode_is_refused_where_vllm_would_not_load_the_plugin():
+def test_a_missing_or_excluded_plugin_is_named_before_a_server_starts():
     """Without the plugin's entry point `vllm serve --profiler worstcase` dies in argparse
-    (--profiler read as --profiler-config, h100-run82's first server): serve_run says why before
-    anything starts; a stock-only run needs no plugin."""
+    (--profiler read as --profiler-config, h100-run82's first server); VLLM_PLUGINS can leave it
+    out too. common.plugin_problem names either (serve_run and gpu_suite stop on it)."""
     from types import SimpleNamespace
 
-    other = [SimpleNamespace(value="vllm.plugins.lora_resolvers.filesystem_resolver:register")]
-    with pytest.raises(SystemExit, match="install_entrypoint.py"):
-        serve_run.check_plugin_registered(["worstcase", "stock"], other)
-    serve_run.check_plugin_registered(["stock"], other)
-    serve_run.check_plugin_registered(
-        ["worstcase"], [*other, SimpleNamespace(value=serve_run.PLUGIN_ENTRY)])
+    import common
+
+    lora = SimpleNamespace(name="lora_filesystem_resolver", value="vllm.plugins.lora:register")
+    ours = SimpleNamespace(name="worstcase_profiler", value="worstcase_profiler.plugin:register")
+    assert "install_entrypoint.py" in common.plugin_problem([lora], environ={})
+    assert common.plugin_problem([lora, ours], environ={}) is None
+    assert "leaves worstcase_profiler out" in common.plugin_problem(
+        [lora, ours], environ={"VLLM_PLUGINS": "lora_filesystem_resolver"})
+    assert common.plugin_problem([ours], environ={"VLLM_PLUGINS": "a, worstcase_profiler"}) is None

@@ -15,8 +15,10 @@ from typing import Callable, Mapping
 
 from ..core import pool_fit as core
 from ..core.budget import Decided, Measured
+from ..core.cache_trust import reading_holds
 from ..core.sweep import cannot_build
 from ..core.types import Shape, StepResult
+from ..sizes import fmt_bytes
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -29,8 +31,8 @@ the second overshot, for the pool the second one's transient leaves (core/pool_f
 def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Measured], Decided],
                 *, mode: str, agree_max: Callable[[int], int] | None = None,
                 held: Callable[[str], int] | None = None, attribute: bool = True,
-                floor: int = 0, known: Mapping[Shape, StepResult] | None = None
-                ) -> tuple[Measured, Decided]:
+                floor: int = 0, known: Mapping[Shape, StepResult] | None = None,
+                known_held: int = 0) -> tuple[Measured, Decided]:
     """(facts, decision) with the worst step fitted to the admitted pool, or the ones given
     where the sweep's plan stands: its worst shape fits the pool, the start is refused (on any
     rank), the pool is not the admission's (report mode, the chunk cap's plan), or no pool was
@@ -39,10 +41,16 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     A first round that does not fit is the answer (refused: its readings are steps the unfitted
     pool forms too); a later one ends the fit with the round before. `held(phase)` reads what
     the process holds: what the fit's steps leave behind is added to the consumed memory.
-    `floor`: the transient no fitted plan admits less than (core.refit's). `known`: readings
-    of this configuration's shapes to take instead of measuring (a trusted cache entry's,
-    sweep_cache.reusable_pool_fit); a shape is taken only where every rank has it, so the
-    ranks still measure the same steps."""
+    `floor`: the transient no fitted plan admits less than (core.refit's).
+
+    `known`: readings of this configuration's shapes to take instead of measuring (a trusted
+    cache entry's, sweep_cache.reusable_pool_fit), and `known_held` what the fit's steps left
+    held when they were measured (counted where it is more than this start's). A shape is taken
+    only where every rank has it, at the largest figures any rank has, so the ranks run the
+    same steps and admit alike. Where the admitted worst step is a reading taken, it is measured
+    again (attributed to its op): needing more than the reading by the meter's tolerance, or far
+    less (core/cache_trust.reading_holds), drops every taken reading and the fit measures its
+    shapes now."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     agree = agree_max or (lambda v: v)
     if (mode != "enforce" or not bpt or facts.chunk_cap_plan is not None
@@ -50,20 +58,70 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
         return facts, decided  # the same on every rank: the configuration's
     if agree(int(decided.budget.error is not None)):
         return facts, decided  # refused on some rank: every rank stops here alike
+    before = held("pool_fit.before") if held is not None else 0
+    best, readings, reused = _rounds(driver, facts, decided, decide, agree, known or {}, floor)
+    top = None
+    if best is not None and best[1].budget.error is None and best[0].sweep.worst.shape in reused:
+        holds, top = _cached_worst_holds(driver, best[0].sweep.worst, facts.tolerance_bytes,
+                                         agree, attribute)
+        if not holds:  # no cached reading is taken: every shape measured now
+            best, readings, reused = _rounds(driver, facts, decided, decide, agree, {}, floor)
+    if best is None:
+        return facts, decided
+    trial, answer = best
+    if answer.budget.error is not None:
+        log.error("[wcprof] %s", core.fit_line(trial.sweep))
+        return trial, answer
+    worst = trial.sweep.worst
+    if attribute and worst.shape in readings and worst.shape not in reused \
+            and worst.shape.kind != "stock":
+        with driver.provisional_kv():
+            top = driver.measure(worst.shape, attribute=True).top_op
+    if top is not None:
+        trial = dataclasses.replace(trial, sweep=dataclasses.replace(trial.sweep, worst_op=top))
+    grown = max(0, held("pool_fit.after") - before) if held is not None else 0
+    if reused:  # the steps not run now left that much held when they ran
+        grown = max(grown, known_held)
+    trial = dataclasses.replace(trial, sweep=dataclasses.replace(
+        trial.sweep, pool_fit=dataclasses.replace(trial.sweep.pool_fit, held_bytes=grown)))
+    if grown:  # what the fit's steps left behind is held, as the sweep's residue is
+        trial = dataclasses.replace(trial, held=dataclasses.replace(
+            trial.held, consumed_bytes=trial.held.consumed_bytes + grown))
+        answer = decide(trial)
+    log.info("[wcprof] %s", core.fit_line(trial.sweep))
+    return trial, answer
+
+
+def _cached_worst_holds(driver, worst: StepResult, tolerance: int, agree: Callable[[int], int],
+                        attribute: bool) -> tuple[bool, str | None]:
+    """(whether the admitted worst step's cached reading stands, measured again now on every
+    rank (core/cache_trust.reading_holds), the op it was attributed to now or when cached)."""
+    with driver.provisional_kv():
+        now = driver.measure(worst.shape, attribute=attribute and worst.shape.kind != "stock")
+    if agree(int(not reading_holds(worst.need_bytes, now.need_bytes, tolerance))):
+        log.warning("[wcprof] the cached pool fit's worst step (%s) needs %s now, %s when cached: "
+                    "its readings are not reused, the fit measures them now", worst.shape.label(),
+                    fmt_bytes(now.need_bytes), fmt_bytes(worst.need_bytes))
+        return False, None
+    return True, now.top_op or worst.top_op
+
+
+def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measured], Decided],
+            agree: Callable[[int], int], known: Mapping[Shape, StepResult], floor: int):
+    """fit_to_pool's rounds: (the last round's (facts, decision) or None where the sweep's plan
+    stands, every reading by shape, the shapes whose reading was taken from `known`)."""
+    limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     blocks = dict(bytes_per_token=bpt, pool_block_bytes=facts.pool_block_bytes,
                   block_size=limits.block_size)
 
     def usable(budget_bytes: int) -> int:  # every rank plans for the largest pool any rank has
         return agree(core.usable_tokens(budget_bytes, **blocks))
 
-    slack = facts.allocator_slack_bytes
-    known = known or {}
     readings: dict[Shape, StepResult] = {}
     reused: set[Shape] = set()
     skipped: dict[Shape, str] = {}
     best: tuple[Measured, Decided] | None = None
     tokens = usable(decided.budget.budget_bytes)
-    before = held("pool_fit.before") if held is not None else 0
     for rounds in range(1, ROUNDS + 1):
         fitted = core.replan(limits, sweep.coverage.worst_rows, tokens)
         if fitted is None or (best is None and sweep.worst.shape not in fitted.dropped):
@@ -73,7 +131,9 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
                 if shape in readings or shape in skipped:
                     continue
                 if agree(int(shape not in known)) == 0:  # every rank has it: not measured
-                    readings[shape] = known[shape]
+                    r = known[shape]
+                    readings[shape] = dataclasses.replace(
+                        r, peak_bytes=agree(r.peak_bytes), workspace_bytes=agree(r.workspace_bytes))
                     reused.add(shape)
                     continue
                 why = cannot_build(driver, shape)
@@ -83,10 +143,9 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
                     readings[shape] = driver.measure(shape)
         refit = core.refit(sweep, limits, fitted,
                            [readings[s] for s in fitted.added if s in readings],
-                           allocator_slack=slack, rounds=rounds,
+                           allocator_slack=facts.allocator_slack_bytes, rounds=rounds,
                            skipped=[(s, skipped[s]) for s in fitted.added if s in skipped],
-                           ran=readings.values(), floor=floor,
-                           reused=sum(s in reused for s in readings))
+                           ran=readings.values(), floor=floor, reused=len(reused))
         trial = dataclasses.replace(facts, limits=fitted.limits, sweep=refit)
         answer = decide(trial)
         if agree(int(answer.budget.error is not None)):
@@ -107,22 +166,4 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
             break  # the allocation is this plan's pool: its worst step is one that pool forms
         else:
             tokens = left  # the line overshot: settle where this transient leaves the pool
-    if best is None:
-        return facts, decided
-    trial, answer = best
-    if answer.budget.error is not None:
-        log.error("[wcprof] %s", core.fit_line(trial.sweep))
-        return trial, answer
-    worst = trial.sweep.worst
-    if attribute and worst.shape in readings and worst.shape not in reused \
-            and worst.shape.kind != "stock":  # a reused reading carries its op
-        with driver.provisional_kv():
-            top = driver.measure(worst.shape, attribute=True).top_op
-        trial = dataclasses.replace(trial, sweep=dataclasses.replace(trial.sweep, worst_op=top))
-    grown = max(0, held("pool_fit.after") - before) if held is not None else 0
-    if grown:  # what the fit's steps left behind is held, as the sweep's residue is
-        trial = dataclasses.replace(trial, held=dataclasses.replace(
-            trial.held, consumed_bytes=trial.held.consumed_bytes + grown))
-        answer = decide(trial)
-    log.info("[wcprof] %s", core.fit_line(trial.sweep))
-    return trial, answer
+    return best, readings, reused

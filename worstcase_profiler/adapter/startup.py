@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 from ..core import budget
 from ..core import chunk_cap as core_cap
+from ..core import pool_fit as core_fit
 from ..core.advise import knee_line
 from ..core.audits import (capture_warmup_verdict, concurrency_note, kv_audit_error,
                            kv_audit_verdict, warmup_to_remember, warmup_verdict, with_startup)
@@ -109,7 +110,7 @@ class StartMeasurement(NamedTuple):
     capture_warmup: tuple[int, tuple[int, int]] | None = None
     """The widest graph capture's eager warm-up, metered apart from vLLM's profile: (its
     transient, (tokens, requests)); None where not metered (eager, a cached start, V1)."""
-    known_pool_fit: dict | None = None
+    cached_fit: sweep_cache.CachedFit | None = None
     """Pool-fit readings a trusted cache entry gives (sweep_cache.reusable_pool_fit)."""
 
 
@@ -128,13 +129,13 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
                                fit_objective=settings.fit_objective,
                                auto_max_model_len=settings.auto_max_model_len)
     decided = decide(measured.facts)
+    cached = measured.cached_fit
     with session.clock("pool_fit"), gc_frozen():  # the worst step fitted to the pool it leaves
         facts, decided = pool_fit.fit_to_pool(
             measured.driver, measured.facts, decided, decide, mode=settings.mode,
             agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops,
-            floor=measured.floor, known=measured.known_pool_fit)
-    if facts.sweep.pool_fit is not None:  # a restart fits without measuring them again
-        sweep_cache.remember_pool_fit(measured.cache, attributed_fit_steps(facts.sweep))
+            floor=measured.floor, known=cached.readings if cached else None,
+            known_held=cached.held_bytes if cached else 0)
     for note in decided.warnings:
         session.warn(note)
         log.warning("[wcprof] %s", note)
@@ -159,6 +160,10 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     if agree is not None and agree(int(capture_error is not None)) and capture_error is None:
         capture_error = DoesNotFit("another rank's graph-capture warm-up needs more than the "
                                    "worst case admits (its log says how much)")
+    if facts.sweep.pool_fit is not None and capture_error is None:
+        with session.clock("cache_store"):  # a restart fits without measuring them again
+            sweep_cache.remember_pool_fit(measured.cache, core_fit.kept_readings(facts.sweep),
+                                          facts.sweep.pool_fit.held_bytes)
     if (note := unprofiled_note(measured.multimodal, measured.encoder,
                                 measured.encoder_why_not)) is not None:
         session.warn(note)  # never a silent figure: the multimodal limits not covered
@@ -191,13 +196,6 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
         chunk_cap.publish(worker.vllm_config, core_cap.as_pairs(decided.chunk_cap.plan.levels),
                           session.facts.rank)
     return apply_budget(worker, sweep, decided)
-
-
-def attributed_fit_steps(sweep: SweepResult) -> tuple[StepResult, ...]:
-    """The pool fit's readings, the fitted worst step's with the op the fit attributed it to."""
-    return tuple(dataclasses.replace(r, top_op=sweep.worst_op)
-                 if r.shape == sweep.worst.shape and sweep.worst_op else r
-                 for r in sweep.pool_fit.steps)
 
 
 def apply_budget(worker, sweep: SweepResult, decided: budget.Decided) -> int:
@@ -379,7 +377,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
                             encoder=encoder, encoder_why_not=encoder_why_not, checks=checks,
                             floor=floor, driver=driver,
                             held=held, capture_warmup=capture_warmup,
-                            known_pool_fit=sweep_cache.reusable_pool_fit(use, entry))
+                            cached_fit=sweep_cache.reusable_pool_fit(use, entry))
 
 
 def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,

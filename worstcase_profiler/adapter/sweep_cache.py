@@ -12,6 +12,7 @@ from typing import Callable, NamedTuple
 from ..core.cache import ENV_DIR, CacheEntry, SweepCache, cache_dir, cache_key
 from ..core.cache_trust import (TRUST_SKIPS_RECHECK, cache_verdict, recheck_dominance,
                                 still_worst)
+from ..core.pool_fit import merged_readings
 from ..core.shapes import Limits
 from ..core.sweep import dominance_checks, replay, reused, stock_readings
 from ..core.timing import PhaseTimer
@@ -149,24 +150,34 @@ def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
     _update(use, lambda entry: None if entry.warmup == warmup else entry.replace(warmup=warmup))
 
 
-def remember_pool_fit(use: CacheUse, steps: tuple[StepResult, ...]) -> None:
-    """Add the pool fit's full-model readings to this configuration's cache entry, one per shape
-    (a reading already there stays): a restart that trusts the entry fits without measuring
-    them again (reusable_pool_fit)."""
+class CachedFit(NamedTuple):
+    """The pool fit's readings a trusted entry gives a restart, and what they left held."""
+
+    readings: dict[Shape, StepResult]
+    held_bytes: int = 0
+
+
+def remember_pool_fit(use: CacheUse, steps: tuple[StepResult, ...], held_bytes: int) -> None:
+    """Add the pool fit's full-model readings to this configuration's cache entry, one per
+    shape, the larger where it has one (core/pool_fit.merged_readings), and the most its steps
+    left held: a restart that trusts the entry fits without measuring them again
+    (reusable_pool_fit)."""
     def merged(entry: CacheEntry) -> CacheEntry | None:
-        have = {r.shape for r in entry.pool_fit_steps}
-        new = tuple(r for r in steps if r.shape not in have)
-        return entry.replace(pool_fit_steps=entry.pool_fit_steps + new) if new else None
+        kept = merged_readings(entry.pool_fit_steps, steps)
+        held = max(entry.pool_fit_held_bytes, held_bytes)
+        if kept == entry.pool_fit_steps and held == entry.pool_fit_held_bytes:
+            return None
+        return entry.replace(pool_fit_steps=kept, pool_fit_held_bytes=held)
     _update(use, merged)
 
 
-def reusable_pool_fit(use: CacheUse, entry: CacheEntry | None) -> dict[Shape, StepResult]:
+def reusable_pool_fit(use: CacheUse, entry: CacheEntry | None) -> CachedFit | None:
     """The pool-fit readings a start may take from its entry instead of measuring: those of an
     entry reused without the dominance re-check (its trust: this host's own, or fleet-signed),
-    else none. Ranks agree on the trust with the re-check (sweep_or_reuse)."""
+    else None. Ranks agree on the trust with the re-check (sweep_or_reuse)."""
     if entry is None or use.status != "hit" or use.trust not in TRUST_SKIPS_RECHECK:
-        return {}
-    return {r.shape: r for r in entry.pool_fit_steps}
+        return None
+    return CachedFit({r.shape: r for r in entry.pool_fit_steps}, entry.pool_fit_held_bytes)
 
 
 def _update(use: CacheUse, change: Callable[[CacheEntry], CacheEntry | None]) -> None:

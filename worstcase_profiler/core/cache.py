@@ -126,9 +126,12 @@ class CacheEntry:
     prove run's comparison is one start's, not reused) and for entries written before it."""
     pool_fit_steps: tuple[StepResult, ...] = ()
     """The full-model readings the pool fit measured at the starts that used the entry (one per
-    shape; the fitted worst step's with its attributed op). A restart whose entry skips the
+    shape, the largest; the fitted worst step's with its attributed op). A restart whose entry skips the
     dominance re-check (cache_trust.TRUST_SKIPS_RECHECK) fits with these instead of measuring
     them again, and measures only shapes missing here; a re-checked entry measures them all."""
+    pool_fit_held_bytes: int = 0
+    """The most the fit's steps left held at any of those starts (a restart that reads them
+    counts at least this in its consumed memory, as the start that measured them did)."""
     schema: int = SCHEMA
     mac: str | None = None
     """HMAC-SHA256 of the entry under the operator's secret ($WCPROF_CACHE_SECRET), when one is

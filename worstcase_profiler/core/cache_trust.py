@@ -5,6 +5,7 @@ measured bytes; the adapter (adapter/startup.py) replays and applies.
   cache_verdict       whether the replayed worst step still needs what it needed when cached
   normal_drop         how far below a cached figure a fresh reading may fall (cache_verdict's)
   still_worst         whether none of the plan's heaviest other shapes now needs more
+  reading_holds       whether a cached reading stands beside the same step measured now
   recheck_dominance   whether a reused entry must be re-checked against those shapes
   reuse_transient     the transient a cached start admits
   reuse_consumed      the held-memory figure a cached start admits with
@@ -40,6 +41,14 @@ def still_worst(cached_need: int, others: list[int], allowed: int) -> bool:
     measured now, needs more than it did (within the allowed drift): a forged or foreign entry
     that names a small step as the worst is caught here."""
     return all(n <= cached_need + allowed for n in others)
+
+
+def reading_holds(cached: int, measured: int, tolerance: int) -> bool:
+    """Whether a cached step's figure stands beside the same step measured now: no more than the
+    meter's tolerance above it (the same answer as when it was cached; more, and the cached
+    figure would admit below what the step needs), and no further below it than a fresh reading
+    of the same build falls (normal_drop: further, and it describes another build)."""
+    return cached - normal_drop(cached, tolerance) <= measured <= cached + tolerance
 
 
 def reuse_transient(cached: int, replayed: int, resolution: int) -> int:

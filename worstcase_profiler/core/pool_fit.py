@@ -186,3 +186,25 @@ def fit_text(fit: PoolFit, worst: Shape, peak_bytes: int) -> str:
             f"{worst.label()} ({len(fit.steps)} step(s) measured"
             f"{f', {fit.reused} of them at an earlier start, read from the sweep cache' if fit.reused else ''}, "
             f"{fit.rounds} round(s)), and the pool is held at it")
+
+
+def kept_readings(sweep: SweepResult) -> tuple[StepResult, ...]:
+    """The fit's readings as a sweep-cache entry keeps them (adapter/sweep_cache.remember_pool_fit):
+    the fitted worst step's with the op the fit attributed it to."""
+    fit = sweep.pool_fit
+    if fit is None:
+        return ()
+    return tuple(dataclasses.replace(r, top_op=sweep.worst_op)
+                 if r.shape == sweep.worst.shape and sweep.worst_op else r for r in fit.steps)
+
+
+def merged_readings(kept: Iterable[StepResult], new: Iterable[StepResult]
+                    ) -> tuple[StepResult, ...]:
+    """One reading per shape, the larger by need (then peak) where both have one, so what a
+    cache entry keeps only grows; `kept`'s order first, then `new` shapes in theirs."""
+    out: dict[Shape, StepResult] = {r.shape: r for r in kept}
+    for r in new:
+        have = out.get(r.shape)
+        if have is None or (r.need_bytes, r.peak_bytes) > (have.need_bytes, have.peak_bytes):
+            out[r.shape] = r
+    return tuple(out.values())

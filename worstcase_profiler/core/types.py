@@ -139,14 +139,19 @@ class PoolFit:
     swept_worst: Shape = doc("the sweep's worst shape, which that pool cannot hold")
     swept_peak_bytes: int = doc("the transient the sweep admitted for it")
     dropped: tuple[Shape, ...] = doc("the planned shapes that pool cannot hold (not counted)")
-    steps: tuple[StepResult, ...] = doc("every step the fit measured on the full model, in "
-                                        "order: each round's shapes the sweep had not run (the "
-                                        "fitted plan counts the ones it holds)")
+    steps: tuple[StepResult, ...] = doc("every step the fit counted, measured on the full model "
+                                        "now or (`reused`) at an earlier start, in order: each "
+                                        "round's shapes the sweep had not run (the fitted plan "
+                                        "counts the ones it holds)")
     rounds: int = doc("plans fitted: the first for the pool the sweep's admission left, the "
                       "second where the pool a plan's transient leaves meets the pool it plans "
                       "for, a third where the second overshot")
     reused: int = doc("of `steps`, how many were read from a trusted sweep-cache entry "
-                      "instead of measured (a restart: adapter/pool_fit.fit_to_pool)", default=0)
+                      "instead of measured (a restart: adapter/pool_fit.fit_to_pool); the worst "
+                      "of them, where it is the admitted one, was measured again", default=0)
+    held_bytes: int = doc("what the fit's steps left held, added to the consumed memory (a "
+                          "start that read them from the cache counts the larger of its own and "
+                          "what they left when measured)", default=0)
 
 
 @dataclass(frozen=True)
