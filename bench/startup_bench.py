@@ -93,6 +93,21 @@ def start_order(modes: list[str], repeat: int) -> list[tuple[int, str]]:
     return [(i, m) for i in range(max(1, repeat)) for m in modes]
 
 
+SLOWEST = 8
+"""slowest_steps keeps this many: the full-model steps that set a first start's sweep time."""
+
+
+def slowest_steps(worstcase: dict) -> list[dict]:
+    """The report's SLOWEST slowest measured steps (the sweep's and the pool fit's), each as
+    {shape label, seconds}: where a first start's sweep time goes (its cut-down steps take
+    milliseconds, its full-model confirmations and class samples seconds)."""
+    steps = [*(worstcase.get("steps") or ()), *((worstcase.get("pool_fit") or {}).get("steps") or ())]
+    label = lambda sh: (f"{sh['kind']} rows={sh['rows']} ctx={sh['context_len']} "  # noqa: E731
+                        f"reqs={sh.get('num_reqs', 1)}")
+    ranked = sorted(steps, key=lambda s: -s["seconds"])[:SLOWEST]
+    return [{"shape": label(s["shape"]), "seconds": round(s["seconds"], 3)} for s in ranked]
+
+
 def child(a) -> int:
     t0 = time.perf_counter()
     from vllm import LLM
@@ -138,7 +153,8 @@ def child(a) -> int:
                    kv_groups=len((written.get("kv_audit") or {}).get("groups") or ()) or None,
                    replay_s=cache.get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
-                   profiler_s=round(sum(profiler_phases(phases).values()), 3))
+                   profiler_s=round(sum(profiler_phases(phases).values()), 3),
+                   slowest_steps=slowest_steps(wc))
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
 

@@ -173,3 +173,21 @@ def test_an_imported_start_without_a_source_imports_its_rounds_own_entry(monkeyp
     source = next(c for m, c in made if m == "worstcase-imported")
     assert exported == [("export", cold)] and source != cold  # the round's cache, exported
     assert not [r for r in entry["runs"] if "not_run" in r or "error" in r]
+
+
+def test_the_slowest_steps_name_where_a_first_starts_sweep_went():
+    """startup_bench keeps the report's slowest measured steps, the pool fit's included, so a
+    first start's sweep time is attributed to its full-model steps in the benchmark's JSON."""
+    def step(kind, rows, ctx, reqs, s):
+        return {"shape": {"kind": kind, "rows": rows, "context_len": ctx, "num_reqs": reqs},
+                "seconds": s}
+
+    wc = {"steps": [step("prefill", 1, 131071, 1, 0.01) for _ in range(30)]
+          + [step("decode", 1024, 131071, 1024, 3.55), step("mixed", 8192, 123903, 1024, 3.88)],
+          "pool_fit": {"steps": [step("prefill", 8192, 1547, 392, 0.6)]}}
+    out = startup_bench.slowest_steps(wc)
+    assert len(out) == startup_bench.SLOWEST
+    assert out[:3] == [{"shape": "mixed rows=8192 ctx=123903 reqs=1024", "seconds": 3.88},
+                       {"shape": "decode rows=1024 ctx=131071 reqs=1024", "seconds": 3.55},
+                       {"shape": "prefill rows=8192 ctx=1547 reqs=392", "seconds": 0.6}]
+    assert startup_bench.slowest_steps({"steps": [], "pool_fit": None}) == []
