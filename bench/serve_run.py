@@ -307,6 +307,8 @@ class Server:
         cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main",
                *server_argv(a, mode, self.port, self.report)]
         env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+        # the plugin from this checkout, as common.plugin_problem checked it, in every process
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
         self.cmd = cmd
         self.log = open(self.log_path, "w")
         self.t0 = time.time()

@@ -100,7 +100,8 @@ SLOWEST = 8
 def slowest_steps(worstcase: dict) -> list[dict]:
     """The report's SLOWEST slowest measured steps (the sweep's and the pool fit's), each as
     {shape label, seconds}: where a first start's sweep time goes (its cut-down steps take
-    milliseconds, its full-model confirmations and class samples seconds)."""
+    milliseconds, its full-model confirmations and class samples seconds). A cached start's
+    report carries the steps of the start that measured them: the child records none for it."""
     steps = [*(worstcase.get("steps") or ()), *((worstcase.get("pool_fit") or {}).get("steps") or ())]
     label = lambda sh: (f"{sh['kind']} rows={sh['rows']} ctx={sh['context_len']} "  # noqa: E731
                         f"reqs={sh.get('num_reqs', 1)}")
@@ -154,7 +155,7 @@ def child(a) -> int:
                    replay_s=cache.get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                    profiler_s=round(sum(profiler_phases(phases).values()), 3),
-                   slowest_steps=slowest_steps(wc))
+                   slowest_steps=[] if cache.get("status") == "hit" else slowest_steps(wc))
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
 

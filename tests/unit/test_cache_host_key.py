@@ -149,6 +149,12 @@ def test_the_pool_fits_readings_are_kept_and_reused_only_where_the_entry_is_trus
     restart = CacheUse(status="hit", key="k", path=path, trust="host")
     assert sweep_cache.reusable_pool_fit(restart, entry) == (
         {a.shape: higher, b.shape: b}, 5)
+    # readings a restart rejected (measured again, they no longer matched) give way, not merge
+    sweep_cache.remember_pool_fit(restart, (a,), 1, replace=True)
+    entry = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")[0]
+    assert entry.pool_fit_steps == (a,) and entry.pool_fit_held_bytes == 1
+    sweep_cache.remember_pool_fit(restart, (higher, b), 5)
+    entry = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")[0]
     for use in (CacheUse(status="hit", key="k", path=path, trust="re-checked"), stored):
         assert sweep_cache.reusable_pool_fit(use, entry) is None
     assert sweep_cache.reusable_pool_fit(restart, None) is None

@@ -14,6 +14,7 @@ from worstcase_profiler.core import pool_fit as core
 from worstcase_profiler.core import shapes as plan
 from worstcase_profiler.core.shapes import Limits
 from worstcase_profiler.core.sweep import run_cut_down, run_sweep
+from worstcase_profiler.errors import DoesNotFit
 from worstcase_profiler.core.types import (HeldMemory, Shape, StepResult, WarmupEstimate,
                                           Workspace)
 
@@ -386,3 +387,53 @@ def test_a_reading_one_rank_lacks_is_measured_on_every_rank():
     worst = again.sweep.worst.shape  # measured again where its reading was taken
     assert driver.shapes == [missing] + ([worst] if worst != missing else [])
     assert again.sweep.pool_fit.reused == len(steps) - 1
+
+
+def test_the_cached_readings_checked_are_the_largest_by_need_and_by_peak():
+    """The admitted transient is set by the largest peak, the worst step by the largest need:
+    where two cached readings hold those, both are measured again, and either one reading above
+    its cached figure drops them all."""
+    from worstcase_profiler.adapter import pool_fit as adapter
+
+    a = StepResult(shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=9),
+                   peak_bytes=10 * MiB, seconds=0.1, workspace_bytes=8 * MiB)  # by need
+    b = StepResult(shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=8),
+                   peak_bytes=12 * MiB, seconds=0.1)  # by peak
+    sweep = dataclasses.replace(fitted_start(per_request, CONSUMED)[3].sweep, worst=a)
+
+    class Driver(FakeDriver):
+        def __init__(self, now):
+            super().__init__(LIMITS, transient=per_request)
+            self.now = now
+
+        def measure(self, shape, attribute=False):
+            self.shapes.append(shape)
+            return self.now[shape]
+
+    same = Driver({a.shape: a, b.shape: dataclasses.replace(b, top_op="op")})
+    assert adapter._cached_readings_hold(same, sweep, [a, b], 0, lambda v: v, True) == (True, None)
+    assert same.shapes == [a.shape, b.shape]
+    grown = Driver({a.shape: a, b.shape: dataclasses.replace(b, peak_bytes=b.peak_bytes + 1)})
+    assert adapter._cached_readings_hold(grown, sweep, [a, b], 0, lambda v: v, True)[0] is False
+
+
+def test_a_round_another_rank_refused_refuses_this_rank_too_and_runs_nothing_more():
+    """The first round's refusal is agreed: a rank whose own plan fits is refused with the
+    others, and neither checks cached readings nor attributes a worst step (steps the refused
+    ranks would not run)."""
+    driver = FakeDriver(LIMITS, transient=per_request)
+    facts = measured(run_sweep(driver, tolerance=0, attribute_ops=False), consumed=CONSUMED)
+    first = decide(facts)
+    calls = []
+
+    def agree_max(v: int) -> int:  # every question after the first: another rank says "refused"
+        calls.append(v)
+        return v if len(calls) == 1 else max(v, 1)
+
+    driver.shapes.clear()
+    fitted, answer = fit_to_pool(driver, facts, first, decide, mode="enforce", attribute=True,
+                                 agree_max=agree_max)
+    assert isinstance(answer.budget.error, DoesNotFit)
+    assert "another rank" in str(answer.budget.error)
+    assert fitted.sweep.pool_fit is not None
+    assert set(driver.shapes) == set(r.shape for r in fitted.sweep.pool_fit.steps)  # no more

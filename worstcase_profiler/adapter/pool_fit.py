@@ -16,6 +16,7 @@ from typing import Callable, Mapping
 from ..core import pool_fit as core
 from ..core.budget import Decided, Measured
 from ..core.cache_trust import reading_holds
+from ..errors import DoesNotFit
 from ..core.sweep import cannot_build
 from ..core.types import Shape, StepResult
 from ..sizes import fmt_bytes
@@ -59,21 +60,22 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     if agree(int(decided.budget.error is not None)):
         return facts, decided  # refused on some rank: every rank stops here alike
     before = held("pool_fit.before") if held is not None else 0
-    best, readings, reused = _rounds(driver, facts, decided, decide, agree, known or {}, floor)
-    top = None
-    if best is not None and best[1].budget.error is None and best[0].sweep.worst.shape in reused:
-        holds, top = _cached_worst_holds(driver, best[0].sweep.worst, facts.tolerance_bytes,
-                                         agree, attribute)
+    best, readings, reused, refused, counted = _rounds(driver, facts, decided, decide, agree,
+                                                       known or {}, floor)
+    top, rejected = None, False
+    taken = [readings[s] for s in counted if s in reused]  # what the plan admits with
+    if best is not None and not refused and taken:
+        holds, top = _cached_readings_hold(driver, best[0].sweep, taken, facts.tolerance_bytes,
+                                           agree, attribute)
         if not holds:  # no cached reading is taken: every shape measured now
-            best, readings, reused = _rounds(driver, facts, decided, decide, agree, {}, floor)
+            rejected = True
+            best, readings, reused, refused, _ = _rounds(driver, facts, decided, decide, agree,
+                                                         {}, floor)
     if best is None:
         return facts, decided
     trial, answer = best
-    if answer.budget.error is not None:
-        log.error("[wcprof] %s", core.fit_line(trial.sweep))
-        return trial, answer
     worst = trial.sweep.worst
-    if attribute and worst.shape in readings and worst.shape not in reused \
+    if not refused and attribute and worst.shape in readings and worst.shape not in reused \
             and worst.shape.kind != "stock":
         with driver.provisional_kv():
             top = driver.measure(worst.shape, attribute=True).top_op
@@ -83,33 +85,57 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     if reused:  # the steps not run now left that much held when they ran
         grown = max(grown, known_held)
     trial = dataclasses.replace(trial, sweep=dataclasses.replace(
-        trial.sweep, pool_fit=dataclasses.replace(trial.sweep.pool_fit, held_bytes=grown)))
+        trial.sweep, pool_fit=dataclasses.replace(trial.sweep.pool_fit, held_bytes=grown,
+                                                  cache_rejected=rejected)))
     if grown:  # what the fit's steps left behind is held, as the sweep's residue is
         trial = dataclasses.replace(trial, held=dataclasses.replace(
             trial.held, consumed_bytes=trial.held.consumed_bytes + grown))
         answer = decide(trial)
+    if refused:  # on every rank alike, whichever rank's plan did not fit
+        if answer.budget.error is None:
+            answer = dataclasses.replace(answer, budget=dataclasses.replace(
+                answer.budget, error=DoesNotFit(
+                    "another rank's worst step fitted to the KV pool does not fit (its log "
+                    "says why)")))
+        log.error("[wcprof] %s", core.fit_line(trial.sweep))
+        return trial, answer
     log.info("[wcprof] %s", core.fit_line(trial.sweep))
     return trial, answer
 
 
-def _cached_worst_holds(driver, worst: StepResult, tolerance: int, agree: Callable[[int], int],
-                        attribute: bool) -> tuple[bool, str | None]:
-    """(whether the admitted worst step's cached reading stands, measured again now on every
-    rank (core/cache_trust.reading_holds), the op it was attributed to now or when cached)."""
+def _cached_readings_hold(driver, sweep, taken: list[StepResult], tolerance: int,
+                          agree: Callable[[int], int], attribute: bool
+                          ) -> tuple[bool, str | None]:
+    """(whether the cached readings the fitted plan admits with stand, the admitted worst step's
+    op): of the readings taken, the largest by need and the largest by peak (what the admitted
+    transient is set by), measured again now on every rank (the same shapes: the taken figures
+    are agreed) and each judged by core/cache_trust.reading_holds, need and peak; the worst step
+    attributed to its op where it is one of them."""
+    by_need = max(taken, key=lambda r: (r.need_bytes, r.peak_bytes))
+    by_peak = max(taken, key=lambda r: (r.peak_bytes, r.need_bytes))
+    top = None
     with driver.provisional_kv():
-        now = driver.measure(worst.shape, attribute=attribute and worst.shape.kind != "stock")
-    if agree(int(not reading_holds(worst.need_bytes, now.need_bytes, tolerance))):
-        log.warning("[wcprof] the cached pool fit's worst step (%s) needs %s now, %s when cached: "
-                    "its readings are not reused, the fit measures them now", worst.shape.label(),
-                    fmt_bytes(now.need_bytes), fmt_bytes(worst.need_bytes))
-        return False, None
-    return True, now.top_op or worst.top_op
+        for cached in dict.fromkeys((by_need, by_peak)):
+            named = attribute and cached.shape == sweep.worst.shape and cached.shape.kind != "stock"
+            now = driver.measure(cached.shape, attribute=named)
+            if agree(int(not reading_holds(cached.need_bytes, now.need_bytes, tolerance)
+                         or not reading_holds(cached.peak_bytes, now.peak_bytes, tolerance))):
+                log.warning("[wcprof] the cached pool fit's step %s needs %s now, %s when cached: "
+                            "its readings are not reused, the fit measures them now",
+                            cached.shape.label(), fmt_bytes(now.need_bytes),
+                            fmt_bytes(cached.need_bytes))
+                return False, None
+            if cached.shape == sweep.worst.shape:
+                top = now.top_op or cached.top_op
+    return True, top
 
 
 def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measured], Decided],
             agree: Callable[[int], int], known: Mapping[Shape, StepResult], floor: int):
     """fit_to_pool's rounds: (the last round's (facts, decision) or None where the sweep's plan
-    stands, every reading by shape, the shapes whose reading was taken from `known`)."""
+    stands, every reading by shape, the shapes whose reading was taken from `known`, whether
+    the first round did not fit on some rank (the start is refused on all), the shapes that
+    round's plan counts)."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     blocks = dict(bytes_per_token=bpt, pool_block_bytes=facts.pool_block_bytes,
                   block_size=limits.block_size)
@@ -121,6 +147,7 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
     reused: set[Shape] = set()
     skipped: dict[Shape, str] = {}
     best: tuple[Measured, Decided] | None = None
+    counted: tuple[Shape, ...] = ()
     tokens = usable(decided.budget.budget_bytes)
     for rounds in range(1, ROUNDS + 1):
         fitted = core.replan(limits, sweep.coverage.worst_rows, tokens)
@@ -150,9 +177,9 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
         answer = decide(trial)
         if agree(int(answer.budget.error is not None)):
             if best is None:  # its readings are steps the unfitted pool forms too: refused
-                best = (trial, answer)
+                return (trial, answer), readings, reused, True, fitted.added
             break
-        best = (trial, answer)
+        best, counted = (trial, answer), fitted.added
         # the pool this round's transient leaves under the sweep's own plan
         left = usable(decide(dataclasses.replace(
             facts, sweep=dataclasses.replace(refit, pool_fit=None))).budget.budget_bytes)
@@ -166,4 +193,4 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
             break  # the allocation is this plan's pool: its worst step is one that pool forms
         else:
             tokens = left  # the line overshot: settle where this transient leaves the pool
-    return best, readings, reused
+    return best, readings, reused, False, counted

@@ -160,10 +160,11 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     if agree is not None and agree(int(capture_error is not None)) and capture_error is None:
         capture_error = DoesNotFit("another rank's graph-capture warm-up needs more than the "
                                    "worst case admits (its log says how much)")
-    if facts.sweep.pool_fit is not None and capture_error is None:
+    fit = facts.sweep.pool_fit
+    if fit is not None and capture_error is None and decided.budget.error is None:
         with session.clock("cache_store"):  # a restart fits without measuring them again
             sweep_cache.remember_pool_fit(measured.cache, core_fit.kept_readings(facts.sweep),
-                                          facts.sweep.pool_fit.held_bytes)
+                                          fit.held_bytes, replace=fit.cache_rejected)
     if (note := unprofiled_note(measured.multimodal, measured.encoder,
                                 measured.encoder_why_not)) is not None:
         session.warn(note)  # never a silent figure: the multimodal limits not covered

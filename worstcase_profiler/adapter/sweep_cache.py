@@ -157,14 +157,16 @@ class CachedFit(NamedTuple):
     held_bytes: int = 0
 
 
-def remember_pool_fit(use: CacheUse, steps: tuple[StepResult, ...], held_bytes: int) -> None:
+def remember_pool_fit(use: CacheUse, steps: tuple[StepResult, ...], held_bytes: int, *,
+                      replace: bool = False) -> None:
     """Add the pool fit's full-model readings to this configuration's cache entry, one per
-    shape, the larger where it has one (core/pool_fit.merged_readings), and the most its steps
-    left held: a restart that trusts the entry fits without measuring them again
-    (reusable_pool_fit)."""
+    shape, the larger figures where it has one (core/pool_fit.merged_readings), and the most its
+    steps left held: a restart that trusts the entry fits without measuring them again
+    (reusable_pool_fit). `replace`: the entry's readings were rejected (measured again, they no
+    longer matched): these stand instead of them."""
     def merged(entry: CacheEntry) -> CacheEntry | None:
-        kept = merged_readings(entry.pool_fit_steps, steps)
-        held = max(entry.pool_fit_held_bytes, held_bytes)
+        kept = merged_readings(() if replace else entry.pool_fit_steps, steps)
+        held = held_bytes if replace else max(entry.pool_fit_held_bytes, held_bytes)
         if kept == entry.pool_fit_steps and held == entry.pool_fit_held_bytes:
             return None
         return entry.replace(pool_fit_steps=kept, pool_fit_held_bytes=held)

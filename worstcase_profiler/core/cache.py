@@ -49,7 +49,7 @@ admits differently for the same facts (10: a Mamba group's running-state block c
 request without a drafter too, adapter/kv.state_blocks, so a hybrid plans fewer requests), or
 writes an entry an older build cannot read (11: host_mac, which an older build's decoder and
 fleet MAC do not know, so builds sharing a directory would overwrite each other; 12:
-pool_fit_steps, the same way): an older
+pool_fit_steps and pool_fit_held_bytes, the same way): an older
 entry is then a miss, never a worst case that skipped a step real traffic forms. What each
 value changed is in the commit that raised it."""
 

@@ -200,11 +200,17 @@ def kept_readings(sweep: SweepResult) -> tuple[StepResult, ...]:
 
 def merged_readings(kept: Iterable[StepResult], new: Iterable[StepResult]
                     ) -> tuple[StepResult, ...]:
-    """One reading per shape, the larger by need (then peak) where both have one, so what a
-    cache entry keeps only grows; `kept`'s order first, then `new` shapes in theirs."""
+    """One reading per shape, the larger peak and the larger workspace where both have one
+    (each as rank agreement takes them), so what a cache entry keeps only grows; the op of the
+    one with the larger peak; `kept`'s order first, then `new` shapes in theirs."""
     out: dict[Shape, StepResult] = {r.shape: r for r in kept}
     for r in new:
         have = out.get(r.shape)
-        if have is None or (r.need_bytes, r.peak_bytes) > (have.need_bytes, have.peak_bytes):
+        if have is None:
             out[r.shape] = r
+            continue
+        top = r.top_op if r.peak_bytes > have.peak_bytes else have.top_op
+        out[r.shape] = dataclasses.replace(
+            have, peak_bytes=max(have.peak_bytes, r.peak_bytes), top_op=top,
+            workspace_bytes=max(have.workspace_bytes, r.workspace_bytes))
     return tuple(out.values())

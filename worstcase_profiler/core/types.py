@@ -152,6 +152,9 @@ class PoolFit:
     held_bytes: int = doc("what the fit's steps left held, added to the consumed memory (a "
                           "start that read them from the cache counts the larger of its own and "
                           "what they left when measured)", default=0)
+    cache_rejected: bool = doc("a trusted cache entry's readings were dropped: the one the "
+                               "admitted transient is set by, measured again, no longer "
+                               "matched, so every step was measured now", default=False)
 
 
 @dataclass(frozen=True)
