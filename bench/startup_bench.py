@@ -51,6 +51,7 @@ from pathlib import Path
 
 from common import ROOT, engine_env, merged_config, run_child, worstcase_config, write_json
 from worstcase_profiler.core.cache import ENV_SECRET
+from worstcase_profiler.core.types import Shape
 
 BENCH_SECRET = "wcprof-bench"
 """--signed's secret where none is set: a benchmark's, not an operator's."""
@@ -103,10 +104,9 @@ def slowest_steps(worstcase: dict) -> list[dict]:
     milliseconds, its full-model confirmations and class samples seconds). A cached start's
     report carries the steps of the start that measured them: the child records none for it."""
     steps = [*(worstcase.get("steps") or ()), *((worstcase.get("pool_fit") or {}).get("steps") or ())]
-    label = lambda sh: (f"{sh['kind']} rows={sh['rows']} ctx={sh['context_len']} "  # noqa: E731
-                        f"reqs={sh.get('num_reqs', 1)}")
     ranked = sorted(steps, key=lambda s: -s["seconds"])[:SLOWEST]
-    return [{"shape": label(s["shape"]), "seconds": round(s["seconds"], 3)} for s in ranked]
+    return [{"shape": Shape(**s["shape"]).label(), "seconds": round(s["seconds"], 3)}
+            for s in ranked]
 
 
 def child(a) -> int:

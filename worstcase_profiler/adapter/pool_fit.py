@@ -2,9 +2,10 @@
 
 fit_to_pool runs after the start's first decision: it plans for the pool that decision leaves,
 measures the shapes that plan adds on the same driver and provisional KV cache as the sweep
-(or takes a trusted cache entry's readings of them), and decides again, at most ROUNDS times. Every rank plans for the largest pool any rank left
-(the safe direction: each rank's allocation is held at or below it) and stops where any rank
-stops, so the ranks measure the same steps in the same order.
+(or takes a trusted cache entry's readings of them), and decides again, at most ROUNDS times.
+Every rank plans for the largest pool any rank left (the safe direction: each rank's allocation
+is held at or below it) and stops where any rank stops, so the ranks measure the same steps in
+the same order.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Callable, Mapping
 from ..core import pool_fit as core
 from ..core.budget import Decided, Measured
 from ..core.cache_trust import reading_holds
-from ..errors import DoesNotFit
 from ..core.sweep import cannot_build
 from ..core.types import Shape, StepResult
+from ..errors import DoesNotFit
 from ..sizes import fmt_bytes
 
 log = logging.getLogger("vllm.wcprof")
@@ -48,10 +49,11 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     cache entry's, sweep_cache.reusable_pool_fit), and `known_held` what the fit's steps left
     held when they were measured (counted where it is more than this start's). A shape is taken
     only where every rank has it, at the largest figures any rank has, so the ranks run the
-    same steps and admit alike. Where the admitted worst step is a reading taken, it is measured
-    again (attributed to its op): needing more than the reading by the meter's tolerance, or far
-    less (core/cache_trust.reading_holds), drops every taken reading and the fit measures its
-    shapes now."""
+    same steps and admit alike. Of the taken readings the last round's plan counts, the largest
+    by need and the largest by peak are measured again (_cached_readings_hold); one that reads
+    more than its figure by the meter's tolerance, or far less, drops every taken reading and the
+    fit measures its shapes now (PoolFit.cache_rejected). A first round refused on any rank
+    refuses every rank, and no rank runs a step after it."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     agree = agree_max or (lambda v: v)
     if (mode != "enforce" or not bpt or facts.chunk_cap_plan is not None
@@ -65,8 +67,8 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     top, rejected = None, False
     taken = [readings[s] for s in counted if s in reused]  # what the plan admits with
     if best is not None and not refused and taken:
-        holds, top = _cached_readings_hold(driver, best[0].sweep, taken, facts.tolerance_bytes,
-                                           agree, attribute)
+        holds, top = _cached_readings_hold(driver, best[0].sweep.worst.shape, taken,
+                                           facts.tolerance_bytes, agree, attribute)
         if not holds:  # no cached reading is taken: every shape measured now
             rejected = True
             best, readings, reused, refused, _ = _rounds(driver, facts, decided, decide, agree,
@@ -103,7 +105,7 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     return trial, answer
 
 
-def _cached_readings_hold(driver, sweep, taken: list[StepResult], tolerance: int,
+def _cached_readings_hold(driver, worst: Shape, taken: list[StepResult], tolerance: int,
                           agree: Callable[[int], int], attribute: bool
                           ) -> tuple[bool, str | None]:
     """(whether the cached readings the fitted plan admits with stand, the admitted worst step's
@@ -116,7 +118,7 @@ def _cached_readings_hold(driver, sweep, taken: list[StepResult], tolerance: int
     top = None
     with driver.provisional_kv():
         for cached in dict.fromkeys((by_need, by_peak)):
-            named = attribute and cached.shape == sweep.worst.shape and cached.shape.kind != "stock"
+            named = attribute and cached.shape == worst and worst.kind != "stock"
             now = driver.measure(cached.shape, attribute=named)
             if agree(int(not reading_holds(cached.need_bytes, now.need_bytes, tolerance)
                          or not reading_holds(cached.peak_bytes, now.peak_bytes, tolerance))):
@@ -125,7 +127,7 @@ def _cached_readings_hold(driver, sweep, taken: list[StepResult], tolerance: int
                             cached.shape.label(), fmt_bytes(now.need_bytes),
                             fmt_bytes(cached.need_bytes))
                 return False, None
-            if cached.shape == sweep.worst.shape:
+            if cached.shape == worst:
                 top = now.top_op or cached.top_op
     return True, top
 

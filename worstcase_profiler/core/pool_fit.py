@@ -183,9 +183,12 @@ def fit_text(fit: PoolFit, worst: Shape, peak_bytes: int) -> str:
             f"{fmt_bytes(fit.swept_peak_bytes)} admitted) holds more requests or context than "
             f"the admitted pool ({fit.pool_tokens:,} of the {fit.planned_pool_tokens:,} tokens "
             f"planned); the plan for that pool admits {fmt_bytes(peak_bytes)} at "
-            f"{worst.label()} ({len(fit.steps)} step(s) measured"
-            f"{f', {fit.reused} of them at an earlier start, read from the sweep cache' if fit.reused else ''}, "
+            f"{worst.label()} ({len(fit.steps)} step(s) measured{_reused_text(fit.reused)}, "
             f"{fit.rounds} round(s)), and the pool is held at it")
+
+
+def _reused_text(reused: int) -> str:
+    return f", {reused} of them at an earlier start, read from the sweep cache" if reused else ""
 
 
 def kept_readings(sweep: SweepResult) -> tuple[StepResult, ...]:
