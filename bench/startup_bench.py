@@ -155,7 +155,9 @@ def child(a) -> int:
                    replay_s=cache.get("replay_seconds"),
                    peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                    profiler_s=round(sum(profiler_phases(phases).values()), 3),
-                   slowest_steps=[] if cache.get("status") == "hit" else slowest_steps(wc))
+                   slowest_steps=[] if cache.get("status") == "hit" else slowest_steps(wc),
+                   sweep_split=({} if cache.get("status") == "hit"
+                                else (wc.get("cut_down_proof") or {}).get("seconds_split") or {}))
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
 
@@ -393,7 +395,9 @@ def _medians(runs: list[dict], stock: float | None) -> dict:
 
 def _mode_medians(ok: list[dict], stock: float) -> dict:
     boot = statistics.median([r["boot_s"] for r in ok])
-    phases = [r.get("startup_seconds") or {} for r in ok]
+    # the sweep's split (cut decoder, full model, eager re-reads) beside the report's phases
+    phases = [{**(r.get("startup_seconds") or {}),
+               **{f"sweep.{k}": v for k, v in (r.get("sweep_split") or {}).items()}} for r in ok]
     names = {k for p in phases for k in p}
     medians = {k: statistics.median([p.get(k, 0.0) for p in phases]) for k in names}
     return {"n": len(ok), "boot_s": boot, "ratio": boot / stock, "extra_s": boot - stock,

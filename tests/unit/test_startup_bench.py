@@ -191,3 +191,14 @@ def test_the_slowest_steps_name_where_a_first_starts_sweep_went():
                        {"shape": "decode rows=1024 ctx=131071 reqs=1024", "seconds": 3.55},
                        {"shape": "prefill rows=8192 ctx=1547 reqs=392", "seconds": 0.6}]
     assert startup_bench.slowest_steps({"steps": [], "pool_fit": None}) == []
+
+
+def test_the_sweeps_split_is_a_median_phase_of_its_own():
+    """A first start's sweep split (cut decoder, full model, eager re-reads) is reported beside
+    the report's phases, each the median over the mode's starts."""
+    runs = [{"boot_s": b, "startup_seconds": {"sweep": s}, "profiler_s": s,
+             "sweep_split": {"cut_decoder": 0.4, "full_model": f, "eager_rereads": e}}
+            for b, s, f, e in ((60.0, 24.0, 12.0, 11.6), (62.0, 22.0, 10.0, 11.0))]
+    phases = dict(startup_bench._mode_medians(runs, 30.0)["phases"])
+    assert phases["sweep.eager_rereads"] == 11.3 and phases["sweep.full_model"] == 11.0
+    assert phases["sweep"] == 23.0 and phases["sweep.cut_decoder"] == 0.4

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import types
 
 from worstcase_profiler.core.shapes import Limits, stock_shape
 from worstcase_profiler.core.sweep import run_sweep
@@ -677,3 +678,63 @@ def _every_shape():
     d = FakeDriver(LIMITS, transient=lambda s: 0)
     run_sweep(d, tolerance=0, attribute_ops=False)
     return d.shapes
+
+
+class _Clock:
+    """time.perf_counter for core.sweep, advanced by the fake drivers' steps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _timed(driver_cls, clock, cut_s, full_s, eager_s):
+    """driver_cls whose steps advance `clock`: cut_s a cut step, full_s a full-model step
+    (compiled), eager_s an eager re-read of one."""
+
+    class Timed(driver_cls):
+        def _tick(self):
+            clock.now += (eager_s if getattr(self, "eager_mode", False)
+                          else cut_s if self.cut else full_s)
+
+        def measure_stock(self):
+            self._tick()
+            return super().measure_stock()
+
+        def measure(self, shape, attribute=False):
+            self._tick()
+            return super().measure(shape, attribute)
+
+    return Timed
+
+
+def test_the_self_checks_time_is_split_where_it_went(monkeypatch):
+    """The proof says how much of a cut-down start's sweep the cut decoder, the full model's
+    readings and (compiled) their eager re-reads took, each the steps' own time: issue 34's
+    question of what costs a first start with graphs. An eager forward has no re-reads."""
+    import pytest
+
+    import worstcase_profiler.core.sweep as sweep_mod
+
+    f = PREFILL_HEAVY
+    for compiled in (False, True):
+        clock = _Clock()
+        monkeypatch.setattr(sweep_mod, "time", types.SimpleNamespace(perf_counter=clock))
+        if compiled:
+            drv = _timed(CompiledCutDriver, clock, 0.001, 1.0, 10.0)(
+                LIMITS, f, lambda s: MiB, f, stock_transient=f(_stock()))
+        else:
+            drv = _timed(CutDriver, clock, 0.001, 1.0, 10.0)(LIMITS, f, lambda s: MiB)
+        _, _, proof = _self_checked(drv)
+        split = proof.seconds_split
+        full_reads = len(drv.full_shapes) + 1  # the confirmations and samples, the stock step
+        assert split["full_model"] == pytest.approx(full_reads * 1.0, abs=1e-6), split
+        assert split["cut_decoder"] < 1.0 < split["full_model"]
+        if compiled:  # every full-model reading was read eagerly too
+            assert split["eager_rereads"] == pytest.approx(10.0 * full_reads, abs=1e-6), split
+            assert len(drv.eager_shapes) == full_reads - 1
+        else:
+            assert "eager_rereads" not in split
+        assert sum(split.values()) == pytest.approx(proof.cut_seconds, abs=2e-3)

@@ -278,6 +278,7 @@ def run_self_checked(driver: StepDriver, *, resolution: int, tolerance: int,
                              resolution=resolution, base_delta=cd.base_delta,
                              seconds=cd.result.seconds, unsampled_admitted=cd.base_peak,
                              eager_figures=cd.eager_figures)
+    proof = dataclasses.replace(proof, seconds_split=cd.seconds_split)
     if cd.unbuilt:  # a class left unsampled: the argument needs every class measured
         why = ", ".join(sh.label() for sh in cd.unbuilt)
         proof = dataclasses.replace(proof, verdict=f"no full-model sample could be built for "
@@ -319,6 +320,8 @@ class _CutDown(NamedTuple):
     """Every full-model reading: the stock step's (each of them), confirmations, samples."""
     eager_figures: dict[Shape, int] = {}
     """A compiled forward: each full-model shape read eagerly as well (empty where eager)."""
+    seconds_split: dict[str, float] = {}
+    """Where the sweep's wall time went (CutDownProof.seconds_split)."""
 
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
@@ -334,6 +337,8 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
                         context_ladder=context_ladder, attribute_ops=False, on_step=on_step,
                         stock_readings=stock_readings)
+    cut_seconds = time.perf_counter() - t_start
+    eager_seconds = [0.0]  # the eager re-reads' wall time, summed
     stock, stock_high = measure_stock_steady(driver, stock_readings)  # the full model's
     # A compiled forward: its cut steps ran eagerly, so every full-model step is read eagerly
     # as well, and its difference is depth (full eager minus cut) plus what compiling added
@@ -341,10 +346,12 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     eager_of: dict[Shape, int] = {}
     compiled = False
     if getattr(driver, "eager_full", None) is not None:
+        t0 = time.perf_counter()
         with driver.eager_full() as compiled:
             if compiled:  # the stock step, like with like: its lowest reading
                 eager_stock = measure_stock_steady(driver, stock_readings)[0]
                 eager_of[eager_stock.shape] = eager_stock.peak_bytes
+        eager_seconds[0] += time.perf_counter() - t0
     ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
     chosen: list[StepResult] = []
     for r in ranked:
@@ -374,8 +381,10 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         """`shape` measured on the full model (and, compiled, eagerly too), counted confirmed."""
         full = driver.measure(shape, attribute=attribute)
         if compiled:
+            t0 = time.perf_counter()
             with driver.eager_full():
                 eager_of[shape] = max(eager_of.get(shape, 0), driver.measure(shape).peak_bytes)
+            eager_seconds[0] += time.perf_counter() - t0
         confirmed.append(full)
         if on_step:
             on_step(full)
@@ -423,8 +432,12 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         cut, stock=stock, steps=tuple([*cut.steps, *confirmed[1:]]), worst=worst,
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
         confirmed=len(confirmed) - 1, seconds=time.perf_counter() - t_start)
+    split = {"cut_decoder": round(cut_seconds, 3),
+             "full_model": round(result.seconds - cut_seconds - eager_seconds[0], 3)}
+    if compiled:
+        split["eager_rereads"] = round(eager_seconds[0], 3)
     return _CutDown(result, depth, cut.stock, cut_peak, tuple(samples), base_delta, base_peak,
-                    tuple(unbuilt), (stock_high, *confirmed), eager_of)
+                    tuple(unbuilt), (stock_high, *confirmed), eager_of, split)
 
 
 def _certified_bound(sweep: SweepResult, limits: Limits) -> int:
