@@ -41,7 +41,7 @@ from ..core.multimodal import (EncoderStep, MultimodalFacts, beside, encoder_lin
                                need as encoder_need, unprofiled_note)
 from ..core.replay_rules import plan_agreement
 from ..core import shapes
-from ..core.cache import CacheEntry, pool_capacity_tokens
+from ..core.cache import CacheEntry, pool_capacity_tokens, pool_reuse
 from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import (cannot_build, prove_cut_down, run_cut_down, run_self_checked,
@@ -265,11 +265,10 @@ def measure_start(worker, original, settings: ProfilerSettings,
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
                              kv_cap=settings.kv_cap_bytes)
-        if entry is not None and agree(int(entry.capacity_tokens != limits.kv_capacity_tokens)):
-            log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
-                     "has %s: running the full sweep", handle.cache.path(handle.key),
-                     entry.capacity_tokens, limits.kv_capacity_tokens)
-            entry = None
+        start_pool = None  # this start's own pool, where a cached plan's smaller one holds it
+        if entry is not None:
+            limits, start_pool, entry = _cached_pool(limits, entry, agree,
+                                                     handle.cache.path(handle.key))
         driver = make_driver(worker, limits, meter, agree_fn)
         for rows, ctx in settings.check_steps:  # before the sweep: refused, never left out
             if (why := cannot_build(driver, check_steps.shape_of(rows, ctx))) is not None:
@@ -373,7 +372,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None,
         chunk_cap_measurements=measured_cap, chunk_cap_plan=cap_plan,
         alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF")),
-        allocator_kept_free_bytes=kept_free)
+        allocator_kept_free_bytes=kept_free, start_pool_tokens=start_pool)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not, checks=checks,
                             floor=floor, driver=driver,
@@ -394,6 +393,26 @@ def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,
             shape = check_steps.shape_of(rows, ctx)
             out.append(CheckStep.of(shape, driver.measure(shape), allocator_slack))
     return tuple(out)
+
+
+def _cached_pool(limits: Limits, entry: CacheEntry, agree, path) -> tuple[
+        Limits, int | None, CacheEntry | None]:
+    """(limits, this start's own pool where the plan's is smaller, the entry or None): the
+    cached sweep's plan kept where core/cache.pool_reuse says it stands for this start's pool,
+    the limits then carrying its pool; else None, and the sweep runs again. Ranks agree: every
+    one keeps the entry, with one planned pool, or none does."""
+    reuse = pool_reuse(entry.capacity_tokens, limits.kv_capacity_tokens)
+    planned = -1 if entry.capacity_tokens is None else int(entry.capacity_tokens)
+    if agree(int(not reuse.usable)) or agree(planned) != -agree(-planned):
+        log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
+                 "has %s (%s): running the full sweep", path, entry.capacity_tokens,
+                 limits.kv_capacity_tokens, reuse.why)
+        return limits, None, None
+    if reuse.plan_tokens == limits.kv_capacity_tokens:
+        return limits, None, entry
+    log.info("[wcprof] cached sweep %s: %s", path, reuse.why)
+    start = limits.kv_capacity_tokens if reuse.hold else None
+    return dataclasses.replace(limits, kv_capacity_tokens=reuse.plan_tokens), start, entry
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,

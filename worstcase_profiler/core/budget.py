@@ -80,6 +80,10 @@ class Measured:
     allocator_kept_free_bytes: int = 0
     """CUDA: what torch's caching allocator reserved beyond its live tensors when the held memory
     was read (after emptying its cache): segments it could not release, counted as held."""
+    start_pool_tokens: int | None = None
+    """This start's own KV pool bound (kv_capacity_tokens' unit) where `limits` carry a cached
+    sweep's smaller one (core/cache.pool_reuse's hold): the KV cache is then held at the plan's
+    pool (planned_pool). None otherwise."""
 
 
 @dataclass(frozen=True)
@@ -176,12 +180,14 @@ def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
     holds while the admitted transient is at least stock's: where the stock step is left out
     (SweepResult.stock_excluded) or the chunk cap admits less, a larger budget would hold more
     requests at once than any planned step has. A sweep fitted to a smaller pool
-    (SweepResult.pool_fit, core/pool_fit.py) plans for that pool: `limits` then carry it. Not
-    with an explicit KV size (the plan's)."""
+    (SweepResult.pool_fit, core/pool_fit.py) plans for that pool: `limits` then carry it. A
+    cached sweep planned for a smaller pool than this start's (Measured.start_pool_tokens) holds
+    the admission at its plan's pool too. Not with an explicit KV size (the plan's)."""
     tokens = m.limits.kv_capacity_tokens
     fitted = m.sweep.pool_fit is not None  # the worst step fitted to a pool: held at it
+    smaller = tokens is not None and (m.start_pool_tokens or 0) > tokens  # a cached plan's
     if m.explicit_kv_bytes is not None or not tokens or not (m.sweep.stock_excluded or cap
-                                                               or fitted):
+                                                               or fitted or smaller):
         return None
     if fitted:  # the fitted plan's pool is the usable one: its whole blocks and the null block
         return fitted_pool(m)

@@ -99,6 +99,47 @@ def pool_capacity_tokens(*, explicit_bytes: int | None, stock_kv_bytes: int,
 
 
 @dataclass(frozen=True)
+class PoolReuse:
+    """How a cached sweep's plan meets this start's KV pool (pool_reuse)."""
+
+    usable: bool
+    """The entry's plan stands for this start (else the sweep runs again)."""
+    plan_tokens: int | None
+    """The pool the start plans with: the entry's (its shapes were measured for it)."""
+    hold: bool
+    """This start's pool is larger than the plan's: the KV cache is held at the plan's pool."""
+    why: str
+
+
+def pool_reuse(entry_tokens: int | None, start_tokens: int | None) -> PoolReuse:
+    """Whether a cached sweep planned for a KV pool of `entry_tokens` (CacheEntry.capacity_tokens)
+    stands for a start whose own pool bound is `start_tokens` (pool_capacity_tokens; None: no
+    bound). The pool moves between starts of one configuration (vLLM's figure follows what its
+    profile found free: a hybrid with CUDA graphs read 1.06 GB less on its first start, whose
+    profile captured every graph, than on its restart), so an exact match would sweep again
+    on a restart. The plan the entry measured is kept instead:
+      - the same pool: as it is;
+      - a larger planned pool: its plan bounds every step this start's pool can form (the
+        direction pool_capacity_tokens rounds in), and the admission never exceeds this start's
+        own budget where the plan relies on that (budget.planned_pool holds it otherwise);
+      - a smaller planned pool: the KV cache is held at the plan's pool (`hold`,
+        budget.planned_pool), so no request count beyond what the plan measured can be resident;
+      - one bound known and the other not: not usable (the plans bound different things)."""
+    if entry_tokens == start_tokens:
+        return PoolReuse(True, entry_tokens, False, "the same KV pool")
+    if entry_tokens is None or start_tokens is None:
+        return PoolReuse(False, start_tokens, False,
+                         "one of the two starts has no KV pool bound, the other has")
+    if entry_tokens > start_tokens:
+        return PoolReuse(True, entry_tokens, False,
+                         f"planned for a larger KV pool ({entry_tokens:,} tokens, this start's "
+                         f"{start_tokens:,}): its plan bounds every step this pool forms")
+    return PoolReuse(True, entry_tokens, True,
+                     f"planned for a smaller KV pool ({entry_tokens:,} tokens, this start's "
+                     f"{start_tokens:,}): the KV cache is held at the planned pool")
+
+
+@dataclass(frozen=True)
 class CacheEntry:
     """One configuration's sweep, as the start that wrote it measured it."""
 
@@ -116,7 +157,8 @@ class CacheEntry:
     """What warm-up kept at the start that wrote or last used the entry."""
     capacity_tokens: int | None = None
     """The KV pool (rounded up) the sweep's shapes were planned for: not in the key, so the
-    entry is found before vLLM's own profile; a start with another pool sweeps again."""
+    entry is found before vLLM's own profile; a start with another pool keeps this plan, or
+    sweeps again, as pool_reuse says."""
     sweep_mode: str = "full"
     """How the sweep ran (full, or cut down and confirmed), as the report shows it."""
     proof: CutDownProof | None = None

@@ -1,0 +1,77 @@
+"""A cached sweep's plan on a restart whose KV pool moved (core/cache.pool_reuse,
+adapter/startup._cached_pool, budget.planned_pool): on the H100 (vLLM 0.32, CUDA graphs) the
+Qwen3.5 hybrid's restart found a pool of 1,376,256 tokens where its first start had planned for
+1,310,720, and swept again (96 s for a 23 s stock start). The entry's plan is kept instead, and
+where this start's pool is the larger one the KV cache is held at the plan's pool."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+from worstcase_profiler.adapter import startup
+from worstcase_profiler.core import budget
+from worstcase_profiler.core.cache import pool_reuse
+from worstcase_profiler.core.sweep import run_sweep
+
+from test_pool_fit import BPT, LIMITS, MiB, measured, per_request
+from test_sweep import FakeDriver
+
+
+def test_an_entry_is_kept_for_a_pool_of_either_side_and_held_where_it_planned_less():
+    same = pool_reuse(1_310_720, 1_310_720)
+    assert same.usable and same.plan_tokens == 1_310_720 and not same.hold
+    larger = pool_reuse(1_376_256, 1_310_720)  # planned for more: its plan bounds this pool
+    assert larger.usable and larger.plan_tokens == 1_376_256 and not larger.hold
+    smaller = pool_reuse(1_310_720, 1_376_256)  # planned for less: held at the planned pool
+    assert smaller.usable and smaller.plan_tokens == 1_310_720 and smaller.hold
+    assert "held at the planned pool" in smaller.why
+    for a, b in ((None, 1_310_720), (1_310_720, None)):  # bounds of different things
+        assert not pool_reuse(a, b).usable
+    assert pool_reuse(None, None).usable
+
+
+def _decided(start_pool: int | None) -> budget.Decided:
+    """A sweep planned for half of stock's pool, its budget well above that half."""
+    small = dataclasses.replace(LIMITS, kv_capacity_tokens=LIMITS.kv_capacity_tokens // 2)
+    sweep = run_sweep(FakeDriver(small, transient=per_request), tolerance=0, attribute_ops=False)
+    facts = dataclasses.replace(measured(sweep, consumed=40 * MiB), limits=small,
+                                start_pool_tokens=start_pool)
+    return budget.decide(facts, mode="enforce", margin_bytes=0)
+
+
+def test_a_plan_for_a_smaller_pool_holds_the_kv_cache_at_it():
+    plan_pool = LIMITS.kv_capacity_tokens // 2 * BPT
+    free = _decided(None)  # the plan's pool is this start's own: the stock argument holds
+    assert free.admission.kv_cache_bytes > plan_pool and free.admission.pool_ceiling_bytes is None
+    held = _decided(LIMITS.kv_capacity_tokens)  # this start's pool is twice the plan's
+    assert held.admission.kv_cache_bytes <= plan_pool < held.admission.budget_bytes
+    assert held.admission.pool_ceiling_bytes == plan_pool
+    assert held.admission.recommended_kv_cache_memory_bytes <= plan_pool
+    # a start whose own pool is the plan's or smaller is not held
+    assert _decided(LIMITS.kv_capacity_tokens // 2).admission.pool_ceiling_bytes is None
+
+
+def _agree(values_of_other_ranks):
+    """An agree-max over this rank and ranks that report `values_of_other_ranks` in call order."""
+    others = iter(values_of_other_ranks)
+    return lambda v: max(v, next(others))
+
+
+def test_a_restart_keeps_the_entrys_plan_and_ranks_agree_on_it():
+    entry = types.SimpleNamespace(capacity_tokens=6_400)
+    one_rank = lambda v: v  # noqa: E731
+    limits, start, kept = startup._cached_pool(LIMITS, entry, one_rank, "entry.json")
+    assert kept is entry and limits.kv_capacity_tokens == 6_400 and start == 12_800
+    same = dataclasses.replace(LIMITS, kv_capacity_tokens=6_400)
+    assert startup._cached_pool(same, entry, one_rank, "e") == (same, None, entry)
+    bigger = types.SimpleNamespace(capacity_tokens=25_600)
+    limits, start, kept = startup._cached_pool(LIMITS, bigger, one_rank, "e")
+    assert kept is bigger and limits.kv_capacity_tokens == 25_600 and start is None
+    # another rank's entry planned for another pool: no rank keeps its entry
+    two = _agree([0, 6_400, -6_000])  # usable there; its pool 6,000 (max 6,400, min 6,000)
+    assert startup._cached_pool(LIMITS, entry, two, "e") == (LIMITS, None, None)
+    # another rank cannot use its entry: none does
+    assert startup._cached_pool(LIMITS, entry, _agree([1, 6_400, -6_400]), "e")[2] is None
+    unbounded = types.SimpleNamespace(capacity_tokens=None)
+    assert startup._cached_pool(LIMITS, unbounded, one_rank, "e") == (LIMITS, None, None)
