@@ -30,7 +30,7 @@ from .core.check_steps import CheckStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.23"
+SCHEMA_VERSION = "1.24"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -61,6 +61,7 @@ SCHEMA_VERSION = "1.23"
 # admitted figure: within it, over its own reading only warns). 1.22: worstcase.encoder_step's
 # cache_rest_bytes (the encoder cache's other tokens, in the encoder step's need). 1.23:
 # validations' left_bytes (what the measured requests left allocated after they finished).
+# 1.24: cut_down_proof.seconds_split (where a cut-down sweep's seconds went).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

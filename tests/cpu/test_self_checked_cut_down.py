@@ -37,10 +37,12 @@ def test_the_self_check_catches_a_deep_layer_that_sets_the_decode_peak(tmp_path)
     assert proof["full_worst"]["kind"] == "decode"
     # the cut-down sweep alone (before its samples) would have admitted far less: the adversary
     assert proof["full_admitted_bytes"] > proof["unsampled_admitted_bytes"] + 8 * MiB, proof
-    # where the cut-down sweep's time went, on a real engine (eager: no re-reads)
+    # where the sweeps' time went, on a real engine (eager: no re-reads; fell back: the full
+    # sweep's own seconds beside the cut-down sweep's parts)
     split = proof["seconds_split"]
-    assert set(split) == {"cut_decoder", "full_model"} and min(split.values()) > 0, split
-    assert abs(sum(split.values()) - proof["cut_seconds"]) < 0.01, split
+    assert set(split) == {"cut_decoder", "full_model", "full_sweep"}, split
+    assert min(split.values()) > 0 and split["full_sweep"] == proof["full_seconds"], split
+    assert abs(split["cut_decoder"] + split["full_model"] - proof["cut_seconds"]) < 0.01, split
     assert wc["sweep_mode"].startswith("full: the cut-down sweep's self-check failed")
     assert "cut-down self-check (1 of 2 layers)" in run.out
     print(f"deepdecode: cut-down alone admitted {proof['unsampled_admitted_bytes']} B, with "

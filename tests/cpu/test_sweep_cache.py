@@ -210,16 +210,17 @@ def test_a_signed_or_own_entry_replays_only_its_worst_step_and_an_imported_one_i
 def test_a_restart_whose_pool_moved_keeps_the_entrys_plan(tmp_path, tiny_pair):
     """The KV pool a start plans for follows vLLM's own figure, which moves between starts of
     one configuration (the hybrid with CUDA graphs on the H100: 1,310,720 tokens planned at its
-    first start, 1,376,256 at its restart, which swept again). The entry's plan is kept: where it
-    planned for less than this start's pool, the KV cache is held at the planned pool; where for
-    more, nothing is held."""
+    first start, 1,376,256 at its restart, one rounding step up, which swept again). The entry's
+    plan is kept within a step: where it planned for less than this start's pool, the KV cache
+    is held at the planned pool; where for more, nothing is held."""
     wc1 = tiny_pair.cold.report["worstcase"]
     env = engine_env(WCPROF_CACHE_DIR=str(tiny_pair.cache_copy(tmp_path / "cache")))
     entry = tmp_path / "cache" / f"{wc1['cache']['key']}.json"
     data = json.loads(entry.read_text())
     planned = data["capacity_tokens"]
+    step = 1 << max(0, planned.bit_length() - 5)  # one rounding step (core/cache)
     bpt = tiny_pair.cold.report["admission"]["bytes_per_token"]
-    for name, tokens in (("smaller", planned // 2), ("larger", planned * 2)):
+    for name, tokens in (("smaller", planned - step), ("larger", planned + step)):
         entry.write_text(json.dumps(dict(data, capacity_tokens=tokens)))
         (tmp_path / name).mkdir()
         run = run_wcprof([], tmp_path / name, env=env)

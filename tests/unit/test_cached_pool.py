@@ -18,14 +18,23 @@ from test_pool_fit import BPT, LIMITS, MiB, measured, per_request
 from test_sweep import FakeDriver
 
 
-def test_an_entry_is_kept_for_a_pool_of_either_side_and_held_where_it_planned_less():
+def test_an_entry_is_kept_within_one_rounding_step_and_held_where_it_planned_less():
     same = pool_reuse(1_310_720, 1_310_720)
     assert same.usable and same.plan_tokens == 1_310_720 and not same.hold
+    # the H100 hybrid's two starts: one rounding step (65,536 tokens at this size) apart
     larger = pool_reuse(1_376_256, 1_310_720)  # planned for more: its plan bounds this pool
     assert larger.usable and larger.plan_tokens == 1_376_256 and not larger.hold
     smaller = pool_reuse(1_310_720, 1_376_256)  # planned for less: held at the planned pool
     assert smaller.usable and smaller.plan_tokens == 1_310_720 and smaller.hold
     assert "held at the planned pool" in smaller.why
+    # a pool that cannot be held (an explicit KV size, report mode): the sweep runs again
+    unheld = pool_reuse(1_310_720, 1_376_256, can_hold=False)
+    assert not unheld.usable and unheld.plan_tokens == 1_376_256
+    assert pool_reuse(1_376_256, 1_310_720, can_hold=False).usable  # nothing to hold there
+    # further apart (a changed utilization, KV size or kv_cap): the sweep runs again, either way
+    for a, b in ((1_310_720, 1_441_792), (1_441_792, 1_310_720)):
+        far = pool_reuse(a, b)
+        assert not far.usable and far.plan_tokens == b and "rounding step" in far.why
     for a, b in ((None, 1_310_720), (1_310_720, None)):  # bounds of different things
         assert not pool_reuse(a, b).usable
     assert pool_reuse(None, None).usable
@@ -46,6 +55,7 @@ def test_a_plan_for_a_smaller_pool_holds_the_kv_cache_at_it():
     assert free.admission.kv_cache_bytes > plan_pool and free.admission.pool_ceiling_bytes is None
     held = _decided(LIMITS.kv_capacity_tokens)  # this start's pool is twice the plan's
     assert held.admission.kv_cache_bytes <= plan_pool < held.admission.budget_bytes
+    assert held.budget.budget_bytes <= plan_pool  # what vLLM is handed
     assert held.admission.pool_ceiling_bytes == plan_pool
     assert held.admission.recommended_kv_cache_memory_bytes <= plan_pool
     # a start whose own pool is the plan's or smaller is not held
@@ -59,19 +69,27 @@ def _agree(values_of_other_ranks):
 
 
 def test_a_restart_keeps_the_entrys_plan_and_ranks_agree_on_it():
-    entry = types.SimpleNamespace(capacity_tokens=6_400)
+    entry = types.SimpleNamespace(capacity_tokens=12_288)  # LIMITS: 12,800, a step of 512
     one_rank = lambda v: v  # noqa: E731
-    limits, start, kept = startup._cached_pool(LIMITS, entry, one_rank, "entry.json")
-    assert kept is entry and limits.kv_capacity_tokens == 6_400 and start == 12_800
-    same = dataclasses.replace(LIMITS, kv_capacity_tokens=6_400)
-    assert startup._cached_pool(same, entry, one_rank, "e") == (same, None, entry)
-    bigger = types.SimpleNamespace(capacity_tokens=25_600)
-    limits, start, kept = startup._cached_pool(LIMITS, bigger, one_rank, "e")
-    assert kept is bigger and limits.kv_capacity_tokens == 25_600 and start is None
+
+    def cached(limits, e, agree=one_rank, can_hold=True):
+        return startup._cached_pool(limits, e, agree, "entry.json", can_hold=can_hold)
+
+    limits, start, kept = cached(LIMITS, entry)
+    assert kept is entry and limits.kv_capacity_tokens == 12_288 and start == 12_800
+    same = dataclasses.replace(LIMITS, kv_capacity_tokens=12_288)
+    assert cached(same, entry) == (same, None, entry)
+    bigger = types.SimpleNamespace(capacity_tokens=13_312)
+    limits, start, kept = cached(LIMITS, bigger)
+    assert kept is bigger and limits.kv_capacity_tokens == 13_312 and start is None
+    # an explicit KV size or report mode: a smaller plan's pool cannot be held, so sweep again
+    assert cached(LIMITS, entry, can_hold=False) == (LIMITS, None, None)
+    # far apart: this start's own pool is swept
+    assert cached(LIMITS, types.SimpleNamespace(capacity_tokens=6_400)) == (LIMITS, None, None)
     # another rank's entry planned for another pool: no rank keeps its entry
-    two = _agree([0, 6_400, -6_000])  # usable there; its pool 6,000 (max 6,400, min 6,000)
-    assert startup._cached_pool(LIMITS, entry, two, "e") == (LIMITS, None, None)
-    # another rank cannot use its entry: none does
-    assert startup._cached_pool(LIMITS, entry, _agree([1, 6_400, -6_400]), "e")[2] is None
+    two = _agree([0, 12_288, -12_800])  # usable there, its pool 12,800
+    assert cached(LIMITS, entry, two) == (LIMITS, None, None)
+    # another rank cannot keep its entry: none does
+    assert cached(LIMITS, entry, _agree([1, 12_288, -12_288]))[2] is None
     unbounded = types.SimpleNamespace(capacity_tokens=None)
-    assert startup._cached_pool(LIMITS, unbounded, one_rank, "e") == (LIMITS, None, None)
+    assert cached(LIMITS, unbounded) == (LIMITS, None, None)

@@ -236,7 +236,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
     agree = agree_fn or (lambda v: v)
 
     # A cached sweep decides how much of the start is measured (ranks agree: captures run
-    # collectives). Its capacity bucket is checked once vLLM's own figure is known.
+    # collectives). Its planned KV pool is checked once vLLM's own figure is known.
     limits = limits_of(vllm_config, worker.model_runner)
     chunk_cap.check_supported(settings, vllm_config, cuda=cuda)
     check_steps.check_formable(settings.check_steps, limits)  # before anything runs
@@ -247,6 +247,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
     with clock("cache_lookup"):  # the cap resizes the workspace: its starts are not cached
         handle, entry = (None, None) if settings.chunk_cap is not None else \
             sweep_cache.lookup(worker, session.facts, limits, settings)
+    if agree(int(entry is None)):  # every rank keeps its entry, or none does (collectives)
+        entry = None
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
         # vLLM's own profile gives stock's figure (its CUDA-graph estimate too: the stock KV
@@ -267,8 +269,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
                              kv_cap=settings.kv_cap_bytes)
         start_pool = None  # this start's own pool, where a cached plan's smaller one holds it
         if entry is not None:
-            limits, start_pool, entry = _cached_pool(limits, entry, agree,
-                                                     handle.cache.path(handle.key))
+            limits, start_pool, entry = _cached_pool(
+                limits, entry, agree, handle.cache.path(handle.key),
+                can_hold=explicit is None and settings.mode == "enforce")
         driver = make_driver(worker, limits, meter, agree_fn)
         for rows, ctx in settings.check_steps:  # before the sweep: refused, never left out
             if (why := cannot_build(driver, check_steps.shape_of(rows, ctx))) is not None:
@@ -395,18 +398,22 @@ def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,
     return tuple(out)
 
 
-def _cached_pool(limits: Limits, entry: CacheEntry, agree, path) -> tuple[
-        Limits, int | None, CacheEntry | None]:
+def _cached_pool(limits: Limits, entry: CacheEntry, agree, path, *,
+                 can_hold: bool) -> tuple[Limits, int | None, CacheEntry | None]:
     """(limits, this start's own pool where the plan's is smaller, the entry or None): the
-    cached sweep's plan kept where core/cache.pool_reuse says it stands for this start's pool,
-    the limits then carrying its pool; else None, and the sweep runs again. Ranks agree: every
-    one keeps the entry, with one planned pool, or none does."""
-    reuse = pool_reuse(entry.capacity_tokens, limits.kv_capacity_tokens)
+    cached sweep's plan kept where core/cache.pool_reuse says it stands for this start's pool
+    (`can_hold`: whether this start's KV cache can be held at a smaller plan's pool), the
+    limits then carrying its pool; else None, and the sweep runs again for this start's own
+    pool. Every rank calls it (each holds an entry: the caller agreed on that), and they agree:
+    each keeps its entry, all with one planned pool, or none does."""
+    reuse = pool_reuse(entry.capacity_tokens, limits.kv_capacity_tokens, can_hold=can_hold)
     planned = -1 if entry.capacity_tokens is None else int(entry.capacity_tokens)
-    if agree(int(not reuse.usable)) or agree(planned) != -agree(-planned):
-        log.info("[wcprof] cached sweep %s was planned for a KV pool of %s tokens, this start "
-                 "has %s (%s): running the full sweep", path, entry.capacity_tokens,
-                 limits.kv_capacity_tokens, reuse.why)
+    refused, lowest, highest = agree(int(not reuse.usable)), -agree(-planned), agree(planned)
+    if refused or lowest != highest:
+        why = reuse.why if not reuse.usable else (
+            "another rank's entry planned for another pool" if lowest != highest
+            else "another rank cannot keep its entry")
+        log.info("[wcprof] cached sweep %s: %s: running the full sweep", path, why)
         return limits, None, None
     if reuse.plan_tokens == limits.kv_capacity_tokens:
         return limits, None, entry
@@ -608,11 +615,13 @@ def _proof_line(p: CutDownProof) -> str:
     return (f"{p.verdict}: worst {p.full_worst.label()} (full) / {p.cut_worst.label()} "
             f"(cut-down), peak {fmt_bytes(p.full_peak_bytes)} / {fmt_bytes(p.confirmed_peak_bytes)} "
             f"confirmed, admitted {fmt_bytes(p.full_admitted_bytes)} / "
-            f"{fmt_bytes(p.cut_admitted_bytes)}, {p.full_seconds:.1f}s / {p.cut_seconds:.1f}s")
+            f"{fmt_bytes(p.cut_admitted_bytes)}, {p.full_seconds:.1f}s / {p.cut_seconds:.1f}s"
+            f"{_split_line(p.seconds_split)}")
 
 
 def _split_line(split: dict[str, float]) -> str:
-    """' (cut decoder 0.4s, full model 9.8s, eager re-reads 9.1s)', or '' with no split."""
+    """' (cut decoder 0.4s, full model 9.8s, eager re-reads 9.1s[, full sweep 40.2s])', or ''
+    with no split."""
     parts = ", ".join(f"{k.replace('_', ' ').replace('rereads', 're-reads')} {v:.1f}s"
                       for k, v in split.items())
     return f" ({parts})" if parts else ""

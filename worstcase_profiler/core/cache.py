@@ -39,7 +39,7 @@ HOST_KEY = ".host-key"
 """This host's own signing key, in the cache directory (no .json: never listed, exported or
 imported as an entry)."""
 OFF = "off"
-SCHEMA = 12
+SCHEMA = 13
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
 mixed pair, shapes.mixed_pair; 7: the context ladder's rungs past powers of two, and extents
 that no longer scale a recurrent state down; 8: a compiled forward's cut-down sweep reads its
@@ -49,7 +49,7 @@ admits differently for the same facts (10: a Mamba group's running-state block c
 request without a drafter too, adapter/kv.state_blocks, so a hybrid plans fewer requests), or
 writes an entry an older build cannot read (11: host_mac, which an older build's decoder and
 fleet MAC do not know, so builds sharing a directory would overwrite each other; 12:
-pool_fit_steps and pool_fit_held_bytes, the same way): an older
+pool_fit_steps and pool_fit_held_bytes, the same way; 13: the proof's seconds_split): an older
 entry is then a miss, never a worst case that skipped a step real traffic forms. What each
 value changed is in the commit that raised it."""
 
@@ -71,11 +71,16 @@ def cache_key(facts: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:24]
 
 
+def _quantum(tokens: int) -> int:
+    """round_capacity_up's step at `tokens`."""
+    return 1 << max(0, tokens.bit_length() - 5)
+
+
 def round_capacity_up(tokens: int) -> int:
     """KV capacity to 1/16 precision, rounded up: vLLM's own budget moves by a few blocks from
     one start to the next, which must not change the key. Up is the safe direction (longer
     extents are planned than the pool can hold)."""
-    quantum = 1 << max(0, tokens.bit_length() - 5)
+    quantum = _quantum(tokens)
     return -(-tokens // quantum) * quantum
 
 
@@ -105,38 +110,50 @@ class PoolReuse:
     usable: bool
     """The entry's plan stands for this start (else the sweep runs again)."""
     plan_tokens: int | None
-    """The pool the start plans with: the entry's (its shapes were measured for it)."""
+    """The pool the start plans with: the entry's where usable (its shapes were measured for
+    it), else this start's own."""
     hold: bool
     """This start's pool is larger than the plan's: the KV cache is held at the plan's pool."""
     why: str
 
 
-def pool_reuse(entry_tokens: int | None, start_tokens: int | None) -> PoolReuse:
+def pool_reuse(entry_tokens: int | None, start_tokens: int | None, *,
+               can_hold: bool = True) -> PoolReuse:
     """Whether a cached sweep planned for a KV pool of `entry_tokens` (CacheEntry.capacity_tokens)
     stands for a start whose own pool bound is `start_tokens` (pool_capacity_tokens; None: no
-    bound). The pool moves between starts of one configuration (vLLM's figure follows what its
-    profile found free: a hybrid with CUDA graphs read 1.06 GB less on its first start, whose
-    profile captured every graph, than on its restart), so an exact match would sweep again
-    on a restart. The plan the entry measured is kept instead:
-      - the same pool: as it is;
-      - a larger planned pool: its plan bounds every step this start's pool can form (the
-        direction pool_capacity_tokens rounds in), and the admission never exceeds this start's
-        own budget where the plan relies on that (budget.planned_pool holds it otherwise);
+    bound). vLLM's figure moves between starts of one configuration (a hybrid with CUDA graphs
+    read 1.06 GB less at its first start, whose profile captured every graph, than at its
+    restart), and a pool near a rounding step then lands one step up or down, so an exact match
+    would sweep again on a restart. Within one rounding step the entry's plan is kept:
+      - a larger planned pool: every step this start's pool can form, the plan's pool can form
+        too (request counts and extents only grow with the pool), so the plan bounds it; the
+        admission stays within the plan's pool as within its own (budget.planned_pool);
       - a smaller planned pool: the KV cache is held at the plan's pool (`hold`,
-        budget.planned_pool), so no request count beyond what the plan measured can be resident;
-      - one bound known and the other not: not usable (the plans bound different things)."""
+        budget.planned_pool), so no more requests are resident at once than the plan measured;
+        not where it cannot be held (`can_hold` False: an explicit KV size, which vLLM gets as
+        given, or report mode, which hands vLLM its own figure), and then the sweep runs again.
+    Further apart (a changed --gpu-memory-utilization, KV size or kv_cap, none of them in the
+    key), or with one bound unknown, the sweep runs again for this start's own pool."""
     if entry_tokens == start_tokens:
         return PoolReuse(True, entry_tokens, False, "the same KV pool")
     if entry_tokens is None or start_tokens is None:
         return PoolReuse(False, start_tokens, False,
                          "one of the two starts has no KV pool bound, the other has")
+    step = _quantum(max(entry_tokens, start_tokens))
+    planned = (f"planned for a {'larger' if entry_tokens > start_tokens else 'smaller'} KV pool "
+               f"({entry_tokens:,} tokens, this start's {start_tokens:,})")
+    if abs(entry_tokens - start_tokens) > step:
+        return PoolReuse(False, start_tokens, False,
+                         f"{planned}, more than one rounding step ({step:,} tokens) apart")
     if entry_tokens > start_tokens:
         return PoolReuse(True, entry_tokens, False,
-                         f"planned for a larger KV pool ({entry_tokens:,} tokens, this start's "
-                         f"{start_tokens:,}): its plan bounds every step this pool forms")
+                         f"{planned}: its plan bounds every step this pool forms")
+    if not can_hold:
+        return PoolReuse(False, start_tokens, False,
+                         f"{planned}, and this start's KV cache cannot be held at it (an "
+                         "explicit KV size or report mode)")
     return PoolReuse(True, entry_tokens, True,
-                     f"planned for a smaller KV pool ({entry_tokens:,} tokens, this start's "
-                     f"{start_tokens:,}): the KV cache is held at the planned pool")
+                     f"{planned}: the KV cache is held at the planned pool")
 
 
 @dataclass(frozen=True)

@@ -296,7 +296,8 @@ def run_self_checked(driver: StepDriver, *, resolution: int, tolerance: int,
         full = dataclasses.replace(full, peak_bytes=measured)
     proof = dataclasses.replace(
         proof, fell_back=True, full_worst=full.worst.shape, full_peak_bytes=full.worst.peak_bytes,
-        full_admitted_bytes=full.peak_bytes, full_seconds=round(full.seconds, 3))
+        full_admitted_bytes=full.peak_bytes, full_seconds=round(full.seconds, 3),
+        seconds_split={**proof.seconds_split, "full_sweep": round(full.seconds, 3)})
     return full, (f"full: the cut-down sweep's self-check failed ({proof.verdict}), so the "
                   f"full sweep ran and is admitted"), proof
 
@@ -351,7 +352,8 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
             if compiled:  # the stock step, like with like: its lowest reading
                 eager_stock = measure_stock_steady(driver, stock_readings)[0]
                 eager_of[eager_stock.shape] = eager_stock.peak_bytes
-        eager_seconds[0] += time.perf_counter() - t0
+        if compiled:
+            eager_seconds[0] += time.perf_counter() - t0
     ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
     chosen: list[StepResult] = []
     for r in ranked:

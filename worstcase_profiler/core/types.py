@@ -133,8 +133,9 @@ class PoolFit:
     replaces it: its new shapes measured on the full model, the largest shape it keeps admitted,
     and the pool allocated never above the plan's (more blocks would hold wider steps)."""
 
-    planned_pool_tokens: int = doc("the KV pool the sweep planned for (vLLM's own budget), in "
-                                   "capacity tokens")
+    planned_pool_tokens: int = doc("the KV pool the sweep planned for (vLLM's own budget, or a "
+                                   "cached sweep's within a rounding step of it), in capacity "
+                                   "tokens")
     pool_tokens: int = doc("the pool the fitted plan holds: what is allocated never exceeds it")
     swept_worst: Shape = doc("the sweep's worst shape, which that pool cannot hold")
     swept_peak_bytes: int = doc("the transient the sweep admitted for it")
@@ -248,7 +249,8 @@ class CutDownProof:
         "self-check: where cut_seconds went: 'cut_decoder' (every step on the cut decoder), "
         "'full_model' (the stock step, confirmations and samples on the full model, with the "
         "bookkeeping between them) and, on a compiled forward, 'eager_rereads' (each full-model "
-        "step read eagerly as well); wall seconds", default_factory=dict)
+        "step read eagerly as well); after a fallback also 'full_sweep' (full_seconds, not "
+        "part of cut_seconds); wall seconds", default_factory=dict)
 
     @property
     def proven(self) -> bool:
