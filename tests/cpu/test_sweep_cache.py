@@ -10,6 +10,7 @@ import pytest
 
 from conftest import CPU_RESOLUTION, engine_env, run_wcprof
 
+from worstcase_profiler.core.cache import _quantum
 from worstcase_profiler.core.cache_trust import (BASELINE_BELOW, cache_verdict as verdict,
                                                  normal_drop)
 
@@ -218,7 +219,7 @@ def test_a_restart_whose_pool_moved_keeps_the_entrys_plan(tmp_path, tiny_pair):
     entry = tmp_path / "cache" / f"{wc1['cache']['key']}.json"
     data = json.loads(entry.read_text())
     planned = data["capacity_tokens"]
-    step = 1 << max(0, planned.bit_length() - 5)  # one rounding step (core/cache)
+    step = _quantum(planned)  # one rounding step
     bpt = tiny_pair.cold.report["admission"]["bytes_per_token"]
     for name, tokens in (("smaller", planned - step), ("larger", planned + step)):
         entry.write_text(json.dumps(dict(data, capacity_tokens=tokens)))

@@ -458,6 +458,9 @@ def test_a_deep_layer_that_sets_the_peak_for_one_class_makes_the_self_check_fall
     assert sweep.peak_bytes == truth.peak_bytes == proof.full_admitted_bytes
     assert proof.unsampled_admitted_bytes == blind.peak_bytes  # run_cut_down's figure, recorded
     assert proof.full_worst.kind == "decode" and mode.startswith("full: the cut-down sweep's self-check failed")
+    # its seconds: the cut-down sweep's parts, and the full sweep's beside them
+    assert set(proof.seconds_split) == {"cut_decoder", "full_model", "full_sweep"}
+    assert proof.seconds_split["full_sweep"] == proof.full_seconds
 
 
 def test_a_class_whose_depth_difference_stays_within_the_resolution_keeps_the_cut():

@@ -247,8 +247,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
     with clock("cache_lookup"):  # the cap resizes the workspace: its starts are not cached
         handle, entry = (None, None) if settings.chunk_cap is not None else \
             sweep_cache.lookup(worker, session.facts, limits, settings)
-    if agree(int(entry is None)):  # every rank keeps its entry, or none does (collectives)
-        entry = None
+    entry = _agreed_entry(entry, agree, handle)  # every rank calls it
     graphs_on = cuda and not vllm_config.model_config.enforce_eager
     with contextlib.ExitStack() as frozen:
         # vLLM's own profile gives stock's figure (its CUDA-graph estimate too: the stock KV
@@ -271,7 +270,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         if entry is not None:
             limits, start_pool, entry = _cached_pool(
                 limits, entry, agree, handle.cache.path(handle.key),
-                can_hold=explicit is None and settings.mode == "enforce")
+                can_hold=can_hold(explicit, settings.mode))
         driver = make_driver(worker, limits, meter, agree_fn)
         for rows, ctx in settings.check_steps:  # before the sweep: refused, never left out
             if (why := cannot_build(driver, check_steps.shape_of(rows, ctx))) is not None:
@@ -398,6 +397,24 @@ def measure_check_steps(driver, steps: tuple[tuple[int, int], ...], clock,
     return tuple(out)
 
 
+def _agreed_entry(entry: CacheEntry | None, agree, handle) -> CacheEntry | None:
+    """This rank's entry where every rank found one, else None on every rank: whether a start is
+    cached decides its collectives (vLLM's profile captures every graph only on a first start),
+    so no rank may go on with an entry another rank lacks. Every rank calls it."""
+    if agree(int(entry is None)) and entry is not None:
+        log.info("[wcprof] cached sweep %s: another rank has no entry: running the full sweep",
+                 handle.cache.path(handle.key))
+        return None
+    return entry
+
+
+def can_hold(explicit: int | None, mode: str) -> bool:
+    """Whether this start's KV cache can be held at a cached plan's smaller pool
+    (budget.planned_pool): not with an explicit KV size, which vLLM gets as given, nor in report
+    mode, which hands vLLM its own figure."""
+    return explicit is None and mode == "enforce"
+
+
 def _cached_pool(limits: Limits, entry: CacheEntry, agree, path, *,
                  can_hold: bool) -> tuple[Limits, int | None, CacheEntry | None]:
     """(limits, this start's own pool where the plan's is smaller, the entry or None): the
@@ -417,7 +434,8 @@ def _cached_pool(limits: Limits, entry: CacheEntry, agree, path, *,
         return limits, None, None
     if reuse.plan_tokens == limits.kv_capacity_tokens:
         return limits, None, entry
-    log.info("[wcprof] cached sweep %s: %s", path, reuse.why)
+    log.info("[wcprof] cached sweep %s: %s%s", path, reuse.why,
+             " (delete the entry for a sweep of this start's own pool)" if reuse.hold else "")
     start = limits.kv_capacity_tokens if reuse.hold else None
     return dataclasses.replace(limits, kv_capacity_tokens=reuse.plan_tokens), start, entry
 
@@ -620,10 +638,10 @@ def _proof_line(p: CutDownProof) -> str:
 
 
 def _split_line(split: dict[str, float]) -> str:
-    """' (cut decoder 0.4s, full model 9.8s, eager re-reads 9.1s[, full sweep 40.2s])', or ''
-    with no split."""
+    """' (cut decoder 0.4s, full model 9.8s, eager re-reads 9.1s)': the cut-down sweep's parts
+    (a fallback's full sweep is the line's own figure), or '' with no split."""
     parts = ", ".join(f"{k.replace('_', ' ').replace('rereads', 're-reads')} {v:.1f}s"
-                      for k, v in split.items())
+                      for k, v in split.items() if k != "full_sweep")  # shown as full_seconds
     return f" ({parts})" if parts else ""
 
 

@@ -182,7 +182,10 @@ def planned_pool(m: Measured, cap: ChunkCapPlan | None) -> int | None:
     requests at once than any planned step has. A sweep fitted to a smaller pool
     (SweepResult.pool_fit, core/pool_fit.py) plans for that pool: `limits` then carry it. A
     cached sweep planned for a smaller pool than this start's (Measured.start_pool_tokens) holds
-    the admission at its plan's pool too. Not with an explicit KV size (the plan's)."""
+    the admission at its plan's pool too; one planned for a larger pool (`limits` carry it) needs
+    no hold: with the stock step counted the admission stays within this start's stock figure,
+    below the plan's pool, and otherwise it is held at the plan's pool as above. Not with an
+    explicit KV size (the plan's)."""
     tokens = m.limits.kv_capacity_tokens
     fitted = m.sweep.pool_fit is not None  # the worst step fitted to a pool: held at it
     smaller = tokens is not None and (m.start_pool_tokens or 0) > tokens  # a cached plan's

@@ -87,7 +87,8 @@ def round_capacity_up(tokens: int) -> int:
 def pool_capacity_tokens(*, explicit_bytes: int | None, stock_kv_bytes: int,
                          graph_estimate_bytes: int, bytes_per_token: int,
                          max_model_len: int, kv_cap_bytes: int | None = None) -> int:
-    """The KV pool's bound in tokens, which caps the shapes a sweep plans and keys its cache:
+    """The KV pool's bound in tokens, which caps the shapes a sweep plans (recorded with its
+    cache entry, not in the key: pool_reuse):
     `--kv-cache-memory-bytes` when given, else vLLM's own KV figure with its CUDA-graph estimate
     added back. vLLM subtracts that estimate from its figure; added back, the bound does not
     depend on it (first starts once made vLLM's estimate capture every graph, which raised it,
@@ -139,7 +140,7 @@ def pool_reuse(entry_tokens: int | None, start_tokens: int | None, *,
     if entry_tokens is None or start_tokens is None:
         return PoolReuse(False, start_tokens, False,
                          "one of the two starts has no KV pool bound, the other has")
-    step = _quantum(max(entry_tokens, start_tokens))
+    step = _quantum(min(entry_tokens, start_tokens))  # one step of the finer grid
     planned = (f"planned for a {'larger' if entry_tokens > start_tokens else 'smaller'} KV pool "
                f"({entry_tokens:,} tokens, this start's {start_tokens:,})")
     if abs(entry_tokens - start_tokens) > step:
@@ -153,7 +154,7 @@ def pool_reuse(entry_tokens: int | None, start_tokens: int | None, *,
                          f"{planned}, and this start's KV cache cannot be held at it (an "
                          "explicit KV size or report mode)")
     return PoolReuse(True, entry_tokens, True,
-                     f"{planned}: the KV cache is held at the planned pool")
+                     f"{planned}: the KV cache is held at most at the planned pool")
 
 
 @dataclass(frozen=True)

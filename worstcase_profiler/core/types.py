@@ -246,11 +246,12 @@ class CutDownProof:
         "self-check: what the cut-down sweep admitted before its samples (sweep_depth=cut-down's "
         "figure); cut_admitted_bytes counts the samples too", default=None)
     seconds_split: dict[str, float] = doc(
-        "self-check: where cut_seconds went: 'cut_decoder' (every step on the cut decoder), "
+        "self-check: where its sweeps' seconds went: cut_seconds as 'cut_decoder' (every step "
+        "on the cut decoder), "
         "'full_model' (the stock step, confirmations and samples on the full model, with the "
         "bookkeeping between them) and, on a compiled forward, 'eager_rereads' (each full-model "
-        "step read eagerly as well); after a fallback also 'full_sweep' (full_seconds, not "
-        "part of cut_seconds); wall seconds", default_factory=dict)
+        "step read eagerly as well); after a fallback also 'full_sweep' (full_seconds, beside "
+        "cut_seconds); wall seconds", default_factory=dict)
 
     @property
     def proven(self) -> bool:
