@@ -61,7 +61,8 @@ SCHEMA_VERSION = "1.24"
 # admitted figure: within it, over its own reading only warns). 1.22: worstcase.encoder_step's
 # cache_rest_bytes (the encoder cache's other tokens, in the encoder step's need). 1.23:
 # validations' left_bytes (what the measured requests left allocated after they finished).
-# 1.24: cut_down_proof.seconds_split (where a cut-down sweep's seconds went).
+# 1.24: cut_down_proof.seconds_split (where a cut-down sweep's seconds went);
+# worstcase.cache's planned_pool_tokens and start_pool_tokens (a hit planned for a moved pool).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

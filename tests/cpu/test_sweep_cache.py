@@ -219,15 +219,27 @@ def test_a_restart_whose_pool_moved_keeps_the_entrys_plan(tmp_path, tiny_pair):
     entry = tmp_path / "cache" / f"{wc1['cache']['key']}.json"
     data = json.loads(entry.read_text())
     planned = data["capacity_tokens"]
-    step = _quantum(planned)  # one rounding step
+    step, below = _quantum(planned), _quantum(planned - 1)  # one rounding step up, and down
     bpt = tiny_pair.cold.report["admission"]["bytes_per_token"]
-    for name, tokens in (("smaller", planned - step), ("larger", planned + step)):
+    # further apart (a changed kv_cap, say): the sweep runs again for this start's own pool
+    entry.write_text(json.dumps(dict(data, capacity_tokens=planned - 2 * step)))
+    (tmp_path / "far").mkdir()
+    far = run_wcprof([], tmp_path / "far", env=env)
+    assert far.rc == 0, far.text[-3000:]
+    assert far.report["worstcase"]["cache"]["status"] == "stored", far.report["worstcase"]["cache"]
+    assert "more than one rounding step" in far.text and "[wcprof] sweep: " in far.text
+    assert json.loads(entry.read_text())["capacity_tokens"] == planned  # stored for its own pool
+    for name, tokens in (("smaller", planned - below), ("larger", planned + step)):
         entry.write_text(json.dumps(dict(data, capacity_tokens=tokens)))
         (tmp_path / name).mkdir()
         run = run_wcprof([], tmp_path / name, env=env)
         assert run.rc == 0, run.text[-3000:]
         wc, adm = run.report["worstcase"], run.report["admission"]
-        assert wc["cache"]["status"] == "hit", (name, wc["cache"])
+        said = [ln for ln in run.text.splitlines() if "[wcprof]" in ln and any(
+            w in ln for w in ("cached sweep", "stale", "replay", "dominat", "sweep reused"))]
+        assert wc["cache"]["status"] == "hit", (name, wc["cache"], said)
+        assert wc["cache"]["planned_pool_tokens"] == tokens, wc["cache"]  # the report says so
+        assert wc["cache"]["start_pool_tokens"] == planned, wc["cache"]
         assert "[wcprof] sweep: " not in run.text and f"planned for a {name} KV pool" in run.text
         if name == "smaller":  # held at the plan's pool: no more requests resident than planned
             assert adm["pool_ceiling_bytes"] is not None

@@ -36,6 +36,8 @@ def test_an_entry_is_kept_within_one_rounding_step_and_held_where_it_planned_les
     for a, b in ((1_310_720, 1_441_792), (1_441_792, 1_310_720)):
         far = pool_reuse(a, b)
         assert not far.usable and far.plan_tokens == b and "rounding step" in far.why
+    # at a power of two the grid below is finer: one step there is one of its steps
+    assert pool_reuse(507_904, 524_288).usable and not pool_reuse(491_520, 524_288).usable
     for a, b in ((None, 1_310_720), (1_310_720, None)):  # bounds of different things
         assert not pool_reuse(a, b).usable
     assert pool_reuse(None, None).usable

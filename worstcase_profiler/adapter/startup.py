@@ -267,6 +267,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
                              kv_cap=settings.kv_cap_bytes)
         start_pool = None  # this start's own pool, where a cached plan's smaller one holds it
+        own_pool = limits.kv_capacity_tokens
         if entry is not None:
             limits, start_pool, entry = _cached_pool(
                 limits, entry, agree, handle.cache.path(handle.key),
@@ -292,6 +293,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
         sweep, use, entry, sweep_mode, proof = sweep_cache.sweep_or_reuse(
             driver, limits, tolerance, clock, handle, entry,
             full_sweep=lambda: _full_sweep(driver, limits, settings, tolerance, clock))
+        if use.status == "hit" and limits.kv_capacity_tokens != own_pool:  # the report says so
+            use = dataclasses.replace(use, planned_pool_tokens=limits.kv_capacity_tokens,
+                                      start_pool_tokens=own_pool)
         encoder, encoder_why_not = None, ""
         if mm_facts is not None and mm_facts.modalities:
             held("sweep.after")

@@ -312,6 +312,13 @@ class CacheUse:
         "the cached figure stood; above 0: a replayed step read more than the meter's tolerance "
         "above its cached figure, and the larger figure is admitted: core/sweep.reused)",
         default=None)
+    planned_pool_tokens: int | None = doc(
+        "a hit whose entry planned for another KV pool than this start's own, within one "
+        "rounding step (core/cache.pool_reuse): the entry's pool, which the start planned with, "
+        "in capacity tokens; None where the two are the same", default=None)
+    start_pool_tokens: int | None = doc(
+        "with planned_pool_tokens: this start's own pool (above the planned one: the KV cache "
+        "held at most at the planned pool)", default=None)
 
 
 @dataclass(frozen=True)
