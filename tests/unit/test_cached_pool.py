@@ -81,7 +81,7 @@ def test_a_restart_keeps_the_entrys_plan_and_ranks_agree_on_it(caplog):
     one_rank = lambda v: v  # noqa: E731
 
     def cached(limits, e, agree=one_rank, hold=True):
-        return startup._cached_pool(limits, e, agree, "entry.json", can_hold=hold)
+        return startup._cached_pool(limits, e, agree, "entry.json", holdable=hold)
 
     limits, start, kept = cached(LIMITS, entry)
     assert kept is entry and limits.kv_capacity_tokens == 12_288 and start == 12_800

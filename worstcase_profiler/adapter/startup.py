@@ -271,7 +271,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         if entry is not None:
             limits, start_pool, entry = _cached_pool(
                 limits, entry, agree, handle.cache.path(handle.key),
-                can_hold=can_hold(explicit, settings.mode))
+                holdable=can_hold(explicit, settings.mode))
         driver = make_driver(worker, limits, meter, agree_fn)
         for rows, ctx in settings.check_steps:  # before the sweep: refused, never left out
             if (why := cannot_build(driver, check_steps.shape_of(rows, ctx))) is not None:
@@ -420,14 +420,14 @@ def can_hold(explicit: int | None, mode: str) -> bool:
 
 
 def _cached_pool(limits: Limits, entry: CacheEntry, agree, path, *,
-                 can_hold: bool) -> tuple[Limits, int | None, CacheEntry | None]:
+                 holdable: bool) -> tuple[Limits, int | None, CacheEntry | None]:
     """(limits, this start's own pool where the plan's is smaller, the entry or None): the
     cached sweep's plan kept where core/cache.pool_reuse says it stands for this start's pool
-    (`can_hold`: whether this start's KV cache can be held at a smaller plan's pool), the
-    limits then carrying its pool; else None, and the sweep runs again for this start's own
-    pool. Every rank calls it (each holds an entry: the caller agreed on that), and they agree:
-    each keeps its entry, all with one planned pool, or none does."""
-    reuse = pool_reuse(entry.capacity_tokens, limits.kv_capacity_tokens, can_hold=can_hold)
+    (`holdable`: can_hold's answer for this start), the limits then carrying its pool; else
+    None, and the sweep runs again for this start's own pool. Every rank calls it (each holds
+    an entry: the caller agreed on that), and they agree: each keeps its entry, all with one
+    planned pool, or none does."""
+    reuse = pool_reuse(entry.capacity_tokens, limits.kv_capacity_tokens, can_hold=holdable)
     planned = -1 if entry.capacity_tokens is None else int(entry.capacity_tokens)
     refused, lowest, highest = agree(int(not reuse.usable)), -agree(-planned), agree(planned)
     if refused or lowest != highest:
