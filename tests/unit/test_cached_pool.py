@@ -66,6 +66,7 @@ def test_a_plan_for_a_smaller_pool_holds_the_kv_cache_at_it():
     assert held.admission.recommended_kv_cache_memory_bytes <= plan_pool
     # a start whose own pool is the plan's or smaller is not held
     assert _decided(PLAN).admission.pool_ceiling_bytes is None
+    assert _decided(PLAN - 512).admission.pool_ceiling_bytes is None  # a larger plan: no hold
 
 
 def _agree(other):
@@ -83,30 +84,30 @@ def test_a_restart_keeps_the_entrys_plan_and_ranks_agree_on_it(caplog):
     def cached(limits, e, agree=one_rank, hold=True):
         return startup._cached_pool(limits, e, agree, "entry.json", holdable=hold)
 
-    limits, start, kept = cached(LIMITS, entry)
-    assert kept is entry and limits.kv_capacity_tokens == 12_288 and start == 12_800
+    limits, kept = cached(LIMITS, entry)  # held: LIMITS' own 12,800 is above the plan's
+    assert kept is entry and limits.kv_capacity_tokens == 12_288
     same = dataclasses.replace(LIMITS, kv_capacity_tokens=12_288)
-    assert cached(same, entry) == (same, None, entry)
+    assert cached(same, entry) == (same, entry)
     bigger = types.SimpleNamespace(capacity_tokens=13_312)
-    limits, start, kept = cached(LIMITS, bigger)
-    assert kept is bigger and limits.kv_capacity_tokens == 13_312 and start is None
+    limits, kept = cached(LIMITS, bigger)
+    assert kept is bigger and limits.kv_capacity_tokens == 13_312
     # an explicit KV size or report mode: a smaller plan's pool cannot be held, so sweep again
-    assert cached(LIMITS, entry, hold=False) == (LIMITS, None, None)
+    assert cached(LIMITS, entry, hold=False) == (LIMITS, None)
     # far apart: this start's own pool is swept
-    assert cached(LIMITS, types.SimpleNamespace(capacity_tokens=6_400)) == (LIMITS, None, None)
+    assert cached(LIMITS, types.SimpleNamespace(capacity_tokens=6_400)) == (LIMITS, None)
     unbounded = types.SimpleNamespace(capacity_tokens=None)
-    assert cached(LIMITS, unbounded) == (LIMITS, None, None)
+    assert cached(LIMITS, unbounded) == (LIMITS, None)
     # two ranks whose entries planned for one pool keep them together
-    limits, start, kept = cached(LIMITS, entry, _agree({"planned": 12_288}))
-    assert kept is entry and limits.kv_capacity_tokens == 12_288 and start == 12_800
+    limits, kept = cached(LIMITS, entry, _agree({"planned": 12_288}))
+    assert kept is entry and limits.kv_capacity_tokens == 12_288
     # another rank's entry planned for another pool: no rank keeps its entry
     with caplog.at_level("INFO", logger="vllm.wcprof"):
         caplog.clear()
-        assert cached(LIMITS, entry, _agree({"planned": 12_800})) == (LIMITS, None, None)
+        assert cached(LIMITS, entry, _agree({"planned": 12_800})) == (LIMITS, None)
         assert "another rank's entry planned for another pool" in caplog.text
         # another rank cannot keep its entry: none does
         caplog.clear()
-        assert cached(LIMITS, entry, _agree({"refused": 1, "planned": 12_288}))[2] is None
+        assert cached(LIMITS, entry, _agree({"refused": 1, "planned": 12_288}))[1] is None
         assert "another rank cannot keep its entry" in caplog.text
 
 

@@ -266,10 +266,9 @@ def measure_start(worker, original, settings: ProfilerSettings,
         bpt = kvmod.bytes_per_token(runner)
         limits = pool_limits(worker, limits, explicit, stock_kv, bpt, agree_fn,
                              kv_cap=settings.kv_cap_bytes)
-        start_pool = None  # this start's own pool, where a cached plan's smaller one holds it
-        own_pool = limits.kv_capacity_tokens
+        own_pool = limits.kv_capacity_tokens  # above a kept plan's, the KV is held at that
         if entry is not None:
-            limits, start_pool, entry = _cached_pool(
+            limits, entry = _cached_pool(
                 limits, entry, agree, handle.cache.path(handle.key),
                 holdable=can_hold(explicit, settings.mode))
         driver = make_driver(worker, limits, meter, agree_fn)
@@ -378,7 +377,7 @@ def measure_start(worker, original, settings: ProfilerSettings,
         pool_block_bytes=kvmod.pool_block_bytes(runner) if bpt else None,
         chunk_cap_measurements=measured_cap, chunk_cap_plan=cap_plan,
         alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF")),
-        allocator_kept_free_bytes=kept_free, start_pool_tokens=start_pool)
+        allocator_kept_free_bytes=kept_free, start_pool_tokens=own_pool)
     return StartMeasurement(facts=facts, cache=use, proof=proof, multimodal=mm_facts,
                             encoder=encoder, encoder_why_not=encoder_why_not, checks=checks,
                             floor=floor, driver=driver,
@@ -420,8 +419,8 @@ def can_hold(explicit: int | None, mode: str) -> bool:
 
 
 def _cached_pool(limits: Limits, entry: CacheEntry, agree, path, *,
-                 holdable: bool) -> tuple[Limits, int | None, CacheEntry | None]:
-    """(limits, this start's own pool where the plan's is smaller, the entry or None): the
+                 holdable: bool) -> tuple[Limits, CacheEntry | None]:
+    """(limits, the entry or None): the
     cached sweep's plan kept where core/cache.pool_reuse says it stands for this start's pool
     (`holdable`: can_hold's answer for this start), the limits then carrying its pool; else
     None, and the sweep runs again for this start's own pool. Every rank calls it (each holds
@@ -435,13 +434,12 @@ def _cached_pool(limits: Limits, entry: CacheEntry, agree, path, *,
             "another rank's entry planned for another pool" if lowest != highest
             else "another rank cannot keep its entry")
         log.info("[wcprof] cached sweep %s: %s: running the full sweep", path, why)
-        return limits, None, None
+        return limits, None
     if reuse.plan_tokens == limits.kv_capacity_tokens:
-        return limits, None, entry
+        return limits, entry
     log.info("[wcprof] cached sweep %s: %s%s", path, reuse.why,
              " (delete the entry for a sweep of this start's own pool)" if reuse.hold else "")
-    start = limits.kv_capacity_tokens if reuse.hold else None
-    return dataclasses.replace(limits, kv_capacity_tokens=reuse.plan_tokens), start, entry
+    return dataclasses.replace(limits, kv_capacity_tokens=reuse.plan_tokens), entry
 
 
 def pool_limits(worker, limits: Limits, explicit: int | None, stock_kv: int, bpt: int,

@@ -81,9 +81,9 @@ class Measured:
     """CUDA: what torch's caching allocator reserved beyond its live tensors when the held memory
     was read (after emptying its cache): segments it could not release, counted as held."""
     start_pool_tokens: int | None = None
-    """This start's own KV pool bound (kv_capacity_tokens' unit) where `limits` carry a cached
-    sweep's smaller one (core/cache.pool_reuse's hold): the KV cache is then held at the plan's
-    pool (planned_pool). None otherwise."""
+    """This start's own KV pool bound (kv_capacity_tokens' unit, pool_limits'). Above `limits`'
+    (a cached sweep's smaller plan, core/cache.pool_reuse's hold), the KV cache is held at the
+    plan's pool (planned_pool). None: not known (the plan's is this start's)."""
 
 
 @dataclass(frozen=True)
