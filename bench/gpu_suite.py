@@ -65,6 +65,7 @@ MODELS = ROOT / "tests" / "gpu" / "models"
 LLAMA, DSV32 = MODELS / "llama-8l-2048", MODELS / "dsv32-8l-dense"
 LLAMA8B = MODELS / "llama-3.1-8b-layout"
 QWEN35, DSV4 = MODELS / "qwen35-8l-mtp", MODELS / "dsv4-4l-mtp"
+QWEN35_32L = MODELS / "qwen35-32l-layout"  # issue 34's hybrid: the 8-layer layout at 32 layers
 DSV4_FP8 = MODELS / "dsv4-4l-mtp-fp8"  # the real checkpoint's FP8 block: 0.26's O projection is FP8-only
 DSV4_026 = ["--enforce-eager", "--kv-cache-dtype", "fp8", "--load-format", "dummy-finalized",
             "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}']
@@ -205,6 +206,7 @@ CASES: dict[str, tuple[Path, list[str], dict[str, str], str | None]] = {
     "llama_graphs_prove": (LLAMA, [*LONG, *PROVE], {}, "v2"),
     "llama8b_graphs_prove": (LLAMA8B, [*LONG, *PROVE], {}, "v2"),
     "qwen35_graphs_prove": (QWEN35, [*LONG, *GDN_TRITON, *PROVE], {}, None),
+    "qwen35_32l_graphs_prove": (QWEN35_32L, [*LONG, *GDN_TRITON, *PROVE], {}, None),
     "qwen35_mtp_prove": (QWEN35, [*LONG, "--enforce-eager", *GDN_TRITON, *PROVE,
                                   "--speculative-config",
                                   '{"method": "mtp", "num_speculative_tokens": 2}'], {}, None),

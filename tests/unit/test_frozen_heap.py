@@ -101,3 +101,26 @@ def test_cpu_profile_runs_unfrozen_and_the_freeze_starts_after_it():
         assert gc.get_freeze_count() > 0
     assert gc.get_freeze_count() == 0
     assert "heap_freeze" not in clock.seconds  # the CPU profile collects nothing to save
+
+
+def test_vllm_profile_parts_are_logged_and_add_up(caplog, monkeypatch):
+    """The log line splits vLLM's own KV figure into what its profile consumed, its transient
+    headroom and its graph estimate; a figure that does not add up shows as unaccounted."""
+    import types
+
+    from worstcase_profiler.adapter import startup
+
+    monkeypatch.setattr(startup, "cudagraph_applied", lambda w: w.cudagraph_memory_estimate)
+    gib = 1 << 30
+    worker = types.SimpleNamespace(requested_memory=70 * gib, total_consumed=20 * gib,
+                                   peak_activation_memory=3 * gib,
+                                   cudagraph_memory_estimate=1 * gib)
+    with caplog.at_level("INFO", logger="vllm.wcprof"):
+        caplog.clear()
+        startup.log_vllm_profile(worker, 47 * gib)
+        startup.log_vllm_profile(worker, 46 * gib)
+        startup.log_vllm_profile(types.SimpleNamespace(requested_memory=gib), gib)  # no parts
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert "transient 2.00 GiB" in lines[0] and "(0 B unaccounted)" in lines[0], lines[0]
+    assert "(1.00 GiB unaccounted)" in lines[1], lines[1]

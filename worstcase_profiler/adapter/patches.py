@@ -98,7 +98,9 @@ REGISTRY: tuple[Touch, ...] = (
           retire="a plugin state slot on the worker"),
     Touch("worker-config", "private-read",
           "Worker.vllm_config, .model_runner, .requested_memory / .requested_cpu_memory, "
-          ".init_snapshot.free_memory, .cudagraph_memory_estimate, runner.model_memory_usage; "
+          ".init_snapshot.free_memory, .cudagraph_memory_estimate, .total_consumed, "
+          ".peak_activation_memory (read back after vLLM's profile, for the log), "
+          "runner.model_memory_usage; "
           "speculative_config.use_eagle_block_drop() (use_eagle() on 0.26), "
           "VllmConfig.num_hash_lookahead_tokens (0.33: lookahead block hashes, no hit block "
           "dropped)",

@@ -50,7 +50,7 @@ from ..core.sweep_depth import sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
                           SweepResult, WarmupEstimate, WarmupResult, Workspace)
-from ..errors import ConfigError, DoesNotFit
+from ..errors import ConfigError, DoesNotFit, WcprofError
 from ..report import build_report
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes, fmt_deltas
@@ -257,6 +257,8 @@ def measure_start(worker, original, settings: ProfilerSettings,
                 as profiled, mm.counting_encoder(runner) as stock_encoder:
             stock_kv = profile_on_frozen_heap(frozen, lambda: int(original(worker)), cuda=cuda,
                                               clock=clock)
+        if cuda:
+            log_vllm_profile(worker, stock_kv)
         mm_facts = mm.facts_of(worker, stock_encoder.calls)
         # vLLM's profile resolved the graph mode against the attention backends (it may lower
         # it, and with it add a compile warm-up): read the rerun question again from what it
@@ -555,6 +557,26 @@ def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bo
     else:
         stack.enter_context(gc_frozen())
     return stock_kv
+
+
+def log_vllm_profile(worker, stock_kv: int) -> None:
+    """Log the parts of vLLM's own KV figure as its profile left them on the worker: what the
+    engine consumed by the profile's end (mem_get_info, from the worker's start), the transient
+    headroom above it, and the CUDA-graph estimate it subtracted. A reading for the log (the
+    stock KV figure of a first start and a restart can be compared part by part); never
+    raises, and logs nothing where the worker has no such figures. CUDA only."""
+    # vllm-touch: worker-config
+    try:
+        consumed = int(worker.total_consumed)
+        graphs = cudagraph_applied(worker)
+        transient = int(worker.peak_activation_memory) - graphs
+        requested = requested_bytes(worker)
+    except (AttributeError, TypeError, ValueError, WcprofError):
+        return
+    log.info("[wcprof] vLLM's profile: requested %s; consumed %s by its end, transient %s above "
+             "it, CUDA graphs %s -> stock KV %s (%s unaccounted)", fmt_bytes(requested),
+             fmt_bytes(consumed), fmt_bytes(transient), fmt_bytes(graphs), fmt_bytes(stock_kv),
+             fmt_bytes(requested - consumed - transient - graphs - stock_kv))
 
 
 def measure_graphs(worker, graphs_on: bool, clock: PhaseTimer) -> warmup.GraphMeasure:
