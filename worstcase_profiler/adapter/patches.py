@@ -73,6 +73,16 @@ REGISTRY: tuple[Touch, ...] = (
           "exact option argparse abbreviates --profiler to --profiler-config) and carries them to "
           "every process through additional_config",
           retire="a plugin API for CLI options"),
+    Touch("compile-hash", "class-wrap", "vllm.config.VllmConfig.compute_hash",
+          "asked from vllm.compilation (the compile cache's key), the hash leaves the profiler's "
+          "additional_config section out: the profiler changes no compiled graph, so turning it "
+          "on, or changing its report path or cache directory, reuses the compile cache a stock "
+          "start made instead of compiling again (torch.compile inside vLLM's profile also read "
+          "stock's KV figure low). Asked from anywhere else (vLLM's startup-plan fingerprint: "
+          "the KV figure does depend on the profiler) it is vLLM's own",
+          run="0.32 (CPU)",
+          retire="a hash of additional_config that leaves out the sections a plugin marks as "
+                 "not affecting the computation graph"),
     Touch("engine-max-model-len", "class-wrap",
           "vllm.v1.executor.abstract.Executor.determine_available_memory (UniProcExecutor and "
           "MultiprocExecutor inherit it; ExecutorWithExternalLauncher calls it through super); "
@@ -617,6 +627,40 @@ def _patch_cli() -> bool:
     return True
 
 
+def _patch_compile_hash() -> bool:
+    """VllmConfig.compute_hash without the profiler's additional_config section when vLLM's
+    compilation code asks (the compile cache's key: vllm.compilation.backends and .caching);
+    vLLM's own hash for every other caller. A caller outside vllm.compilation gets vLLM's
+    hash, section included: where vLLM moves its compile-cache key, the profiler's starts
+    compile apart from stock's, as before, and nothing else changes."""
+    import sys
+
+    from vllm.config import VllmConfig
+
+    if getattr(VllmConfig, "_wcprof_hash", False):
+        return False
+    original = VllmConfig.compute_hash
+
+    @functools.wraps(original)
+    def compute_hash(self, *a, **kw):
+        # vllm-touch: compile-hash
+        extra = getattr(self, "additional_config", None)
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not isinstance(extra, dict) or CONFIG_KEY not in extra or \
+                not caller.startswith("vllm.compilation."):
+            return original(self, *a, **kw)
+        object.__setattr__(self, "additional_config",
+                           {k: v for k, v in extra.items() if k != CONFIG_KEY})
+        try:  # an empty rest hashes as no additional_config at all, as a stock start's
+            return original(self, *a, **kw)
+        finally:
+            object.__setattr__(self, "additional_config", extra)
+
+    VllmConfig.compute_hash = compute_hash
+    VllmConfig._wcprof_hash = True
+    return True
+
+
 def _patch_scheduler() -> bool:
     from .chunk_cap import install
 
@@ -635,6 +679,7 @@ INSTALLERS: dict[str, Callable[[], bool]] = {
     "worker-rpc": _add_worker_rpc,
     "serve-validate": _patch_serve_validation,
     "serve-profiler-flag": _patch_cli,
+    "compile-hash": _patch_compile_hash,
     "worker-budget": _patch_workers,
     "worker-kv-init": _patch_workers,
     "worker-warm-up": _patch_workers,
