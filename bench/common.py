@@ -23,11 +23,11 @@ def engine_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONUNBUFFERED": "1", **extra}
 
 
-def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str,
+def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str | tuple[str, ...],
               log_key: str, log_lines: int) -> dict:
     """Run an engine subprocess (engine_env, from the repository root) that prints its result as
     one line `MARKER {json}`: that JSON plus wall_s and, under log_key, up to log_lines output
-    lines holding log_match; or {"error", "wall_s", "tail"} when it timed out, failed or printed
+    lines holding log_match (or any of a tuple of them); or {"error", "wall_s", "tail"} when it timed out, failed or printed
     no such line."""
     t0 = time.perf_counter()
     try:
@@ -42,7 +42,8 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str,
     if p.returncode != 0 or not lines:
         return {"error": f"rc={p.returncode}", "wall_s": wall,
                 "tail": (p.stdout + p.stderr).splitlines()[-30:]}
-    logged = [ln for ln in (p.stdout + p.stderr).splitlines() if log_match in ln]
+    matches = (log_match,) if isinstance(log_match, str) else log_match
+    logged = [ln for ln in (p.stdout + p.stderr).splitlines() if any(m in ln for m in matches)]
     return {**json.loads(lines[-1][len(marker) + 1:]), "wall_s": wall, log_key: logged[:log_lines]}
 
 

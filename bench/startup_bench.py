@@ -172,6 +172,12 @@ def wcprof_cache(verb: str, directory: str, cache_dir: str) -> str:
     return p.stdout.strip()
 
 
+LOGGED = ("[wcprof]", "torch.compile took", "Directly load the compiled graph",
+          "Compiling a graph for")
+"""The log lines a start keeps (wcprof_log): the profiler's, and vLLM's compile-cache lines
+(whether the start compiled or loaded what an earlier start compiled)."""
+
+
 def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
              engine: dict | None = None, import_from: str | None = None) -> dict:
     imported = None
@@ -182,8 +188,8 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
         imported = wcprof_cache("import", import_from or a.import_from, cache_dir)
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough, "--engine-json", json.dumps(engine or {})]
-    out = {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=a.timeout_s, log_match="[wcprof]",
-                                     log_key="wcprof_log", log_lines=40),
+    out = {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=a.timeout_s, log_match=LOGGED,
+                                     log_key="wcprof_log", log_lines=48),
            **({"imported": imported} if imported else {})}
     if "error" in out:
         return out
