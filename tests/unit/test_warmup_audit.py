@@ -6,7 +6,6 @@ a stand-in worker: the arithmetic and the cache update, not vLLM."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -94,14 +93,6 @@ def test_a_restart_that_subtracted_the_graphs_passes(tmp_path, consumed):
     assert audit.verdict == "ok" and audit.outside_bytes < 0
     entry = cache.load("k")
     assert startup.cached_warmup(SimpleNamespace(), entry).total_bytes == 400 * MiB
-    # the entry measured its graphs: a restart whose vLLM estimate reads more (its two-sample
-    # extrapolation) still sets aside what the first start measured, and admits what it admitted
-    above = SimpleNamespace(cudagraph_memory_estimate=600 * MiB)
-    assert startup.cached_warmup(above, entry).total_bytes == 400 * MiB
-    # an entry without a graph measurement: vLLM's estimate where it is larger
-    bare = dataclasses.replace(entry, warmup=WarmupEstimate(other_bytes=4 * MiB, source="cache"))
-    assert startup.cached_warmup(above, bare).graphs_bytes == 600 * MiB
-    assert startup.cached_warmup(SimpleNamespace(), bare).total_bytes == 4 * MiB
 
 
 def test_report_mode_only_warns(tmp_path, consumed):

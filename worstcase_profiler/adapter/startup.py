@@ -710,13 +710,11 @@ def reserve_workspace(at_least: int) -> Workspace:
 
 def cached_warmup(worker, entry: CacheEntry | None) -> WarmupEstimate:
     """A start that does not rehearse warm-up (a cached start, or the CPU): what an earlier start
-    of this configuration measured warm-up keeping, where that start measured its CUDA graphs
-    (its exact capture, which its own warm-up audit then checked: a restart sets aside what the
-    first start did, and admits the same KV); else that figure or vLLM's own CUDA-graph
-    estimate, whichever is larger."""
+    of this configuration measured warm-up keeping, or vLLM's own CUDA-graph estimate, whichever
+    is larger."""
     est = cudagraph_applied(worker)
     cached = entry.warmup if entry is not None else WarmupEstimate()
-    if cached.graphs_bytes > 0 or cached.total_bytes > est:
+    if cached.total_bytes > est:
         return dataclasses.replace(cached, source="cache")
     return WarmupEstimate(graphs_bytes=est, other_bytes=0, source="vllm-estimate" if est else "none")
 
