@@ -27,7 +27,7 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str |
               log_key: str, log_lines: int) -> dict:
     """Run an engine subprocess (engine_env, from the repository root) that prints its result as
     one line `MARKER {json}`: that JSON plus wall_s and, under log_key, up to log_lines output
-    lines holding log_match (or any of a tuple of them); or {"error", "wall_s", "tail"} when it timed out, failed or printed
+    lines holding log_match (or any of a tuple of them), the first half and the last; or {"error", "wall_s", "tail"} when it timed out, failed or printed
     no such line."""
     t0 = time.perf_counter()
     try:
@@ -44,7 +44,11 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str |
                 "tail": (p.stdout + p.stderr).splitlines()[-30:]}
     matches = (log_match,) if isinstance(log_match, str) else log_match
     logged = [ln for ln in (p.stdout + p.stderr).splitlines() if any(m in ln for m in matches)]
-    return {**json.loads(lines[-1][len(marker) + 1:]), "wall_s": wall, log_key: logged[:log_lines]}
+    if len(logged) > log_lines:  # the first lines and the last (the audits come last)
+        head = log_lines // 2
+        logged = [*logged[:head], f"... {len(logged) - log_lines} line(s) left out ...",
+                  *logged[len(logged) - (log_lines - head):]]
+    return {**json.loads(lines[-1][len(marker) + 1:]), "wall_s": wall, log_key: logged}
 
 
 def plugin_problem(entry_points=None, environ=None) -> str | None:

@@ -173,7 +173,8 @@ def wcprof_cache(verb: str, directory: str, cache_dir: str) -> str:
 
 
 LOGGED = ("[wcprof]", "torch.compile took", "Directly load the compiled graph",
-          "Compiling a graph for")
+          "Compiling a graph for", "Directly load AOT compilation", "saved AOT compiled function",
+          "Compiling model again")
 """The log lines a start keeps (wcprof_log): the profiler's, and vLLM's compile-cache lines
 (whether the start compiled or loaded what an earlier start compiled)."""
 

@@ -77,10 +77,11 @@ REGISTRY: tuple[Touch, ...] = (
           "asked from vllm.compilation (the compile cache's key), the hash leaves the profiler's "
           "additional_config section out: the profiler changes no compiled graph, so turning it "
           "on, or changing its report path or cache directory, reuses the compile cache a stock "
-          "start made instead of compiling again (torch.compile inside vLLM's profile also read "
-          "stock's KV figure low). Asked from anywhere else (vLLM's startup-plan fingerprint: "
-          "the KV figure does depend on the profiler) it is vLLM's own",
-          run="0.32 (CPU)",
+          "start made instead of compiling again (the likely reason a first start with graphs "
+          "read stock's KV figure low, docs/faq.md). Asked from anywhere else (vLLM's "
+          "startup-plan fingerprint: the KV figure does depend on the profiler; FlashInfer's "
+          "autotune cache) it is vLLM's own",
+          run="0.32 (CPU)", read="0.32",
           retire="a hash of additional_config that leaves out the sections a plugin marks as "
                  "not affecting the computation graph"),
     Touch("engine-max-model-len", "class-wrap",
@@ -633,6 +634,7 @@ def _patch_compile_hash() -> bool:
     vLLM's own hash for every other caller. A caller outside vllm.compilation gets vLLM's
     hash, section included: where vLLM moves its compile-cache key, the profiler's starts
     compile apart from stock's, as before, and nothing else changes."""
+    import copy
     import sys
 
     from vllm.config import VllmConfig
@@ -649,12 +651,10 @@ def _patch_compile_hash() -> bool:
         if not isinstance(extra, dict) or CONFIG_KEY not in extra or \
                 not caller.startswith("vllm.compilation."):
             return original(self, *a, **kw)
-        object.__setattr__(self, "additional_config",
+        bare = copy.copy(self)  # a shallow copy: the engine's own config is never changed
+        object.__setattr__(bare, "additional_config",
                            {k: v for k, v in extra.items() if k != CONFIG_KEY})
-        try:  # an empty rest hashes as no additional_config at all, as a stock start's
-            return original(self, *a, **kw)
-        finally:
-            object.__setattr__(self, "additional_config", extra)
+        return original(bare, *a, **kw)  # an empty rest hashes as none at all, as stock's
 
     VllmConfig.compute_hash = compute_hash
     VllmConfig._wcprof_hash = True
