@@ -27,8 +27,8 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str |
               log_key: str, log_lines: int) -> dict:
     """Run an engine subprocess (engine_env, from the repository root) that prints its result as
     one line `MARKER {json}`: that JSON plus wall_s and, under log_key, up to log_lines output
-    lines holding log_match (or any of a tuple of them), the first half and the last; or {"error", "wall_s", "tail"} when it timed out, failed or printed
-    no such line."""
+    lines holding log_match (or any of a tuple of them; where more do, the first half and the
+    last); or {"error", "wall_s", "tail"} when it timed out, failed or printed no such line."""
     t0 = time.perf_counter()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT,
@@ -47,7 +47,7 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str |
     if len(logged) > log_lines:  # the first lines and the last (the audits come last)
         head = log_lines // 2
         logged = [*logged[:head], f"... {len(logged) - log_lines} line(s) left out ...",
-                  *logged[len(logged) - (log_lines - head):]]
+                  *logged[head - log_lines:]]
     return {**json.loads(lines[-1][len(marker) + 1:]), "wall_s": wall, log_key: logged}
 
 
