@@ -339,7 +339,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                         context_ladder=context_ladder, attribute_ops=False, on_step=on_step,
                         stock_readings=stock_readings)
     cut_seconds = time.perf_counter() - t_start
-    eager_seconds = [0.0]  # the eager re-reads' wall time, summed
+    eager_seconds = 0.0  # the eager re-reads' wall time, summed
     stock, stock_high = measure_stock_steady(driver, stock_readings)  # the full model's
     # A compiled forward: its cut steps ran eagerly, so every full-model step is read eagerly
     # as well, and its difference is depth (full eager minus cut) plus what compiling added
@@ -353,7 +353,7 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
                 eager_stock = measure_stock_steady(driver, stock_readings)[0]
                 eager_of[eager_stock.shape] = eager_stock.peak_bytes
         if compiled:
-            eager_seconds[0] += time.perf_counter() - t0
+            eager_seconds += time.perf_counter() - t0
     ranked = sorted(cut.steps, key=lambda r: (-r.need_bytes, -r.peak_bytes))
     chosen: list[StepResult] = []
     for r in ranked:
@@ -381,12 +381,13 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
 
     def confirm(shape: Shape, attribute: bool = False) -> StepResult:
         """`shape` measured on the full model (and, compiled, eagerly too), counted confirmed."""
+        nonlocal eager_seconds
         full = driver.measure(shape, attribute=attribute)
         if compiled:
             t0 = time.perf_counter()
             with driver.eager_full():
                 eager_of[shape] = max(eager_of.get(shape, 0), driver.measure(shape).peak_bytes)
-            eager_seconds[0] += time.perf_counter() - t0
+            eager_seconds += time.perf_counter() - t0
         confirmed.append(full)
         if on_step:
             on_step(full)
@@ -435,9 +436,9 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         worst_op=worst_op, peak_bytes=peak, context_curve=curve, depth_delta=peak_delta,
         confirmed=len(confirmed) - 1, seconds=time.perf_counter() - t_start)
     split = {"cut_decoder": round(cut_seconds, 3),
-             "full_model": round(result.seconds - cut_seconds - eager_seconds[0], 3)}
+             "full_model": round(result.seconds - cut_seconds - eager_seconds, 3)}
     if compiled:
-        split["eager_rereads"] = round(eager_seconds[0], 3)
+        split["eager_rereads"] = round(eager_seconds, 3)
     return _CutDown(result, depth, cut.stock, cut_peak, tuple(samples), base_delta, base_peak,
                     tuple(unbuilt), (stock_high, *confirmed), eager_of, split)
 
