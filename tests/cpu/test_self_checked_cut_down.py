@@ -1,9 +1,13 @@
 """sweep_depth=self-check (auto's choice on CUDA) on a real (CPU) engine, against the adversary:
 the deepdecode fixture (plugins/wcp_fixtures), whose layer 1 (the one the cut decoder drops)
 allocates a transient on pure-decode steps of 3+ requests only. The cut-down sweep alone never
-sees it; the self-check's decode sample does, and the full sweep runs and is admitted."""
+sees it; the self-check's decode sample does, and the full sweep runs and is admitted. Also: a
+compiled 32-layer decoder self-checked, and a sliding-window decoder cut to its first layer of
+each kind (not a prefix) and proven against the full sweep."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +87,27 @@ def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validate
     print(f"compiled 32 layers: {proof['verdict']}, deltas {proof['deltas']}, sampled "
           f"{proof['sampled']}, admitted {wc['peak_activation_bytes']} B; validation "
           f"{v['measured_peak_bytes']} of {v['predicted_peak_bytes']} B at {v['shape']}")
+
+
+def test_a_sliding_window_decoder_is_cut_to_its_first_layer_of_each_kind(tmp_path):
+    """tests/models/gemma3-tiny-swa (five sliding-window layers, then one global): the cut keeps
+    layers 0 and 5 alone (the shortest prefix holding both kinds was all six, so it could not be
+    cut at all before), the decoder's loop runs just those two, and on a real engine the
+    cut-down sweep admits what the full sweep admits within the meter's resolution
+    (`--sweep-depth prove` runs both on one engine and admits the full one)."""
+    model = Path(__file__).resolve().parents[1] / "models" / "gemma3-tiny-swa"
+    run = run_wcprof(["--model", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
+                      "--enforce-eager", "--max-model-len", "4096", "--max-num-batched-tokens",
+                      "256", "--max-num-seqs", "64", "--no-enable-prefix-caching",
+                      "--kv-cache-memory-bytes", str(16 * MiB), "--sweep-depth", "prove"],
+                     tmp_path)
+    assert run.rc == 0, run.text[-3000:]
+    wc = run.report["worstcase"]
+    proof = wc["cut_down_proof"]
+    assert proof["depth"] == "2 of 6 layers (0, 5)", proof
+    assert proof["verdict"] == "proven", proof
+    assert wc["sweep_mode"].startswith("full; cut-down beside it (2 of 6 layers (0, 5))")
+    assert wc["peak_activation_bytes"] == proof["full_admitted_bytes"]
+    print(f"gemma3-tiny-swa: cut-down admitted {proof['cut_admitted_bytes']} B in "
+          f"{proof['cut_seconds']} s, full {proof['full_admitted_bytes']} B in "
+          f"{proof['full_seconds']} s, deltas {proof['deltas']}")

@@ -1,5 +1,7 @@
-"""adapter/runner.decoder_cut on plain torch modules shaped like vLLM's decoders: which prefix
-of layers a cut-down sweep keeps, and every forward it refuses to cut."""
+"""adapter/runner.decoder_cut on plain torch modules shaped like vLLM's decoders: which layers a
+cut-down sweep keeps (the first of each kind; a prefix where a drafter reads early layers), how
+a cut step runs only those and gives the decoder back whole, and every forward it refuses to
+cut."""
 
 from __future__ import annotations
 
@@ -37,9 +39,39 @@ class Model(torch.nn.Module):
         self.model = Decoder(mixers)
 
 
-def test_the_cut_keeps_the_shortest_prefix_holding_every_kind_of_layer():
-    decoder, keep, total = decoder_cut(Model([Linear, Linear, Linear, Attn] * 2))
-    assert (keep, total) == (4, 8) and decoder.end_layer == 8
+def test_the_cut_keeps_the_first_layer_of_every_kind():
+    decoder, kept, total = decoder_cut(Model([Linear, Linear, Linear, Attn] * 2))
+    assert (kept, total) == ((0, 3), 8) and decoder.end_layer == 8
+    assert decoder_cut(Model([Attn] * 4))[1] == (0,)
+    assert decoder_cut(Model([Attn, Linear, Linear, Attn]))[1] == (0, 1)
+
+
+def test_a_cut_step_runs_only_the_kept_layers_in_order_and_gives_the_decoder_back():
+    """The decoder's loop (islice(self.layers, start_layer, end_layer)) sees the kept layers
+    alone, the same modules in their order; after the step, also a failed one, it holds every
+    layer again."""
+    from itertools import islice
+
+    from worstcase_profiler.adapter.runner import DriverBase
+
+    m = Model([Linear, Linear, Linear, Attn] * 2)
+    layers = m.model.layers
+    drv = DriverBase()
+    drv.model = m
+    seen = []
+
+    def step():
+        d = m.model
+        seen.append([id(x) for x in islice(d.layers, d.start_layer, d.end_layer)])
+
+    with drv.cut_down() as depth:
+        assert depth == "2 of 8 layers (0, 3)"
+        drv._at_depth(step)
+        with pytest.raises(RuntimeError):
+            drv._at_depth(lambda: (_ for _ in ()).throw(RuntimeError("step failed")))
+    assert seen == [[id(layers[0]), id(layers[3])]]
+    assert m.model.layers is layers and m.model.end_layer == 8
+    assert [n for n, _ in m.model.named_children()] == ["layers"]
 
 
 def test_the_runners_model_compile_cannot_be_cut():
@@ -123,4 +155,8 @@ def test_a_drafter_reading_middle_layers_keeps_the_full_sweep():
     with pytest.raises(ValueError, match="hidden states of layers"):
         decoder_cut(m)
     m.model.aux_hidden_state_layers = (1,)  # within what the cut keeps
-    assert decoder_cut(m)[1] == 1
+    assert decoder_cut(m)[1] == (0,)
+    # a drafter reading early layers: the prefix, so that the loop's numbering is the model's
+    m = Model([Linear, Linear, Linear, Attn] * 2)
+    m.model.aux_hidden_state_layers = (2,)
+    assert decoder_cut(m)[1] == (0, 1, 2, 3)

@@ -73,12 +73,16 @@ def _layer_kind(layer) -> tuple:
     return type(layer).__name__, kids, windows
 
 
-def decoder_cut(model) -> tuple[object, int, int]:
-    """(decoder module, layers kept, layers in all): the shortest prefix of the decoder's layers
-    holding one layer of every kind. ValueError when the model has no such decoder (vLLM's
-    start_layer/end_layer loop), runs under the runner's model.compile(), is split by pipeline
-    parallelism, or has no two layers alike. A decoder vLLM compiles itself can be cut: its
-    compiled call is bypassed for the cut steps (runs_compiled)."""
+def decoder_cut(model) -> tuple[object, tuple[int, ...], int]:
+    """(decoder module, the indices of the layers kept, layers in all): the first layer of every
+    kind, in order (a hybrid of three linear-attention layers to one attention layer keeps 2, a
+    sliding-window model with one global layer in six keeps 2, not the prefix of 4 or 6 up to
+    the first of its last kind). A drafter fed by hidden states of early layers keeps the
+    shortest prefix holding every kind instead, so the layers it reads stay where it reads them.
+    ValueError when the model has no such decoder (vLLM's start_layer/end_layer loop), runs
+    under the runner's model.compile(), is split by pipeline parallelism, has no two layers
+    alike, or has a drafter reading layers beyond that prefix. A decoder vLLM compiles itself
+    can be cut: its compiled call is bypassed for the cut steps (runs_compiled)."""
     # vllm-touch: decoder-depth
     decoder = None
     for _name, mod in model.named_modules():
@@ -99,16 +103,27 @@ def decoder_cut(model) -> tuple[object, int, int]:
     if decoder.start_layer != 0 or decoder.end_layer != total:
         raise ValueError("the decoder is split by pipeline parallelism")
     kinds = [_layer_kind(layer) for layer in decoder.layers]
-    keep = max(kinds.index(k) for k in set(kinds)) + 1
-    if keep >= total:
+    firsts = tuple(sorted(kinds.index(k) for k in set(kinds)))
+    prefix = firsts[-1] + 1
+    if len(firsts) >= total:
         raise ValueError(f"no two of its {total} layers are alike")
     # A drafter fed by hidden states of middle layers (EAGLE3, DFlash, DSpark, hidden-state
-    # extraction): the cut forward would collect none of those and return another type.
+    # extraction): the cut forward would collect none of those and return another type; the
+    # loop numbers the layers it runs, so those it collects must be the prefix's own.
     aux = [int(i) for m in (model, decoder) for i in getattr(m, "aux_hidden_state_layers", ()) or ()]
-    if aux and max(aux) > decoder.start_layer + keep:
+    if aux and (max(aux) > decoder.start_layer + prefix or prefix >= total):
         raise ValueError(f"a drafter reads the hidden states of layers {sorted(set(aux))}, beyond "
-                         f"the {keep} layer(s) a cut keeps")
-    return decoder, keep, total
+                         f"the {prefix} layer(s) a cut keeps" if prefix < total else
+                         f"a drafter reads the hidden states of layers {sorted(set(aux))}, and "
+                         f"the shortest prefix holding every kind of layer is all {total}")
+    return decoder, tuple(range(prefix)) if aux else firsts, total
+
+
+def cut_label(kept: tuple[int, ...], total: int) -> str:
+    """What a cut keeps, as the report's depth says it: "1 of 32 layers", or "2 of 48 layers
+    (0, 5)" where the kept layers are not the decoder's first ones."""
+    where = "" if kept == tuple(range(len(kept))) else f" ({', '.join(map(str, kept))})"
+    return f"{len(kept)} of {total} layers{where}"
 
 
 def compiled_modules(model) -> list:
@@ -189,11 +204,11 @@ class DriverBase:
     def cut_down(self):
         """Steps (the stock step too) run on the decoder cut to one layer of each kind for the
         duration; ValueError names why a model cannot be cut."""
-        decoder, keep, total = decoder_cut(self.model)
+        decoder, kept, total = decoder_cut(self.model)
         compiled = compiled_modules(self.model)
-        self._cut = (decoder, keep, compiled)
+        self._cut = (decoder, kept, compiled)
         try:
-            yield f"{keep} of {total} layers" + (", run eagerly" if compiled else "")
+            yield cut_label(kept, total) + (", run eagerly" if compiled else "")
         finally:
             self._cut = None
 
@@ -202,17 +217,21 @@ class DriverBase:
             run()
             return
         # vllm-touch: decoder-depth
-        decoder, keep, compiled = self._cut or (None, 0, self._eager)
-        saved = None if decoder is None else decoder.end_layer
+        decoder, kept, compiled = self._cut or (None, (), self._eager)
+        saved = None if decoder is None else (decoder.end_layer, decoder.layers)
         if decoder is not None:
-            decoder.end_layer = decoder.start_layer + keep
+            if kept != tuple(range(len(kept))):  # the loop runs only the kept layers, in order
+                decoder.layers = type(saved[1])(saved[1][i] for i in kept)
+            decoder.end_layer = decoder.start_layer + len(kept)
         for m in compiled:  # a compiled graph runs every layer: the Python forward honours the cut
             m.do_not_compile = True
         try:
             run()
         finally:
             if decoder is not None:
-                decoder.end_layer = saved
+                decoder.end_layer = saved[0]
+                if decoder.layers is not saved[1]:
+                    decoder.layers = saved[1]
             for m in compiled:
                 m.do_not_compile = False
 
