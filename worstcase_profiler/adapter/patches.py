@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 from ..settings import CONFIG_KEY, PROFILER_CHOICES, ProfilerSettings, resolve
-from .compile_key import compile_key_apart, key_apart
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -81,9 +80,7 @@ REGISTRY: tuple[Touch, ...] = (
           "start made instead of compiling again (the likely reason a first start with graphs "
           "read stock's KV figure low, docs/faq.md). Asked from anywhere else (vLLM's "
           "startup-plan fingerprint: the KV figure does depend on the profiler; FlashInfer's "
-          "autotune cache) it is vLLM's own. A compile made while the profiler measures (its "
-          "budget hook outside vLLM's own profile: compile_key_apart) keeps the section in its "
-          "key, so nothing the profiler's own steps compile is ever saved where stock looks",
+          "autotune cache) it is vLLM's own",
           run="0.32 (CPU)", read="0.32",
           retire="a hash of additional_config that leaves out the sections a plugin marks as "
                  "not affecting the computation graph"),
@@ -484,8 +481,7 @@ def _budget_wrapper(orig):
             return orig(self)
         from . import startup
 
-        with compile_key_apart():  # vLLM's own profile inside it: compile_key_apart(False)
-            return startup.determine_available_memory(self, orig, settings)
+        return startup.determine_available_memory(self, orig, settings)
 
     return determine_available_memory
 
@@ -634,11 +630,10 @@ def _patch_cli() -> bool:
 
 def _patch_compile_hash() -> bool:
     """VllmConfig.compute_hash without the profiler's additional_config section when vLLM's
-    compilation code asks (the compile cache's key: vllm.compilation.backends and .caching)
-    outside the profiler's own measuring (compile_key_apart); vLLM's own hash for every other
-    caller. A caller outside vllm.compilation gets vLLM's hash, section included: where vLLM
-    moves its compile-cache key, the profiler's starts compile apart from stock's, as before,
-    and nothing else changes."""
+    compilation code asks (the compile cache's key: vllm.compilation.backends and .caching);
+    vLLM's own hash for every other caller. A caller outside vllm.compilation gets vLLM's
+    hash, section included: where vLLM moves its compile-cache key, the profiler's starts
+    compile apart from stock's, as before, and nothing else changes."""
     import copy
     import sys
 
@@ -654,7 +649,7 @@ def _patch_compile_hash() -> bool:
         extra = getattr(self, "additional_config", None)
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if not isinstance(extra, dict) or CONFIG_KEY not in extra or \
-                not caller.startswith("vllm.compilation.") or key_apart():
+                not caller.startswith("vllm.compilation."):
             return original(self, *a, **kw)
         bare = copy.copy(self)  # a shallow copy: the engine's own config is never changed
         object.__setattr__(bare, "additional_config",

@@ -61,7 +61,6 @@ from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sibling_hits_serialize, stock_rerun_why, world_rank)
 from .meters import device_bytes_held, gc_frozen, meter_for, non_torch, reserved_bytes
-from .compile_key import compile_key_apart
 from .runner import V1Driver, is_v2_runner
 from .runner_v2 import V2Driver
 
@@ -551,7 +550,7 @@ def profile_on_frozen_heap(stack: contextlib.ExitStack, run_profile, *, cuda: bo
         with clock("heap_freeze"):
             gc.collect()
         stack.enter_context(gc_frozen())
-    with clock("vllm_profile"), compile_key_apart(False):  # what it compiles is stock's
+    with clock("vllm_profile"):
         stock_kv = run_profile()
     if cuda:
         gc.freeze()  # again, in case the profile unfroze; gc_frozen's exit unfreezes it all
