@@ -46,6 +46,23 @@ def test_the_cut_keeps_the_first_layer_of_every_kind():
     assert decoder_cut(Model([Attn, Linear, Linear, Attn]))[1] == (0, 1)
 
 
+def test_sweep_depth_cut_down_keeps_the_prefix_its_lab_proofs_ran():
+    """sweep_depth=cut-down checks nothing itself and rests on the lab's proofs, which cut to
+    the shortest prefix holding every kind: it cuts there (DriverBase.cut_prefix), and a model
+    whose prefix is all of it is not cut that way."""
+    from worstcase_profiler.adapter.runner import DriverBase
+
+    assert decoder_cut(Model([Linear, Linear, Linear, Attn] * 2), prefix=True)[1] == (0, 1, 2, 3)
+    with pytest.raises(ValueError, match="shortest prefix .* is all 6"):
+        decoder_cut(Model([Linear] * 5 + [Attn]), prefix=True)
+    assert decoder_cut(Model([Linear] * 5 + [Attn]))[1] == (0, 5)
+    drv = DriverBase()
+    drv.model = Model([Linear, Linear, Linear, Attn] * 2)
+    drv.cut_prefix = True
+    with drv.cut_down() as depth:
+        assert depth == "4 of 8 layers"
+
+
 def test_a_cut_step_runs_only_the_kept_layers_in_order_and_gives_the_decoder_back():
     """The decoder's loop (islice(self.layers, start_layer, end_layer)) sees the kept layers
     alone, the same modules in their order; after the step, also a failed one, it holds every

@@ -293,17 +293,19 @@ REGISTRY: tuple[Touch, ...] = (
           "refuses to start when it needs more than predicted",
           run="0.32 (CPU)", retire="a server start-up hook for plugins"),
     Touch("decoder-depth", "config-pin",
-          "the decoder's end_layer (vLLM's pipeline-parallel layer range) and, where vLLM "
-          "compiles the decoder, its do_not_compile (support_torch_compile's own bypass), for "
-          "one synthetic step of a cut-down sweep; do_not_compile alone for a full-model step "
-          "read eagerly (DriverBase.eager_full)",
+          "the decoder's end_layer (vLLM's pipeline-parallel layer range), its layers "
+          "(a ModuleList of the kept layers alone, where they are not its first ones) and, "
+          "where vLLM compiles the decoder, its do_not_compile (support_torch_compile's own "
+          "bypass), for one synthetic step of a cut-down sweep, all restored after it; "
+          "do_not_compile alone for a full-model step read eagerly (DriverBase.eager_full)",
           "the cut-down sweep runs every shape on one layer of each kind (a step's peak is set "
           "inside one layer), so its cost does not grow with depth; the worst shapes are then "
           "confirmed on the full model (compiled, where it is, and then eagerly too, so depth "
           "is read like with like: sweep_depth.depth_difference)",
           run="0.26 and 0.32 (CUDA, eager); 0.32 (CUDA, compiled: the bypass, V2 runner at "
               "TP=1); 0.32 (CPU, eager and compiled, eager_full too); the compiled bypass on "
-              "the V1 runner or at TP>1, and eager_full, not run on a GPU",
+              "the V1 runner or at TP>1, and eager_full, not run on a GPU; the layers swap "
+              "(first layer of each kind, 2026-12-07) on 0.32 (CPU, eager) only",
           retire="a profiling entry point that runs a subset of layers"),
     Touch("v1-graph-estimate", "instance-swap",
           "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "

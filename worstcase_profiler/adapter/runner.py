@@ -73,12 +73,13 @@ def _layer_kind(layer) -> tuple:
     return type(layer).__name__, kids, windows
 
 
-def decoder_cut(model) -> tuple[object, tuple[int, ...], int]:
+def decoder_cut(model, prefix: bool = False) -> tuple[object, tuple[int, ...], int]:
     """(decoder module, the indices of the layers kept, layers in all): the first layer of every
     kind, in order (a hybrid of three linear-attention layers to one attention layer keeps 2, a
     sliding-window model with one global layer in six keeps 2, not the prefix of 4 or 6 up to
-    the first of its last kind). A drafter fed by hidden states of early layers keeps the
-    shortest prefix holding every kind instead, so the layers it reads stay where it reads them.
+    the first of its last kind). With `prefix`, and where a drafter is fed by hidden states of
+    early layers (so that the layers it reads stay where it reads them), the shortest prefix
+    holding every kind instead.
     ValueError when the model has no such decoder (vLLM's start_layer/end_layer loop), runs
     under the runner's model.compile(), is split by pipeline parallelism, has no two layers
     alike, or has a drafter reading layers beyond that prefix. A decoder vLLM compiles itself
@@ -104,19 +105,23 @@ def decoder_cut(model) -> tuple[object, tuple[int, ...], int]:
         raise ValueError("the decoder is split by pipeline parallelism")
     kinds = [_layer_kind(layer) for layer in decoder.layers]
     firsts = tuple(sorted(kinds.index(k) for k in set(kinds)))
-    prefix = firsts[-1] + 1
+    shortest = firsts[-1] + 1
+    aux = [int(i) for m in (model, decoder) for i in getattr(m, "aux_hidden_state_layers", ()) or ()]
+    prefix = prefix or bool(aux)
     if len(firsts) >= total:
         raise ValueError(f"no two of its {total} layers are alike")
+    if prefix and shortest >= total:
+        raise ValueError(f"the shortest prefix holding every kind of layer is all {total} ("
+                         + (f"a drafter reads the hidden states of layers {sorted(set(aux))}"
+                            if aux else "sweep_depth=cut-down keeps the prefix the lab's proofs "
+                                        "ran") + ")")
     # A drafter fed by hidden states of middle layers (EAGLE3, DFlash, DSpark, hidden-state
     # extraction): the cut forward would collect none of those and return another type; the
     # loop numbers the layers it runs, so those it collects must be the prefix's own.
-    aux = [int(i) for m in (model, decoder) for i in getattr(m, "aux_hidden_state_layers", ()) or ()]
-    if aux and (max(aux) > decoder.start_layer + prefix or prefix >= total):
+    if aux and max(aux) > decoder.start_layer + shortest:
         raise ValueError(f"a drafter reads the hidden states of layers {sorted(set(aux))}, beyond "
-                         f"the {prefix} layer(s) a cut keeps" if prefix < total else
-                         f"a drafter reads the hidden states of layers {sorted(set(aux))}, and "
-                         f"the shortest prefix holding every kind of layer is all {total}")
-    return decoder, tuple(range(prefix)) if aux else firsts, total
+                         f"the {shortest} layer(s) a cut keeps")
+    return decoder, tuple(range(shortest)) if prefix else firsts, total
 
 
 def cut_label(kept: tuple[int, ...], total: int) -> str:
@@ -200,11 +205,20 @@ class DriverBase:
         finally:
             self._eager = ()
 
+    cut_prefix = False
+    """Cut to the shortest prefix holding every kind of layer instead of the first layer of each
+    kind: the cut the lab's proofs ran (data/cut-down-proofs/proven.json), which
+    sweep_depth=cut-down rests on, checking nothing itself (adapter/startup._full_sweep)."""
+
+    def cut_to_prefix(self, prefix: bool) -> None:
+        """Set cut_prefix for the cuts that follow."""
+        self.cut_prefix = prefix
+
     @contextlib.contextmanager
     def cut_down(self):
         """Steps (the stock step too) run on the decoder cut to one layer of each kind for the
-        duration; ValueError names why a model cannot be cut."""
-        decoder, kept, total = decoder_cut(self.model)
+        duration (to a prefix with cut_prefix); ValueError names why a model cannot be cut."""
+        decoder, kept, total = decoder_cut(self.model, prefix=self.cut_prefix)
         compiled = compiled_modules(self.model)
         self._cut = (decoder, kept, compiled)
         try:
@@ -219,13 +233,15 @@ class DriverBase:
         # vllm-touch: decoder-depth
         decoder, kept, compiled = self._cut or (None, (), self._eager)
         saved = None if decoder is None else (decoder.end_layer, decoder.layers)
-        if decoder is not None:
-            if kept != tuple(range(len(kept))):  # the loop runs only the kept layers, in order
-                decoder.layers = type(saved[1])(saved[1][i] for i in kept)
-            decoder.end_layer = decoder.start_layer + len(kept)
-        for m in compiled:  # a compiled graph runs every layer: the Python forward honours the cut
-            m.do_not_compile = True
         try:
+            if decoder is not None:
+                if kept != tuple(range(len(kept))):  # the loop runs the kept layers alone, in order
+                    import torch
+
+                    decoder.layers = torch.nn.ModuleList([saved[1][i] for i in kept])
+                decoder.end_layer = decoder.start_layer + len(kept)
+            for m in compiled:  # a compiled graph runs every layer: the Python forward honours it
+                m.do_not_compile = True
             run()
         finally:
             if decoder is not None:

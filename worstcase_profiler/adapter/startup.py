@@ -621,6 +621,8 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
         with clock("sweep"), gc_frozen():
             sweep = None
             if mode in ("cut-down", "prove", "self-check"):
+                # unchecked, cut-down rests on the lab's proofs: it cuts where they cut
+                driver.cut_to_prefix(mode == "cut-down")
                 try:
                     _can_cut(driver)
                 except ValueError as e:  # the model cannot be cut: say so, sweep it whole
@@ -684,7 +686,7 @@ def _can_cut(driver) -> None:
     """Raises ValueError naming why the model cannot be cut down (runner.decoder_cut)."""
     from .runner import decoder_cut
 
-    decoder_cut(driver.model)
+    decoder_cut(driver.model, prefix=getattr(driver, "cut_prefix", False))
 
 
 def _device_kind(meter) -> str:
