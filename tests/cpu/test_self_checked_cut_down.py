@@ -89,6 +89,11 @@ def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validate
           f"{v['measured_peak_bytes']} of {v['predicted_peak_bytes']} B at {v['shape']}")
 
 
+GEMMA_SWA = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+             "--max-model-len", "4096", "--max-num-batched-tokens", "256", "--max-num-seqs", "64",
+             "--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(16 * MiB)]
+
+
 def test_a_sliding_window_decoder_is_cut_to_its_first_layer_of_each_kind(tmp_path):
     """tests/models/gemma3-tiny-swa (five sliding-window layers, then one global): the cut keeps
     layers 0 and 5 alone (the shortest prefix holding both kinds was all six, so it could not be
@@ -96,11 +101,7 @@ def test_a_sliding_window_decoder_is_cut_to_its_first_layer_of_each_kind(tmp_pat
     cut-down sweep admits what the full sweep admits within the meter's resolution
     (`--sweep-depth prove` runs both on one engine and admits the full one)."""
     model = Path(__file__).resolve().parents[1] / "models" / "gemma3-tiny-swa"
-    run = run_wcprof(["--model", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
-                      "--enforce-eager", "--max-model-len", "4096", "--max-num-batched-tokens",
-                      "256", "--max-num-seqs", "64", "--no-enable-prefix-caching",
-                      "--kv-cache-memory-bytes", str(16 * MiB), "--sweep-depth", "prove"],
-                     tmp_path)
+    run = run_wcprof(["--model", str(model), *GEMMA_SWA, "--sweep-depth", "prove"], tmp_path)
     assert run.rc == 0, run.text[-3000:]
     wc = run.report["worstcase"]
     proof = wc["cut_down_proof"]
@@ -111,3 +112,16 @@ def test_a_sliding_window_decoder_is_cut_to_its_first_layer_of_each_kind(tmp_pat
     print(f"gemma3-tiny-swa: cut-down admitted {proof['cut_admitted_bytes']} B in "
           f"{proof['cut_seconds']} s, full {proof['full_admitted_bytes']} B in "
           f"{proof['full_seconds']} s, deltas {proof['deltas']}")
+
+
+def test_an_unchecked_cut_down_keeps_the_prefix_its_proofs_ran(tmp_path):
+    """sweep_depth=cut-down checks nothing and rests on the lab's proofs, which cut to the
+    shortest prefix holding every kind of layer: on the tiny Gemma 3 layout that prefix is the
+    whole decoder, so it sweeps the full model and says why, where prove and self-check cut it
+    to two layers."""
+    model = Path(__file__).resolve().parents[1] / "models" / "gemma3-tiny-swa"
+    run = run_wcprof(["--model", str(model), *GEMMA_SWA, "--sweep-depth", "cut-down"], tmp_path)
+    assert run.rc == 0, run.text[-3000:]
+    mode = run.report["worstcase"]["sweep_mode"]
+    assert mode.startswith("full: the model cannot be cut down (the shortest prefix holding "
+                           "every kind of layer is all 6"), mode
