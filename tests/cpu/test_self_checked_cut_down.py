@@ -108,7 +108,6 @@ def test_a_sliding_window_decoder_is_cut_to_its_first_layer_of_each_kind(tmp_pat
     assert proof["depth"] == "2 of 6 layers (0, 5)", proof
     assert proof["verdict"] == "proven", proof
     assert wc["sweep_mode"].startswith("full; cut-down beside it (2 of 6 layers (0, 5))")
-    assert wc["peak_activation_bytes"] == proof["full_admitted_bytes"]
     print(f"gemma3-tiny-swa: cut-down admitted {proof['cut_admitted_bytes']} B in "
           f"{proof['cut_seconds']} s, full {proof['full_admitted_bytes']} B in "
           f"{proof['full_seconds']} s, deltas {proof['deltas']}")
