@@ -81,7 +81,7 @@ REGISTRY: tuple[Touch, ...] = (
           "read stock's KV figure low, docs/faq.md). Asked from anywhere else (vLLM's "
           "startup-plan fingerprint: the KV figure does depend on the profiler; FlashInfer's "
           "autotune cache) it is vLLM's own",
-          run="0.32 (CPU)", read="0.32",
+          run="0.32 (CPU); 0.32 (CUDA, on torch 2.11)", read="0.32",
           retire="a hash of additional_config that leaves out the sections a plugin marks as "
                  "not affecting the computation graph"),
     Touch("engine-max-model-len", "class-wrap",
@@ -305,7 +305,8 @@ REGISTRY: tuple[Touch, ...] = (
           run="0.26 and 0.32 (CUDA, eager); 0.32 (CUDA, compiled: the bypass, V2 runner at "
               "TP=1); 0.32 (CPU, eager and compiled, eager_full too); the compiled bypass on "
               "the V1 runner or at TP>1, and eager_full, not run on a GPU; the layers swap "
-              "(first layer of each kind, 2026-12-07) on 0.32 (CPU, eager) only",
+              "(first layer of each kind, 2026-12-07) on 0.32 (CPU, eager; CUDA, eager, on "
+              "torch 2.11)",
           retire="a profiling entry point that runs a subset of layers"),
     Touch("v1-graph-estimate", "instance-swap",
           "GPUModelRunner.cudagraph_dispatcher.get_capture_descs, GPUModelRunner._warmup_and_capture "
