@@ -41,8 +41,9 @@ the full sweep with the confirmed peak equal within the meter's resolution (`--s
 prove`, bench/gpu_suite.py's *_prove cases): class -> "RUN: CASE, CASE; RUN: CASE", the
 committed results (docs/results/RUN) that show it, checked by tests/unit/test_committed_results.py.
 Scope: the class as those cases ran it (bf16 weights, default KV dtype, TP=1, eager, FA3 on sm_90;
-the cut then kept the shortest prefix holding every kind of layer, now the first layer of each
-kind: the same for a class whose layers are all alike, as LlamaForCausalLM's); every
+the cut kept the shortest prefix holding every kind of layer, as sweep_depth=cut-down still does;
+self-check and prove cut to the first layer of each kind, the same cut for a class whose layers
+are all alike, as LlamaForCausalLM's); every
 architecture vLLM maps onto the class is cut down alike (docs/sweep.md).
 DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (docs/results)."""
 
