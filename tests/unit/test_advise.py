@@ -303,7 +303,7 @@ class CutDownDriver(FakeDriver):
         self.cut = False
 
     @contextlib.contextmanager
-    def cut_down(self):
+    def cut_down(self, prefix=False):
         self.cut = True
         yield "1 layer"
         self.cut = False

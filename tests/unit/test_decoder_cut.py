@@ -48,7 +48,7 @@ def test_the_cut_keeps_the_first_layer_of_every_kind():
 
 def test_sweep_depth_cut_down_keeps_the_prefix_its_lab_proofs_ran():
     """sweep_depth=cut-down checks nothing itself and rests on the lab's proofs, which cut to
-    the shortest prefix holding every kind: it cuts there (DriverBase.cut_prefix), and a model
+    the shortest prefix holding every kind: it cuts there (cut_down(prefix=True)), and a model
     whose prefix is all of it is not cut that way."""
     from worstcase_profiler.adapter.runner import DriverBase
 
@@ -58,8 +58,7 @@ def test_sweep_depth_cut_down_keeps_the_prefix_its_lab_proofs_ran():
     assert decoder_cut(Model([Linear] * 5 + [Attn]))[1] == (0, 5)
     drv = DriverBase()
     drv.model = Model([Linear, Linear, Linear, Attn] * 2)
-    drv.cut_prefix = True
-    with drv.cut_down() as depth:
+    with drv.cut_down(prefix=True) as depth:
         assert depth == "4 of 8 layers"
 
 

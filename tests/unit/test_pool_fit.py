@@ -184,7 +184,7 @@ def test_the_line_says_what_was_fitted():
 class _no_cut:
     """A cut_down() that keeps the whole fake model (the figures are the shape's either way)."""
 
-    def __init__(self):
+    def __init__(self, prefix=False):
         pass
 
     def __enter__(self):

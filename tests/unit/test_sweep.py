@@ -182,7 +182,7 @@ class CutDriver(FakeDriver):
         self.cut, self.gap, self.full_shapes = False, gap, []
 
     @contextlib.contextmanager
-    def cut_down(self):
+    def cut_down(self, prefix=False):
         self.cut = True
         yield "1 layer"
         self.cut = False
@@ -507,7 +507,7 @@ def test_a_model_that_cannot_be_cut_raises_before_the_self_check_measures_anythi
 
     class Uncut(CutDriver):
         @contextlib.contextmanager
-        def cut_down(self):
+        def cut_down(self, prefix=False):
             raise ValueError("no decoder")
             yield
 

@@ -124,10 +124,14 @@ def decoder_cut(model, prefix: bool = False) -> tuple[object, tuple[int, ...], i
     return decoder, tuple(range(shortest)) if prefix else firsts, total
 
 
+def _is_prefix(kept: tuple[int, ...]) -> bool:
+    return kept == tuple(range(len(kept)))
+
+
 def cut_label(kept: tuple[int, ...], total: int) -> str:
     """What a cut keeps, as the report's depth says it: "1 of 32 layers", or "2 of 48 layers
     (0, 5)" where the kept layers are not the decoder's first ones."""
-    where = "" if kept == tuple(range(len(kept))) else f" ({', '.join(map(str, kept))})"
+    where = "" if _is_prefix(kept) else f" ({', '.join(map(str, kept))})"
     return f"{len(kept)} of {total} layers{where}"
 
 
@@ -205,22 +209,20 @@ class DriverBase:
         finally:
             self._eager = ()
 
-    cut_prefix = False
-    """Cut to the shortest prefix holding every kind of layer instead of the first layer of each
-    kind: the cut the lab's proofs ran (data/cut-down-proofs/proven.json), which
-    sweep_depth=cut-down rests on, checking nothing itself (adapter/startup._full_sweep)."""
-
-    def cut_to_prefix(self, prefix: bool) -> None:
-        """Set cut_prefix for the cuts that follow."""
-        self.cut_prefix = prefix
-
     @contextlib.contextmanager
-    def cut_down(self):
-        """Steps (the stock step too) run on the decoder cut to one layer of each kind for the
-        duration (to a prefix with cut_prefix); ValueError names why a model cannot be cut."""
-        decoder, kept, total = decoder_cut(self.model, prefix=self.cut_prefix)
+    def cut_down(self, prefix: bool = False):
+        """Steps (the stock step too) run on the decoder cut to the first layer of each kind for
+        the duration (`prefix`: to the shortest prefix holding every kind, the cut the lab's
+        proofs ran); ValueError names why a model cannot be cut."""
+        decoder, kept, total = decoder_cut(self.model, prefix=prefix)
         compiled = compiled_modules(self.model)
-        self._cut = (decoder, kept, compiled)
+        # the loop runs the kept layers alone, in order, where they are not the first ones
+        only = None
+        if not _is_prefix(kept):
+            import torch
+
+            only = torch.nn.ModuleList([decoder.layers[i] for i in kept])
+        self._cut = (decoder, len(kept), only, compiled)
         try:
             yield cut_label(kept, total) + (", run eagerly" if compiled else "")
         finally:
@@ -231,15 +233,13 @@ class DriverBase:
             run()
             return
         # vllm-touch: decoder-depth
-        decoder, kept, compiled = self._cut or (None, (), self._eager)
+        decoder, depth, only, compiled = self._cut or (None, 0, None, self._eager)
         saved = None if decoder is None else (decoder.end_layer, decoder.layers)
         try:
             if decoder is not None:
-                if kept != tuple(range(len(kept))):  # the loop runs the kept layers alone, in order
-                    import torch
-
-                    decoder.layers = torch.nn.ModuleList([saved[1][i] for i in kept])
-                decoder.end_layer = decoder.start_layer + len(kept)
+                if only is not None:
+                    decoder.layers = only
+                decoder.end_layer = decoder.start_layer + depth
             for m in compiled:  # a compiled graph runs every layer: the Python forward honours it
                 m.do_not_compile = True
             run()

@@ -621,10 +621,8 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
         with clock("sweep"), gc_frozen():
             sweep = None
             if mode in ("cut-down", "prove", "self-check"):
-                # unchecked, cut-down rests on the lab's proofs: it cuts where they cut
-                driver.cut_to_prefix(mode == "cut-down")
                 try:
-                    _can_cut(driver)
+                    _can_cut(driver, prefix=mode == "cut-down")  # where run_cut_down cuts
                 except ValueError as e:  # the model cannot be cut: say so, sweep it whole
                     why = f"full: the model cannot be cut down ({e})"
                     log.info("[wcprof] %s", why)
@@ -682,11 +680,11 @@ def _runs_eagerly(driver) -> bool:
     return not runs_compiled(driver.model)
 
 
-def _can_cut(driver) -> None:
+def _can_cut(driver, prefix: bool) -> None:
     """Raises ValueError naming why the model cannot be cut down (runner.decoder_cut)."""
     from .runner import decoder_cut
 
-    decoder_cut(driver.model, prefix=getattr(driver, "cut_prefix", False))
+    decoder_cut(driver.model, prefix=prefix)
 
 
 def _device_kind(meter) -> str:

@@ -63,8 +63,9 @@ class StepDriver(Protocol):
         a driver without it builds every shape."""
         ...
 
-    def cut_down(self) -> AbstractContextManager[str]:
-        """Run the decoder on one layer of each kind for the duration; yields a description
+    def cut_down(self, prefix: bool = False) -> AbstractContextManager[str]:
+        """Run the decoder on the first layer of each kind for the duration (`prefix`: on the
+        shortest prefix holding every kind, the cut the lab's proofs ran); yields a description
         (e.g. "2 of 32 layers"). Raises ValueError naming why when the model cannot be cut."""
         ...
 
@@ -223,9 +224,10 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     allow it, not a confirmed shape raised by another shape's larger difference (tens of MiB on
     an 8B layout: docs/sweep.md). Shapes far below the worst are not confirmed one by one: the
     decode and mixed steps at full context cost seconds each on a deep model (6.3 of 11.8 s on the 8B layout)."""
+    # It checks nothing itself and rests on the lab's proofs: it cuts where they cut.
     cd = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
                    context_ladder=context_ladder, attribute_ops=attribute_ops,
-                   on_step=on_step, allocator_slack=allocator_slack)
+                   on_step=on_step, allocator_slack=allocator_slack, prefix=True)
     return cd.result, _cut_down_line(cd)
 
 
@@ -327,14 +329,15 @@ class _CutDown(NamedTuple):
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
               attribute_ops: bool, on_step: StepCallback | None, allocator_slack: int,
-              sample: bool = False, stock_readings: int = 1) -> _CutDown:
+              sample: bool = False, stock_readings: int = 1, prefix: bool = False) -> _CutDown:
     """run_cut_down's sweep, what the cut kept, the cut decoder's figures; with `sample`, the
     self-check's class samples measured on the full model after the confirmations (they count
     as confirmations in the admitted figure). The stock step is read `stock_readings` times on
     each model: the lowest readings give the full-minus-cut difference (like with like), the
-    highest full-model one counts for the worst step and the admitted figure."""
+    highest full-model one counts for the worst step and the admitted figure. `prefix`: the
+    driver's cut_down(prefix)."""
     t_start = time.perf_counter()
-    with driver.cut_down() as depth:
+    with driver.cut_down(prefix) as depth:
         cut = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
                         context_ladder=context_ladder, attribute_ops=False, on_step=on_step,
                         stock_readings=stock_readings)
