@@ -1,4 +1,4 @@
-"""Issue 34, before device time: the five layouts bench/startup_bench.py benchmarks (FAMILIES)
+"""Issue 34, before device time: the layouts bench/startup_bench.py benchmarks (FAMILIES)
 resolve in vLLM at the bench's 131,072-token context as the model class each stands for, with
 its family's geometry (a GDN hybrid's linear-attention layers, Gemma 3's 1,024-token window, the
 MoE's experts). Nothing is built: ModelConfig only, in a subprocess (Qwen3.5's module imports
@@ -46,6 +46,7 @@ def test_the_benchmarks_five_families_resolve_in_vllm_as_their_classes():
     print(json.dumps(got, indent=1))
     assert {n: g["arch"] for n, g in got.items()} == {
         "llama8b": "LlamaForCausalLM", "qwen2-32b": "Qwen2ForCausalLM",
+        "qwen2-14b": "Qwen2ForCausalLM",
         "qwen35-32l": "Qwen3_5ForCausalLM", "gemma3-12b": "Gemma3ForCausalLM",
         "qwen3moe-30b": "Qwen3MoeForCausalLM"}
     for name, g in got.items():
@@ -54,3 +55,4 @@ def test_the_benchmarks_five_families_resolve_in_vllm_as_their_classes():
     assert got["gemma3-12b"]["window"] == 1024
     assert got["qwen3moe-30b"]["experts"] == 128
     assert got["qwen2-32b"]["window"] is None  # use_sliding_window false: full attention
+    assert got["qwen2-14b"]["window"] is None and got["qwen2-14b"]["layers"] == 48

@@ -5,6 +5,7 @@ the manifests give every case a status, and tests/gpu passes on the folders they
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -134,14 +135,19 @@ def _served_worstcase(runs) -> list[Path]:
 def test_every_family_cut_down_by_default_cites_committed_proofs_that_hold(compiled):
     """sweep_depth.CUT_DOWN_PROVEN (and CUT_DOWN_PROVEN_COMPILED): each entry names current
     --sweep-depth prove cases of a committed run, each proven there, on a model of that class,
-    eager (or with the model compiled, for the compiled table)."""
-    from worstcase_profiler.core.sweep_depth import CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED
+    eager (or with the model compiled, for the compiled table), with the cut proven.json records
+    for it: a prefix cut's depth names no kept layers ("4 of 8 layers"), which sweep_depth=cut-down
+    relies on when it keeps that cut (sweep_depth.proven_cut)."""
+    from worstcase_profiler.core.sweep_depth import (CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED,
+                                                     CUTS, proven_cut)
 
     table = CUT_DOWN_PROVEN_COMPILED if compiled else CUT_DOWN_PROVEN
     assert table and set(CUT_DOWN_PROVEN_COMPILED) <= set(CUT_DOWN_PROVEN)
     cited = [(model_class, *c.split(": ", 1)) for model_class, evidence in table.items()
              for c in evidence.split("; ")]
     for model_class, run, cases in cited:
+        cut = proven_cut(model_class, compiled=compiled)
+        assert cut in CUTS, (model_class, cut)
         summary = load_summary(RESULTS / run)
         for name in cases.split(", "):
             c = summary["by_case"][name]
@@ -149,6 +155,9 @@ def test_every_family_cut_down_by_default_cites_committed_proofs_that_hold(compi
             assert proof["verdict"] == "proven", (model_class, name, proof["verdict"])
             assert _arch_of(c) == model_class, name
             assert c["report"]["config"]["enforce_eager"] is (not compiled), name
+            if cut == "prefix":
+                assert re.fullmatch(r"\d+ of \d+ layers(, run eagerly)?", proof["depth"]), \
+                    (model_class, name, proof["depth"])
 
 
 def _arch_of(case: dict) -> str:

@@ -33,10 +33,11 @@ def test_a_family_keeps_its_own_vllm_config_beside_the_profilers():
 
 def test_the_five_families_are_the_issues_layouts_at_32_layers_or_more():
     """Issue 34: the 8B layout, a family the suite never ran, a GDN or Mamba hybrid, a sliding-
-    window model, an MoE; 32+ layers each, and vocabularies of 128k+ (DEVELOPERS.md)."""
+    window model, an MoE; 32+ layers each, and vocabularies of 128k+ (DEVELOPERS.md). The family
+    outside the suite comes in two depths: 64 layers for an H200, 48 where 80 GB holds no more."""
     cfgs = {n: json.loads((d / "config.json").read_text())
             for n, (d, _) in startup_bench.FAMILIES.items()}
-    assert len(cfgs) == 5
+    assert len(cfgs) == 6 and cfgs["qwen2-14b"]["architectures"] == cfgs["qwen2-32b"]["architectures"]
     for name, c in cfgs.items():
         assert c["num_hidden_layers"] >= 32 and c["vocab_size"] >= 128_000, name
         assert c.get("max_position_embeddings", 0) >= 131072, name  # the bench's default context

@@ -183,7 +183,7 @@ class CutDriver(FakeDriver):
 
     @contextlib.contextmanager
     def cut_down(self, prefix=False):
-        self.cut = True
+        self.cut, self.prefixes = True, [*getattr(self, "prefixes", ()), prefix]
         yield "1 layer"
         self.cut = False
 
@@ -218,6 +218,26 @@ def test_a_cut_down_sweep_admits_the_full_models_worst_not_a_confirmed_shape_rai
     assert cut.worst.shape == full.worst.shape and "+3145728 B" in mode
     assert cut.depth_delta == 3 * MiB
     assert len(drv.full_shapes) <= CONFIRM + CONFIRM_MORE
+
+
+def test_cut_down_cuts_where_its_proof_cut_and_self_check_to_the_first_layer_of_each_kind():
+    """run_cut_down asks the driver for the cut it is given (startup passes the one the family's
+    proof ran, sweep_depth.proven_cut), the prefix unless told; the self-check always for the
+    first layer of each kind."""
+    from worstcase_profiler.core.sweep import run_cut_down, run_self_checked
+
+    f = lambda s: s.rows * MiB  # noqa: E731
+    gap = lambda s: 0  # noqa: E731
+    for prefix in (True, False):
+        drv = CutDriver(LIMITS, f, gap)
+        run_cut_down(drv, tolerance=0, attribute_ops=False, prefix=prefix)
+        assert drv.prefixes == [prefix]
+    drv = CutDriver(LIMITS, f, gap)
+    run_cut_down(drv, tolerance=0, attribute_ops=False)
+    assert drv.prefixes == [True]
+    drv = CutDriver(LIMITS, f, gap)
+    run_self_checked(drv, tolerance=0, attribute_ops=False, resolution=MiB)
+    assert drv.prefixes == [False]
 
 
 def test_the_stock_steps_difference_bounds_shapes_never_confirmed():

@@ -4,7 +4,7 @@ evidence tables, and the proof that judges a cut-down sweep against the full one
 from __future__ import annotations
 
 from worstcase_profiler.core import sweep_depth as depth_rules
-from worstcase_profiler.core.sweep_depth import judge_cut_down, sweep_depth
+from worstcase_profiler.core.sweep_depth import CUTS, judge_cut_down, proven_cut, sweep_depth
 
 MiB = 1024**2
 
@@ -18,6 +18,18 @@ def test_auto_self_checks_every_family_and_the_explicit_settings_are_taken_as_as
     monkeypatch.setitem(depth_rules.CUT_DOWN_PROVEN, "NewForCausalLM", "run N")
     depth, why = sweep_depth("auto", "NewForCausalLM", eager=lambda: True)
     assert depth == "self-check" and "lab-proven eager for NewForCausalLM: run N" in why
+
+
+def test_cut_down_keeps_the_cut_its_familys_proof_ran(monkeypatch):
+    """proven_cut: the compiled proof's cut on a compiled forward, else the eager one's; the
+    first layer of each kind (self-check's cut) for a family no proof covers."""
+    ev = {"eager": {"A": {"runs": "r1", "cut": "prefix"}, "B": {"runs": "r2", "cut": "kinds"}},
+          "compiled": {"B": {"runs": "r3", "cut": "prefix"}}}
+    monkeypatch.setattr(depth_rules, "_EVIDENCE", ev)
+    assert proven_cut("A") == "prefix" and proven_cut("A", compiled=True) == "prefix"
+    assert proven_cut("B") == "kinds" and proven_cut("B", compiled=True) == "prefix"
+    assert proven_cut("NewForCausalLM") == "kinds"
+    assert {proven_cut(c) for c in ("A", "B", "C")} <= set(CUTS)
 
 
 def test_auto_self_checks_on_cuda_only_and_self_check_where_the_meter_resolution_is_known():

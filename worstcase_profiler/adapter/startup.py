@@ -46,7 +46,7 @@ from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import (cannot_build, prove_cut_down, run_cut_down, run_self_checked,
                           run_sweep, stock_readings)
-from ..core.sweep_depth import sweep_depth
+from ..core.sweep_depth import proven_cut, sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
                           SweepResult, WarmupEstimate, WarmupResult, Workspace)
@@ -604,8 +604,8 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     says so and the model can be cut, both when it says prove (the full one admitted), else on
     the full model."""
     model = getattr(driver, "model", None)
-    mode, why = sweep_depth(settings.sweep_depth,
-                            f"{type(model).__qualname__}" if model is not None else "",
+    model_class = f"{type(model).__qualname__}" if model is not None else ""
+    mode, why = sweep_depth(settings.sweep_depth, model_class,
                             eager=lambda: _runs_eagerly(driver),
                             device_kind=_device_kind(driver.meter), runner=driver.runner_kind,
                             tensor_parallel_size=_tp_size(driver))
@@ -621,8 +621,11 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
         with clock("sweep"), gc_frozen():
             sweep = None
             if mode in ("cut-down", "prove", "self-check"):
+                # cut-down checks nothing: it cuts where its family's proof cut
+                prefix = mode == "cut-down" and proven_cut(
+                    model_class, compiled=not _runs_eagerly(driver)) == "prefix"
                 try:
-                    _can_cut(driver, prefix=mode == "cut-down")  # where run_cut_down cuts
+                    _can_cut(driver, prefix=prefix)
                 except ValueError as e:  # the model cannot be cut: say so, sweep it whole
                     why = f"full: the model cannot be cut down ({e})"
                     log.info("[wcprof] %s", why)
@@ -638,7 +641,7 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
                             stock_readings=stock_readings(driver), **kw)
                         log.info("[wcprof] cut-down self-check: %s", _proof_line(proof))
                     else:
-                        sweep, why = run_cut_down(driver, **kw)
+                        sweep, why = run_cut_down(driver, prefix=prefix, **kw)
             if sweep is None:
                 sweep = run_sweep(driver, **kw, stock_readings=stock_readings(driver))
     finally:

@@ -209,11 +209,12 @@ plus the largest full-minus-cut difference seen is still above every confirmed f
 
 def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False,
                  context_ladder: bool = True, attribute_ops: bool = True,
-                 on_step: StepCallback | None = None,
-                 allocator_slack: int = 0) -> tuple[SweepResult, str]:
+                 on_step: StepCallback | None = None, allocator_slack: int = 0,
+                 prefix: bool = True) -> tuple[SweepResult, str]:
     """The sweep on the cut-down decoder (the stock step too), then the stock step and the
     CONFIRM worst shapes on the full model. Returns the sweep as admitted and a description of
-    what ran.
+    what ran. `prefix`: the driver's cut_down(prefix), the cut the family's proof ran
+    (sweep_depth.proven_cut): this mode checks nothing itself and rests on that proof.
 
     The admitted transient: every confirmed shape at its full-model figure; every other shape at
     its cut-down figure plus the largest full-minus-cut difference measured (the stock step's
@@ -224,10 +225,9 @@ def run_cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool = False
     allow it, not a confirmed shape raised by another shape's larger difference (tens of MiB on
     an 8B layout: docs/sweep.md). Shapes far below the worst are not confirmed one by one: the
     decode and mixed steps at full context cost seconds each on a deep model (6.3 of 11.8 s on the 8B layout)."""
-    # It checks nothing itself and rests on the lab's proofs: it cuts where they cut.
     cd = _cut_down(driver, tolerance=tolerance, exhaustive=exhaustive,
                    context_ladder=context_ladder, attribute_ops=attribute_ops,
-                   on_step=on_step, allocator_slack=allocator_slack, prefix=True)
+                   on_step=on_step, allocator_slack=allocator_slack, prefix=prefix)
     return cd.result, _cut_down_line(cd)
 
 

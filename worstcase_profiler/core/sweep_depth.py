@@ -4,6 +4,7 @@ against the full one on one engine (core/sweep.prove_cut_down runs both).
 
   CUT_DOWN_PROVEN, CUT_DOWN_PROVEN_COMPILED   the evidence (data/cut-down-proofs/proven.json):
                       model class -> the committed results that prove it
+  proven_cut          the cut a class's proof ran, which sweep_depth=cut-down keeps
   sweep_depth         whether the sweep runs cut down or on the full model
   judge_cut_down      whether a cut-down sweep admitted what the full sweep did (the proof)
   shape_class         the class a shape is sampled for (prefill, decode, verify, mixed, stock)
@@ -30,28 +31,44 @@ from typing import Callable, Iterable
 from .types import CutDownProof, Shape, StepResult, SweepResult
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "data" / "cut-down-proofs" / "proven.json"
-"""The evidence tables, as data: {"eager": CUT_DOWN_PROVEN, "compiled": CUT_DOWN_PROVEN_COMPILED}.
-A family enters one only with committed results that show its proof."""
+"""The evidence tables, as data: {"eager": {class: {"runs": CUT_DOWN_PROVEN's value, "cut": CUTS
+member}}, "compiled": the same for CUT_DOWN_PROVEN_COMPILED}. A family enters one only with
+committed results that show its proof, and "cut" names the cut those results ran."""
 
-_EVIDENCE: dict[str, dict[str, str]] = json.loads(EVIDENCE.read_text(encoding="utf-8"))
+CUTS = ("prefix", "kinds")
+"""The cuts a proof can have run: the shortest prefix holding every kind of layer (every proof
+committed before the kinds cut existed), or the first layer of each kind (what self-check and
+prove cut to since; the same layers where every layer is alike)."""
 
-CUT_DOWN_PROVEN: dict[str, str] = _EVIDENCE["eager"]
+_EVIDENCE: dict[str, dict[str, dict[str, str]]] = json.loads(EVIDENCE.read_text(encoding="utf-8"))
+
+CUT_DOWN_PROVEN: dict[str, str] = {c: e["runs"] for c, e in _EVIDENCE["eager"].items()}
 """Model classes on which a cut-down sweep was shown, on a GPU, to pick the same worst shape as
 the full sweep with the confirmed peak equal within the meter's resolution (`--sweep-depth
 prove`, bench/gpu_suite.py's *_prove cases): class -> "RUN: CASE, CASE; RUN: CASE", the
 committed results (docs/results/RUN) that show it, checked by tests/unit/test_committed_results.py.
 Scope: the class as those cases ran it (bf16 weights, default KV dtype, TP=1, eager, FA3 on sm_90;
-the cut kept the shortest prefix holding every kind of layer, as sweep_depth=cut-down still does;
-self-check and prove cut to the first layer of each kind, the same cut for a class whose layers
-are all alike, as LlamaForCausalLM's); every
+the cut proven.json records for it, which sweep_depth=cut-down keeps: proven_cut); every
 architecture vLLM maps onto the class is cut down alike (docs/sweep.md).
 DeepseekV32ForCausalLM is not here: its fp8-cache proof failed (docs/results)."""
 
-CUT_DOWN_PROVEN_COMPILED: dict[str, str] = _EVIDENCE["compiled"]
+CUT_DOWN_PROVEN_COMPILED: dict[str, str] = {c: e["runs"] for c, e in _EVIDENCE["compiled"].items()}
 """The classes of CUT_DOWN_PROVEN whose proof also held with the model compiled and CUDA graphs
 on (vLLM's default): the cut steps then bypass the compiled forward and run eagerly, while the
 stock step and the confirmations run compiled (the measured stock difference carries both).
 Same form and check as CUT_DOWN_PROVEN. Scope: vLLM 0.32's V2 runner, TP=1, FA3 on sm_90."""
+
+
+def proven_cut(model_class: str, *, compiled: bool = False) -> str:
+    """The cut (a CUTS member) sweep_depth=cut-down keeps for `model_class`: the one its proof
+    for this forward ran (the compiled table's on a compiled forward, else the eager one's), so
+    that the unchecked mode cuts where its evidence cut; "kinds", self-check's and prove's cut,
+    for a class no proof covers (nothing to match)."""
+    for table in (("compiled", "eager") if compiled else ("eager",)):
+        entry = _EVIDENCE[table].get(model_class)
+        if entry:
+            return entry["cut"]
+    return "kinds"
 
 
 SELF_CHECK_DEVICES = ("cuda", "cpu")
