@@ -182,7 +182,9 @@ LOGGED = ("[wcprof]", "torch.compile took", "Directly load the compiled graph",
 
 
 def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
-             engine: dict | None = None, import_from: str | None = None) -> dict:
+             engine: dict | None = None, import_from: str | None = None,
+             timeout_s: float | None = None) -> dict:
+    """One start in a fresh process, killed after `timeout_s` (--timeout-s unless given)."""
     imported = None
     if mode == "worstcase-cut":
         cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-cut-")
@@ -191,7 +193,8 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
         imported = wcprof_cache("import", import_from or a.import_from, cache_dir)
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough, "--engine-json", json.dumps(engine or {})]
-    out = {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=a.timeout_s, log_match=LOGGED,
+    out = {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=timeout_s or a.timeout_s,
+                                     log_match=LOGGED,
                                      log_key="wcprof_log", log_lines=48),
            **({"imported": imported} if imported else {})}
     if "error" in out:
@@ -231,6 +234,10 @@ def _parse() -> argparse.Namespace:
                    help="worstcase-imported starts from this directory's entries (wcprof cache import)")
     p.add_argument("--prime", action="store_true",
                    help="one uncounted stock start first (a fresh host compiles its kernels there)")
+    p.add_argument("--prime-timeout-s", type=float, default=300,
+                   help="the priming start's own timeout (at least --timeout-s): on a fresh host "
+                        "it compiles every kernel of the model, which a start cut short leaves "
+                        "to the first counted start")
     p.add_argument("--signed", action="store_true",
                    help=f"sign the sweep cache ({ENV_SECRET}={BENCH_SECRET} unless one is set), as "
                         "a fleet sharing a cache does: an imported start then replays its worst "
@@ -264,7 +271,8 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
     if a.prime:
         why = _no_time(a, results)
         primed = {"error": why} if why else run_mode(
-            a, model, "stock", tempfile.mkdtemp(prefix="wcprof-startup-"), passthrough, engine)
+            a, model, "stock", tempfile.mkdtemp(prefix="wcprof-startup-"), passthrough, engine,
+            timeout_s=max(a.timeout_s, a.prime_timeout_s))
         results.setdefault("primed", {})[name] = primed.get("boot_s", primed.get("error"))
     for rnd, mode in start_order(a.order, a.repeat):
         why = _no_time(a, results)

@@ -62,23 +62,37 @@ class _Args:
     def __init__(self, **kw):
         self.order = ["stock", "worstcase-cold", "worstcase-warm"]
         self.repeat, self.prime, self.deadline, self.timeout_s = 2, False, None, 100.0
+        self.prime_timeout_s = 300.0
         self.export_to = self.import_from = None
         self.__dict__.update(kw)
 
 
 def _bench(monkeypatch, args, outcome):
     """bench_model over a fake run_mode: `outcome(mode, round)` gives each start's record."""
-    made = []
+    made, timeouts = [], []
 
-    def run_mode(a, model, mode, cache_dir, passthrough, engine=None, import_from=None):
+    def run_mode(a, model, mode, cache_dir, passthrough, engine=None, import_from=None,
+                 timeout_s=None):
         made.append((mode, import_from or cache_dir))
+        timeouts.append(timeout_s)
         return {"mode": mode, "wall_s": 10.0, **outcome(mode, len([m for m, _ in made
                                                                   if m == mode]) - 1)}
 
     monkeypatch.setattr(startup_bench, "run_mode", run_mode)
     results = {"models": {}}
     startup_bench.bench_model(args, "m", "/m", {}, [], results, lambda: None)
+    args.timeouts = timeouts
     return made, results["models"]["m"]
+
+
+def test_the_priming_start_has_a_timeout_of_its_own(monkeypatch):
+    """h100-run85: a fresh host's priming start of the Qwen3.5 hybrid took over --timeout-s's
+    100 s (its GDN kernels' compiles), so the counted stock start paid them (32.12 s against
+    8.86 s once compiled). The prime waits --prime-timeout-s; counted starts --timeout-s."""
+    args = _Args(prime=True, repeat=1)
+    made, _ = _bench(monkeypatch, args, lambda mode, i: {"boot_s": 1.0, "cache": "stored"})
+    assert [m for m, _ in made] == ["stock", "stock", "worstcase-cold", "worstcase-warm"]
+    assert args.timeouts == [300.0, None, None, None]
 
 
 def test_each_round_restarts_from_its_own_first_start(monkeypatch):
