@@ -113,14 +113,13 @@ def test_a_sliding_window_decoder_is_cut_to_its_first_layer_of_each_kind(tmp_pat
           f"{proof['full_seconds']} s, deltas {proof['deltas']}")
 
 
-def test_an_unchecked_cut_down_keeps_the_prefix_its_proofs_ran(tmp_path):
-    """sweep_depth=cut-down checks nothing and rests on the lab's proofs, which cut to the
-    shortest prefix holding every kind of layer: on the tiny Gemma 3 layout that prefix is the
-    whole decoder, so it sweeps the full model and says why, where prove and self-check cut it
-    to two layers."""
+def test_an_unchecked_cut_down_of_a_family_no_proof_covers_cuts_to_each_kind(tmp_path):
+    """sweep_depth=cut-down checks nothing and rests on its family's proof, cutting where that
+    proof cut (sweep_depth.proven_cut: proven.json records it). Gemma 3 has no proof, so the
+    cut is the self-check's, the first layer of each kind: 2 of the tiny layout's 6, where its
+    shortest prefix holding every kind would be all 6 (the cut the committed proofs ran)."""
     model = Path(__file__).resolve().parents[1] / "models" / "gemma3-tiny-swa"
     run = run_wcprof(["--model", str(model), *GEMMA_SWA, "--sweep-depth", "cut-down"], tmp_path)
     assert run.rc == 0, run.text[-3000:]
     mode = run.report["worstcase"]["sweep_mode"]
-    assert mode.startswith("full: the model cannot be cut down (the shortest prefix holding "
-                           "every kind of layer is all 6"), mode
+    assert mode.startswith("cut-down: every shape on 2 of 6 layers (0, 5)"), mode

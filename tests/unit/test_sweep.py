@@ -691,6 +691,67 @@ def test_on_a_compiled_forward_a_saving_from_compiling_cannot_hide_what_depth_ad
                                                                eager(heavy)) == 100 * MiB
 
 
+def test_compiled_samples_take_both_ends_of_every_class_in_each_graph():
+    """class_samples: eager, one per uncovered class, its heaviest member; compiled, per class
+    and graph vLLM compiles by size, the heaviest where no confirmation runs that graph and the
+    lightest (fewest rows), none twice and none already confirmed."""
+    from worstcase_profiler.core.sweep import class_samples, graph_of
+
+    def r(kind, rows, reqs, need):
+        return StepResult(Shape(kind, rows, 100, reqs), peak_bytes=need, seconds=0.0)
+
+    steps = [r("prefill", 1, 1, 1), r("prefill", 4, 1, 4), r("prefill", 64, 1, 64),
+             r("prefill", 512, 1, 512), r("decode", 2, 2, 2), r("decode", 256, 256, 256),
+             r("mixed", 300, 2, 300)]
+    top = steps[3].shape
+    assert class_samples(steps, [top]) == [Shape("decode", 256, 100, 256),
+                                           Shape("mixed", 300, 100, 2)]
+    one = class_samples(steps, [top], ())
+    assert one == [Shape("prefill", 1, 100, 1), Shape("decode", 256, 100, 256),
+                   Shape("decode", 2, 100, 2), Shape("mixed", 300, 100, 2)]
+    graphs = ((4, 4), (1, 8), (9, 8192))
+    assert [graph_of(n, graphs) for n in (4, 1, 8, 9, 9000)] == [0, 1, 1, 2, -1]
+    two = class_samples(steps, [top], graphs)
+    assert two == [Shape("prefill", 4, 100, 1), Shape("prefill", 1, 100, 1),
+                   Shape("prefill", 64, 100, 1), Shape("decode", 2, 100, 2),
+                   Shape("decode", 256, 100, 256), Shape("mixed", 300, 100, 2)]
+
+
+def test_a_graph_specialised_to_small_sizes_refutes_the_compiled_self_check():
+    """The adversary that kept auto's full sweep for compiled forwards: compiling adds 80 MiB
+    to prefill chunks of 8 rows or fewer only (a graph of their own), where the classes' heavy
+    members read nothing of it. The compiled self-check samples both ends of every class in
+    each graph, reads it on a light prefill, and falls back to the full sweep, which admits
+    it; with the graphs unknown (one assumed) the lightest prefill still shows it."""
+    from worstcase_profiler.core import sweep as core_sweep
+    from worstcase_profiler.core.sweep import run_self_checked
+
+    base = lambda s: 200 * MiB + s.rows * 1024  # noqa: E731 - the cut decoder, eager
+    eager = lambda s: base(s)  # noqa: E731 - depth adds nothing
+    small = lambda s: 80 * MiB if s.kind == "prefill" and s.rows <= 8 else 0  # noqa: E731
+    full = lambda s: eager(s) + small(s)  # noqa: E731
+    gap = lambda s: full(s) - base(s)  # noqa: E731
+    truth = max(full(s) for s in _every_shape())
+    assert truth >= 280 * MiB  # a light prefill sets the peak, compiled
+    # read as the eager self-check reads (each class's heaviest member only), it is missed
+    eager_samples = core_sweep.class_samples
+    core_sweep.class_samples = lambda steps, confirmed, graphs=None: eager_samples(steps, confirmed)
+    try:
+        drv = CompiledCutDriver(LIMITS, full, gap, eager, stock_transient=full(_stock()))
+        missed, _, blind = run_self_checked(drv, resolution=MiB, tolerance=0, attribute_ops=False)
+    finally:
+        core_sweep.class_samples = eager_samples
+    assert blind.proven and missed.peak_bytes < truth, (missed.peak_bytes, truth)
+    for graphs in (((1, 8), (9, LIMITS.max_num_batched_tokens)), ()):
+        drv = CompiledCutDriver(LIMITS, full, gap, eager, stock_transient=full(_stock()))
+        drv.graph_ranges = lambda g=graphs: g
+        sweep, mode, proof = run_self_checked(drv, resolution=MiB, tolerance=0,
+                                              attribute_ops=False)
+        assert not proof.proven and proof.fell_back, (graphs, proof.verdict)
+        assert "prefill" in proof.verdict and sweep.peak_bytes >= truth, (sweep.peak_bytes, truth)
+        assert any(s.kind == "prefill" and s.rows <= 8 for s in proof.sampled)
+
+
 def _stock():
     from worstcase_profiler.core.shapes import stock_shape
     return stock_shape(LIMITS)

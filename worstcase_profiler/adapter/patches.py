@@ -114,9 +114,10 @@ REGISTRY: tuple[Touch, ...] = (
           "runner.model_memory_usage; "
           "speculative_config.use_eagle_block_drop() (use_eagle() on 0.26), "
           "VllmConfig.num_hash_lookahead_tokens (0.33: lookahead block hashes, no hit block "
-          "dropped)",
+          "dropped); compilation_config.compile_sizes and get_compile_ranges()",
           "the engine limits, the memory the engine may use, free memory at init, vLLM's own "
-          "CUDA-graph estimate and weights",
+          "CUDA-graph estimate and weights, and the batch sizes vLLM compiles a graph of its "
+          "own for (the compile warm-up's sizes; the self-check's samples per graph)",
           retire="a public memory-plan object on the worker"),
     Touch("worker-budget-attrs", "private-write",
           "Worker.peak_activation_memory, Worker.available_kv_cache_memory_bytes",

@@ -113,8 +113,8 @@ def decoder_cut(model, prefix: bool = False) -> tuple[object, tuple[int, ...], i
     if prefix and shortest >= total:
         raise ValueError(f"the shortest prefix holding every kind of layer is all {total} ("
                          + (f"a drafter reads the hidden states of layers {sorted(set(aux))}"
-                            if aux else "sweep_depth=cut-down keeps the prefix the lab's proofs "
-                                        "ran") + ")")
+                            if aux else "sweep_depth=cut-down keeps the prefix its family's "
+                                        "proof ran") + ")")
     # A drafter fed by hidden states of middle layers (EAGLE3, DFlash, DSpark, hidden-state
     # extraction): the cut forward would collect none of those and return another type; the
     # loop numbers the layers it runs, so those it collects must be the prefix's own.
@@ -133,6 +133,25 @@ def cut_label(kept: tuple[int, ...], total: int) -> str:
     (0, 5)" where the kept layers are not the decoder's first ones."""
     where = "" if _is_prefix(kept) else f" ({', '.join(map(str, kept))})"
     return f"{len(kept)} of {total} layers{where}"
+
+
+def compile_graph_ranges(vllm_config) -> tuple[tuple[int, int], ...] | None:
+    """The token counts vLLM compiles a graph of its own for (0.32 and 0.33 PiecewiseBackend):
+    each compile size as (size, size), first (a size's graph is picked before its range's),
+    then each compile range (start, end), inclusive; the last range reaches
+    max_num_batched_tokens. One range and no size: one graph serves every batch size. None
+    where the config cannot be read."""
+    # vllm-touch: worker-config
+    cc = vllm_config.compilation_config
+    try:
+        sizes = sorted({int(x) for x in (getattr(cc, "compile_sizes", None) or [])
+                        if isinstance(x, int)})
+        ranges = [(int(r.start), int(r.end)) for r in cc.get_compile_ranges()]
+    except Exception:  # noqa: BLE001 - unread: the caller treats the graphs as unknown
+        return None
+    if not ranges:
+        return None
+    return tuple([(x, x) for x in sizes if (x, x) not in ranges] + ranges)
 
 
 def compiled_modules(model) -> list:
@@ -209,11 +228,20 @@ class DriverBase:
         finally:
             self._eager = ()
 
+    def graph_ranges(self) -> tuple[tuple[int, int], ...] | None:
+        """The row ranges vLLM compiles a graph of its own for (compile_graph_ranges), ()
+        where nothing is compiled, None where they cannot be read."""
+        if not compiled_modules(self.model):
+            return ()
+        # vllm-touch: worker-config
+        return compile_graph_ranges(self.runner.vllm_config)
+
     @contextlib.contextmanager
     def cut_down(self, prefix: bool = False):
         """Steps (the stock step too) run on the decoder cut to the first layer of each kind for
-        the duration (`prefix`: to the shortest prefix holding every kind, the cut the lab's
-        proofs ran); ValueError names why a model cannot be cut."""
+        the duration (`prefix`: to the shortest prefix holding every kind, the cut a family's
+        committed proof may have run, sweep_depth.proven_cut); ValueError names why a model
+        cannot be cut."""
         decoder, kept, total = decoder_cut(self.model, prefix=prefix)
         compiled = compiled_modules(self.model)
         # the loop runs the kept layers alone, in order, where they are not the first ones

@@ -46,7 +46,7 @@ from ..core.session import StartupSession
 from ..core.shapes import Limits, plan_fingerprint
 from ..core.sweep import (cannot_build, prove_cut_down, run_cut_down, run_self_checked,
                           run_sweep, stock_readings)
-from ..core.sweep_depth import proven_cut, sweep_depth
+from ..core.sweep_depth import cut_to_prefix, sweep_depth
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, HeldMemory, ProfileResult, StepResult,
                           SweepResult, WarmupEstimate, WarmupResult, Workspace)
@@ -605,8 +605,9 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
     the full model."""
     model = getattr(driver, "model", None)
     model_class = f"{type(model).__qualname__}" if model is not None else ""
-    mode, why = sweep_depth(settings.sweep_depth, model_class,
-                            eager=lambda: _runs_eagerly(driver),
+    eager = functools.cache(lambda: _runs_eagerly(driver))  # it walks the model: once
+    mode, why = sweep_depth(settings.sweep_depth, model_class, eager=eager,
+                            graphs=getattr(driver, "graph_ranges", lambda: None),
                             device_kind=_device_kind(driver.meter), runner=driver.runner_kind,
                             tensor_parallel_size=_tp_size(driver))
     log.info("[wcprof] worst-case sweep: rows 1..%d at KV extent %d, %s runner; %s",
@@ -621,9 +622,7 @@ def _full_sweep(driver, limits: Limits, settings: ProfilerSettings, tolerance: i
         with clock("sweep"), gc_frozen():
             sweep = None
             if mode in ("cut-down", "prove", "self-check"):
-                # cut-down checks nothing: it cuts where its family's proof cut
-                prefix = mode == "cut-down" and proven_cut(
-                    model_class, compiled=not _runs_eagerly(driver)) == "prefix"
+                prefix = cut_to_prefix(mode, model_class, lambda: not eager())
                 try:
                     _can_cut(driver, prefix=prefix)
                 except ValueError as e:  # the model cannot be cut: say so, sweep it whole

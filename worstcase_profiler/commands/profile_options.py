@@ -75,8 +75,8 @@ def add_profile_flags(p, title: str = "wcprof") -> None:
                         "model too, the full sweep where one disagrees; full: every shape on "
                         "the whole model; prove: both, the full one admitted, and the report "
                         "says whether the cut-down one agreed; auto: self-check on CUDA (a "
-                        "compiled forward: only families proven compiled), full elsewhere "
-                        "(default: auto)")
+                        "compiled forward: what compiling adds sampled in each graph vLLM "
+                        "compiles by batch size), full elsewhere (default: auto)")
     g.add_argument("--margin", metavar="SIZE", default=None,
                    help="safety margin subtracted from the KV budget, bytes or a unit such as "
                         "256MiB (default: 64MiB)")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import AbstractContextManager
-from typing import Callable, Iterable, NamedTuple, Protocol
+from typing import Callable, Iterable, NamedTuple, Protocol, Sequence
 
 from . import shapes as plan
 from .cache_trust import reuse_transient
@@ -65,7 +65,7 @@ class StepDriver(Protocol):
 
     def cut_down(self, prefix: bool = False) -> AbstractContextManager[str]:
         """Run the decoder on the first layer of each kind for the duration (`prefix`: on the
-        shortest prefix holding every kind, the cut the lab's proofs ran); yields a description
+        shortest prefix holding every kind, sweep_depth.proven_cut's "prefix"); yields a description
         (e.g. "2 of 32 layers"). Raises ValueError naming why when the model cannot be cut."""
         ...
 
@@ -74,6 +74,12 @@ class StepDriver(Protocol):
         run, for the duration; yields whether the forward is compiled (False: nothing changes).
         A cut-down sweep of a compiled forward reads its full-model steps this way too, so the
         depth difference compares like with like (sweep_depth.depth_difference)."""
+        ...
+
+    def graph_ranges(self) -> tuple[tuple[int, int], ...] | None:
+        """Optional: the row ranges the compiled forward has a graph of its own for, each
+        (first, last) inclusive, in the order the engine picks them (a single size before the
+        range holding it); () where nothing is compiled, None where they cannot be read."""
         ...
 
 
@@ -244,18 +250,49 @@ SAMPLE_CLASSES = ("prefill", "decode", "verify", "mixed")
 confirmation covered gets one full-model measurement, its heaviest member on the cut decoder."""
 
 
-def class_samples(cut_steps: Iterable[StepResult], confirmed: Iterable[Shape]) -> list[Shape]:
-    """One shape per class of SAMPLE_CLASSES that none of `confirmed` belongs to: the class's
-    member with the largest cut-down need (then peak), in SAMPLE_CLASSES order."""
-    covered = {shape_class(sh) for sh in confirmed}
-    best: dict[str, StepResult] = {}
+def graph_of(rows: int, graphs: Sequence[tuple[int, int]]) -> int:
+    """The index in `graphs` (StepDriver.graph_ranges) of the graph a step of `rows` runs: the
+    first range holding it; -1 where none does."""
+    return next((i for i, (lo, hi) in enumerate(graphs) if lo <= rows <= hi), -1)
+
+
+def class_samples(cut_steps: Iterable[StepResult], confirmed: Iterable[Shape],
+                  graphs: Sequence[tuple[int, int]] | None = None) -> list[Shape]:
+    """The self-check's full-model samples, in SAMPLE_CLASSES order. Eager (`graphs` None): one
+    shape per class that none of `confirmed` belongs to, its member with the largest cut-down
+    need (then peak). Compiled (`graphs`: StepDriver.graph_ranges, () where they are one graph
+    or unknown): per class and graph, the heaviest member where no confirmation runs that
+    graph for that class, and the lightest one (fewest rows, then the largest need) where it is
+    not already measured: what compiling adds is read on each graph vLLM compiles by size, at
+    both ends of what each class runs there, so a graph specialised to small sizes shows."""
+    confirmed = list(confirmed)
+    compiled = graphs is not None
+
+    def group(sh: Shape) -> tuple[str, int]:
+        return shape_class(sh), graph_of(sh.rows, graphs) if graphs else 0
+
+    covered = {group(sh) for sh in confirmed}
+    heavy: dict[tuple[str, int], StepResult] = {}
+    light: dict[tuple[str, int], StepResult] = {}
     for r in cut_steps:
-        k = shape_class(r.shape)
-        if k in SAMPLE_CLASSES and k not in covered and (
-                k not in best or (r.need_bytes, r.peak_bytes) > (best[k].need_bytes,
-                                                                 best[k].peak_bytes)):
-            best[k] = r
-    return [best[k].shape for k in SAMPLE_CLASSES if k in best]
+        g = group(r.shape)
+        if g[0] not in SAMPLE_CLASSES:
+            continue
+        if g not in covered and (g not in heavy or (r.need_bytes, r.peak_bytes) > (
+                heavy[g].need_bytes, heavy[g].peak_bytes)):
+            heavy[g] = r
+        if compiled and (g not in light or (r.shape.rows, -r.need_bytes) < (
+                light[g].shape.rows, -light[g].need_bytes)):
+            light[g] = r
+    out: list[Shape] = []
+    for k in SAMPLE_CLASSES:
+        for g in sorted({*heavy, *light}):
+            if g[0] != k:
+                continue
+            for pick in (heavy.get(g), light.get(g)):
+                if pick is not None and pick.shape not in out and pick.shape not in confirmed:
+                    out.append(pick.shape)
+    return out
 
 
 def run_self_checked(driver: StepDriver, *, resolution: int, tolerance: int,
@@ -420,7 +457,11 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         samples: list[StepResult] = []
         unbuilt: list[Shape] = []
         if sample:
-            for shape in class_samples(cut.steps, (f.shape for f in confirmed)):
+            graphs = None  # eager: a class's heaviest member; compiled: per graph, both ends
+            if compiled:
+                ask = getattr(driver, "graph_ranges", None)
+                graphs = (ask() if ask is not None else None) or ()
+            for shape in class_samples(cut.steps, (f.shape for f in confirmed), graphs):
                 if cannot_build(driver, shape) is not None:
                     unbuilt.append(shape)
                     continue

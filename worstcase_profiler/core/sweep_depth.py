@@ -12,12 +12,13 @@ against the full one on one engine (core/sweep.prove_cut_down runs both).
                       assumption on this model (sweep_depth=auto), else it falls back to full
 
 auto on CUDA: the self-check decides for an eager forward of any family (docs/sweep.md
-"Self-checked cut-down sweep"), and for a compiled one of a family a committed proof covers
-compiled (V2 runner, TP=1). On a compiled forward the cut steps run eagerly, so every
-full-model step is read eagerly as well and its difference split into depth and what compiling
-added (depth_difference): the lab's compiled proofs show compilation otherwise netting out the
-depth difference. What compiling adds is still checked on the measured members only, hence the
-gate. The tables stay the record of the families where a proof found the cut-down sweep
+"Self-checked cut-down sweep"), and for a compiled one where the batch sizes vLLM compiles a
+graph of its own for can be read (or a committed proof covers the family compiled: V2 runner,
+TP=1). On a compiled forward the cut steps run eagerly, so every full-model step is read
+eagerly as well and its difference split into depth and what compiling added
+(depth_difference): the lab's compiled proofs show compilation otherwise netting out the depth
+difference. What compiling adds is read on the measured members only, so the samples take both
+ends of every class in each of those graphs (core/sweep.class_samples). The tables stay the record of the families where a proof found the cut-down sweep
 matching the full one, name the proof in the sweep mode, and tell `sweep_depth=cut-down`
 (which checks nothing) on a compiled forward whether a proof covered it.
 """
@@ -41,6 +42,10 @@ committed before the kinds cut existed), or the first layer of each kind (what s
 prove cut to since; the same layers where every layer is alike)."""
 
 _EVIDENCE: dict[str, dict[str, dict[str, str]]] = json.loads(EVIDENCE.read_text(encoding="utf-8"))
+_bad = [(t, c, e.get("cut")) for t, table in _EVIDENCE.items() for c, e in table.items()
+        if e.get("cut") not in CUTS]
+if _bad:
+    raise ValueError(f"{EVIDENCE}: a proof's cut must be one of {CUTS}: {_bad}")
 
 CUT_DOWN_PROVEN: dict[str, str] = {c: e["runs"] for c, e in _EVIDENCE["eager"].items()}
 """Model classes on which a cut-down sweep was shown, on a GPU, to pick the same worst shape as
@@ -63,12 +68,22 @@ def proven_cut(model_class: str, *, compiled: bool = False) -> str:
     """The cut (a CUTS member) sweep_depth=cut-down keeps for `model_class`: the one its proof
     for this forward ran (the compiled table's on a compiled forward, else the eager one's), so
     that the unchecked mode cuts where its evidence cut; "kinds", self-check's and prove's cut,
-    for a class no proof covers (nothing to match)."""
+    for a class no proof covers (nothing to match). It reads proven.json itself, as
+    CUT_DOWN_PROVEN is read from it; the compiled proof's runner and TP scope (sweep_depth)
+    does not change which cut it ran."""
     for table in (("compiled", "eager") if compiled else ("eager",)):
         entry = _EVIDENCE[table].get(model_class)
         if entry:
             return entry["cut"]
     return "kinds"
+
+
+def cut_to_prefix(mode: str, model_class: str, compiled: Callable[[], bool]) -> bool:
+    """Whether a cut-down sweep in `mode` (sweep_depth's) cuts to the shortest prefix holding
+    every kind of layer: only the unchecked cut-down, and only where its family's proof ran
+    that cut (proven_cut); self-check and prove, which check the cut themselves, cut to the
+    first layer of each kind. `compiled` is asked only for cut-down."""
+    return mode == "cut-down" and proven_cut(model_class, compiled=compiled()) == "prefix"
 
 
 SELF_CHECK_DEVICES = ("cuda", "cpu")
@@ -87,14 +102,18 @@ admits the same figure; sweep_depth=self-check asks for the self-check there."""
 
 def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
                 device_kind: str = "cuda", runner: str = "v2",
-                tensor_parallel_size: int = 1) -> tuple[str, str]:
+                tensor_parallel_size: int = 1,
+                graphs: Callable[[], tuple | None] | None = None) -> tuple[str, str]:
     """("full" | "cut-down" | "prove" | "self-check", why). self-check: the self-checked cut-down
     sweep on every family (core/sweep.run_self_checked: it falls back to the full sweep itself
     when this model's samples contradict the cut-down assumption), on the devices whose meter
     resolution is known (SELF_CHECK_DEVICES); auto: the same on CUDA (AUTO_SELF_CHECK_DEVICES)
-    for an eager forward of any family and a compiled one of a family proven compiled
-    (CUT_DOWN_PROVEN_COMPILED, V2 runner, TP=1; its full-model steps read eagerly too, each
-    difference split: depth_difference), full otherwise; cut-down and prove are taken
+    for an eager forward of any family, and for a compiled one whose graphs by size `graphs()`
+    reads (StepDriver.graph_ranges: the self-check then samples what compiling adds at both
+    ends of every class in each graph, core/sweep.class_samples) or of a family proven
+    compiled (CUT_DOWN_PROVEN_COMPILED, V2 runner, TP=1); its full-model steps read eagerly
+    too, each difference split (depth_difference); full where neither holds (the graphs
+    unknown and no proof); cut-down and prove are taken
     as asked (prove runs both, the full one admitted; cut-down on a compiled forward of a
     family no proof covered compiled says it is unproven). The proof a self-check names is the
     one for its forward (eager or compiled) and says where its scope differs. `eager` is asked
@@ -116,19 +135,26 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     compiled_proof = CUT_DOWN_PROVEN_COMPILED.get(model_class)
     if compiled_proof and (runner != "v2" or tensor_parallel_size != 1):
         compiled_proof = None  # proven on the V2 runner at TP=1 only
+    by_size = None
     if setting == "auto" and not compiled_proof and not eager():
-        # The split difference (depth_difference) reads depth like with like, but what
-        # compiling adds is checked on the members measured only: a size-specialised graph
-        # could add to a light member alone. Until a proof of another compiled family, its
-        # full sweep (docs/sweep.md, "What `auto` does").
-        return "full", (f"full: the model runs compiled, and no proof covered a compiled "
-                        f"{model_class} on this runner and TP (its cut steps would run "
-                        "eagerly; sweep_depth=self-check asks for it, prove compares both)")
+        by_size = graphs() if graphs is not None else None
+        if by_size is None:
+            # The split difference (depth_difference) reads depth like with like, but what
+            # compiling adds is read on the members measured only: a graph specialised to some
+            # sizes could add to a light member alone, and which sizes have a graph of their own
+            # could not be read (docs/sweep.md, "What `auto` does").
+            return "full", (f"full: the model runs compiled, the batch sizes vLLM compiles a "
+                            f"graph of its own for could not be read, and no proof covered a "
+                            f"compiled {model_class} on this runner and TP (sweep_depth="
+                            "self-check asks for it, prove compares both)")
     if setting in ("auto", "self-check"):
+        graphs_note = "" if by_size is None else (
+            f"; compiled, so what compiling adds is sampled at both ends of every class in "
+            f"each of the {max(1, len(by_size))} graph(s) vLLM compiles by size")
         return "self-check", ("cut-down, self-checked: the worst shapes and a sample of every "
                               "shape class confirmed on the full model, the full sweep if they "
-                              "disagree" + _proof_note(model_class, eager, runner,
-                                                       tensor_parallel_size))
+                              "disagree" + graphs_note + _proof_note(model_class, eager, runner,
+                                                                     tensor_parallel_size))
     return "cut-down", "cut-down: asked for (sweep_depth=cut-down)" + (
         "" if compiled_proof or eager() else
         "; the model runs compiled, so its cut steps run eagerly, which no proof has covered "
