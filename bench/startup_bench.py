@@ -272,7 +272,7 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
         why = _no_time(a, results)
         primed = {"error": why} if why else run_mode(
             a, model, "stock", tempfile.mkdtemp(prefix="wcprof-startup-"), passthrough, engine,
-            timeout_s=max(a.timeout_s, a.prime_timeout_s))
+            timeout_s=prime_timeout(a))
         results.setdefault("primed", {})[name] = primed.get("boot_s", primed.get("error"))
     for rnd, mode in start_order(a.order, a.repeat):
         why = _no_time(a, results)
@@ -306,6 +306,15 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
         except RuntimeError as e:
             exported = f"export failed: {e}"
         results.setdefault("exported", {})[name] = exported
+
+
+def prime_timeout(a) -> float:
+    """The priming start's timeout: --prime-timeout-s (at least --timeout-s), never past
+    --deadline (a start cut short there still leaves the counted ones their time)."""
+    t = max(a.timeout_s, a.prime_timeout_s)
+    if a.deadline is not None:
+        t = min(t, max(1.0, a.deadline - time.time()))
+    return t
 
 
 def _no_time(a, results: dict) -> str:

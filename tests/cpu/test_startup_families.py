@@ -36,7 +36,7 @@ print("FAMILIES " + json.dumps(out))
 """
 
 
-def test_the_benchmarks_five_families_resolve_in_vllm_as_their_classes():
+def test_the_benchmarks_families_resolve_in_vllm_as_their_classes():
     paths = {n: str(d) for n, (d, _) in startup_bench.FAMILIES.items()}
     run = run_python(PROBE.replace("sys.argv[1]", repr(json.dumps(paths))), timeout=300,
                      env=engine_env(WCP_FIXTURES_QWEN_VL_CPU="1", HF_HUB_OFFLINE="1"))

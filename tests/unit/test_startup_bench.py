@@ -31,7 +31,7 @@ def test_a_family_keeps_its_own_vllm_config_beside_the_profilers():
     assert startup_bench.engine_kwargs({}, None) == {}
 
 
-def test_the_five_families_are_the_issues_layouts_at_32_layers_or_more():
+def test_the_families_are_the_issues_layouts_at_32_layers_or_more():
     """Issue 34: the 8B layout, a family the suite never ran, a GDN or Mamba hybrid, a sliding-
     window model, an MoE; 32+ layers each, and vocabularies of 128k+ (DEVELOPERS.md). The family
     outside the suite comes in two depths: 64 layers for an H200, 48 where 80 GB holds no more."""
@@ -93,6 +93,10 @@ def test_the_priming_start_has_a_timeout_of_its_own(monkeypatch):
     made, _ = _bench(monkeypatch, args, lambda mode, i: {"boot_s": 1.0, "cache": "stored"})
     assert [m for m, _ in made] == ["stock", "stock", "worstcase-cold", "worstcase-warm"]
     assert args.timeouts == [300.0, None, None, None]
+    import time
+
+    late = _Args(prime=True, prime_timeout_s=300.0, deadline=time.time() + 120)
+    assert 100 <= startup_bench.prime_timeout(late) <= 120  # never past the deadline
 
 
 def test_each_round_restarts_from_its_own_first_start(monkeypatch):
