@@ -752,6 +752,57 @@ def test_a_graph_specialised_to_small_sizes_refutes_the_compiled_self_check():
         assert any(s.kind == "prefill" and s.rows <= 8 for s in proof.sampled)
 
 
+def test_each_graph_vllm_compiles_by_size_is_sampled_not_only_the_ends_of_a_class():
+    """Compiling adds 80 MiB to prefills of 9 to 16 rows only, a graph of their own: neither
+    the narrowest nor the widest prefill runs it, so only sampling per graph finds it. With
+    the graphs unknown the self-check cannot, and its mode line says they were unknown (auto
+    then sweeps a family no compiled proof covers whole: sweep_depth)."""
+    from worstcase_profiler.core.sweep import run_self_checked
+
+    base = lambda s: 200 * MiB + s.rows * 1024  # noqa: E731
+    mid = lambda s: 80 * MiB if s.kind == "prefill" and 9 <= s.rows <= 16 else 0  # noqa: E731
+    full = lambda s: base(s) + mid(s)  # noqa: E731
+    gap = lambda s: full(s) - base(s)  # noqa: E731
+    truth = max(full(s) for s in _every_shape())
+    assert truth >= 280 * MiB
+    top = LIMITS.max_num_batched_tokens
+    drv = CompiledCutDriver(LIMITS, full, gap, base, stock_transient=full(_stock()))
+    drv.graph_ranges = lambda: ((1, 8), (9, 16), (17, top))
+    sweep, mode, proof = run_self_checked(drv, resolution=MiB, tolerance=0, attribute_ops=False)
+    assert proof.fell_back and sweep.peak_bytes >= truth, (proof.verdict, sweep.peak_bytes)
+    drv = CompiledCutDriver(LIMITS, base, lambda s: 0, base, stock_transient=base(_stock()))
+    drv.graph_ranges = lambda: ((1, 8), (9, 16), (17, top))
+    sweep, mode, proof = run_self_checked(drv, resolution=MiB, tolerance=0, attribute_ops=False)
+    assert proof.proven and "in 3 of the 3 graph(s) vLLM compiles by batch size" in mode, mode
+    drv = CompiledCutDriver(LIMITS, full, gap, base, stock_transient=full(_stock()))
+    drv.graph_ranges = lambda: None
+    sweep, mode, proof = run_self_checked(drv, resolution=MiB, tolerance=0, attribute_ops=False)
+    assert proof.proven and sweep.peak_bytes < truth  # what unknown graphs cannot show
+    assert "graphs by batch size could not be read" in mode, mode
+
+
+def test_what_compiling_adds_per_row_is_read_on_each_class_s_widest_member_too():
+    """A review's adversary: the cut-down need grows with the context (so a class's heaviest
+    member by need is a narrow step at long context) while compiling adds 1 MiB per prefill
+    row. Sampled at the heaviest and the narrowest members only, the self-check read it
+    'proven' and admitted 264.75 MiB against a true 312 MiB; the widest member shows it."""
+    from worstcase_profiler.core.sweep import run_self_checked
+
+    base = lambda s: 200 * MiB + s.context_len * 1024 // 64  # noqa: E731 - need grows with context
+    eager = lambda s: base(s)  # noqa: E731 - depth adds nothing
+    full = lambda s: eager(s) + (s.rows * MiB // 64 if s.kind == "prefill" else 0)  # noqa: E731
+    gap = lambda s: full(s) - base(s)  # noqa: E731
+    truth = max(full(s) for s in _every_shape())
+    for graphs in (((1, LIMITS.max_num_batched_tokens),), ()):
+        drv = CompiledCutDriver(LIMITS, full, gap, eager, stock_transient=full(_stock()))
+        drv.graph_ranges = lambda g=graphs: g
+        sweep, mode, proof = run_self_checked(drv, resolution=MiB, tolerance=0,
+                                              attribute_ops=False)
+        assert sweep.peak_bytes >= truth, (graphs, sweep.peak_bytes, truth, proof.verdict)
+        widest = max(s.rows for s in _every_shape() if s.kind == "prefill")
+        assert any(s.kind == "prefill" and s.rows == widest for s in drv.full_shapes)
+
+
 def _stock():
     from worstcase_profiler.core.shapes import stock_shape
     return stock_shape(LIMITS)

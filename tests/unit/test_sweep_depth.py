@@ -56,7 +56,16 @@ def test_auto_self_checks_a_compiled_forward_whose_graphs_by_size_it_can_read():
     for ranges, n in ((((1, 8192),), 1), (((4, 4), (1, 256), (257, 8192)), 3), ((), 1)):
         depth, why = sweep_depth("auto", "OtherForCausalLM", eager=lambda: False,
                                  graphs=lambda r=ranges: r)
-        assert depth == "self-check" and f"each of the {n} graph(s)" in why, why
+        assert depth == "self-check" and f"that its steps run ({n} read)" in why, why
+    # its own model's evidence, at any TP and on either runner (the eager self-check's scope)
+    for kw in ({"runner": "v1"}, {"tensor_parallel_size": 2}):
+        depth, why = sweep_depth("auto", "OtherForCausalLM", eager=lambda: False,
+                                 graphs=lambda: ((1, 8192),), **kw)
+        assert depth == "self-check", (kw, why)
+    # a family proven compiled, an explicit self-check: the graphs are not asked for the choice
+    asked = lambda: (_ for _ in ()).throw(AssertionError("asked"))  # noqa: E731
+    assert sweep_depth("self-check", "OtherForCausalLM", eager=lambda: False,
+                       graphs=asked)[0] == "self-check"
     # an eager forward is not asked about graphs
     depth, why = sweep_depth("auto", "OtherForCausalLM", eager=lambda: True,
                              graphs=lambda: (_ for _ in ()).throw(AssertionError("asked")))

@@ -69,8 +69,9 @@ def add_profile_flags(p, title: str = "wcprof") -> None:
                         "certifying segments by chord (slower)")
     g.add_argument("--sweep-depth", choices=("auto", "full", "cut-down", "self-check", "prove"),
                    default=None,
-                   help="cut-down: every shape on one decoder layer of each kind, the worst "
-                        "confirmed on the full model (cost independent of depth); self-check: "
+                   help="cut-down: every shape on one decoder layer of each kind (or the prefix "
+                        "its family's proof cut to), the worst confirmed on the full model (cost "
+                        "independent of depth); self-check: "
                         "cut-down, then a sample of every shape class confirmed on the full "
                         "model too, the full sweep where one disagrees; full: every shape on "
                         "the whole model; prove: both, the full one admitted, and the report "

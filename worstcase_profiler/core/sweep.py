@@ -262,9 +262,12 @@ def class_samples(cut_steps: Iterable[StepResult], confirmed: Iterable[Shape],
     shape per class that none of `confirmed` belongs to, its member with the largest cut-down
     need (then peak). Compiled (`graphs`: StepDriver.graph_ranges, () where they are one graph
     or unknown): per class and graph, the heaviest member where no confirmation runs that
-    graph for that class, and the lightest one (fewest rows, then the largest need) where it is
-    not already measured: what compiling adds is read on each graph vLLM compiles by size, at
-    both ends of what each class runs there, so a graph specialised to small sizes shows."""
+    graph for that class, and its narrowest and widest members (fewest and most rows, each
+    then the largest need) where they are not already measured: what compiling adds is read on
+    each graph vLLM compiles by size that the sweep's steps run, at both ends of the token
+    counts each class runs there (the compiled pieces see token-shaped tensors only; attention
+    runs eagerly between them), so a graph specialised to some sizes shows, and so does an
+    addition that grows with the rows."""
     confirmed = list(confirmed)
     compiled = graphs is not None
 
@@ -273,7 +276,8 @@ def class_samples(cut_steps: Iterable[StepResult], confirmed: Iterable[Shape],
 
     covered = {group(sh) for sh in confirmed}
     heavy: dict[tuple[str, int], StepResult] = {}
-    light: dict[tuple[str, int], StepResult] = {}
+    narrow: dict[tuple[str, int], StepResult] = {}
+    wide: dict[tuple[str, int], StepResult] = {}
     for r in cut_steps:
         g = group(r.shape)
         if g[0] not in SAMPLE_CLASSES:
@@ -281,15 +285,19 @@ def class_samples(cut_steps: Iterable[StepResult], confirmed: Iterable[Shape],
         if g not in covered and (g not in heavy or (r.need_bytes, r.peak_bytes) > (
                 heavy[g].need_bytes, heavy[g].peak_bytes)):
             heavy[g] = r
-        if compiled and (g not in light or (r.shape.rows, -r.need_bytes) < (
-                light[g].shape.rows, -light[g].need_bytes)):
-            light[g] = r
+        if compiled:
+            if g not in narrow or (r.shape.rows, -r.need_bytes) < (narrow[g].shape.rows,
+                                                                   -narrow[g].need_bytes):
+                narrow[g] = r
+            if g not in wide or (r.shape.rows, r.need_bytes) > (wide[g].shape.rows,
+                                                                wide[g].need_bytes):
+                wide[g] = r
     out: list[Shape] = []
     for k in SAMPLE_CLASSES:
-        for g in sorted({*heavy, *light}):
+        for g in sorted({*heavy, *narrow}):
             if g[0] != k:
                 continue
-            for pick in (heavy.get(g), light.get(g)):
+            for pick in (heavy.get(g), narrow.get(g), wide.get(g)):
                 if pick is not None and pick.shape not in out and pick.shape not in confirmed:
                     out.append(pick.shape)
     return out
@@ -322,7 +330,8 @@ def run_self_checked(driver: StepDriver, *, resolution: int, tolerance: int,
         why = ", ".join(sh.label() for sh in cd.unbuilt)
         proof = dataclasses.replace(proof, verdict=f"no full-model sample could be built for "
                                                    f"{why}, so its class is unchecked")
-    line = _cut_down_line(cd) + f"; {len(cd.samples)} class sample(s) on the full model"
+    line = (_cut_down_line(cd) + f"; {len(cd.samples)} class sample(s) on the full model"
+            + cd.graphs_note)
     if proof.proven:
         return cd.result, line + ": self-check proven", proof
     full = run_sweep(driver, tolerance=tolerance, exhaustive=exhaustive,
@@ -362,6 +371,9 @@ class _CutDown(NamedTuple):
     """A compiled forward: each full-model shape read eagerly as well (empty where eager)."""
     seconds_split: dict[str, float] = {}
     """Where the sweep's wall time went (CutDownProof.seconds_split)."""
+    graphs_note: str = ""
+    """A compiled forward's samples: which of vLLM's graphs by size they read ("" where eager
+    or unsampled)."""
 
 
 def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_ladder: bool,
@@ -456,12 +468,17 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         base_delta, base_peak = delta(), admitted()
         samples: list[StepResult] = []
         unbuilt: list[Shape] = []
+        graphs_note = ""
         if sample:
-            graphs = None  # eager: a class's heaviest member; compiled: per graph, both ends
+            by_size = None  # eager: a class's heaviest member; compiled: per graph, both ends
             if compiled:
                 ask = getattr(driver, "graph_ranges", None)
-                graphs = (ask() if ask is not None else None) or ()
-            for shape in class_samples(cut.steps, (f.shape for f in confirmed), graphs):
+                read = ask() if ask is not None else None
+                by_size = read or ()
+            picks = class_samples(cut.steps, (f.shape for f in confirmed), by_size)
+            if compiled:
+                graphs_note = _graphs_note(read, [f.shape for f in confirmed[1:]], picks)
+            for shape in picks:
                 if cannot_build(driver, shape) is not None:
                     unbuilt.append(shape)
                     continue
@@ -484,7 +501,20 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
     if compiled:
         split["eager_rereads"] = round(eager_seconds, 3)
     return _CutDown(result, depth, cut.stock, cut_peak, tuple(samples), base_delta, base_peak,
-                    tuple(unbuilt), (stock_high, *confirmed), eager_of, split)
+                    tuple(unbuilt), (stock_high, *confirmed), eager_of, split, graphs_note)
+
+
+def _graphs_note(graphs: tuple[tuple[int, int], ...] | None, confirmed: list[Shape],
+                 samples: list[Shape]) -> str:
+    """The mode line's word on a compiled forward's graphs by size: how many of them the
+    full-model readings ran, or that they could not be read (every class sampled as one)."""
+    if graphs is None:
+        return ("; vLLM's graphs by batch size could not be read, so what compiling adds was "
+                "sampled as if one graph served every size")
+    ran = {graph_of(sh.rows, graphs) for sh in (*confirmed, *samples)} - {-1}
+    return (f"; what compiling adds read at both ends of every class in {len(ran)} of the "
+            f"{max(1, len(graphs))} graph(s) vLLM compiles by batch size (those the sweep's "
+            f"steps run)")
 
 
 def _certified_bound(sweep: SweepResult, limits: Limits) -> int:

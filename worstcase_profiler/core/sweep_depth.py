@@ -18,7 +18,9 @@ TP=1). On a compiled forward the cut steps run eagerly, so every full-model step
 eagerly as well and its difference split into depth and what compiling added
 (depth_difference): the lab's compiled proofs show compilation otherwise netting out the depth
 difference. What compiling adds is read on the measured members only, so the samples take both
-ends of every class in each of those graphs (core/sweep.class_samples). The tables stay the record of the families where a proof found the cut-down sweep
+ends of every class (its fewest and most rows) in each of those graphs that the sweep's steps
+run (core/sweep.class_samples), at any TP and on either runner, as the eager self-check runs.
+The tables stay the record of the families where a proof found the cut-down sweep
 matching the full one, name the proof in the sweep mode, and tell `sweep_depth=cut-down`
 (which checks nothing) on a compiled forward whether a proof covered it.
 """
@@ -150,7 +152,8 @@ def sweep_depth(setting: str, model_class: str, *, eager: Callable[[], bool],
     if setting in ("auto", "self-check"):
         graphs_note = "" if by_size is None else (
             f"; compiled, so what compiling adds is sampled at both ends of every class in "
-            f"each of the {max(1, len(by_size))} graph(s) vLLM compiles by size")
+            f"each graph vLLM compiles by batch size that its steps run ({max(1, len(by_size))} "
+            f"read)")
         return "self-check", ("cut-down, self-checked: the worst shapes and a sample of every "
                               "shape class confirmed on the full model, the full sweep if they "
                               "disagree" + graphs_note + _proof_note(model_class, eager, runner,
