@@ -15,7 +15,7 @@ from ..core.shapes import Limits
 from ..core.types import DeviceInfo, EngineConfig, EngineFacts
 from ..errors import WcprofError
 from . import kv as kvmod
-from .runner import is_v2_runner
+from .runner import compile_sizes_and_ranges, is_v2_runner
 from .versions import vllm_version
 
 log = logging.getLogger("vllm.wcprof")
@@ -148,15 +148,15 @@ def compile_warmup_sizes(vllm_config, runner=None) -> list[int] | None:
         if model is not None and has_compiled_submodule is not None and \
                 not has_compiled_submodule(model):
             return []
-        sizes = [x for x in (getattr(cc, "compile_sizes", None) or []) if isinstance(x, int)]
+        sizes, ranges = compile_sizes_and_ranges(cc)
         capture: list[int] = []
         if str(getattr(getattr(cc, "cudagraph_mode", None), "name", "NONE")) != "NONE":
             capture = list(getattr(cc, "cudagraph_capture_sizes", None) or [])
             sizes = [x for x in sizes if x not in capture]
         every = set(capture) | set(sizes)
-        for r in cc.get_compile_ranges():
-            if not any(x in r for x in every):
-                sizes.append(int(r.end))
+        for start, end in ranges:
+            if not any(start <= x <= end for x in every):
+                sizes.append(end)
     except Exception:  # noqa: BLE001 - an unread config keeps the stock step in the worst case
         return None
     return sorted(set(sizes), reverse=True)

@@ -135,6 +135,16 @@ def cut_label(kept: tuple[int, ...], total: int) -> str:
     return f"{len(kept)} of {total} layers{where}"
 
 
+def compile_sizes_and_ranges(cc) -> tuple[list[int], list[tuple[int, int]]]:
+    """A compilation_config's compile sizes (the integers, ascending, once each) and compile
+    ranges as (start, end), inclusive; raises where they cannot be read. What both the graphs
+    by size (compile_graph_ranges) and the compile warm-up's sizes (facts) are built from."""
+    # vllm-touch: worker-config
+    sizes = sorted({int(x) for x in (getattr(cc, "compile_sizes", None) or [])
+                    if isinstance(x, int)})
+    return sizes, [(int(r.start), int(r.end)) for r in cc.get_compile_ranges()]
+
+
 def compile_graph_ranges(vllm_config) -> tuple[tuple[int, int], ...] | None:
     """The token counts vLLM compiles a graph of its own for (0.32 and 0.33 PiecewiseBackend):
     each compile size as (size, size), first (a size's graph is picked before its range's),
@@ -144,9 +154,7 @@ def compile_graph_ranges(vllm_config) -> tuple[tuple[int, int], ...] | None:
     # vllm-touch: worker-config
     cc = vllm_config.compilation_config
     try:
-        sizes = sorted({int(x) for x in (getattr(cc, "compile_sizes", None) or [])
-                        if isinstance(x, int)})
-        ranges = [(int(r.start), int(r.end)) for r in cc.get_compile_ranges()]
+        sizes, ranges = compile_sizes_and_ranges(cc)
     except Exception:  # noqa: BLE001 - unread: the caller treats the graphs as unknown
         return None
     if not ranges:

@@ -293,13 +293,10 @@ def class_samples(cut_steps: Iterable[StepResult], confirmed: Iterable[Shape],
                                                                 wide[g].need_bytes):
                 wide[g] = r
     out: list[Shape] = []
-    for k in SAMPLE_CLASSES:
-        for g in sorted({*heavy, *narrow}):
-            if g[0] != k:
-                continue
-            for pick in (heavy.get(g), narrow.get(g), wide.get(g)):
-                if pick is not None and pick.shape not in out and pick.shape not in confirmed:
-                    out.append(pick.shape)
+    for g in sorted({*heavy, *narrow}, key=lambda g: (SAMPLE_CLASSES.index(g[0]), g[1])):
+        for pick in (heavy.get(g), narrow.get(g), wide.get(g)):
+            if pick is not None and pick.shape not in out and pick.shape not in confirmed:
+                out.append(pick.shape)
     return out
 
 
@@ -470,12 +467,11 @@ def _cut_down(driver: StepDriver, *, tolerance: int, exhaustive: bool, context_l
         unbuilt: list[Shape] = []
         graphs_note = ""
         if sample:
-            by_size = None  # eager: a class's heaviest member; compiled: per graph, both ends
-            if compiled:
-                ask = getattr(driver, "graph_ranges", None)
-                read = ask() if ask is not None else None
-                by_size = read or ()
-            picks = class_samples(cut.steps, (f.shape for f in confirmed), by_size)
+            # eager: a class's heaviest member; compiled: per graph, both ends too
+            ask = getattr(driver, "graph_ranges", None) if compiled else None
+            read = ask() if ask is not None else None
+            picks = class_samples(cut.steps, (f.shape for f in confirmed),
+                                  (read or ()) if compiled else None)
             if compiled:
                 graphs_note = _graphs_note(read, [f.shape for f in confirmed[1:]], picks)
             for shape in picks:
