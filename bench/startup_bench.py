@@ -9,6 +9,9 @@ For each model, fresh processes one after the other, the same engine arguments e
   worstcase-warm  the profiler on again with the cache the cold start wrote: the worst step is
                   replayed and the sweep reused (worstcase_profiler/cache.py);
   worstcase-cut   a cold start with --sweep-depth cut-down, in a cache of its own (named only);
+  worstcase-prove a cold start with --sweep-depth prove (both sweeps, the full one admitted), in
+                  a cache of its own (named only): its `proof` says whether the cut admits what
+                  the full sweep does;
   worstcase-imported
                   a start whose empty cache first imports --import-from's entries (`wcprof cache
                   import`): another host's sweep, replayed and checked here (named only); without
@@ -56,7 +59,8 @@ from worstcase_profiler.core.types import Shape
 BENCH_SECRET = "wcprof-bench"
 """--signed's secret where none is set: a benchmark's, not an operator's."""
 
-MODES = ("stock", "worstcase-cold", "worstcase-warm", "worstcase-cut", "worstcase-imported")
+MODES = ("stock", "worstcase-cold", "worstcase-warm", "worstcase-cut", "worstcase-prove",
+         "worstcase-imported")
 DEFAULT_MODES = MODES[:3]
 
 MODELS = ROOT / "tests" / "gpu" / "models"
@@ -129,7 +133,8 @@ def child(a) -> int:
     report.unlink(missing_ok=True)  # the previous mode's
     profiler = None
     if a.mode != "stock":
-        depth = {"sweep_depth": "cut-down"} if a.mode == "worstcase-cut" else {}
+        depth = {"worstcase-cut": {"sweep_depth": "cut-down"},
+                 "worstcase-prove": {"sweep_depth": "prove"}}.get(a.mode, {})
         profiler = worstcase_config(str(report), cache_dir=a.cache_dir, **depth)
     extra = engine_kwargs(json.loads(a.engine_json or "{}"), profiler)
     kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, seed=0,
@@ -159,9 +164,22 @@ def child(a) -> int:
                    profiler_s=round(sum(profiler_phases(phases).values()), 3),
                    slowest_steps=[] if cache.get("status") == "hit" else slowest_steps(wc),
                    sweep_split=({} if cache.get("status") == "hit"
-                                else (wc.get("cut_down_proof") or {}).get("seconds_split") or {}))
+                                else (wc.get("cut_down_proof") or {}).get("seconds_split") or {}),
+                proof=proof_summary(wc.get("cut_down_proof")))
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
+
+
+PROOF_KEYS = ("method", "verdict", "depth", "full_admitted_bytes", "cut_admitted_bytes",
+              "confirmed_peak_bytes", "full_peak_bytes", "resolution_bytes", "deltas", "fell_back",
+              "full_seconds", "cut_seconds")
+"""The report's cut_down_proof fields a start's `proof` keeps: the verdict and both admitted
+figures (prove: full against cut; self-check: full is None unless it fell back)."""
+
+
+def proof_summary(proof: dict | None) -> dict | None:
+    """The cut-down proof's verdict and figures (PROOF_KEYS), None when the start had none."""
+    return {k: proof.get(k) for k in PROOF_KEYS if k in proof} if proof else None
 
 
 def wcprof_cache(verb: str, directory: str, cache_dir: str) -> str:
@@ -186,8 +204,8 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
              timeout_s: float | None = None) -> dict:
     """One start in a fresh process, killed after `timeout_s` (--timeout-s unless given)."""
     imported = None
-    if mode == "worstcase-cut":
-        cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-cut-")
+    if mode in ("worstcase-cut", "worstcase-prove"):
+        cache_dir = tempfile.mkdtemp(prefix=f"wcprof-startup-{mode.split('-')[1]}-")
     elif mode == "worstcase-imported":  # an empty cache that holds only what was imported
         cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-imported-")
         imported = wcprof_cache("import", import_from or a.import_from, cache_dir)

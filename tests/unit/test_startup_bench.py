@@ -221,3 +221,35 @@ def test_the_sweeps_split_is_a_median_phase_of_its_own():
     phases = dict(startup_bench._mode_medians(runs, 30.0)["phases"])
     assert phases["sweep.eager_rereads"] == 11.3 and phases["sweep.full_model"] == 11.0
     assert phases["sweep"] == 23.0 and phases["sweep.cut_decoder"] == 0.4
+
+
+def test_a_prove_start_keeps_the_verdict_and_both_admitted_figures():
+    """worstcase-prove (--sweep-depth prove) reports whether the cut admits what the full sweep
+    does; the start's `proof` keeps the verdict and both figures, nothing for a start without one."""
+    proof = {"method": "prove", "verdict": "proven", "depth": "1 of 48 layers",
+             "full_admitted_bytes": 2_910_000_000, "cut_admitted_bytes": 2_910_000_000,
+             "deltas": {"mixed": 83_886_080}, "cut_worst": {"kind": "prefill"},
+             "seconds_split": {"cut_decoder": 2.0}}
+    kept = startup_bench.proof_summary(proof)
+    assert kept["verdict"] == "proven" and kept["deltas"] == {"mixed": 83_886_080}
+    assert kept["full_admitted_bytes"] == kept["cut_admitted_bytes"]
+    assert "cut_worst" not in kept and "seconds_split" not in kept
+    assert startup_bench.proof_summary(None) is None
+    assert "worstcase-prove" in startup_bench.MODES
+
+
+def test_a_prove_or_cut_start_sweeps_into_a_cache_of_its_own(monkeypatch):
+    """A cut-down or prove start never reads or writes the round's cache (its cold start's and
+    warm start's): each gets an empty one, so it sweeps and stores nothing the restart reuses."""
+    dirs = {}
+
+    def run_child(cmd, marker, **kw):
+        dirs[cmd[cmd.index("--mode") + 1]] = cmd[cmd.index("--cache-dir") + 1]
+        return {"boot_s": 1.0}
+
+    monkeypatch.setattr(startup_bench, "run_child", run_child)
+    for mode in ("worstcase-cold", "worstcase-cut", "worstcase-prove"):
+        startup_bench.run_mode(_Args(), "/m", mode, "/round-cache", [])
+    assert dirs["worstcase-cold"] == "/round-cache"
+    assert "/round-cache" not in (dirs["worstcase-cut"], dirs["worstcase-prove"])
+    assert dirs["worstcase-cut"] != dirs["worstcase-prove"]
