@@ -157,6 +157,9 @@ def child(a) -> int:
         out.update(cache=cache.get("status"), trust=cache.get("trust"), sweep_s=wc["seconds"],
                    sweep_mode=wc.get("sweep_mode"),
                    kv_cache_bytes=written.get("admission", {}).get("kv_cache_bytes"),
+                budget_terms={k: written.get("admission", {}).get(k) for k in BUDGET_TERMS},
+                held_moved_bytes=cache.get("held_moved_bytes"),
+                transient_raised_bytes=cache.get("transient_raised_bytes"),
                    kv_tokens_stock=written.get("admission", {}).get("kv_tokens_stock"),
                    kv_groups=len((written.get("kv_audit") or {}).get("groups") or ()) or None,
                    replay_s=cache.get("replay_seconds"),
@@ -169,6 +172,11 @@ def child(a) -> int:
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
 
+
+BUDGET_TERMS = ("consumed_bytes", "non_torch_bytes", "cudagraph_bytes", "transient_bytes",
+                "margin_bytes", "budget_bytes")
+"""The report's admission terms a start keeps: where two starts of one configuration that admit
+different KV differ (h200-run86: a restart admitted 438 MiB less than its first start)."""
 
 PROOF_KEYS = ("method", "verdict", "depth", "full_admitted_bytes", "cut_admitted_bytes",
               "confirmed_peak_bytes", "full_peak_bytes", "resolution_bytes", "deltas", "fell_back",
