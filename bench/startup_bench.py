@@ -54,6 +54,7 @@ from pathlib import Path
 
 from common import ROOT, engine_env, merged_config, run_child, worstcase_config, write_json
 from worstcase_profiler.core.cache import ENV_SECRET
+from worstcase_profiler.core.timing import profiler_phases
 from worstcase_profiler.core.types import Shape
 
 BENCH_SECRET = "wcprof-bench"
@@ -127,15 +128,12 @@ def child(a) -> int:
     debug.addFilter(lambda record: record.levelno == logging.DEBUG)
     logging.getLogger("vllm.wcprof").addHandler(debug)
     logging.getLogger("vllm.wcprof").setLevel(logging.DEBUG)
-    from worstcase_profiler.core.timing import profiler_phases  # importable wherever the plugin is
 
     report = Path(f"{a.cache_dir}.report.json")  # beside the cache: an export copies only entries
     report.unlink(missing_ok=True)  # the previous mode's
     profiler = None
     if a.mode != "stock":
-        depth = {"worstcase-cut": {"sweep_depth": "cut-down"},
-                 "worstcase-prove": {"sweep_depth": "prove"}}.get(a.mode, {})
-        profiler = worstcase_config(str(report), cache_dir=a.cache_dir, **depth)
+        profiler = worstcase_config(str(report), cache_dir=a.cache_dir, **MODE_SETTINGS.get(a.mode, {}))
     extra = engine_kwargs(json.loads(a.engine_json or "{}"), profiler)
     kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, seed=0,
                   enforce_eager=not a.graphs, max_model_len=a.max_model_len,
@@ -151,43 +149,63 @@ def child(a) -> int:
            "kv_tokens": int(cache_config.num_gpu_blocks or 0) * int(cache_config.block_size or 0),
            "block_size": int(cache_config.block_size or 0)}
     if report.exists():
-        written = json.loads(report.read_text())
-        wc, phases = written["worstcase"], written.get("startup_seconds") or {}
-        cache = wc.get("cache") or {}
-        out.update(cache=cache.get("status"), trust=cache.get("trust"), sweep_s=wc["seconds"],
-                   sweep_mode=wc.get("sweep_mode"),
-                   kv_cache_bytes=written.get("admission", {}).get("kv_cache_bytes"),
-                budget_terms={k: written.get("admission", {}).get(k) for k in BUDGET_TERMS},
-                held_moved_bytes=cache.get("held_moved_bytes"),
-                transient_raised_bytes=cache.get("transient_raised_bytes"),
-                   kv_tokens_stock=written.get("admission", {}).get("kv_tokens_stock"),
-                   kv_groups=len((written.get("kv_audit") or {}).get("groups") or ()) or None,
-                   replay_s=cache.get("replay_seconds"),
-                   peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
-                   profiler_s=round(sum(profiler_phases(phases).values()), 3),
-                   slowest_steps=[] if cache.get("status") == "hit" else slowest_steps(wc),
-                   sweep_split=({} if cache.get("status") == "hit"
-                                else (wc.get("cut_down_proof") or {}).get("seconds_split") or {}),
-                proof=proof_summary(wc.get("cut_down_proof")))
+        out.update(report_record(json.loads(report.read_text())))
     print("STARTUP " + json.dumps(out), flush=True)
     return 0
 
 
-BUDGET_TERMS = ("consumed_bytes", "non_torch_bytes", "cudagraph_bytes", "transient_bytes",
-                "margin_bytes", "budget_bytes")
+MODE_SETTINGS = {"worstcase-cut": {"sweep_depth": "cut-down"},
+                 "worstcase-prove": {"sweep_depth": "prove"}}
+"""The profiler settings a mode adds to the profiler's own (the others: none, auto's depth)."""
+
+
+def report_record(written: dict) -> dict:
+    """What a start keeps of the report it wrote: the sweep cache's use, the sweep's mode and
+    time, the admission (KV bytes and the terms it was made of), and, on a start that swept (not
+    a cached one), where the sweep's time went and its cut-down proof."""
+    wc, phases = written["worstcase"], written.get("startup_seconds") or {}
+    cache, admission = wc.get("cache") or {}, written.get("admission") or {}
+    swept = cache.get("status") != "hit"
+    return dict(cache=cache.get("status"), trust=cache.get("trust"), sweep_s=wc["seconds"],
+                sweep_mode=wc.get("sweep_mode"), kv_cache_bytes=admission.get("kv_cache_bytes"),
+                budget_terms={k: admission.get(k) for k in BUDGET_TERMS},
+                held_moved_bytes=cache.get("held_moved_bytes"),
+                transient_raised_bytes=cache.get("transient_raised_bytes"),
+                kv_tokens_stock=admission.get("kv_tokens_stock"),
+                kv_groups=len((written.get("kv_audit") or {}).get("groups") or ()) or None,
+                replay_s=cache.get("replay_seconds"),
+                peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
+                profiler_s=round(sum(profiler_phases(phases).values()), 3),
+                slowest_steps=slowest_steps(wc) if swept else [],
+                sweep_split=((wc.get("cut_down_proof") or {}).get("seconds_split") or {})
+                if swept else {},
+                proof=proof_summary(wc.get("cut_down_proof")) if swept else None)
+
+
+BUDGET_TERMS = ("consumed_bytes", "non_torch_bytes", "cudagraph_bytes", "warmup_graphs_bytes",
+                "transient_bytes", "margin_bytes", "budget_bytes")
 """The report's admission terms a start keeps: where two starts of one configuration that admit
 different KV differ (h200-run86: a restart admitted 438 MiB less than its first start)."""
 
-PROOF_KEYS = ("method", "verdict", "depth", "full_admitted_bytes", "cut_admitted_bytes",
-              "confirmed_peak_bytes", "full_peak_bytes", "resolution_bytes", "deltas", "fell_back",
-              "full_seconds", "cut_seconds")
-"""The report's cut_down_proof fields a start's `proof` keeps: the verdict and both admitted
-figures (prove: full against cut; self-check: full is None unless it fell back)."""
+PROOF_KEYS = ("method", "verdict", "depth", "full_worst", "cut_worst", "full_admitted_bytes",
+              "cut_admitted_bytes", "confirmed_peak_bytes", "full_peak_bytes", "resolution_bytes",
+              "deltas", "fell_back", "full_seconds", "cut_seconds")
+"""The report's cut_down_proof fields a start's `proof` keeps: the verdict, both worst shapes
+(as labels) and both admitted figures (prove: full against cut; self-check: the full ones are
+None unless it fell back)."""
 
 
 def proof_summary(proof: dict | None) -> dict | None:
-    """The cut-down proof's verdict and figures (PROOF_KEYS), None when the start had none."""
-    return {k: proof.get(k) for k in PROOF_KEYS if k in proof} if proof else None
+    """The cut-down proof's verdict and figures (PROOF_KEYS, the shapes as Shape labels), None
+    when the start had none."""
+    if not proof:
+        return None
+    out = {k: proof.get(k) for k in PROOF_KEYS if k in proof}
+    fields = set(Shape.__dataclass_fields__)
+    for k in ("full_worst", "cut_worst"):
+        if isinstance(out.get(k), dict):
+            out[k] = Shape(**{f: v for f, v in out[k].items() if f in fields}).label()
+    return out
 
 
 def wcprof_cache(verb: str, directory: str, cache_dir: str) -> str:

@@ -223,22 +223,45 @@ def test_the_sweeps_split_is_a_median_phase_of_its_own():
     assert phases["sweep"] == 23.0 and phases["sweep.cut_decoder"] == 0.4
 
 
-def test_a_prove_start_keeps_the_verdict_and_both_admitted_figures():
-    """worstcase-prove (--sweep-depth prove) reports whether the cut admits what the full sweep
-    does; the start's `proof` keeps the verdict and both figures, nothing for a start without one."""
-    proof = {"method": "prove", "verdict": "proven", "depth": "1 of 48 layers",
-             "full_admitted_bytes": 2_910_000_000, "cut_admitted_bytes": 2_910_000_000,
-             "deltas": {"mixed": 83_886_080}, "cut_worst": {"kind": "prefill"},
-             "seconds_split": {"cut_decoder": 2.0}}
-    kept = startup_bench.proof_summary(proof)
-    assert kept["verdict"] == "proven" and kept["deltas"] == {"mixed": 83_886_080}
-    assert kept["full_admitted_bytes"] == kept["cut_admitted_bytes"]
-    assert "cut_worst" not in kept and "seconds_split" not in kept
+REPORT = ROOT / "docs/results/h200-run46/serve/report-worstcase.json"
+"""A first start's report as the plugin wrote it on the H200 (a self-checked cut-down sweep)."""
+
+
+def test_a_first_start_keeps_its_proof_its_admission_terms_and_where_its_sweep_went():
+    written = json.loads(REPORT.read_text())
+    rec = startup_bench.report_record(written)
+    adm = written["admission"]
+    assert rec["kv_cache_bytes"] == adm["kv_cache_bytes"]
+    assert rec["budget_terms"] == {k: adm[k] for k in startup_bench.BUDGET_TERMS}
+    assert rec["budget_terms"]["transient_bytes"] > 0
+    proof = rec["proof"]
+    assert proof["verdict"] == written["worstcase"]["cut_down_proof"]["verdict"]
+    assert proof["cut_worst"] == "prefill rows=8192 ctx=131056 reqs=512"  # the shape, as a label
+    assert proof["full_worst"] is None  # a self-check runs no full sweep
+    assert "seconds_split" not in proof and rec["slowest_steps"]
+
+
+def test_a_cached_start_carries_no_proof_or_sweep_times_of_its_first_start():
+    """A restart reuses the cold start's sweep (and its report's proof): it ran no sweep, so
+    its record keeps none of the first start's sweep figures, only its own replay and terms."""
+    written = json.loads(REPORT.read_text())
+    written["worstcase"]["cache"] = {"status": "hit", "trust": "host", "replay_seconds": 1.5,
+                                     "held_moved_bytes": -172032}
+    rec = startup_bench.report_record(written)
+    assert rec["proof"] is None and rec["slowest_steps"] == [] and rec["sweep_split"] == {}
+    assert (rec["cache"], rec["trust"], rec["replay_s"]) == ("hit", "host", 1.5)
+    assert rec["held_moved_bytes"] == -172032
+
+
+def test_a_prove_start_asks_for_the_prove_depth_and_a_cut_start_for_cut_down():
+    assert startup_bench.MODE_SETTINGS["worstcase-prove"] == {"sweep_depth": "prove"}
+    assert startup_bench.MODE_SETTINGS["worstcase-cut"] == {"sweep_depth": "cut-down"}
+    assert "worstcase-cold" not in startup_bench.MODE_SETTINGS  # auto: the plugin's default
+    assert set(startup_bench.MODE_SETTINGS) < set(startup_bench.MODES)
     assert startup_bench.proof_summary(None) is None
-    assert "worstcase-prove" in startup_bench.MODES
 
 
-def test_a_prove_or_cut_start_sweeps_into_a_cache_of_its_own(monkeypatch):
+def test_a_prove_or_cut_start_sweeps_into_a_cache_of_its_own(monkeypatch, tmp_path):
     """A cut-down or prove start never reads or writes the round's cache (its cold start's and
     warm start's): each gets an empty one, so it sweeps and stores nothing the restart reuses."""
     dirs = {}
@@ -248,6 +271,9 @@ def test_a_prove_or_cut_start_sweeps_into_a_cache_of_its_own(monkeypatch):
         return {"boot_s": 1.0}
 
     monkeypatch.setattr(startup_bench, "run_child", run_child)
+    made = iter(range(10))
+    monkeypatch.setattr(startup_bench.tempfile, "mkdtemp",
+                        lambda prefix="": str(tmp_path / f"{prefix}{next(made)}"))
     for mode in ("worstcase-cold", "worstcase-cut", "worstcase-prove"):
         startup_bench.run_mode(_Args(), "/m", mode, "/round-cache", [])
     assert dirs["worstcase-cold"] == "/round-cache"
