@@ -7,6 +7,7 @@ each kind (not a prefix) and proven against the full sweep."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,36 @@ def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validate
     print(f"compiled 32 layers: {proof['verdict']}, deltas {proof['deltas']}, sampled "
           f"{proof['sampled']}, admitted {wc['peak_activation_bytes']} B; validation "
           f"{v['measured_peak_bytes']} of {v['predicted_peak_bytes']} B at {v['shape']}")
+
+
+def test_a_compiled_32_layer_gdn_moe_hybrid_is_self_checked_on_its_first_layer_of_each_kind(
+        tmp_path):
+    """The compiled self-check on a hybrid (h200-run86 ran it on dense layouts only; the Qwen3.5
+    hybrid with graphs has not run on a GPU): tests/models/qwen3next-tiny-mtp (GDN + MoE, three
+    linear-attention layers to each full one) at 32 layers, compiled (no --enforce-eager).
+    The cut keeps the first layer of each kind, (0, 3), run eagerly; the full model is read
+    both ways; the graphs vLLM compiles by batch size are read and sampled; the KV pool the
+    admission sized holds every group's plan (the recurrent state counted)."""
+    hybrid = Path(__file__).resolve().parents[1] / "models" / "qwen3next-tiny-mtp"
+    types = (["linear_attention"] * 3 + ["full_attention"]) * 8
+    run = run_wcprof(["--model", str(hybrid), "--load-format", "dummy", "--skip-tokenizer-init",
+                      "--hf-overrides", json.dumps({"num_hidden_layers": 32, "layer_types": types}),
+                      "--max-model-len", "4096", "--max-num-batched-tokens", "512",
+                      "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 * MiB),
+                      "--sweep-depth", "self-check"], tmp_path, timeout=900)
+    assert run.rc == 0, run.text[-3000:]
+    assert run.report["config"]["enforce_eager"] is False
+    wc = run.report["worstcase"]
+    proof = wc["cut_down_proof"]
+    assert proof["method"] == "self-check", proof
+    assert proof["depth"] == "2 of 32 layers (0, 3), run eagerly", proof
+    assert "read eagerly as well" in wc["sweep_mode"], wc["sweep_mode"]
+    assert "graph(s) vLLM compiles by batch size" in wc["sweep_mode"], wc["sweep_mode"]
+    assert all(d >= 0 for d in proof["deltas"].values()), proof  # split: each part from 0
+    assert wc["peak_activation_bytes"] >= proof["confirmed_peak_bytes"], proof
+    assert run.report["kv_audit"]["verdict"] == "ok", run.report["kv_audit"]
+    print(f"compiled GDN+MoE hybrid, 32 layers: {proof['verdict']}, deltas {proof['deltas']}, "
+          f"admitted {wc['peak_activation_bytes']} B, {proof['cut_seconds']} s")
 
 
 GEMMA_SWA = ["--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
