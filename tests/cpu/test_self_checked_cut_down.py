@@ -56,6 +56,24 @@ def test_the_self_check_catches_a_deep_layer_that_sets_the_decode_peak(tmp_path)
           f"{proof['cut_seconds']} s cut + {proof['full_seconds']} s full")
 
 
+def _compiled_self_check(model: Path, overrides: dict, tmp_path: Path, depth: str, *extra: str):
+    """(run, its worstcase report, its cut-down proof): `wcprof` under sweep_depth=self-check on
+    a compiled forward (no --enforce-eager) of `model` with `overrides`, the proof a self-check
+    on the cut named `depth`."""
+    run = run_wcprof(["--model", str(model), "--load-format", "dummy", "--skip-tokenizer-init",
+                      "--hf-overrides", json.dumps(overrides), "--max-model-len", "4096",
+                      "--max-num-batched-tokens", "512", "--max-num-seqs", "8",
+                      "--kv-cache-memory-bytes", str(256 * MiB), "--sweep-depth", "self-check",
+                      *extra], tmp_path, timeout=900)
+    assert run.rc == 0, run.text[-3000:]
+    assert run.report["config"]["enforce_eager"] is False
+    wc = run.report["worstcase"]
+    proof = wc["cut_down_proof"]
+    assert proof["method"] == "self-check", proof
+    assert proof["depth"] == depth, proof
+    return run, wc, proof
+
+
 def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validated(tmp_path):
     """sweep_depth=self-check on a compiled forward (no --enforce-eager), 32 layers, on a real
     engine (auto's choice on CUDA for any compiled family): the cut steps run eagerly on 1 of
@@ -65,17 +83,8 @@ def test_a_compiled_32_layer_decoder_is_self_checked_and_its_worst_step_validate
     docs/sweep.md's, the adversary tests/unit/test_sweep.py's."""
     from conftest import TINY, within_prediction
 
-    run = run_wcprof(["--model", str(TINY), "--load-format", "dummy", "--skip-tokenizer-init",
-                      "--hf-overrides", '{"num_hidden_layers": 32}', "--max-model-len", "4096",
-                      "--max-num-batched-tokens", "512", "--max-num-seqs", "8",
-                      "--kv-cache-memory-bytes", str(256 * MiB), "--sweep-depth", "self-check",
-                      "--validate"], tmp_path)
-    assert run.rc == 0, run.text[-3000:]
-    assert run.report["config"]["enforce_eager"] is False
-    wc = run.report["worstcase"]
-    proof = wc["cut_down_proof"]
-    assert proof["method"] == "self-check", proof
-    assert proof["depth"] == "1 of 32 layers, run eagerly", proof
+    run, wc, proof = _compiled_self_check(TINY, {"num_hidden_layers": 32}, tmp_path,
+                                          "1 of 32 layers, run eagerly", "--validate")
     # the stock step and the worst shapes were read on the full (compiled) model: every class
     # the cut-down sweep ran has a full-model difference, a confirmation's or a sample's
     ran = {s["shape"]["kind"] for s in wc["steps"]} - {"stock"}
@@ -100,17 +109,9 @@ def test_a_compiled_32_layer_gdn_moe_hybrid_is_self_checked_on_its_first_layer_o
     admission sized holds every group's plan (the recurrent state counted)."""
     hybrid = Path(__file__).resolve().parents[1] / "models" / "qwen3next-tiny-mtp"
     types = (["linear_attention"] * 3 + ["full_attention"]) * 8
-    run = run_wcprof(["--model", str(hybrid), "--load-format", "dummy", "--skip-tokenizer-init",
-                      "--hf-overrides", json.dumps({"num_hidden_layers": 32, "layer_types": types}),
-                      "--max-model-len", "4096", "--max-num-batched-tokens", "512",
-                      "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(256 * MiB),
-                      "--sweep-depth", "self-check"], tmp_path, timeout=900)
-    assert run.rc == 0, run.text[-3000:]
-    assert run.report["config"]["enforce_eager"] is False
-    wc = run.report["worstcase"]
-    proof = wc["cut_down_proof"]
-    assert proof["method"] == "self-check", proof
-    assert proof["depth"] == "2 of 32 layers (0, 3), run eagerly", proof
+    run, wc, proof = _compiled_self_check(
+        hybrid, {"num_hidden_layers": 32, "layer_types": types}, tmp_path,
+        "2 of 32 layers (0, 3), run eagerly")
     assert "read eagerly as well" in wc["sweep_mode"], wc["sweep_mode"]
     assert "graph(s) vLLM compiles by batch size" in wc["sweep_mode"], wc["sweep_mode"]
     assert all(d >= 0 for d in proof["deltas"].values()), proof  # split: each part from 0
