@@ -160,13 +160,15 @@ MODE_SETTINGS = {"worstcase-cut": {"sweep_depth": "cut-down"},
 
 
 def report_record(written: dict) -> dict:
-    """What a start keeps of the report it wrote: the sweep cache's use, the sweep's mode and
-    time, the admission (KV bytes and the terms it was made of), and, on a start that swept (not
-    a cached one), where the sweep's time went and its cut-down proof."""
+    """What a start keeps of the report it wrote: the sweep cache's use, the sweep's mode, the
+    admission (KV bytes and the terms it was made of), and, on a start that swept (not a cached
+    one), the sweep's time, where it went and its cut-down proof (a cached start's report
+    repeats its first start's: its own time is replay_s)."""
     wc, phases = written["worstcase"], written.get("startup_seconds") or {}
     cache, admission = wc.get("cache") or {}, written.get("admission") or {}
     swept = cache.get("status") != "hit"
-    return dict(cache=cache.get("status"), trust=cache.get("trust"), sweep_s=wc["seconds"],
+    return dict(cache=cache.get("status"), trust=cache.get("trust"),
+                sweep_s=wc["seconds"] if swept else None,
                 sweep_mode=wc.get("sweep_mode"), kv_cache_bytes=admission.get("kv_cache_bytes"),
                 budget_terms={k: admission.get(k) for k in BUDGET_TERMS},
                 held_moved_bytes=cache.get("held_moved_bytes"),
@@ -204,7 +206,10 @@ def proof_summary(proof: dict | None) -> dict | None:
     fields = set(Shape.__dataclass_fields__)
     for k in ("full_worst", "cut_worst"):
         if isinstance(out.get(k), dict):
-            out[k] = Shape(**{f: v for f, v in out[k].items() if f in fields}).label()
+            try:  # a shape this build cannot name stays as the report wrote it
+                out[k] = Shape(**{f: v for f, v in out[k].items() if f in fields}).label()
+            except TypeError:
+                pass
     return out
 
 

@@ -2,8 +2,9 @@
 the deepdecode fixture (plugins/wcp_fixtures), whose layer 1 (the one the cut decoder drops)
 allocates a transient on pure-decode steps of 3+ requests only. The cut-down sweep alone never
 sees it; the self-check's decode sample does, and the full sweep runs and is admitted. Also: a
-compiled 32-layer decoder self-checked, and a sliding-window decoder cut to its first layer of
-each kind (not a prefix) and proven against the full sweep."""
+compiled 32-layer decoder self-checked, a compiled 32-layer GDN + MoE hybrid self-checked on its
+first layer of each kind, and a sliding-window decoder cut to its first layer of each kind (not a
+prefix) and proven against the full sweep."""
 
 from __future__ import annotations
 
@@ -112,6 +113,8 @@ def test_a_compiled_32_layer_gdn_moe_hybrid_is_self_checked_on_its_first_layer_o
     run, wc, proof = _compiled_self_check(
         hybrid, {"num_hidden_layers": 32, "layer_types": types}, tmp_path,
         "2 of 32 layers (0, 3), run eagerly")
+    assert proof["verdict"] == "proven", proof  # else the full sweep ran and the mode says so
+    assert proof["sampled"], proof  # the classes no confirmation covered, read on the full model
     assert "read eagerly as well" in wc["sweep_mode"], wc["sweep_mode"]
     assert "graph(s) vLLM compiles by batch size" in wc["sweep_mode"], wc["sweep_mode"]
     assert all(d >= 0 for d in proof["deltas"].values()), proof  # split: each part from 0

@@ -234,6 +234,8 @@ def test_a_first_start_keeps_its_proof_its_admission_terms_and_where_its_sweep_w
     assert rec["kv_cache_bytes"] == adm["kv_cache_bytes"]
     assert rec["budget_terms"] == {k: adm[k] for k in startup_bench.BUDGET_TERMS}
     assert rec["budget_terms"]["transient_bytes"] > 0
+    assert {"consumed_bytes", "cudagraph_bytes", "warmup_graphs_bytes"} <= set(rec["budget_terms"])
+    assert rec["sweep_s"] == written["worstcase"]["seconds"]
     proof = rec["proof"]
     assert proof["verdict"] == written["worstcase"]["cut_down_proof"]["verdict"]
     assert proof["cut_worst"] == "prefill rows=8192 ctx=131056 reqs=512"  # the shape, as a label
@@ -249,6 +251,7 @@ def test_a_cached_start_carries_no_proof_or_sweep_times_of_its_first_start():
                                      "held_moved_bytes": -172032}
     rec = startup_bench.report_record(written)
     assert rec["proof"] is None and rec["slowest_steps"] == [] and rec["sweep_split"] == {}
+    assert rec["sweep_s"] is None
     assert (rec["cache"], rec["trust"], rec["replay_s"]) == ("hit", "host", 1.5)
     assert rec["held_moved_bytes"] == -172032
 
@@ -259,6 +262,8 @@ def test_a_prove_start_asks_for_the_prove_depth_and_a_cut_start_for_cut_down():
     assert "worstcase-cold" not in startup_bench.MODE_SETTINGS  # auto: the plugin's default
     assert set(startup_bench.MODE_SETTINGS) < set(startup_bench.MODES)
     assert startup_bench.proof_summary(None) is None
+    odd = startup_bench.proof_summary({"verdict": "proven", "cut_worst": {"kind": "prefill"}})
+    assert odd["cut_worst"] == {"kind": "prefill"}  # kept as written, never a crash
 
 
 def test_a_prove_or_cut_start_sweeps_into_a_cache_of_its_own(monkeypatch, tmp_path):
