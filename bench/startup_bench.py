@@ -133,7 +133,8 @@ def child(a) -> int:
     report.unlink(missing_ok=True)  # the previous mode's
     profiler = None
     if a.mode != "stock":
-        profiler = worstcase_config(str(report), cache_dir=a.cache_dir, **MODE_SETTINGS.get(a.mode, {}))
+        profiler = worstcase_config(str(report), cache_dir=a.cache_dir,
+                                    **MODE_SETTINGS.get(a.mode, {}))
     extra = engine_kwargs(json.loads(a.engine_json or "{}"), profiler)
     kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, seed=0,
                   enforce_eager=not a.graphs, max_model_len=a.max_model_len,
