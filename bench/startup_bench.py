@@ -112,8 +112,18 @@ def slowest_steps(worstcase: dict) -> list[dict]:
     report carries the steps of the start that measured them: the child records none for it."""
     steps = [*(worstcase.get("steps") or ()), *((worstcase.get("pool_fit") or {}).get("steps") or ())]
     ranked = sorted(steps, key=lambda s: -s["seconds"])[:SLOWEST]
-    return [{"shape": Shape(**s["shape"]).label(), "seconds": round(s["seconds"], 3)}
+    return [{"shape": shape_label(s["shape"]), "seconds": round(s["seconds"], 3)}
             for s in ranked]
+
+
+def shape_label(shape: dict) -> str | dict:
+    """A report's shape (Shape's fields) as its Shape label; one this build cannot name (a
+    field missing) stays as the report wrote it, and fields it does not know are left out."""
+    fields = set(Shape.__dataclass_fields__)
+    try:
+        return Shape(**{f: v for f, v in shape.items() if f in fields}).label()
+    except TypeError:
+        return shape
 
 
 def child(a) -> int:
@@ -168,6 +178,7 @@ def report_record(written: dict) -> dict:
     wc, phases = written["worstcase"], written.get("startup_seconds") or {}
     cache, admission = wc.get("cache") or {}, written.get("admission") or {}
     swept = cache.get("status") != "hit"
+    proof = wc.get("cut_down_proof") or {}
     return dict(cache=cache.get("status"), trust=cache.get("trust"),
                 sweep_s=wc["seconds"] if swept else None,
                 sweep_mode=wc.get("sweep_mode"), kv_cache_bytes=admission.get("kv_cache_bytes"),
@@ -180,9 +191,8 @@ def report_record(written: dict) -> dict:
                 peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                 profiler_s=round(sum(profiler_phases(phases).values()), 3),
                 slowest_steps=slowest_steps(wc) if swept else [],
-                sweep_split=((wc.get("cut_down_proof") or {}).get("seconds_split") or {})
-                if swept else {},
-                proof=proof_summary(wc.get("cut_down_proof")) if swept else None)
+                sweep_split=(proof.get("seconds_split") or {}) if swept else {},
+                proof=proof_summary(proof) if swept else None)
 
 
 BUDGET_TERMS = ("consumed_bytes", "non_torch_bytes", "cudagraph_bytes", "warmup_graphs_bytes",
@@ -204,13 +214,9 @@ def proof_summary(proof: dict | None) -> dict | None:
     if not proof:
         return None
     out = {k: proof.get(k) for k in PROOF_KEYS if k in proof}
-    fields = set(Shape.__dataclass_fields__)
     for k in ("full_worst", "cut_worst"):
         if isinstance(out.get(k), dict):
-            try:  # a shape this build cannot name stays as the report wrote it
-                out[k] = Shape(**{f: v for f, v in out[k].items() if f in fields}).label()
-            except TypeError:
-                pass
+            out[k] = shape_label(out[k])
     return out
 
 
@@ -236,8 +242,8 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
              timeout_s: float | None = None) -> dict:
     """One start in a fresh process, killed after `timeout_s` (--timeout-s unless given)."""
     imported = None
-    if mode in ("worstcase-cut", "worstcase-prove"):
-        cache_dir = tempfile.mkdtemp(prefix=f"wcprof-startup-{mode.split('-')[1]}-")
+    if mode in MODE_SETTINGS:  # another sweep depth: a cache of its own, never the round's
+        cache_dir = tempfile.mkdtemp(prefix=f"wcprof-startup-{mode}-")
     elif mode == "worstcase-imported":  # an empty cache that holds only what was imported
         cache_dir = tempfile.mkdtemp(prefix="wcprof-startup-imported-")
         imported = wcprof_cache("import", import_from or a.import_from, cache_dir)
