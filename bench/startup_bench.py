@@ -187,7 +187,7 @@ def report_record(written: dict) -> dict:
                 transient_raised_bytes=cache.get("transient_raised_bytes"),
                 kv_tokens_stock=admission.get("kv_tokens_stock"),
                 kv_groups=len((written.get("kv_audit") or {}).get("groups") or ()) or None,
-                replay_s=cache.get("replay_seconds"),
+                replay_s=cache.get("replay_seconds"), replay_depth=cache.get("replay_depth"),
                 peak_activation_bytes=wc["peak_activation_bytes"], startup_seconds=phases,
                 profiler_s=round(sum(profiler_phases(phases).values()), 3),
                 slowest_steps=slowest_steps(wc) if swept else [],

@@ -248,11 +248,13 @@ def test_a_cached_start_carries_no_proof_or_sweep_times_of_its_first_start():
     its record keeps none of the first start's sweep figures, only its own replay and terms."""
     written = json.loads(REPORT.read_text())
     written["worstcase"]["cache"] = {"status": "hit", "trust": "host", "replay_seconds": 1.5,
-                                     "held_moved_bytes": -172032}
+                                     "held_moved_bytes": -172032,
+                                     "replay_depth": "1 of 32 layers, run eagerly"}
     rec = startup_bench.report_record(written)
     assert rec["proof"] is None and rec["slowest_steps"] == [] and rec["sweep_split"] == {}
     assert rec["sweep_s"] is None
     assert (rec["cache"], rec["trust"], rec["replay_s"]) == ("hit", "host", 1.5)
+    assert rec["replay_depth"] == "1 of 32 layers, run eagerly"  # where its worst step replayed
     assert rec["held_moved_bytes"] == -172032
 
 

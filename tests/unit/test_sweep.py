@@ -880,3 +880,65 @@ def test_the_self_checks_time_is_split_where_it_went(monkeypatch):
         else:
             assert "eager_rereads" not in split
         assert sum(split.values()) == pytest.approx(proof.cut_seconds, abs=2e-3)
+
+
+# --- a restart on its own (or a signed) entry replays its worst step on the cut decoder ---------
+
+
+def test_a_trusted_self_checked_entry_replays_its_worst_step_on_the_cut_decoder():
+    """Issue 34's restarts: the worst step runs on the cut decoder and is judged against its own
+    cut-down reading (like with like), the stock step still on the full model; the same
+    configuration restarts at the figure it first admitted, and the worst shape never runs on
+    the full model."""
+    from worstcase_profiler.core.cache_trust import cache_verdict, replays_on_cut
+    from worstcase_profiler.core.sweep import cut_reading, replay, replayed_against, reused
+
+    sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+    assert proof.proven and replays_on_cut("host", proof, sweep)
+    drv = CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB)  # the restart's engine
+    check = replay(drv, sweep.worst.shape, cut=True)
+    assert check.cut_depth == "1 layer" and drv.full_shapes == []  # the stock step: measure_stock
+    assert check.step.peak_bytes == PREFILL_HEAVY(sweep.worst.shape) - 7 * MiB
+    on_cut = cut_reading(sweep, sweep.worst.shape)
+    assert replayed_against(sweep, check) == on_cut.need_bytes < sweep.worst.need_bytes
+    assert cache_verdict(replayed_against(sweep, check), check.step.need_bytes, 0)[0]
+    assert reused(sweep, check, MiB).peak_bytes == sweep.peak_bytes
+
+
+def test_a_cut_replay_that_reads_more_raises_the_transient_and_a_full_one_compares_full_figures():
+    """What changed under the key shows on the cut decoder: a worst step reading 3 MiB more
+    there raises the admitted transient by that drift (never compared with the larger full
+    figure, which would hide it); a full-model replay of the same entry is judged as before."""
+    import pytest
+
+    from worstcase_profiler.core.sweep import replay, replayed_against, reused
+
+    sweep, _, _ = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+    more = CutDriver(LIMITS, lambda s: PREFILL_HEAVY(s) + 3 * MiB, lambda s: 7 * MiB)
+    check = replay(more, sweep.worst.shape, cut=True)
+    assert check.step.need_bytes - replayed_against(sweep, check) == 3 * MiB
+    assert reused(sweep, check, MiB).peak_bytes == sweep.peak_bytes + 3 * MiB
+    full = replay(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB), sweep.worst.shape)
+    assert full.cut_depth is None and replayed_against(sweep, full) == sweep.worst.need_bytes
+    assert reused(sweep, full, MiB).peak_bytes == sweep.peak_bytes
+    with pytest.raises(ValueError):
+        replay(more, sweep.worst.shape, (sweep.stock.shape,), cut=True)
+
+
+def test_only_a_trusted_proven_self_check_replays_on_the_cut_decoder():
+    """replays_on_cut: a re-checked entry (unsigned, imported), a full sweep, a proof that fell
+    back or was a prove run, or a stock worst step replay on the full model as before."""
+    from worstcase_profiler.core.cache_trust import replays_on_cut
+
+    sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+    assert replays_on_cut("host", proof, sweep) and replays_on_cut("signed", proof, sweep)
+    assert not replays_on_cut("re-checked", proof, sweep)
+    assert not replays_on_cut(None, proof, sweep)
+    assert not replays_on_cut("host", None, sweep)
+    assert not replays_on_cut("host", dataclasses.replace(proof, method="prove"), sweep)
+    assert not replays_on_cut("host", dataclasses.replace(proof, verdict="refuted"), sweep)
+    assert not replays_on_cut("host", dataclasses.replace(proof, fell_back=True), sweep)
+    stock_worst = dataclasses.replace(sweep, worst=sweep.stock)
+    assert not replays_on_cut("host", proof, stock_worst)
+    full = run_sweep(FakeDriver(LIMITS, transient=PREFILL_HEAVY), tolerance=0, attribute_ops=False)
+    assert not replays_on_cut("host", proof, full)

@@ -11,10 +11,10 @@ from typing import Callable, NamedTuple
 
 from ..core.cache import ENV_DIR, CacheEntry, SweepCache, cache_dir, cache_key
 from ..core.cache_trust import (TRUST_SKIPS_RECHECK, cache_verdict, recheck_dominance,
-                                still_worst)
+                                replays_on_cut, still_worst)
 from ..core.pool_fit import merged_readings
 from ..core.shapes import Limits
-from ..core.sweep import dominance_checks, replay, reused, stock_readings
+from ..core.sweep import dominance_checks, replay, replayed_against, reused, stock_readings
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, EngineFacts, Shape, StepResult, SweepResult,
                           WarmupEstimate, Workspace)
@@ -67,13 +67,14 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         # With a secret, the cache loads only entries whose signature it verified.
         # every rank runs the same steps (they hold collectives): one rank's re-check is all's
         recheck = bool(driver.agree_max(int(recheck_dominance(handle.trust))))
+        cut = not driver.agree_max(int(not replays_on_cut(handle.trust, entry.proof, entry.sweep)))
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
                            dominance_checks(limits, entry.sweep.worst.shape) if recheck else (),
-                           stock_readings=stock_readings(driver))
+                           stock_readings=stock_readings(driver), cut=cut)
         clock.add("replay.stock_step", check.stock.seconds)
         clock.add("replay.worst_step", check.step.seconds)
-        expected = entry.worst_need
+        expected = replayed_against(entry.sweep, check)
         ok, allowed = cache_verdict(expected, check.step.need_bytes, tolerance)
         if not still_worst(expected, [o.need_bytes for o in check.others], allowed):
             ok = False
@@ -86,7 +87,9 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
                                   cached_need_bytes=expected,
                                   replayed_need_bytes=check.step.need_bytes,
                                   allowed_drift_bytes=allowed, replay_seconds=round(check.seconds, 3),
-                                  trust="re-checked" if recheck else handle.trust)
+                                  trust="re-checked" if recheck else handle.trust,
+                                  replay_depth=check.cut_depth)
+        where = f" on the cut decoder ({check.cut_depth})" if check.cut_depth else ""
         if driver.agree_max(int(not ok)) == 0:
             sweep = reused(entry.sweep, check, tolerance,
                            getattr(driver.meter, "allocator_slack_bytes", 0))
@@ -96,15 +99,15 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
                 log.warning("[wcprof] the replay read %s above the cached sweep (beyond the "
                             "meter's tolerance): admitting the larger transient, %s",
                             fmt_bytes(raised), fmt_bytes(sweep.peak_bytes))
-            log.info("[wcprof] sweep reused from %s: %s replayed, needs %s (cached %s, drift "
-                     "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(),
+            log.info("[wcprof] sweep reused from %s: %s replayed%s, needs %s (cached %s, drift "
+                     "allowed %s) in %.1fs; %s", use.path, entry.sweep.worst.shape.label(), where,
                      fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed),
                      check.seconds, f"{len(check.others)} heaviest plan shape(s) re-checked"
                      if recheck else TRUST_SKIPS_RECHECK[handle.trust])
             return sweep, use, entry, entry.sweep_mode, entry.proof
-        log.warning("[wcprof] cached sweep %s is stale: %s needs %s now, %s when cached (allowed "
+        log.warning("[wcprof] cached sweep %s is stale: %s%s needs %s now, %s when cached (allowed "
                     "drift %s); running the full sweep", use.path, entry.sweep.worst.shape.label(),
-                    fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
+                    where, fmt_bytes(check.step.need_bytes), fmt_bytes(expected), fmt_bytes(allowed))
         use = dataclasses.replace(use, status="stale")
     sweep, mode, proof = full_sweep()
     return sweep, use, None, mode, proof

@@ -7,6 +7,7 @@ measured bytes; the adapter (adapter/startup.py) replays and applies.
   still_worst         whether none of the plan's heaviest other shapes now needs more
   reading_holds       whether a cached reading stands beside the same step measured now
   recheck_dominance   whether a reused entry must be re-checked against those shapes
+  replays_on_cut      whether its worst step may replay on the cut decoder instead
   reuse_transient     the transient a cached start admits
   reuse_consumed      the held-memory figure a cached start admits with
   held_moved_text     how a cached start's held memory moved, in words
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..sizes import fmt_bytes
+from .types import CutDownProof, SweepResult
 
 
 def cache_verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int]:
@@ -120,3 +122,18 @@ def recheck_dominance(trust: str | None) -> bool:
     this machine, under a key no other user can read) cannot have been forged that way
     (docs/cache.md), so it replays only its worst step."""
     return trust not in TRUST_SKIPS_RECHECK
+
+
+def replays_on_cut(trust: str | None, proof: CutDownProof | None, sweep: SweepResult) -> bool:
+    """Whether a reused entry's worst step replays on the cut decoder, against its own cut-down
+    reading, instead of on the full model against its confirmed one: only where the entry skips
+    the dominance re-check (recheck_dominance: signed, or this host's own), its sweep was cut
+    down and its self-check proven on this model (the cut is the self-check's, which a restart
+    can build again), and the cut decoder read its worst shape (never the stock step, which
+    always replays on the full model). The stock step's full-model replay still reads what the
+    skipped layers add to a step; what only the worst step's depth part could show is left to
+    the key (docs/cache.md, "What a restart replays")."""
+    return (not recheck_dominance(trust) and proof is not None and proof.method == "self-check"
+            and proof.proven and not proof.fell_back and sweep.worst.shape.kind != "stock"
+            and sweep.confirmed > 0
+            and any(r.shape == sweep.worst.shape for r in sweep.cut_steps))

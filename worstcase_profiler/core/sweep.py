@@ -17,7 +17,8 @@ meter's allocator slack (the same tensors read up to that much apart from one st
 the caching allocator's block reuse depends on history, not on the step; adapter/meters.py).
 
 A start that finds the sweep cached replays it instead (`replay`): the stock step and the cached
-worst shape, one step each, on the same provisional KV cache.
+worst shape, one step each, on the same provisional KV cache (the worst shape on the cut decoder,
+against its own cut-down reading, where cache_trust.replays_on_cut allows).
 
 Cut-down sweep (`run_cut_down`): a step's transient peak is set inside one decoder layer at a
 time plus the model's ends, and layers of one kind are alike, so the whole plan can run on a
@@ -561,6 +562,9 @@ class Replay:
     provisional: ProvisionalKV
     seconds: float
     others: tuple[StepResult, ...] = ()
+    cut_depth: str | None = None
+    """What the cut decoder kept where `step` ran there (replay(cut=True)), e.g. "1 of 64
+    layers"; None: on the full model."""
 
 
 def dominance_checks(limits: Limits, worst: Shape) -> tuple[Shape, ...]:
@@ -577,16 +581,53 @@ def dominance_checks(limits: Limits, worst: Shape) -> tuple[Shape, ...]:
 
 
 def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (),
-           stock_readings: int = 1) -> Replay:
-    """Measure the stock step (`stock_readings` times: its lowest reading, as run_sweep), then
-    the cached worst shape and `checks` once each on a provisional KV cache."""
+           stock_readings: int = 1, cut: bool = False) -> Replay:
+    """Measure the stock step on the full model (`stock_readings` times: its lowest reading, as
+    run_sweep), then the cached worst shape and `checks` once each on a provisional KV cache.
+    `cut` (cache_trust.replays_on_cut): the worst shape runs on the decoder cut as the
+    self-check cut it (the driver's cut_down()), twice, the second reading kept (the sweep read
+    it warm, after the cut's earlier steps: a compiled model's first eager call on a CPU engine
+    read 31 MiB against a warm 780 KiB), to be compared with its own cut-down reading
+    (replayed_against); no `checks` then."""
+    if cut and (checks or worst_shape.kind == "stock"):
+        raise ValueError("a cut replay runs the worst shape alone, and never the stock step")
     t0 = time.perf_counter()
     stock, stock_high = measure_stock_steady(driver, stock_readings)
+    depth = None
     with driver.provisional_kv() as provisional:
-        step = stock_high if worst_shape.kind == "stock" else driver.measure(worst_shape)
+        if worst_shape.kind == "stock":
+            step = stock_high
+        elif cut:  # read warm, as the sweep read it after the cut decoder's earlier steps
+            with driver.cut_down() as depth:
+                driver.measure(worst_shape)  # the cut's first eager call allocates once
+                step = driver.measure(worst_shape)
+        else:
+            step = driver.measure(worst_shape)
         others = tuple(driver.measure(s) for s in checks if cannot_build(driver, s) is None)
     return Replay(stock=stock, step=step, provisional=provisional,
-                  seconds=time.perf_counter() - t0, others=others)
+                  seconds=time.perf_counter() - t0, others=others, cut_depth=depth)
+
+
+def cut_reading(sweep: SweepResult, shape: Shape) -> StepResult | None:
+    """A cut-down sweep's reading of `shape` on the cut decoder (its largest need where the
+    shape ran there more than once); None after a full sweep or for a shape it never ran
+    there."""
+    if not _cut_down_sweep(sweep):
+        return None
+    found = [r for r in sweep.cut_steps if r.shape == shape]
+    return max(found, key=lambda r: (r.need_bytes, r.peak_bytes), default=None)
+
+
+def replayed_against(cached: SweepResult, check: Replay) -> int:
+    """The cached need the replayed worst step is judged against (cache_trust.cache_verdict):
+    like with like, its own cut-down reading where it ran on the cut decoder, else the cached
+    worst step's (a full-model reading)."""
+    if check.cut_depth is None:
+        return cached.worst.need_bytes
+    on_cut = cut_reading(cached, check.step.shape)
+    if on_cut is None:
+        raise ValueError(f"no cut-down reading of {check.step.shape.label()} to replay against")
+    return on_cut.need_bytes
 
 
 def admitted_figures(sweep: SweepResult) -> dict[Shape, int]:
@@ -636,8 +677,8 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     replay is within the meter's resolution of it, else the cached one plus the largest drift
     any replayed step shows against the same shape's cached figure (the cached worst, the shapes
     re-checked for dominance, the stock step; after a cut-down sweep, a shape confirmed on the
-    full model counts at that figure, any other at its cut figure plus depth_delta); a
-    re-checked shape the cached sweep never ran (the full chunk's widest split, say, where the
+    full model counts at that figure, any other at its cut figure plus depth_delta; a worst
+    step replayed on the cut decoder, against its own cut-down reading); a re-checked shape the cached sweep never ran (the full chunk's widest split, say, where the
     worst rows were smaller) counts at what it measured now plus the meter's `allocator_slack`
     (cache_trust.reuse_transient); the stock step and provisional KV are this start's (the stock
     step drifts nothing where the cached sweep left it out: SweepResult.stock_excluded).
@@ -652,9 +693,13 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
             return cached.peak_bytes + max(0, r.peak_bytes - before[r.shape])
         return r.peak_bytes + max(0, allocator_slack)
 
+    def drifted(r: StepResult) -> int:  # the worst step, replayed on the cut decoder
+        return cached.peak_bytes + max(0, r.peak_bytes - cut_reading(cached, r.shape).peak_bytes)
+
     # the stock step drifts the figure only where it counts (SweepResult.stock_excluded)
     stock = () if cached.stock_excluded else (check.stock,)
-    replayed = max(bound(r) for r in (check.step, *check.others, *stock))
+    replayed = max([drifted(check.step) if check.cut_depth is not None else bound(check.step),
+                    *(bound(r) for r in (*check.others, *stock))])
     peak = reuse_transient(cached.peak_bytes, replayed, resolution)
     # what vLLM allocates after its profile, as the cached sweep read it while the replay reads
     # no more than the meter's resolution above it (reuse_consumed's rule for the held memory:

@@ -319,6 +319,11 @@ class CacheUse:
     start_pool_tokens: int | None = doc(
         "with planned_pool_tokens: this start's own pool (above the planned one: the KV cache "
         "held at most at the planned pool)", default=None)
+    replay_depth: str | None = doc(
+        "a hit or stale entry: what the cut decoder kept where the worst step replayed there "
+        "(e.g. \"1 of 64 layers\"; cached_need_bytes and replayed_need_bytes are then that "
+        "shape's cut-down readings, then and now: core/cache_trust.replays_on_cut); None: it "
+        "replayed on the full model", default=None)
 
 
 @dataclass(frozen=True)

@@ -468,8 +468,9 @@ def cache_text(use) -> str:
     if use.status == "stored":
         return f"sweep cached at {use.path} (the next start with this config replays its worst step)"
     verb = "reused" if use.status == "hit" else "cache STALE, swept again"
-    return (f"sweep {verb}: cached worst step needs {fmt_bytes(use.replayed_need_bytes)} now vs "
-            f"{fmt_bytes(use.cached_need_bytes)} when cached {use.cached_at} (allowed drift "
+    where = f" on the cut decoder ({use.replay_depth})" if use.replay_depth else ""
+    return (f"sweep {verb}: cached worst step needs {fmt_bytes(use.replayed_need_bytes)}{where} "
+            f"now vs {fmt_bytes(use.cached_need_bytes)} when cached {use.cached_at} (allowed drift "
             f"{fmt_bytes(use.allowed_drift_bytes)}; replay {use.replay_seconds:.1f}s"
             f"{TRUST_TEXT.get(use.trust, '')}"
             f"{'; ' + held if (held := held_moved_text(use.held_moved_bytes, use.held_kept)) else ''}"
