@@ -30,7 +30,7 @@ from .core.check_steps import CheckStep  # noqa: E402
 if TYPE_CHECKING:  # the projection's input
     from .core.session import StartupSession
 
-SCHEMA_VERSION = "1.24"
+SCHEMA_VERSION = "1.25"
 # 1.1: worstcase.cache, warmup_audit; 1.2: startup_seconds, validation.rank; 1.3: admission's
 # transient, stock shortfall, one-request and warm-up figures, warm-up graphs, validation targets,
 # sweep mode; 1.4: advice (the chunk advisor, `wcprof --advise`); 1.5: worstcase.cut_down_proof;
@@ -63,6 +63,8 @@ SCHEMA_VERSION = "1.24"
 # validations' left_bytes (what the measured requests left allocated after they finished).
 # 1.24: cut_down_proof.seconds_split (where a cut-down sweep's seconds went);
 # worstcase.cache's planned_pool_tokens and start_pool_tokens (a hit planned for a moved pool).
+# 1.25: worstcase.cache.replay_depth (a hit's worst step replayed on the cut decoder; its
+# cached_need_bytes and replayed_need_bytes are then cut-down readings).
 
 class StockFigures(BaseModel):
     """vLLM's own profile step (max_num_batched_tokens rows, empty KV, no attention metadata),

@@ -284,13 +284,13 @@ def test_the_pool_bound_follows_kv_cap_not_the_hosts_free_memory_where_the_cap_b
 
 
 def test_an_entry_of_the_previous_schema_is_neither_found_nor_reused(tmp_path):
-    """An entry of the previous schema is another build's (SCHEMA 13: entries' proofs carry
-    seconds_split, which SCHEMA 12's decoder refuses, so two builds sharing a directory must not
-    take each other's keys), so a signed entry of it (which skips the dominance re-check) must
-    not stand for this build's sweep."""
+    """An entry of the previous schema is another build's (SCHEMA 14: entries carry the pool
+    their fit planned for, which SCHEMA 13's decoder refuses, so two builds sharing a directory
+    must not take each other's keys), so a signed entry of it (which skips the dominance
+    re-check) must not stand for this build's sweep."""
     from worstcase_profiler.core import cache as cache_mod
 
-    assert cache_mod.SCHEMA == 13
+    assert cache_mod.SCHEMA == 14
     key = cache_key(FACTS)
     cache = SweepCache(tmp_path, secret="s3cret")
     entry = _entry(_sweep(), key)

@@ -137,23 +137,25 @@ def test_the_pool_fits_readings_are_kept_and_reused_only_where_the_entry_is_trus
     b = StepResult(shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=41),
                    peak_bytes=71, seconds=0.3)
     stored = CacheUse(status="stored", key="k", path=path)
-    sweep_cache.remember_pool_fit(stored, (a,), 5)
-    sweep_cache.remember_pool_fit(stored, (dataclasses.replace(a, peak_bytes=60), b), 2)
+    sweep_cache.remember_pool_fit(stored, (a,), 5, pool_tokens=4096)
+    sweep_cache.remember_pool_fit(stored, (dataclasses.replace(a, peak_bytes=60), b), 2,
+                                  pool_tokens=4000)
     entry, trust, own = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")
     assert entry.pool_fit_steps == (a, b) and entry.pool_fit_held_bytes == 5
     assert trust == "host" and own
     higher = dataclasses.replace(a, peak_bytes=99, top_op=None)
-    sweep_cache.remember_pool_fit(stored, (higher,), 0)
+    sweep_cache.remember_pool_fit(stored, (higher,), 0, pool_tokens=4000)
     entry = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")[0]
     assert entry.pool_fit_steps == (higher, b)
     restart = CacheUse(status="hit", key="k", path=path, trust="host")
     assert sweep_cache.reusable_pool_fit(restart, entry) == (
-        {a.shape: higher, b.shape: b}, 5)
+        {a.shape: higher, b.shape: b}, 5, 4000)  # the pool the last fit planned for
     # readings a restart rejected (measured again, they no longer matched) give way, not merge
-    sweep_cache.remember_pool_fit(restart, (a,), 1, replace=True)
+    sweep_cache.remember_pool_fit(restart, (a,), 1, pool_tokens=3900, replace=True)
     entry = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")[0]
     assert entry.pool_fit_steps == (a,) and entry.pool_fit_held_bytes == 1
-    sweep_cache.remember_pool_fit(restart, (higher, b), 5)
+    assert entry.pool_fit_pool_tokens == 3900
+    sweep_cache.remember_pool_fit(restart, (higher, b), 5, pool_tokens=4000)
     entry = SweepCache.for_engine(tmp_path / "c", environ={})[0].load_with_trust("k")[0]
     for use in (CacheUse(status="hit", key="k", path=path, trust="re-checked"), stored):
         assert sweep_cache.reusable_pool_fit(use, entry) is None
@@ -163,7 +165,7 @@ def test_the_pool_fits_readings_are_kept_and_reused_only_where_the_entry_is_trus
     imported = CacheUse(status="hit", key="k", path=str(tmp_path / "other" / "k.json"),
                         trust="re-checked")
     c = dataclasses.replace(b, shape=Shape(kind="prefill", rows=512, context_len=0, num_reqs=42))
-    sweep_cache.remember_pool_fit(imported, (c,), 0)
+    sweep_cache.remember_pool_fit(imported, (c,), 0, pool_tokens=4000)
     entry, trust, own = SweepCache.for_engine(tmp_path / "other",
                                               environ={})[0].load_with_trust("k")
     assert entry.pool_fit_steps == (higher, b, c) and trust is None and not own

@@ -942,3 +942,66 @@ def test_only_a_trusted_proven_self_check_replays_on_the_cut_decoder():
     assert not replays_on_cut("host", proof, stock_worst)
     full = run_sweep(FakeDriver(LIMITS, transient=PREFILL_HEAVY), tolerance=0, attribute_ops=False)
     assert not replays_on_cut("host", proof, full)
+
+
+def test_beside_a_cut_replay_the_stock_steps_full_model_drift_counts_even_where_left_out():
+    """The stock step is the one full-model reading a cut replay takes: where every full-model
+    step needs 20 MiB more after a change the cut decoder does not show, its drift raises the
+    admitted transient, also where the sweep left the stock step out of the worst (a drafter's
+    small pool), where it would drift nothing beside a full-model replay."""
+    from worstcase_profiler.core.sweep import replay, reused
+
+    sweep, _, _ = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+
+    class Deeper(CutDriver):  # the full model needs 20 MiB more; the cut decoder the same
+        def measure_stock(self):
+            r = super().measure_stock()
+            return r if self.cut else dataclasses.replace(r, peak_bytes=r.peak_bytes + 20 * MiB)
+
+    for excluded in (None, "the stock step never runs beside the KV cache"):
+        cached = dataclasses.replace(sweep, stock_excluded=excluded)
+        check = replay(Deeper(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB), cached.worst.shape,
+                       cut=True)
+        assert check.step.peak_bytes == PREFILL_HEAVY(cached.worst.shape) - 7 * MiB  # unchanged
+        assert reused(cached, check, MiB).peak_bytes == cached.peak_bytes + 20 * MiB, excluded
+
+
+def test_a_cut_replay_runs_the_cut_stock_step_first_as_the_sweep_did():
+    """The cut decoder's first step pays one-time allocations (a compiled model's first eager
+    call read 31 MiB on a CPU engine, the same shape 780 KiB warm). The sweep ran the cut stock
+    step first; the replay does too, unread, so the worst shape reads warm, like with like."""
+    from worstcase_profiler.core.sweep import replay, replayed_against
+
+    sweep, _, _ = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+
+    class ColdFirst(CutDriver):  # the first step on the cut decoder reads 31 MiB more
+        def _cold(self, r):
+            if self.cut and not getattr(self, "warm", False):
+                self.warm = True
+                return dataclasses.replace(r, peak_bytes=r.peak_bytes + 31 * MiB)
+            return r
+
+        def measure_stock(self):
+            return self._cold(super().measure_stock())
+
+        def measure(self, shape, attribute=False):
+            return self._cold(super().measure(shape, attribute))
+
+    check = replay(ColdFirst(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB), sweep.worst.shape,
+                   cut=True)
+    assert check.step.need_bytes == replayed_against(sweep, check)
+
+
+def test_a_shape_read_several_times_on_the_cut_is_judged_against_its_largest_reading():
+    from worstcase_profiler.core.sweep import Replay, cut_reading, replayed_against, reused
+
+    sweep, _, _ = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+    first = cut_reading(sweep, sweep.worst.shape)
+    again = dataclasses.replace(first, peak_bytes=first.peak_bytes + 3 * MiB)
+    cut = sweep.cut_steps
+    twice = dataclasses.replace(sweep, steps=(*cut, again, *sweep.steps[len(cut):]))
+    assert twice.cut_steps[-1] == again and cut_reading(twice, sweep.worst.shape) == again
+    check = Replay(stock=sweep.stock, step=again, seconds=0.0, cut_depth="1 layer",
+                   provisional=ProvisionalKV(1, 1, sweep.post_profile_bytes))
+    assert replayed_against(twice, check) == again.need_bytes
+    assert reused(twice, check, MiB).peak_bytes == twice.peak_bytes  # no drift against its own

@@ -34,7 +34,8 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
                 *, mode: str, agree_max: Callable[[int], int] | None = None,
                 held: Callable[[str], int] | None = None, attribute: bool = True,
                 floor: int = 0, known: Mapping[Shape, StepResult] | None = None,
-                known_held: int = 0) -> tuple[Measured, Decided]:
+                known_held: int = 0, known_pool: int | None = None
+                ) -> tuple[Measured, Decided]:
     """(facts, decision) with the worst step fitted to the admitted pool, or the ones given
     where the sweep's plan stands: its worst shape fits the pool, the start is refused (on any
     rank), the pool is not the admission's (report mode, the chunk cap's plan), or no pool was
@@ -53,7 +54,15 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     by need and the largest by peak are measured again (_cached_readings_hold); one that reads
     more than its figure by the meter's tolerance, or far less, drops every taken reading and the
     fit measures its shapes now (PoolFit.cache_rejected). A first round refused on any rank
-    refuses every rank, and no rank runs a step after it."""
+    refuses every rank, and no rank runs a step after it.
+
+    `known_pool`: the pool the entry's last fit planned for (CacheEntry.pool_fit_pool_tokens).
+    Where this start's budget leaves a smaller pool and every shape of that pool's plan is
+    known on every rank, the fit plans for the entry's pool in one round and measures none of
+    its shapes (_entry_pool): that plan bounds every step the smaller pool forms (as a kept
+    sweep plan for a larger pool does, core/cache.pool_reuse), and the allocation is held at
+    it or below. A restart whose graph reserve or held memory left it a little less KV then
+    fits as its first start did, instead of measuring the shapes its own pool adds."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     agree = agree_max or (lambda v: v)
     if (mode != "enforce" or not bpt or facts.chunk_cap_plan is not None
@@ -63,7 +72,7 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
         return facts, decided  # refused on some rank: every rank stops here alike
     before = held("pool_fit.before") if held is not None else 0
     best, readings, reused, refused, counted = _rounds(driver, facts, decided, decide, agree,
-                                                       known or {}, floor)
+                                                       known or {}, floor, known_pool)
     top, rejected = None, False
     taken = [readings[s] for s in counted if s in reused]  # what the plan admits with
     if best is not None and not refused and taken:
@@ -133,11 +142,12 @@ def _cached_readings_hold(driver, worst: Shape, taken: list[StepResult], toleran
 
 
 def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measured], Decided],
-            agree: Callable[[int], int], known: Mapping[Shape, StepResult], floor: int):
+            agree: Callable[[int], int], known: Mapping[Shape, StepResult], floor: int,
+            known_pool: int | None = None):
     """fit_to_pool's rounds: (the last round's (facts, decision) or None where the sweep's plan
     stands, every reading by shape, the shapes whose reading was taken from `known`, whether
     the first round did not fit on some rank (the start is refused on all), the shapes that
-    round's plan counts)."""
+    round's plan counts). With the entry's pool taken (_entry_pool), one round at it."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     blocks = dict(bytes_per_token=bpt, pool_block_bytes=facts.pool_block_bytes,
                   block_size=limits.block_size)
@@ -151,6 +161,12 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
     best: tuple[Measured, Decided] | None = None
     counted: tuple[Shape, ...] = ()
     tokens = usable(decided.budget.budget_bytes)
+    entry_pool = _entry_pool(limits, sweep, tokens, known, known_pool, agree)
+    if entry_pool is not None:
+        log.info("[wcprof] pool fit: this start's budget leaves %d tokens, below the %d the "
+                 "cached fit planned for; planning for those (their plan bounds every step the "
+                 "smaller pool forms), every reading from the cache", tokens, entry_pool)
+        tokens = entry_pool
     for rounds in range(1, ROUNDS + 1):
         fitted = core.replan(limits, sweep.coverage.worst_rows, tokens)
         if fitted is None or (best is None and sweep.worst.shape not in fitted.dropped):
@@ -182,6 +198,8 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
                 return (trial, answer), readings, reused, True, fitted.added
             break
         best, counted = (trial, answer), fitted.added
+        if entry_pool is not None:
+            break  # the entry's pool: the allocation is held there or below
         # the pool this round's transient leaves under the sweep's own plan
         left = usable(decide(dataclasses.replace(
             facts, sweep=dataclasses.replace(refit, pool_fit=None))).budget.budget_bytes)
@@ -196,3 +214,22 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
         else:
             tokens = left  # the line overshot: settle where this transient leaves the pool
     return best, readings, reused, False, counted
+
+
+def _entry_pool(limits, sweep, tokens: int, known: Mapping[Shape, StepResult],
+                known_pool: int | None, agree: Callable[[int], int]) -> int | None:
+    """The pool the entry's fit planned for, where this start plans for it instead of its own
+    `tokens`: every rank has it (the same value), it lies above `tokens` and below the sweep's
+    planned pool, its plan drops the sweep's worst step (a fit was needed there too), and every
+    shape that plan adds is known on every rank. Else None (the rounds plan for `tokens`)."""
+    have = known_pool if known_pool is not None and known else None
+    if agree(int(have is None)) or limits.kv_capacity_tokens is None:
+        return None
+    pool = agree(have)
+    if agree(int(pool != have)) or not tokens < pool < limits.kv_capacity_tokens:
+        return None
+    fitted = core.replan(limits, sweep.coverage.worst_rows, pool)
+    ok = fitted is not None and sweep.worst.shape in fitted.dropped and \
+        all(s in known for s in fitted.added)
+    return pool if agree(int(not ok)) == 0 else None
+

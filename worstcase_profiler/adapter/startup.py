@@ -135,7 +135,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
             measured.driver, measured.facts, decided, decide, mode=settings.mode,
             agree_max=agree_max_fn(), held=measured.held, attribute=settings.attribute_ops,
             floor=measured.floor, known=cached.readings if cached else None,
-            known_held=cached.held_bytes if cached else 0)
+            known_held=cached.held_bytes if cached else 0,
+            known_pool=cached.pool_tokens if cached else None)
     for note in decided.warnings:
         session.warn(note)
         log.warning("[wcprof] %s", note)
@@ -164,7 +165,8 @@ def determine_available_memory(worker, original, settings: ProfilerSettings) -> 
     if fit is not None and capture_error is None and decided.budget.error is None:
         with session.clock("cache_store"):  # a restart fits without measuring them again
             sweep_cache.remember_pool_fit(measured.cache, core_fit.kept_readings(facts.sweep),
-                                          fit.held_bytes, replace=fit.cache_rejected)
+                                          fit.held_bytes, pool_tokens=fit.pool_tokens,
+                                          replace=fit.cache_rejected)
     if (note := unprofiled_note(measured.multimodal, measured.encoder,
                                 measured.encoder_why_not)) is not None:
         session.warn(note)  # never a silent figure: the multimodal limits not covered

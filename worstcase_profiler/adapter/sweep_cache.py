@@ -76,6 +76,10 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         clock.add("replay.worst_step", check.step.seconds)
         expected = replayed_against(entry.sweep, check)
         ok, allowed = cache_verdict(expected, check.step.need_bytes, tolerance)
+        if check.cut_depth is not None and check.cut_depth != entry.proof.depth:
+            ok = False  # another cut than the one its reading was taken on: not like with like
+            log.warning("[wcprof] cached sweep %s was cut to %s, this start cuts to %s: the "
+                        "entry is not reused", use.path, entry.proof.depth, check.cut_depth)
         if not still_worst(expected, [o.need_bytes for o in check.others], allowed):
             ok = False
             beaten = max(check.others, key=lambda o: o.need_bytes)
@@ -154,25 +158,30 @@ def remember_warmup(use: CacheUse, warmup: WarmupEstimate) -> None:
 
 
 class CachedFit(NamedTuple):
-    """The pool fit's readings a trusted entry gives a restart, and what they left held."""
+    """The pool fit's readings a trusted entry gives a restart, what they left held, and the
+    pool the last fit that stored them planned for (CacheEntry.pool_fit_pool_tokens)."""
 
     readings: dict[Shape, StepResult]
     held_bytes: int = 0
+    pool_tokens: int | None = None
 
 
 def remember_pool_fit(use: CacheUse, steps: tuple[StepResult, ...], held_bytes: int, *,
-                      replace: bool = False) -> None:
+                      pool_tokens: int, replace: bool = False) -> None:
     """Add the pool fit's full-model readings to this configuration's cache entry, one per
-    shape, the larger figures where it has one (core/pool_fit.merged_readings), and the most its
-    steps left held: a restart that trusts the entry fits without measuring them again
+    shape, the larger figures where it has one (core/pool_fit.merged_readings), the most its
+    steps left held, and the pool its plan was for (`pool_tokens`: every shape of that plan is
+    among `steps`): a restart that trusts the entry fits without measuring them again
     (reusable_pool_fit). `replace`: the entry's readings were rejected (measured again, they no
     longer matched): these stand instead of them."""
     def merged(entry: CacheEntry) -> CacheEntry | None:
         kept = merged_readings(() if replace else entry.pool_fit_steps, steps)
         held = held_bytes if replace else max(entry.pool_fit_held_bytes, held_bytes)
-        if kept == entry.pool_fit_steps and held == entry.pool_fit_held_bytes:
+        if (kept, held, pool_tokens) == (entry.pool_fit_steps, entry.pool_fit_held_bytes,
+                                         entry.pool_fit_pool_tokens):
             return None
-        return entry.replace(pool_fit_steps=kept, pool_fit_held_bytes=held)
+        return entry.replace(pool_fit_steps=kept, pool_fit_held_bytes=held,
+                             pool_fit_pool_tokens=pool_tokens)
     _update(use, merged)
 
 
@@ -182,7 +191,8 @@ def reusable_pool_fit(use: CacheUse, entry: CacheEntry | None) -> CachedFit | No
     else None. Ranks agree on the trust with the re-check (sweep_or_reuse)."""
     if entry is None or use.status != "hit" or use.trust not in TRUST_SKIPS_RECHECK:
         return None
-    return CachedFit({r.shape: r for r in entry.pool_fit_steps}, entry.pool_fit_held_bytes)
+    return CachedFit({r.shape: r for r in entry.pool_fit_steps}, entry.pool_fit_held_bytes,
+                     entry.pool_fit_pool_tokens)
 
 
 def _update(use: CacheUse, change: Callable[[CacheEntry], CacheEntry | None]) -> None:

@@ -39,7 +39,7 @@ HOST_KEY = ".host-key"
 """This host's own signing key, in the cache directory (no .json: never listed, exported or
 imported as an entry)."""
 OFF = "off"
-SCHEMA = 13
+SCHEMA = 14
 """Raised whenever this build's sweep plans a step an older build's never measured (6: the
 mixed pair, shapes.mixed_pair; 7: the context ladder's rungs past powers of two, and extents
 that no longer scale a recurrent state down; 8: a compiled forward's cut-down sweep reads its
@@ -49,7 +49,8 @@ admits differently for the same facts (10: a Mamba group's running-state block c
 request without a drafter too, adapter/kv.state_blocks, so a hybrid plans fewer requests), or
 writes an entry an older build cannot read (11: host_mac, which an older build's decoder and
 fleet MAC do not know, so builds sharing a directory would overwrite each other; 12:
-pool_fit_steps and pool_fit_held_bytes, the same way; 13: the proof's seconds_split): an older
+pool_fit_steps and pool_fit_held_bytes, the same way; 13: the proof's seconds_split; 14:
+pool_fit_pool_tokens): an older
 entry is then a miss, never a worst case that skipped a step real traffic forms. What each
 value changed is in the commit that raised it."""
 
@@ -192,6 +193,11 @@ class CacheEntry:
     pool_fit_held_bytes: int = 0
     """The most the fit's steps left held at any of those starts (a restart that reads them
     counts at least this in its consumed memory, as the start that measured them did)."""
+    pool_fit_pool_tokens: int | None = None
+    """The pool the last start that fitted stored its plan for (PoolFit.pool_tokens): every
+    shape of that plan is among pool_fit_steps, so a trusted restart whose budget leaves a
+    smaller pool plans for this one instead and measures none of them (its plan bounds every
+    step the smaller pool forms; adapter/pool_fit.fit_to_pool's known_pool)."""
     schema: int = SCHEMA
     mac: str | None = None
     """HMAC-SHA256 of the entry under the operator's secret ($WCPROF_CACHE_SECRET), when one is

@@ -585,27 +585,27 @@ def replay(driver: StepDriver, worst_shape: Shape, checks: tuple[Shape, ...] = (
     """Measure the stock step on the full model (`stock_readings` times: its lowest reading, as
     run_sweep), then the cached worst shape and `checks` once each on a provisional KV cache.
     `cut` (cache_trust.replays_on_cut): the worst shape runs on the decoder cut as the
-    self-check cut it (the driver's cut_down()), twice, the second reading kept (the sweep read
-    it warm, after the cut's earlier steps: a compiled model's first eager call on a CPU engine
-    read 31 MiB against a warm 780 KiB), to be compared with its own cut-down reading
+    self-check cut it (the driver's cut_down()), in the sweep's order there: the cut stock step
+    first, unread (the cut's first step pays its one-time allocations: on a CPU engine a
+    compiled model's first eager call read 31 MiB where the same shape read 780 KiB warm),
+    then the worst shape on a provisional KV cache, compared with its own cut-down reading
     (replayed_against); no `checks` then."""
     if cut and (checks or worst_shape.kind == "stock"):
         raise ValueError("a cut replay runs the worst shape alone, and never the stock step")
     t0 = time.perf_counter()
     stock, stock_high = measure_stock_steady(driver, stock_readings)
-    depth = None
-    with driver.provisional_kv() as provisional:
-        if worst_shape.kind == "stock":
-            step = stock_high
-        elif cut:  # read warm, as the sweep read it after the cut decoder's earlier steps
-            with driver.cut_down() as depth:
-                driver.measure(worst_shape)  # the cut's first eager call allocates once
+    if cut:
+        with driver.cut_down() as depth:
+            driver.measure_stock()  # as the cut-down sweep ran it first, before its shapes
+            with driver.provisional_kv() as provisional:
                 step = driver.measure(worst_shape)
-        else:
-            step = driver.measure(worst_shape)
+        return Replay(stock=stock, step=step, provisional=provisional,
+                      seconds=time.perf_counter() - t0, cut_depth=depth)
+    with driver.provisional_kv() as provisional:
+        step = stock_high if worst_shape.kind == "stock" else driver.measure(worst_shape)
         others = tuple(driver.measure(s) for s in checks if cannot_build(driver, s) is None)
     return Replay(stock=stock, step=step, provisional=provisional,
-                  seconds=time.perf_counter() - t0, others=others, cut_depth=depth)
+                  seconds=time.perf_counter() - t0, others=others)
 
 
 def cut_reading(sweep: SweepResult, shape: Shape) -> StepResult | None:
@@ -678,10 +678,12 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     any replayed step shows against the same shape's cached figure (the cached worst, the shapes
     re-checked for dominance, the stock step; after a cut-down sweep, a shape confirmed on the
     full model counts at that figure, any other at its cut figure plus depth_delta; a worst
-    step replayed on the cut decoder, against its own cut-down reading); a re-checked shape the cached sweep never ran (the full chunk's widest split, say, where the
-    worst rows were smaller) counts at what it measured now plus the meter's `allocator_slack`
+    step replayed on the cut decoder, against its own cut-down reading); a re-checked shape
+    the cached sweep never ran (the full chunk's widest split, say, where the worst rows were
+    smaller) counts at what it measured now plus the meter's `allocator_slack`
     (cache_trust.reuse_transient); the stock step and provisional KV are this start's (the stock
-    step drifts nothing where the cached sweep left it out: SweepResult.stock_excluded).
+    step drifts nothing where the cached sweep left it out, SweepResult.stock_excluded, except
+    beside a cut replay: there it is the one full-model reading, and its drift always counts).
     A stock step read several times (stock_readings) is compared like with like: the cached
     worst, when it is the stock step, is its highest reading, as the replay's step is. The
     post-profile buffers stay the cached figure while the replay's reading is within the
@@ -696,8 +698,9 @@ def reused(cached: SweepResult, check: Replay, resolution: int,
     def drifted(r: StepResult) -> int:  # the worst step, replayed on the cut decoder
         return cached.peak_bytes + max(0, r.peak_bytes - cut_reading(cached, r.shape).peak_bytes)
 
-    # the stock step drifts the figure only where it counts (SweepResult.stock_excluded)
-    stock = () if cached.stock_excluded else (check.stock,)
+    # the stock step drifts the figure only where it counts (SweepResult.stock_excluded), and
+    # always beside a cut replay: it is the one full-model reading a cut replay takes
+    stock = () if cached.stock_excluded and check.cut_depth is None else (check.stock,)
     replayed = max([drifted(check.step) if check.cut_depth is not None else bound(check.step),
                     *(bound(r) for r in (*check.others, *stock))])
     peak = reuse_transient(cached.peak_bytes, replayed, resolution)
