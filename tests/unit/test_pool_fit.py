@@ -441,36 +441,40 @@ def test_a_round_another_rank_refused_refuses_this_rank_too_and_runs_nothing_mor
 
 def test_a_restart_left_a_smaller_pool_plans_for_the_entrys_and_measures_none_of_its_shapes():
     """h100-run87: the hybrid's restart with graphs set aside vLLM's larger graph estimate, so
-    its budget left a smaller pool than its first start's fit planned for; that pool's plan
+    its budget left a pool 0.9% smaller than its first start's fit planned for; that pool's plan
     added shapes the entry had no reading of, and the restart measured its fit again (4.70 s).
-    With the entry's pool (CacheEntry.pool_fit_pool_tokens) it plans for that one instead,
-    whose plan bounds every step the smaller pool forms, takes every reading from the entry,
-    admits the first start's transient, and holds the allocation at or below that pool."""
+    Within one rounding step of the entry's pool (CacheEntry.pool_fit_pool_tokens) it plans for
+    that one instead, whose plan bounds every step the smaller pool forms, takes every reading
+    from the entry, admits the first start's transient, and allocates no more than that pool.
+    Further below, the larger plan's transient would leave it much less KV than its own fit:
+    its own rounds run (taking what readings the entry has)."""
     driver, facts, first, fresh, _ = fitted_start(per_request, CONSUMED)
     pool = fresh.sweep.pool_fit.pool_tokens
     known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
-    smaller = dataclasses.replace(facts, held=dataclasses.replace(
-        facts.held, consumed_bytes=CONSUMED + 40 * 64 * KiB))  # 40 fewer requests' worth
-    less = decide(smaller)
-    assert usable(less.budget.budget_bytes) < pool
-    driver.shapes.clear()
-    own, _ = fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
-                         known=known)
-    assert own.sweep.pool_fit.pool_tokens < pool
+
+    def restart(requests_less: int, **kw):
+        smaller = dataclasses.replace(facts, held=dataclasses.replace(
+            facts.held, consumed_bytes=CONSUMED + requests_less * 64 * KiB))
+        less = decide(smaller)
+        driver.shapes.clear()
+        return usable(less.budget.budget_bytes), fit_to_pool(
+            driver, smaller, less, decide, mode="enforce", attribute=False, known=known, **kw)
+
+    own_pool, (own, _) = restart(4)
+    assert own_pool < pool and own.sweep.pool_fit.pool_tokens < pool
     assert set(driver.shapes) - set(known), "its own pool's plan adds shapes: measured"
-    driver.shapes.clear()
-    again, answer = fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
-                                known=known, known_pool=pool)
+    _, (again, answer) = restart(4, known_pool=pool)
     fit = again.sweep.pool_fit
     assert fit.pool_tokens == pool and fit.reused == len(fit.steps) > 0
     assert set(driver.shapes) <= set(known)  # only the two taken readings measured again
     assert again.sweep.peak_bytes == fresh.sweep.peak_bytes
-    assert answer.admission.kv_cache_bytes <= pool * BPT
-    # a pool not above this start's own, or one whose plan is not all known: its own rounds
+    assert usable(answer.admission.kv_cache_bytes) <= pool
+    # more than one rounding step below (40 requests' worth), a pool not above this start's
+    # own, or one whose plan is not all known: its own rounds
     needed = core.replan(facts.limits, facts.sweep.coverage.worst_rows, pool).added[0]
-    for known_pool, have in ((usable(less.budget.budget_bytes), known),
-                             (pool, {s: r for s, r in known.items() if s != needed})):
-        driver.shapes.clear()
-        mine, _ = fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
-                              known=have, known_pool=known_pool)
-        assert mine.sweep.pool_fit.pool_tokens < pool
+    for less, known_pool, have in ((40, pool, known), (4, own_pool, known),
+                                   (4, pool, {s: r for s, r in known.items() if s != needed})):
+        known, kept = have, known
+        _, (mine, _) = restart(less, known_pool=known_pool)
+        known = kept
+        assert mine.sweep.pool_fit.pool_tokens < pool, (less, known_pool)

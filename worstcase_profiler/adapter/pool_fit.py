@@ -16,6 +16,7 @@ from typing import Callable, Mapping
 
 from ..core import pool_fit as core
 from ..core.budget import Decided, Measured
+from ..core.cache import within_one_step
 from ..core.cache_trust import reading_holds
 from ..core.sweep import cannot_build
 from ..core.types import Shape, StepResult
@@ -57,12 +58,14 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
     refuses every rank, and no rank runs a step after it.
 
     `known_pool`: the pool the entry's last fit planned for (CacheEntry.pool_fit_pool_tokens).
-    Where this start's budget leaves a smaller pool and every shape of that pool's plan is
-    known on every rank, the fit plans for the entry's pool in one round and measures none of
-    its shapes (_entry_pool): that plan bounds every step the smaller pool forms (as a kept
-    sweep plan for a larger pool does, core/cache.pool_reuse), and the allocation is held at
-    it or below. A restart whose graph reserve or held memory left it a little less KV then
-    fits as its first start did, instead of measuring the shapes its own pool adds."""
+    Where this start's budget leaves a pool at most one rounding step smaller and every shape of
+    that pool's plan is known on every rank, the fit plans for the entry's pool in one round and
+    measures none of its shapes (_entry_pool): that plan bounds every step the smaller pool
+    forms (as a kept sweep plan for a larger pool does, core/cache.pool_reuse), and the
+    allocation is what its transient leaves, held at that pool or below: a little less KV than
+    this start's own fit would give, where its larger plan's transient is larger. A restart
+    whose graph reserve or held memory left it a little less KV then fits as its first start
+    did, instead of measuring the shapes its own pool adds."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     agree = agree_max or (lambda v: v)
     if (mode != "enforce" or not bpt or facts.chunk_cap_plan is not None
@@ -147,7 +150,11 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
     """fit_to_pool's rounds: (the last round's (facts, decision) or None where the sweep's plan
     stands, every reading by shape, the shapes whose reading was taken from `known`, whether
     the first round did not fit on some rank (the start is refused on all), the shapes that
-    round's plan counts). With the entry's pool taken (_entry_pool), one round at it."""
+    round's plan counts). With the entry's pool taken (_entry_pool), one round at it, kept
+    where its transient leaves this start a pool within one rounding step below it
+    (core/cache.within_one_step: further below, the larger plan would cost it more KV than its
+    own fit); else, and where that round does not fit (a step the larger pool's plan holds need
+    not be one this pool forms, so its refusal would not be this start's), its own rounds."""
     limits, bpt, sweep = facts.limits, facts.bytes_per_token, facts.sweep
     blocks = dict(bytes_per_token=bpt, pool_block_bytes=facts.pool_block_bytes,
                   block_size=limits.block_size)
@@ -194,12 +201,16 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
         trial = dataclasses.replace(facts, limits=fitted.limits, sweep=refit)
         answer = decide(trial)
         if agree(int(answer.budget.error is not None)):
+            if best is None and entry_pool is not None:  # the entry's larger plan: not this
+                return _rounds(driver, facts, decided, decide, agree, known, floor)  # pool's
             if best is None:  # its readings are steps the unfitted pool forms too: refused
                 return (trial, answer), readings, reused, True, fitted.added
             break
+        if entry_pool is not None:  # one round: the allocation is held at that pool or below
+            if within_one_step(usable(answer.budget.budget_bytes), entry_pool):
+                return (trial, answer), readings, reused, False, fitted.added
+            return _rounds(driver, facts, decided, decide, agree, known, floor)  # too far below
         best, counted = (trial, answer), fitted.added
-        if entry_pool is not None:
-            break  # the entry's pool: the allocation is held there or below
         # the pool this round's transient leaves under the sweep's own plan
         left = usable(decide(dataclasses.replace(
             facts, sweep=dataclasses.replace(refit, pool_fit=None))).budget.budget_bytes)
@@ -219,9 +230,11 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
 def _entry_pool(limits, sweep, tokens: int, known: Mapping[Shape, StepResult],
                 known_pool: int | None, agree: Callable[[int], int]) -> int | None:
     """The pool the entry's fit planned for, where this start plans for it instead of its own
-    `tokens`: every rank has it (the same value), it lies above `tokens` and below the sweep's
-    planned pool, its plan drops the sweep's worst step (a fit was needed there too), and every
-    shape that plan adds is known on every rank. Else None (the rounds plan for `tokens`)."""
+    `tokens` (its first round's pool): every rank has it (the same value), it lies above `tokens`
+    and below the sweep's planned pool, its plan drops the sweep's worst step (a fit was needed
+    there too), and every shape that plan adds is known on every rank. Else None (the rounds
+    plan for `tokens`). Whether its transient leaves this start a pool near it is _rounds'
+    check, once it is decided."""
     have = known_pool if known_pool is not None and known else None
     if agree(int(have is None)) or limits.kv_capacity_tokens is None:
         return None

@@ -77,6 +77,12 @@ def _quantum(tokens: int) -> int:
     return 1 << max(0, tokens.bit_length() - 5)
 
 
+def within_one_step(tokens: int, of: int) -> bool:
+    """Whether a pool of `tokens` lies at most one rounding step (round_capacity_up's, at the
+    smaller of the two) below or at `of`, or above it."""
+    return tokens >= of - _quantum(min(tokens, of))
+
+
 def round_capacity_up(tokens: int) -> int:
     """KV capacity to 1/16 precision, rounded up: vLLM's own budget moves by a few blocks from
     one start to the next, which must not change the key. Up is the safe direction (longer
@@ -194,10 +200,11 @@ class CacheEntry:
     """The most the fit's steps left held at any of those starts (a restart that reads them
     counts at least this in its consumed memory, as the start that measured them did)."""
     pool_fit_pool_tokens: int | None = None
-    """The pool the last start that fitted stored its plan for (PoolFit.pool_tokens): every
-    shape of that plan is among pool_fit_steps, so a trusted restart whose budget leaves a
-    smaller pool plans for this one instead and measures none of them (its plan bounds every
-    step the smaller pool forms; adapter/pool_fit.fit_to_pool's known_pool)."""
+    """The pool the last start that fitted stored its plan for (PoolFit.pool_tokens): the shapes
+    of that plan it could build are among pool_fit_steps, so a trusted restart whose budget
+    leaves a pool up to one rounding step smaller plans for this one instead, where every shape
+    of its plan is there, and measures none of them (its plan bounds every step the smaller
+    pool forms; adapter/pool_fit.fit_to_pool's known_pool)."""
     schema: int = SCHEMA
     mac: str | None = None
     """HMAC-SHA256 of the entry under the operator's secret ($WCPROF_CACHE_SECRET), when one is
