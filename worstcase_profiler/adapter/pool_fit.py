@@ -245,4 +245,3 @@ def _entry_pool(limits, sweep, tokens: int, known: Mapping[Shape, StepResult],
     ok = fitted is not None and sweep.worst.shape in fitted.dropped and \
         all(s in known for s in fitted.added)
     return pool if agree(int(not ok)) == 0 else None
-
