@@ -1005,3 +1005,33 @@ def test_a_shape_read_several_times_on_the_cut_is_judged_against_its_largest_rea
                    provisional=ProvisionalKV(1, 1, sweep.post_profile_bytes))
     assert replayed_against(twice, check) == again.need_bytes
     assert reused(twice, check, MiB).peak_bytes == twice.peak_bytes  # no drift against its own
+
+
+def test_sweep_or_reuse_replays_a_trusted_entry_on_its_cut_and_never_on_another_cut(tmp_path):
+    """The adapter's reuse (adapter/sweep_cache.sweep_or_reuse) over the fake driver: an entry
+    this host wrote, self-checked proven, is reused after a cut replay (replay_depth set, the
+    cut-down reading as the cached need); one whose proof names another cut than this start
+    cuts to is stale, and the full sweep runs."""
+    from worstcase_profiler.adapter.sweep_cache import CacheHandle, sweep_or_reuse
+    from worstcase_profiler.core.cache import CacheEntry, SweepCache
+    from worstcase_profiler.core.timing import PhaseTimer
+
+    sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+    drv = CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB)
+    drv.agree_max = lambda v: v
+    drv.meter = types.SimpleNamespace(device_kind="cuda", resolution_bytes=MiB,
+                                      allocator_slack_bytes=0)
+    handle = CacheHandle(SweepCache(tmp_path), "k", {}, trust="host")
+    swept = []
+
+    def full():
+        swept.append(True)
+        return sweep, "full", None
+
+    entry = CacheEntry(key="k", facts={}, created_at="t", sweep=sweep, proof=proof)
+    got, use, kept, _, _ = sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, entry, full)
+    assert use.status == "hit" and use.replay_depth == "1 layer" and kept is entry and not swept
+    assert use.cached_need_bytes < sweep.worst.need_bytes and got.peak_bytes == sweep.peak_bytes
+    other = dataclasses.replace(entry, proof=dataclasses.replace(proof, depth="2 layers"))
+    _, use, kept, _, _ = sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, other, full)
+    assert use.status == "stale" and kept is None and swept == [True]
