@@ -894,7 +894,7 @@ def test_a_trusted_self_checked_entry_replays_its_worst_step_on_the_cut_decoder(
     from worstcase_profiler.core.sweep import cut_reading, replay, replayed_against, reused
 
     sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
-    assert proof.proven and replays_on_cut("host", proof, sweep)
+    assert proof.proven and replays_on_cut("host", proof, sweep, exact=True)
     drv = CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB)  # the restart's engine
     check = replay(drv, sweep.worst.shape, cut=True)
     assert check.cut_depth == "1 layer" and drv.full_shapes == []  # the stock step: measure_stock
@@ -931,17 +931,18 @@ def test_only_a_trusted_proven_self_check_replays_on_the_cut_decoder():
     from worstcase_profiler.core.cache_trust import replays_on_cut
 
     sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
-    assert replays_on_cut("host", proof, sweep) and replays_on_cut("signed", proof, sweep)
-    assert not replays_on_cut("re-checked", proof, sweep)
-    assert not replays_on_cut(None, proof, sweep)
-    assert not replays_on_cut("host", None, sweep)
-    assert not replays_on_cut("host", dataclasses.replace(proof, method="prove"), sweep)
-    assert not replays_on_cut("host", dataclasses.replace(proof, verdict="refuted"), sweep)
-    assert not replays_on_cut("host", dataclasses.replace(proof, fell_back=True), sweep)
+    assert replays_on_cut("host", proof, sweep, exact=True) and replays_on_cut("signed", proof, sweep, exact=True)
+    assert not replays_on_cut("host", proof, sweep, exact=False)  # RSS: within its noise
+    assert not replays_on_cut("re-checked", proof, sweep, exact=True)
+    assert not replays_on_cut(None, proof, sweep, exact=True)
+    assert not replays_on_cut("host", None, sweep, exact=True)
+    assert not replays_on_cut("host", dataclasses.replace(proof, method="prove"), sweep, exact=True)
+    assert not replays_on_cut("host", dataclasses.replace(proof, verdict="refuted"), sweep, exact=True)
+    assert not replays_on_cut("host", dataclasses.replace(proof, fell_back=True), sweep, exact=True)
     stock_worst = dataclasses.replace(sweep, worst=sweep.stock)
-    assert not replays_on_cut("host", proof, stock_worst)
+    assert not replays_on_cut("host", proof, stock_worst, exact=True)
     full = run_sweep(FakeDriver(LIMITS, transient=PREFILL_HEAVY), tolerance=0, attribute_ops=False)
-    assert not replays_on_cut("host", proof, full)
+    assert not replays_on_cut("host", proof, full, exact=True)
 
 
 def test_beside_a_cut_replay_the_stock_steps_full_model_drift_counts_even_where_left_out():
@@ -1009,9 +1010,10 @@ def test_a_shape_read_several_times_on_the_cut_is_judged_against_its_largest_rea
 
 def test_sweep_or_reuse_replays_a_trusted_entry_on_its_cut_and_never_on_another_cut(tmp_path):
     """The adapter's reuse (adapter/sweep_cache.sweep_or_reuse) over the fake driver: an entry
-    this host wrote, self-checked proven, is reused after a cut replay (replay_depth set, the
-    cut-down reading as the cached need); one whose proof names another cut than this start
-    cuts to is stale, and the full sweep runs."""
+    this host wrote, self-checked proven, is reused after a cut replay on CUDA's meter
+    (replay_depth set, the cut-down reading as the cached need); one whose proof names another
+    cut than this start cuts to is stale, and the full sweep runs; on the CPU's RSS meter the
+    worst step replays on the full model."""
     from worstcase_profiler.adapter.sweep_cache import CacheHandle, sweep_or_reuse
     from worstcase_profiler.core.cache import CacheEntry, SweepCache
     from worstcase_profiler.core.timing import PhaseTimer
@@ -1035,3 +1037,7 @@ def test_sweep_or_reuse_replays_a_trusted_entry_on_its_cut_and_never_on_another_
     other = dataclasses.replace(entry, proof=dataclasses.replace(proof, depth="2 layers"))
     _, use, kept, _, _ = sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, other, full)
     assert use.status == "stale" and kept is None and swept == [True]
+    drv.meter.device_kind = "cpu"  # RSS: the worst step replays on the full model
+    _, use, kept, _, _ = sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, entry, full)
+    assert use.status == "hit" and use.replay_depth is None
+    assert use.cached_need_bytes == sweep.worst.need_bytes

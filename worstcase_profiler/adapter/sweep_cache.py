@@ -67,7 +67,9 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         # With a secret, the cache loads only entries whose signature it verified.
         # every rank runs the same steps (they hold collectives): one rank's re-check is all's
         recheck = bool(driver.agree_max(int(recheck_dominance(handle.trust))))
-        cut = not driver.agree_max(int(not replays_on_cut(handle.trust, entry.proof, entry.sweep)))
+        exact = getattr(getattr(driver, "meter", None), "device_kind", "") == "cuda"
+        cut = not driver.agree_max(int(not replays_on_cut(handle.trust, entry.proof, entry.sweep,
+                                                          exact=exact)))
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
                            dominance_checks(limits, entry.sweep.worst.shape) if recheck else (),
