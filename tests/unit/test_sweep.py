@@ -894,7 +894,8 @@ def test_a_trusted_self_checked_entry_replays_its_worst_step_on_the_cut_decoder(
     from worstcase_profiler.core.sweep import cut_reading, replay, replayed_against, reused
 
     sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
-    assert proof.proven and replays_on_cut("host", proof, sweep, exact=True)
+    assert proof.proven
+    assert replays_on_cut("host", proof, cut_reading(sweep, sweep.worst.shape), exact=True)
     drv = CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB)  # the restart's engine
     check = replay(drv, sweep.worst.shape, cut=True)
     assert check.cut_depth == "1 layer" and drv.full_shapes == []  # the stock step: measure_stock
@@ -929,20 +930,29 @@ def test_only_a_trusted_proven_self_check_replays_on_the_cut_decoder():
     """replays_on_cut: a re-checked entry (unsigned, imported), a full sweep, a proof that fell
     back or was a prove run, or a stock worst step replay on the full model as before."""
     from worstcase_profiler.core.cache_trust import replays_on_cut
+    from worstcase_profiler.core.sweep import cut_reading
 
     sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
-    assert replays_on_cut("host", proof, sweep, exact=True) and replays_on_cut("signed", proof, sweep, exact=True)
-    assert not replays_on_cut("host", proof, sweep, exact=False)  # RSS: within its noise
-    assert not replays_on_cut("re-checked", proof, sweep, exact=True)
-    assert not replays_on_cut(None, proof, sweep, exact=True)
-    assert not replays_on_cut("host", None, sweep, exact=True)
-    assert not replays_on_cut("host", dataclasses.replace(proof, method="prove"), sweep, exact=True)
-    assert not replays_on_cut("host", dataclasses.replace(proof, verdict="refuted"), sweep, exact=True)
-    assert not replays_on_cut("host", dataclasses.replace(proof, fell_back=True), sweep, exact=True)
+    on_cut = cut_reading(sweep, sweep.worst.shape)
+    assert replays_on_cut("host", proof, on_cut, exact=True)
+    assert replays_on_cut("signed", proof, on_cut, exact=True)
+    assert not replays_on_cut("host", proof, on_cut, exact=False)  # RSS: within its noise
+    assert not replays_on_cut("re-checked", proof, on_cut, exact=True)
+    assert not replays_on_cut(None, proof, on_cut, exact=True)
+    assert not replays_on_cut("host", None, on_cut, exact=True)
+    for other in (dataclasses.replace(proof, method="prove"),
+                  dataclasses.replace(proof, verdict="refuted"),
+                  dataclasses.replace(proof, fell_back=True)):
+        assert not replays_on_cut("host", other, on_cut, exact=True)
     stock_worst = dataclasses.replace(sweep, worst=sweep.stock)
-    assert not replays_on_cut("host", proof, stock_worst, exact=True)
+    assert cut_reading(stock_worst, stock_worst.worst.shape) is None
+    assert not replays_on_cut("host", proof, cut_reading(stock_worst, sweep.stock.shape),
+                              exact=True)
+    assert not replays_on_cut("host", proof, dataclasses.replace(on_cut, shape=sweep.stock.shape),
+                              exact=True)  # a stock reading never replays on the cut
     full = run_sweep(FakeDriver(LIMITS, transient=PREFILL_HEAVY), tolerance=0, attribute_ops=False)
-    assert not replays_on_cut("host", proof, full, exact=True)
+    assert cut_reading(full, full.worst.shape) is None
+    assert not replays_on_cut("host", proof, cut_reading(full, full.worst.shape), exact=True)
 
 
 def test_beside_a_cut_replay_the_stock_steps_full_model_drift_counts_even_where_left_out():

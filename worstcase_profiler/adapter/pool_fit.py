@@ -200,16 +200,15 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
                            ran=readings.values(), floor=floor, reused=len(reused))
         trial = dataclasses.replace(facts, limits=fitted.limits, sweep=refit)
         answer = decide(trial)
-        if agree(int(answer.budget.error is not None)):
-            if best is None and entry_pool is not None:  # the entry's larger plan: not this
-                return _rounds(driver, facts, decided, decide, agree, known, floor)  # pool's
+        refused = agree(int(answer.budget.error is not None))
+        if entry_pool is not None:  # one round: the allocation is held at that pool or below
+            if not refused and within_one_step(usable(answer.budget.budget_bytes), entry_pool):
+                return (trial, answer), readings, reused, False, fitted.added
+            return _rounds(driver, facts, decided, decide, agree, known, floor)  # this pool's
+        if refused:
             if best is None:  # its readings are steps the unfitted pool forms too: refused
                 return (trial, answer), readings, reused, True, fitted.added
             break
-        if entry_pool is not None:  # one round: the allocation is held at that pool or below
-            if within_one_step(usable(answer.budget.budget_bytes), entry_pool):
-                return (trial, answer), readings, reused, False, fitted.added
-            return _rounds(driver, facts, decided, decide, agree, known, floor)  # too far below
         best, counted = (trial, answer), fitted.added
         # the pool this round's transient leaves under the sweep's own plan
         left = usable(decide(dataclasses.replace(

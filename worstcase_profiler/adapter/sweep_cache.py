@@ -14,7 +14,8 @@ from ..core.cache_trust import (TRUST_SKIPS_RECHECK, cache_verdict, recheck_domi
                                 replays_on_cut, still_worst)
 from ..core.pool_fit import merged_readings
 from ..core.shapes import Limits
-from ..core.sweep import dominance_checks, replay, replayed_against, reused, stock_readings
+from ..core.sweep import (cut_reading, dominance_checks, replay, replayed_against, reused,
+                          stock_readings)
 from ..core.timing import PhaseTimer
 from ..core.types import (CacheUse, CutDownProof, EngineFacts, Shape, StepResult, SweepResult,
                           WarmupEstimate, Workspace)
@@ -68,7 +69,8 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         # every rank runs the same steps (they hold collectives): one rank's re-check is all's
         recheck = bool(driver.agree_max(int(recheck_dominance(handle.trust))))
         exact = getattr(getattr(driver, "meter", None), "device_kind", "") == "cuda"
-        cut = not driver.agree_max(int(not replays_on_cut(handle.trust, entry.proof, entry.sweep,
+        on_cut = cut_reading(entry.sweep, entry.sweep.worst.shape)
+        cut = not driver.agree_max(int(not replays_on_cut(handle.trust, entry.proof, on_cut,
                                                           exact=exact)))
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from ..sizes import fmt_bytes
-from .types import CutDownProof, SweepResult
+from .types import CutDownProof, StepResult
 
 
 def cache_verdict(cached: int, measured: int, tolerance: int) -> tuple[bool, int]:
@@ -124,20 +124,19 @@ def recheck_dominance(trust: str | None) -> bool:
     return trust not in TRUST_SKIPS_RECHECK
 
 
-def replays_on_cut(trust: str | None, proof: CutDownProof | None, sweep: SweepResult, *,
-                   exact: bool) -> bool:
+def replays_on_cut(trust: str | None, proof: CutDownProof | None,
+                   on_cut: StepResult | None, *, exact: bool) -> bool:
     """Whether a reused entry's worst step replays on the cut decoder, against its own cut-down
     reading, instead of on the full model against its confirmed one: only on an exact meter
     (`exact`: CUDA's allocator counters; on the CPU a cut step of a MiB or so sits within RSS
     noise: a busy host's restart read 0 B where its sweep had read 11.17 MiB), where the entry
     skips the dominance re-check (recheck_dominance: signed, or this host's own), its sweep was
     cut down and its self-check proven on this model (the cut is the self-check's, which a
-    restart can build again), and the cut decoder read its worst shape (never the stock step,
-    which always replays on the full model). The stock step's full-model replay still reads what
-    the skipped layers add to a step; what only the worst step's depth part could show is left
-    to the key (docs/cache.md, "What a restart replays")."""
+    restart can build again), and the cut decoder read its worst shape (`on_cut`: that reading,
+    core/sweep.cut_reading; never the stock step, which always replays on the full model). The
+    stock step's full-model replay still reads what the skipped layers add to a step; what only
+    the worst step's depth part could show is left to the key (docs/cache.md, "What a restart
+    replays")."""
     return (exact and not recheck_dominance(trust) and proof is not None
-            and proof.method == "self-check"
-            and proof.proven and not proof.fell_back and sweep.worst.shape.kind != "stock"
-            and sweep.confirmed > 0
-            and any(r.shape == sweep.worst.shape for r in sweep.cut_steps))
+            and proof.method == "self-check" and proof.proven and not proof.fell_back
+            and on_cut is not None and on_cut.shape.kind != "stock")
