@@ -24,31 +24,110 @@ def engine_env(**extra: str) -> dict[str, str]:
 
 
 def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str | tuple[str, ...],
-              log_key: str, log_lines: int) -> dict:
+              log_key: str, log_lines: int, forked=None) -> dict:
     """Run an engine subprocess (engine_env, from the repository root) that prints its result as
     one line `MARKER {json}`: that JSON plus wall_s and, under log_key, up to log_lines output
     lines holding log_match (or any of a tuple of them; where more do, the first half and the
-    last); or {"error", "wall_s", "tail"} when it timed out, failed or printed no such line."""
+    last); or {"error", "wall_s", "tail"} when it timed out, failed or printed no such line.
+    `forked`: a function of an argv (cmd[2:], cmd being [python, script, *argv]) returning an exit
+    code, run in a fork of this process instead of a fresh interpreter (run_forked)."""
     t0 = time.perf_counter()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT,
-                           timeout=timeout_s)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return {"error": f"timed out after {timeout_s:.0f}s", "wall_s": time.perf_counter() - t0,
-                "tail": out.splitlines()[-30:]}
+    if forked is not None:
+        rc, out = run_forked(forked, cmd[2:], timeout_s)
+        err = ""
+    else:
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=engine_env(), cwd=ROOT,
+                               timeout=timeout_s)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired as e:
+            rc, err = None, ""
+            out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
     wall = time.perf_counter() - t0
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(marker + " ")]
-    if p.returncode != 0 or not lines:
-        return {"error": f"rc={p.returncode}", "wall_s": wall,
-                "tail": (p.stdout + p.stderr).splitlines()[-30:]}
+    if rc is None:
+        return {"error": f"timed out after {timeout_s:.0f}s", "wall_s": wall,
+                "tail": out.splitlines()[-30:]}
+    lines = [ln for ln in out.splitlines() if ln.startswith(marker + " ")]
+    if rc != 0 or not lines:
+        return {"error": f"rc={rc}", "wall_s": wall, "tail": (out + err).splitlines()[-30:]}
     matches = (log_match,) if isinstance(log_match, str) else log_match
-    logged = [ln for ln in (p.stdout + p.stderr).splitlines() if any(m in ln for m in matches)]
+    logged = [ln for ln in (out + err).splitlines() if any(m in ln for m in matches)]
     if len(logged) > log_lines:  # the first lines and the last (the audits come last)
         head = log_lines // 2
         logged = [*logged[:head], f"... {len(logged) - log_lines} line(s) left out ...",
                   *logged[head - log_lines:]]
     return {**json.loads(lines[-1][len(marker) + 1:]), "wall_s": wall, log_key: logged}
+
+
+def run_forked(fn, argv: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """`fn(argv)` in a fork of this process: (its exit code, or None past timeout_s; its stdout
+    and stderr as one text). The child runs in a session of its own, from the repository root,
+    with engine_env's variables, and leaves by os._exit once fn returns (no interpreter
+    teardown); then, or at the timeout, everything in its session is killed (SIGKILL), so no
+    helper it started (a compile worker) outlives it. What a fork saves is the interpreter's
+    start and its imports, made once in this process: a benchmark that forks must import only
+    what every start imports anyway, and must not have initialised CUDA (a forked child cannot
+    use a context its parent made)."""
+    import select
+    import signal
+    import sys
+    import traceback
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        rc = 1
+        try:
+            os.setsid()
+            os.dup2(w, 1)
+            os.dup2(w, 2)
+            os.close(r)
+            os.close(w)
+            sys.stdout = open(1, "w", buffering=1, closefd=False)  # the fds, whatever this
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # process had bound them to
+            os.chdir(ROOT)
+            os.environ.update(engine_env())
+            rc = fn(argv)
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # noqa: BLE001 - the child reports every failure as its output
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(rc if isinstance(rc, int) else 1)
+    os.close(w)
+    chunks: list[bytes] = []
+    deadline, status = time.monotonic() + timeout_s, None
+    try:
+        while status is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([r], [], [], max(0.0, min(0.5, deadline - time.monotonic())))
+            if ready and (data := os.read(r, 1 << 16)):
+                chunks.append(data)
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+    finally:
+        try:
+            os.killpg(pid, signal.SIGKILL)  # the child at a timeout, its helpers always
+        except ProcessLookupError:
+            pass
+        if status is None:
+            status = os.waitpid(pid, 0)[1]
+            timed_out = True
+        else:
+            timed_out = False
+        os.set_blocking(r, False)  # what is left in the pipe, not waiting on a writer that
+        try:  # escaped the session
+            while data := os.read(r, 1 << 16):
+                chunks.append(data)
+        except BlockingIOError:
+            pass
+        os.close(r)
+    text = b"".join(chunks).decode(errors="replace")
+    return (None if timed_out else os.waitstatus_to_exitcode(status)), text
 
 
 def plugin_problem(entry_points=None, environ=None) -> str | None:

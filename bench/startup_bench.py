@@ -34,10 +34,13 @@ other options apply to all. --deadline (epoch s) skips a start that would not en
 (its estimate: the longest start so far, or --timeout-s), recorded as not run; --mirror DIR
 gets a copy of --out after every start (the device's $OUT). Each process times `LLM(...)`
 (engine start; imports are the same for every mode and timed apart), and the report's
-startup_seconds say where the profiler's part of it went. Prints a table of ratios to stock and
-writes every figure to --out. Run it on a host whose kernel caches (Triton, inductor) are already warm — e.g. after
-bench/gpu_suite.py, or with --prime — or the first process pays for compiling kernels the others
-reuse (run 8 in docs/results: a first stock start of 44 s against 7 s).
+startup_seconds say where the profiler's part of it went. Each start is a fork of this process,
+which imported vLLM once (`fork` in --out says so; --no-fork: a fresh interpreter each, whose
+imports took 14-16 s a start on an H100 in h100-run87, outside the figures either way). Prints
+a table of ratios to stock and writes every figure to --out. Run it on a host whose kernel caches
+(Triton, inductor) are already warm, or with --prime (one uncounted worst-case start per model,
+which compiles what stock and the profiler's steps run), or the first process pays for compiling
+kernels the others reuse (run 8 in docs/results: a first stock start of 44 s against 7 s).
 """
 
 from __future__ import annotations
@@ -237,10 +240,16 @@ LOGGED = ("[wcprof]", "torch.compile took", "Directly load the compiled graph",
 (whether the start compiled or loaded what an earlier start compiled)."""
 
 
+CUDA_FORK = "Cannot re-initialize CUDA in forked subprocess"
+"""torch's error where a forked child finds CUDA initialised in its parent."""
+
+
 def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
              engine: dict | None = None, import_from: str | None = None,
              timeout_s: float | None = None) -> dict:
-    """One start in a fresh process, killed after `timeout_s` (--timeout-s unless given)."""
+    """One start in a fresh process (a fork of this one, or a new interpreter with --no-fork, or
+    where a forked start found CUDA initialised: then this and every later one), killed after
+    `timeout_s` (--timeout-s unless given)."""
     imported = None
     if mode in MODE_SETTINGS:  # another sweep depth: a cache of its own, never the round's
         cache_dir = tempfile.mkdtemp(prefix=f"wcprof-startup-{mode}-")
@@ -249,10 +258,17 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
         imported = wcprof_cache("import", import_from or a.import_from, cache_dir)
     cmd = [sys.executable, __file__, "--child", "--mode", mode, "--model", model,
            "--cache-dir", cache_dir, *passthrough, "--engine-json", json.dumps(engine or {})]
-    out = {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=timeout_s or a.timeout_s,
-                                     log_match=LOGGED,
-                                     log_key="wcprof_log", log_lines=48),
-           **({"imported": imported} if imported else {})}
+
+    def start() -> dict:
+        return {"mode": mode, **run_child(cmd, "STARTUP", timeout_s=timeout_s or a.timeout_s,
+                                          log_match=LOGGED, log_key="wcprof_log", log_lines=48,
+                                          forked=child_main if a.fork else None),
+                **({"imported": imported} if imported else {})}
+
+    out = start()
+    if a.fork and "error" in out and any(CUDA_FORK in line for line in out.get("tail", [])):
+        a.fork = False  # this and every later start in a fresh interpreter
+        out = {**start(), "fork_failed": out["error"]}
     if "error" in out:
         return out
     if mode in ("worstcase-warm", "worstcase-imported") and out.get("cache") != "hit":
@@ -262,7 +278,14 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
     return out
 
 
-def _parse() -> argparse.Namespace:
+def child_main(argv: list[str]) -> int:
+    """One start from its argv (--child ...), in this process: what a forked start runs."""
+    a = _parse(argv)
+    a.model = a.model[0]
+    return child(a)
+
+
+def _parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--mode", choices=MODES, default="stock", help=argparse.SUPPRESS)
@@ -289,7 +312,12 @@ def _parse() -> argparse.Namespace:
     p.add_argument("--import-from", default=None,
                    help="worstcase-imported starts from this directory's entries (wcprof cache import)")
     p.add_argument("--prime", action="store_true",
-                   help="one uncounted stock start first (a fresh host compiles its kernels there)")
+                   help="one uncounted start per model first, the profiler on and its sweep "
+                        "cache thrown away (a stock one if that fails): a fresh host compiles "
+                        "there the kernels either start runs (Triton's, inductor's)")
+    p.add_argument("--no-fork", dest="fork", action="store_false",
+                   help="each start in a fresh interpreter, its imports its own (default: a "
+                        "fork of this process, which imported vLLM once)")
     p.add_argument("--prime-timeout-s", type=float, default=300,
                    help="the priming start's own timeout (at least --timeout-s): on a fresh host "
                         "it compiles every kernel of the model, which a start cut short leaves "
@@ -300,7 +328,7 @@ def _parse() -> argparse.Namespace:
                         "step only, where an unsigned import also re-checks the plan's heaviest "
                         "shapes")
     p.add_argument("--out", default=None)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     if not a.child and not a.out:
         p.error("--out is required")
     a.order = [m.strip() for m in a.modes.split(",") if m.strip()]
@@ -325,11 +353,7 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
     entry = results["models"][name] = {"model": model, "engine": engine, "runs": [],
                                        "medians": {}}
     if a.prime:
-        why = _no_time(a, results)
-        primed = {"error": why} if why else run_mode(
-            a, model, "stock", tempfile.mkdtemp(prefix="wcprof-startup-"), passthrough, engine,
-            timeout_s=prime_timeout(a))
-        results.setdefault("primed", {})[name] = primed.get("boot_s", primed.get("error"))
+        results.setdefault("primed", {})[name] = prime(a, model, passthrough, engine, results)
     for rnd, mode in start_order(a.order, a.repeat):
         why = _no_time(a, results)
         from_cold = mode == "worstcase-warm" or (mode == "worstcase-imported" and not a.import_from)
@@ -362,6 +386,27 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
         except RuntimeError as e:
             exported = f"export failed: {e}"
         results.setdefault("exported", {})[name] = exported
+
+
+def prime(a, model: str, passthrough: list[str], engine: dict, results: dict) -> dict:
+    """The uncounted first start (--prime): a worst-case one on a sweep cache thrown away, so
+    that the kernel caches (Triton, inductor, vLLM's compile cache) hold what the profiler's own
+    steps compile as well as what a stock start does: on a host with warm caches a first start
+    pays for its sweep, not for compiling the top-k sampler or the fused-MoE kernel at the
+    sweep's batch sizes. Where it fails (a start the profiler refuses), a stock one instead.
+    {"mode", "boot_s"} of the start made, or {"mode", "error"}."""
+    out: dict = {}
+    for mode in ("worstcase-cold", "stock"):
+        why = _no_time(a, results)
+        if why:
+            return {"mode": mode, "error": why}
+        run = run_mode(a, model, mode, tempfile.mkdtemp(prefix="wcprof-startup-prime-"),
+                       passthrough, engine, timeout_s=prime_timeout(a))
+        out = {"mode": mode, **({"boot_s": run["boot_s"]} if "boot_s" in run else
+                                {"error": run.get("error", "no boot time")})}
+        if "boot_s" in run:
+            break
+    return out
 
 
 def prime_timeout(a) -> float:
@@ -441,12 +486,14 @@ def main() -> int:
     if a.child:
         a.model = a.model[0]
         return child(a)
+    forking = import_for_forks() if a.fork else "off (--no-fork)"
+    a.fork = forking.startswith("on")
     passthrough = ["--kv-cache-dtype", a.kv_cache_dtype, "--max-model-len", str(a.max_model_len),
                    "--mnbt", str(a.mnbt), "--util", str(a.util), *(["--graphs"] if a.graphs else [])]
     if a.signed and not os.environ.get(ENV_SECRET):
         os.environ[ENV_SECRET] = BENCH_SECRET  # every child inherits it (common.engine_env)
     results = {"command": " ".join(sys.argv), "graphs": a.graphs, "repeat": a.repeat,
-               "signed": bool(os.environ.get(ENV_SECRET)), "models": {}}
+               "signed": bool(os.environ.get(ENV_SECRET)), "fork": forking, "models": {}}
 
     def save() -> None:
         write_json(a.out, results)
@@ -462,6 +509,22 @@ def main() -> int:
     print_table(results)
     runs = [r for res in results["models"].values() for r in res["runs"]]
     return 0 if all("error" not in r and "not_run" not in r for r in runs) else 1
+
+
+def import_for_forks() -> str:
+    """Import vLLM here, once, for every start to fork from (common.run_forked): "on: ..." with
+    the import's seconds, or "off: why" (the starts then run in fresh interpreters). Off where
+    the import initialised CUDA, which a forked child could not use."""
+    os.environ.update(engine_env())  # as every child's: read at import where vLLM reads it then
+    t0 = time.perf_counter()
+    try:
+        from vllm import LLM  # noqa: F401
+        import torch
+    except Exception as e:  # noqa: BLE001 - the starts then import (and fail) on their own
+        return f"off: importing vLLM here failed ({type(e).__name__}: {e})"
+    if torch.cuda.is_initialized():
+        return "off: importing vLLM initialised CUDA, which a forked start could not use"
+    return f"on: vLLM imported once in {time.perf_counter() - t0:.2f} s, each start forked"
 
 
 def _medians(runs: list[dict], stock: float | None) -> dict:
