@@ -195,7 +195,18 @@ def report_record(written: dict) -> dict:
                 profiler_s=round(sum(profiler_phases(phases).values()), 3),
                 slowest_steps=slowest_steps(wc) if swept else [],
                 sweep_split=(proof.get("seconds_split") or {}) if swept else {},
-                proof=proof_summary(proof) if swept else None)
+                proof=proof_summary(proof) if swept else None,
+                pool_fit=pool_fit_summary(wc.get("pool_fit")))
+
+
+def pool_fit_summary(fit: dict | None) -> dict | None:
+    """The pool fit's pools, rounds, steps and how many of them a cached entry gave (None where
+    the sweep's plan stood): a restart that measured its fit again shows here (h100-run88)."""
+    if not fit:
+        return None
+    return {"planned_pool_tokens": fit.get("planned_pool_tokens"),
+            "pool_tokens": fit.get("pool_tokens"), "rounds": fit.get("rounds"),
+            "steps": len(fit.get("steps") or ()), "reused": fit.get("reused")}
 
 
 BUDGET_TERMS = ("consumed_bytes", "non_torch_bytes", "cudagraph_bytes", "warmup_graphs_bytes",

@@ -478,3 +478,32 @@ def test_a_restart_left_a_smaller_pool_plans_for_the_entrys_and_measures_none_of
         _, (mine, _) = restart(less, known_pool=known_pool)
         known = kept
         assert mine.sweep.pool_fit.pool_tokens < pool, (less, known_pool)
+
+
+def test_an_entry_pool_not_taken_says_why(caplog):
+    """h100-run88: the hybrid's restart with graphs measured its fit again (4.70 s) although its
+    entry held a fitted pool, and nothing said why. Each refusal names its reason."""
+    import logging
+
+    driver, facts, first, fresh, _ = fitted_start(per_request, CONSUMED)
+    pool = fresh.sweep.pool_fit.pool_tokens
+    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
+    smaller = dataclasses.replace(facts, held=dataclasses.replace(
+        facts.held, consumed_bytes=CONSUMED + 4 * 64 * KiB))
+    less = decide(smaller)
+    needed = core.replan(facts.limits, facts.sweep.coverage.worst_rows, pool).added[0]
+    cases = ((pool, {s: r for s, r in known.items() if s != needed},
+              f"no reading of (first: {needed.label()})"),
+             (1, known, "it must lie between"), (pool, {}, "the entry holds no readings"))
+    for known_pool, have, why in cases:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
+            fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
+                        known=have, known_pool=known_pool)
+        said = [r.getMessage() for r in caplog.records if "is not taken" in r.getMessage()]
+        assert len(said) == 1 and why in said[0], (why, said)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
+        fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
+                    known=known, known_pool=pool)
+    assert not [r for r in caplog.records if "is not taken" in r.getMessage()]

@@ -355,3 +355,17 @@ def test_a_prove_or_cut_start_sweeps_into_a_cache_of_its_own(monkeypatch, tmp_pa
     assert dirs["worstcase-cold"] == "/round-cache"
     assert "/round-cache" not in (dirs["worstcase-cut"], dirs["worstcase-prove"])
     assert dirs["worstcase-cut"] != dirs["worstcase-prove"]
+
+
+def test_a_start_keeps_its_pool_fits_pools_and_what_its_entry_gave():
+    """h100-run88: the hybrid's restart with graphs measured its fit again; the record says how
+    many of the fit's steps a cached entry gave, and for which pool."""
+    written = json.loads(REPORT.read_text())
+    assert startup_bench.report_record(written)["pool_fit"] is None  # its plan stood
+    fit = {"planned_pool_tokens": 1376256, "pool_tokens": 1190896, "rounds": 2,
+           "steps": [{"shape": {"kind": "decode"}, "seconds": 0.5}] * 10, "reused": 0,
+           "dropped": []}
+    written["worstcase"]["pool_fit"] = fit
+    assert startup_bench.report_record(written)["pool_fit"] == {
+        "planned_pool_tokens": 1376256, "pool_tokens": 1190896, "rounds": 2, "steps": 10,
+        "reused": 0}

@@ -232,15 +232,31 @@ def _entry_pool(limits, sweep, tokens: int, known: Mapping[Shape, StepResult],
     `tokens` (its first round's pool): every rank has it (the same value), it lies above `tokens`
     and below the sweep's planned pool, its plan drops the sweep's worst step (a fit was needed
     there too), and every shape that plan adds is known on every rank. Else None (the rounds
-    plan for `tokens`). Whether its transient leaves this start a pool near it is _rounds'
-    check, once it is decided."""
+    plan for `tokens`), and where the entry had a pool, the log says why it was not taken.
+    Whether its transient leaves this start a pool near it is _rounds' check, once it is
+    decided."""
     have = known_pool if known_pool is not None and known else None
     if agree(int(have is None)) or limits.kv_capacity_tokens is None:
+        if known_pool is not None:
+            log.info("[wcprof] pool fit: the cached fit's pool (%d tokens) is not taken: %s",
+                     known_pool, "the entry holds no readings" if not known else
+                     "another rank's entry has none" if have is not None else "no pool planned")
         return None
     pool = agree(have)
     if agree(int(pool != have)) or not tokens < pool < limits.kv_capacity_tokens:
+        log.info("[wcprof] pool fit: the cached fit's pool (%d tokens) is not taken: %s", have,
+                 "another rank's entry planned for another" if pool != have else
+                 f"this start's first round plans for {tokens} tokens and the sweep for "
+                 f"{limits.kv_capacity_tokens}: it must lie between")
         return None
     fitted = core.replan(limits, sweep.coverage.worst_rows, pool)
-    ok = fitted is not None and sweep.worst.shape in fitted.dropped and \
-        all(s in known for s in fitted.added)
-    return pool if agree(int(not ok)) == 0 else None
+    unknown = [] if fitted is None else [s for s in fitted.added if s not in known]
+    ok = fitted is not None and sweep.worst.shape in fitted.dropped and not unknown
+    if agree(int(not ok)) == 0:
+        return pool
+    why = ("another rank's plan for it is not all known" if ok else
+           "no plan for it" if fitted is None else
+           f"its plan adds {len(unknown)} shape(s) the entry has no reading of (first: "
+           f"{unknown[0].label()})" if unknown else "its plan keeps the sweep's worst step")
+    log.info("[wcprof] pool fit: the cached fit's pool (%d tokens) is not taken: %s", pool, why)
+    return None
