@@ -507,3 +507,44 @@ def test_an_entry_pool_not_taken_says_why(caplog):
         fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
                     known=known, known_pool=pool)
     assert not [r for r in caplog.records if "is not taken" in r.getMessage()]
+
+
+def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
+    """h100-run88's Qwen3.5 hybrid with graphs, in this module's fake terms: 784-token blocks, 3
+    recurrent-state blocks and 8 blocks a request on a shared prefix, a 1,376,256-token plan, a
+    first start fitted in 2 rounds, a restart left about 400 MB less. The pure logic takes the
+    entry's pool and every reading (the GPU restart did not: docs/cache.md; its cause is outside
+    fit_to_pool's arithmetic)."""
+    import sys
+
+    here = sys.modules[__name__]
+    limits = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                    block_size=784, kv_capacity_tokens=1_376_256, prefix_caching=True,
+                    state_request_tokens=2352, prefix_request_tokens=6272)
+    bpt, gib = 32 * KiB, 1 << 30
+
+    def facts_of(sweep, *, consumed):
+        return budget.Measured(
+            limits=limits, sweep=sweep,
+            held=HeldMemory(requested_bytes=80 * gib, consumed_bytes=consumed, weights_bytes=0,
+                            non_torch_bytes=0),
+            workspace=Workspace(), warmup=WarmupEstimate(), stock_kv_bytes=1_376_256 * bpt,
+            bytes_per_token=bpt, one_request_bytes=131072 * bpt, explicit_kv_bytes=None,
+            tolerance_bytes=0)
+
+    monkeypatch.setattr(here, "LIMITS", limits)
+    monkeypatch.setattr(here, "measured", facts_of)
+    consumed = 80 * gib - 1_376_256 * bpt + 5 * gib
+    driver, facts, first, fresh, _ = fitted_start(
+        lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB, consumed)
+    fit = fresh.sweep.pool_fit
+    assert fit is not None and fit.rounds == 2
+    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
+    smaller = dataclasses.replace(facts, held=dataclasses.replace(
+        facts.held, consumed_bytes=consumed + 400 * MiB))
+    less = decide(smaller)
+    driver.shapes.clear()
+    again, _ = fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
+                           known=known, known_pool=fit.pool_tokens)
+    assert again.sweep.pool_fit.pool_tokens == fit.pool_tokens
+    assert again.sweep.pool_fit.reused == len(again.sweep.pool_fit.steps) > 0
