@@ -413,8 +413,9 @@ def prime(a, model: str, passthrough: list[str], engine: dict, results: dict) ->
             return {"mode": mode, "error": why}
         run = run_mode(a, model, mode, tempfile.mkdtemp(prefix="wcprof-startup-prime-"),
                        passthrough, engine, timeout_s=prime_timeout(a))
-        out = {"mode": mode, **({"boot_s": run["boot_s"]} if "boot_s" in run else
-                                {"error": run.get("error", "no boot time")})}
+        out = {"mode": mode, "wall_s": run.get("wall_s"),
+               **({"boot_s": run["boot_s"]} if "boot_s" in run else
+                  {"error": run.get("error", "no boot time")})}
         if "boot_s" in run:
             break
     return out
@@ -439,10 +440,15 @@ def _no_time(a, results: dict) -> str:
 
 
 def expected_start_s(results: dict, timeout_s: float) -> float:
-    """What the next start is expected to take: the longest one so far (wall clock, process
-    start and imports included: what a start costs the call, any model), else the per-start
-    timeout."""
+    """What the next start is expected to take: the longest one so far, a prime's included
+    (wall clock, process start and imports included: what a start costs the call, any model),
+    at most the per-start timeout (a fresh host's prime compiles: the hybrid's took 192 s), else
+    the per-start timeout. A worst-case prime that ended is a first start, the longest kind:
+    h100-run88's llama8b with graphs primed, then skipped every counted start on the timeout's
+    estimate with 107 s left."""
     walls = [r["wall_s"] for m in results["models"].values() for r in m["runs"] if "wall_s" in r]
+    walls += [min(p["wall_s"], timeout_s) for p in (results.get("primed") or {}).values()
+              if isinstance(p, dict) and "boot_s" in p and p.get("wall_s")]
     return max(walls) if walls else timeout_s
 
 

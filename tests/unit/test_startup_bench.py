@@ -122,7 +122,7 @@ def test_the_prime_is_a_worst_case_start_on_a_cache_of_its_own_or_else_a_stock_o
     monkeypatch.setattr(startup_bench, "run_mode", run_mode)
     startup_bench.bench_model(refused, "m", "/m", {}, [], results, lambda: None)
     assert made[:2] == ["worstcase-cold", "stock"]
-    assert results["primed"]["m"] == {"mode": "stock", "boot_s": 2.0}
+    assert results["primed"]["m"] == {"mode": "stock", "boot_s": 2.0, "wall_s": 5.0}
 
 
 def test_a_forked_start_reports_its_output_exit_code_and_timeout():
@@ -369,3 +369,17 @@ def test_a_start_keeps_its_pool_fits_pools_and_what_its_entry_gave():
     assert startup_bench.report_record(written)["pool_fit"] == {
         "planned_pool_tokens": 1376256, "pool_tokens": 1190896, "rounds": 2, "steps": 10,
         "reused": 0}
+
+
+def test_a_prime_that_ended_is_the_next_starts_estimate_never_above_the_timeout():
+    """h100-run88: llama8b with graphs primed in ~57 s, then skipped its stock, first and
+    cached starts with 107 s left, on the 150 s timeout's estimate."""
+    results = {"models": {"m": {"runs": []}},
+               "primed": {"m": {"mode": "worstcase-cold", "boot_s": 40.0, "wall_s": 57.0}}}
+    assert startup_bench.expected_start_s(results, 150.0) == 57.0
+    results["primed"]["m"]["wall_s"] = 192.0  # a fresh host's compile: capped
+    assert startup_bench.expected_start_s(results, 150.0) == 150.0
+    results["primed"]["m"] = {"mode": "stock", "error": "rc=1", "wall_s": 5.0}  # refused: no estimate
+    assert startup_bench.expected_start_s(results, 150.0) == 150.0
+    results["models"]["m"]["runs"] = [{"wall_s": 30.0}]
+    assert startup_bench.expected_start_s(results, 150.0) == 30.0
