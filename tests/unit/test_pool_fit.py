@@ -39,14 +39,18 @@ def one_chunk(shape) -> int:
     return shape.rows * 64 * KiB
 
 
+REQUESTED = 64 * MiB  # what the engine asks for
+
+
 def measured(sweep, *, consumed: int) -> budget.Measured:
+    """The start's facts on LIMITS: vLLM's own pool is the planned capacity, REQUESTED asked."""
     return budget.Measured(
         limits=LIMITS, sweep=sweep,
-        held=HeldMemory(requested_bytes=64 * MiB, consumed_bytes=consumed, weights_bytes=0,
+        held=HeldMemory(requested_bytes=REQUESTED, consumed_bytes=consumed, weights_bytes=0,
                         non_torch_bytes=0),
-        workspace=Workspace(), warmup=WarmupEstimate(), stock_kv_bytes=12_800 * BPT,
-        bytes_per_token=BPT, one_request_bytes=4096 * BPT, explicit_kv_bytes=None,
-        tolerance_bytes=0)
+        workspace=Workspace(), warmup=WarmupEstimate(),
+        stock_kv_bytes=LIMITS.kv_capacity_tokens * BPT, bytes_per_token=BPT,
+        one_request_bytes=LIMITS.max_model_len * BPT, explicit_kv_bytes=None, tolerance_bytes=0)
 
 
 def usable(budget_bytes: int) -> int:
@@ -522,18 +526,8 @@ def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
                     block_size=784, kv_capacity_tokens=1_376_256, prefix_caching=True,
                     state_request_tokens=2352, prefix_request_tokens=6272)
     bpt, gib = 32 * KiB, 1 << 30
-
-    def facts_of(sweep, *, consumed):
-        return budget.Measured(
-            limits=limits, sweep=sweep,
-            held=HeldMemory(requested_bytes=80 * gib, consumed_bytes=consumed, weights_bytes=0,
-                            non_torch_bytes=0),
-            workspace=Workspace(), warmup=WarmupEstimate(), stock_kv_bytes=1_376_256 * bpt,
-            bytes_per_token=bpt, one_request_bytes=131072 * bpt, explicit_kv_bytes=None,
-            tolerance_bytes=0)
-
-    monkeypatch.setattr(here, "LIMITS", limits)
-    monkeypatch.setattr(here, "measured", facts_of)
+    for name, value in (("LIMITS", limits), ("BPT", bpt), ("REQUESTED", 80 * gib)):
+        monkeypatch.setattr(here, name, value)
     consumed = 80 * gib - 1_376_256 * bpt + 5 * gib
     driver, facts, first, fresh, _ = fitted_start(
         lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB, consumed)
