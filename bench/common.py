@@ -73,6 +73,8 @@ def run_forked(fn, argv: list[str], timeout_s: float) -> tuple[int | None, str]:
     import sys
     import traceback
 
+    sys.stdout.flush()  # else what this process had buffered is written again by the child
+    sys.stderr.flush()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
@@ -88,14 +90,18 @@ def run_forked(fn, argv: list[str], timeout_s: float) -> tuple[int | None, str]:
             os.chdir(ROOT)
             os.environ.update(engine_env())
             rc = fn(argv)
+            rc = 0 if rc is None else rc  # as an interpreter exits from a script's end
         except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+            if not isinstance(e.code, int) and e.code is not None:
+                print(e.code, file=sys.stderr)  # as the interpreter prints sys.exit("why")
         except BaseException:  # noqa: BLE001 - the child reports every failure as its output
             traceback.print_exc()
         finally:
             try:
-                sys.stdout.flush()
-                sys.stderr.flush()
+                for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+                    if stream is not None:  # the originals: what a log handler bound at import
+                        stream.flush()
             finally:
                 os._exit(rc if isinstance(rc, int) else 1)
     os.close(w)
@@ -109,6 +115,9 @@ def run_forked(fn, argv: list[str], timeout_s: float) -> tuple[int | None, str]:
             done, st = os.waitpid(pid, os.WNOHANG)
             if done:
                 status = st
+        if status is None:  # one last look: a child that ended at the deadline is no timeout
+            done, st = os.waitpid(pid, os.WNOHANG)
+            status = st if done else None
     finally:
         try:
             os.killpg(pid, signal.SIGKILL)  # the child at a timeout, its helpers always

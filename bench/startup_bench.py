@@ -278,7 +278,8 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
 
     out = start()
     if a.fork and "error" in out and any(CUDA_FORK in line for line in out.get("tail", [])):
-        a.fork = False  # this and every later start in a fresh interpreter
+        a.fork = False  # this and every later start in a fresh interpreter (--out says so)
+        a.forking = f"off from a {mode} start on: its fork found CUDA initialised"
         out = {**start(), "fork_failed": out["error"]}
     if "error" in out:
         return out
@@ -404,8 +405,9 @@ def prime(a, model: str, passthrough: list[str], engine: dict, results: dict) ->
     that the kernel caches (Triton, inductor, vLLM's compile cache) hold what the profiler's own
     steps compile as well as what a stock start does: on a host with warm caches a first start
     pays for its sweep, not for compiling the top-k sampler or the fused-MoE kernel at the
-    sweep's batch sizes. Where it fails (a start the profiler refuses), a stock one instead.
-    {"mode", "boot_s"} of the start made, or {"mode", "error"}."""
+    sweep's batch sizes. Where it fails (a start the profiler refuses), a stock one instead; not
+    after a timeout (that would spend the prime's time twice). {"mode", "wall_s", "boot_s"} of
+    the start made, or {"mode", "wall_s", "error"}."""
     out: dict = {}
     for mode in ("worstcase-cold", "stock"):
         why = _no_time(a, results)
@@ -416,7 +418,7 @@ def prime(a, model: str, passthrough: list[str], engine: dict, results: dict) ->
         out = {"mode": mode, "wall_s": run.get("wall_s"),
                **({"boot_s": run["boot_s"]} if "boot_s" in run else
                   {"error": run.get("error", "no boot time")})}
-        if "boot_s" in run:
+        if "boot_s" in run or str(run.get("error", "")).startswith("timed out"):
             break
     return out
 
@@ -443,12 +445,14 @@ def expected_start_s(results: dict, timeout_s: float) -> float:
     """What the next start is expected to take: the longest one so far, a prime's included
     (wall clock, process start and imports included: what a start costs the call, any model),
     at most the per-start timeout (a fresh host's prime compiles: the hybrid's took 192 s), else
-    the per-start timeout. A worst-case prime that ended is a first start, the longest kind:
-    h100-run88's llama8b with graphs primed, then skipped every counted start on the timeout's
-    estimate with 107 s left."""
+    the per-start timeout. A worst-case prime that ended is a first start, the longest kind (a
+    stock one is not counted: it would under-estimate one): h100-run88's Gemma with graphs
+    primed in 104 s, then skipped every counted start with 135 s left on the 150 s timeout's
+    estimate."""
     walls = [r["wall_s"] for m in results["models"].values() for r in m["runs"] if "wall_s" in r]
     walls += [min(p["wall_s"], timeout_s) for p in (results.get("primed") or {}).values()
-              if isinstance(p, dict) and "boot_s" in p and p.get("wall_s")]
+              if isinstance(p, dict) and p.get("mode") == "worstcase-cold" and "boot_s" in p
+              and p.get("wall_s")]
     return max(walls) if walls else timeout_s
 
 
@@ -503,16 +507,17 @@ def main() -> int:
     if a.child:
         a.model = a.model[0]
         return child(a)
-    forking = import_for_forks() if a.fork else "off (--no-fork)"
-    a.fork = forking.startswith("on")
+    a.forking = import_for_forks() if a.fork else "off (--no-fork)"
+    a.fork = a.forking.startswith("on")
     passthrough = ["--kv-cache-dtype", a.kv_cache_dtype, "--max-model-len", str(a.max_model_len),
                    "--mnbt", str(a.mnbt), "--util", str(a.util), *(["--graphs"] if a.graphs else [])]
     if a.signed and not os.environ.get(ENV_SECRET):
         os.environ[ENV_SECRET] = BENCH_SECRET  # every child inherits it (common.engine_env)
     results = {"command": " ".join(sys.argv), "graphs": a.graphs, "repeat": a.repeat,
-               "signed": bool(os.environ.get(ENV_SECRET)), "fork": forking, "models": {}}
+               "signed": bool(os.environ.get(ENV_SECRET)), "fork": a.forking, "models": {}}
 
     def save() -> None:
+        results["fork"] = a.forking  # a fork that found CUDA initialised turned it off
         write_json(a.out, results)
         if a.mirror:
             Path(a.mirror).mkdir(parents=True, exist_ok=True)

@@ -511,6 +511,14 @@ def test_an_entry_pool_not_taken_says_why(caplog):
         fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
                     known=known, known_pool=pool)
     assert not [r for r in caplog.records if "is not taken" in r.getMessage()]
+    far = dataclasses.replace(facts, held=dataclasses.replace(  # taken, then too far below
+        facts.held, consumed_bytes=CONSUMED + 40 * 64 * KiB))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
+        fit_to_pool(driver, far, decide(far), decide, mode="enforce", attribute=False,
+                    known=known, known_pool=pool)
+    said = [r.getMessage() for r in caplog.records if "own rounds run" in r.getMessage()]
+    assert len(said) == 1 and "more than one rounding step below it" in said[0], said
 
 
 def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
@@ -542,3 +550,32 @@ def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
                            known=known, known_pool=fit.pool_tokens)
     assert again.sweep.pool_fit.pool_tokens == fit.pool_tokens
     assert again.sweep.pool_fit.reused == len(again.sweep.pool_fit.steps) > 0
+
+
+def test_an_entry_pool_another_rank_refuses_says_so_on_this_rank(caplog):
+    """The messages where the ranks disagree (a fake world of two: agree returns the larger of
+    this rank's value and the other rank's, scripted per call): the other rank's entry holds no
+    fitted pool, the ranks' entries planned for different pools (said on the rank whose pool is
+    the larger too), the other rank could not take it."""
+    import logging
+
+    from worstcase_profiler.adapter.pool_fit import _entry_pool
+
+    driver, facts, first, fresh, _ = fitted_start(per_request, CONSUMED)
+    pool = fresh.sweep.pool_fit.pool_tokens
+    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
+    smaller = dataclasses.replace(facts, held=dataclasses.replace(
+        facts.held, consumed_bytes=CONSUMED + 4 * 64 * KiB))
+    tokens = usable(decide(smaller).budget.budget_bytes)
+    assert _entry_pool(facts.limits, facts.sweep, tokens, known, pool, lambda v: v) == pool
+    for other, why in (([1], "another rank's entry holds no fitted pool"),
+                       ([0, pool - 16, 1], "the ranks' entries planned for different pools"),
+                       ([0, pool, 0, 1], "another rank could not take it")):
+        script = iter(other)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
+            got = _entry_pool(facts.limits, facts.sweep, tokens, known, pool,
+                              lambda v: max(v, next(script)))
+        said = [r.getMessage() for r in caplog.records if "is not taken" in r.getMessage()]
+        assert got is None and len(said) == 1 and why in said[0], (why, said)
+        assert next(script, None) is None  # every scripted agreement was asked for

@@ -202,8 +202,12 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
         answer = decide(trial)
         refused = agree(int(answer.budget.error is not None))
         if entry_pool is not None:  # one round: the allocation is held at that pool or below
-            if not refused and within_one_step(usable(answer.budget.budget_bytes), entry_pool):
+            left = usable(answer.budget.budget_bytes)
+            if not refused and within_one_step(left, entry_pool):
                 return (trial, answer), readings, reused, False, fitted.added
+            log.info("[wcprof] pool fit: the plan for the cached fit's pool (%d tokens) %s: "
+                     "this start's own rounds run", entry_pool, "does not fit" if refused else
+                     f"leaves this start {left} tokens, more than one rounding step below it")
             return _rounds(driver, facts, decided, decide, agree, known, floor)  # this pool's
         if refused:
             if best is None:  # its readings are steps the unfitted pool forms too: refused
@@ -235,28 +239,35 @@ def _entry_pool(limits, sweep, tokens: int, known: Mapping[Shape, StepResult],
     plan for `tokens`), and where the entry had a pool, the log says why it was not taken.
     Whether its transient leaves this start a pool near it is _rounds' check, once it is
     decided."""
-    have = known_pool if known_pool is not None and known else None
-    if agree(int(have is None)) or limits.kv_capacity_tokens is None:
+    if limits.kv_capacity_tokens is None:  # agreed limits: the same on every rank
         if known_pool is not None:
-            log.info("[wcprof] pool fit: the cached fit's pool (%d tokens) is not taken: %s",
-                     known_pool, "the entry holds no readings" if not known else
-                     "another rank's entry has none" if have is not None else "no pool planned")
+            _not_taken(known_pool, "the sweep planned for no pool")
+        return None
+    have = known_pool if known_pool is not None and known else None
+    if agree(int(have is None)):
+        if known_pool is not None:
+            _not_taken(known_pool, "the entry holds no readings" if not known else
+                       "another rank's entry holds no fitted pool")
         return None
     pool = agree(have)
-    if agree(int(pool != have)) or not tokens < pool < limits.kv_capacity_tokens:
-        log.info("[wcprof] pool fit: the cached fit's pool (%d tokens) is not taken: %s", have,
-                 "another rank's entry planned for another" if pool != have else
-                 f"this start's first round plans for {tokens} tokens and the sweep for "
-                 f"{limits.kv_capacity_tokens}: it must lie between")
+    if agree(int(pool != have)):
+        _not_taken(have, "the ranks' entries planned for different pools")
+        return None
+    if not tokens < pool < limits.kv_capacity_tokens:  # tokens is agreed: every rank alike
+        _not_taken(pool, f"this start's first round plans for {tokens} tokens and the sweep for "
+                         f"{limits.kv_capacity_tokens}: it must lie between")
         return None
     fitted = core.replan(limits, sweep.coverage.worst_rows, pool)
     unknown = [] if fitted is None else [s for s in fitted.added if s not in known]
     ok = fitted is not None and sweep.worst.shape in fitted.dropped and not unknown
     if agree(int(not ok)) == 0:
         return pool
-    why = ("another rank's plan for it is not all known" if ok else
-           "no plan for it" if fitted is None else
-           f"its plan adds {len(unknown)} shape(s) the entry has no reading of (first: "
-           f"{unknown[0].label()})" if unknown else "its plan keeps the sweep's worst step")
-    log.info("[wcprof] pool fit: the cached fit's pool (%d tokens) is not taken: %s", pool, why)
+    _not_taken(pool, "another rank could not take it" if ok else
+               "no plan for it" if fitted is None else
+               f"its plan adds {len(unknown)} shape(s) the entry has no reading of (first: "
+               f"{unknown[0].label()})" if unknown else "its plan keeps the sweep's worst step")
     return None
+
+
+def _not_taken(pool: int, why: str) -> None:
+    log.info("[wcprof] pool fit: the cached fit's pool (%d tokens) is not taken: %s", pool, why)
