@@ -443,6 +443,24 @@ def test_a_round_another_rank_refused_refuses_this_rank_too_and_runs_nothing_mor
     assert set(driver.shapes) == set(r.shape for r in fitted.sweep.pool_fit.steps)  # no more
 
 
+def _entry_of_a_fitted_start(transient=per_request, consumed: int = CONSUMED):
+    """A first start fitted to its pool and what its entry gives a restart: (the driver, the
+    start's facts before the fit and after it, the entry's pool, the entry's readings)."""
+    driver, facts, _, fresh, _ = fitted_start(transient, consumed)
+    return (driver, facts, fresh, fresh.sweep.pool_fit.pool_tokens,
+            {r.shape: r for r in core.kept_readings(fresh.sweep)})
+
+
+def _holding_more(facts: budget.Measured, more: int) -> budget.Measured:
+    """`facts` with `more` bytes consumed: a restart whose budget leaves a smaller pool."""
+    return dataclasses.replace(facts, held=dataclasses.replace(
+        facts.held, consumed_bytes=facts.held.consumed_bytes + more))
+
+
+def _said(caplog, marker: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if marker in r.getMessage()]
+
+
 def test_a_restart_left_a_smaller_pool_plans_for_the_entrys_and_measures_none_of_its_shapes():
     """h100-run87: the hybrid's restart with graphs set aside vLLM's larger graph estimate, so
     its budget left a pool 0.9% smaller than its first start's fit planned for; that pool's plan
@@ -452,13 +470,10 @@ def test_a_restart_left_a_smaller_pool_plans_for_the_entrys_and_measures_none_of
     from the entry, admits the first start's transient, and allocates no more than that pool.
     Further below, the larger plan's transient would leave it much less KV than its own fit:
     its own rounds run (taking what readings the entry has)."""
-    driver, facts, first, fresh, _ = fitted_start(per_request, CONSUMED)
-    pool = fresh.sweep.pool_fit.pool_tokens
-    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
+    driver, facts, fresh, pool, known = _entry_of_a_fitted_start()
 
     def restart(requests_less: int, **kw):
-        smaller = dataclasses.replace(facts, held=dataclasses.replace(
-            facts.held, consumed_bytes=CONSUMED + requests_less * 64 * KiB))
+        smaller = _holding_more(facts, requests_less * 64 * KiB)
         less = decide(smaller)
         driver.shapes.clear()
         return usable(less.budget.budget_bytes), fit_to_pool(
@@ -489,11 +504,8 @@ def test_an_entry_pool_not_taken_says_why(caplog):
     entry held a fitted pool, and nothing said why. Each refusal names its reason."""
     import logging
 
-    driver, facts, first, fresh, _ = fitted_start(per_request, CONSUMED)
-    pool = fresh.sweep.pool_fit.pool_tokens
-    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
-    smaller = dataclasses.replace(facts, held=dataclasses.replace(
-        facts.held, consumed_bytes=CONSUMED + 4 * 64 * KiB))
+    driver, facts, fresh, pool, known = _entry_of_a_fitted_start()
+    smaller = _holding_more(facts, 4 * 64 * KiB)
     less = decide(smaller)
     needed = core.replan(facts.limits, facts.sweep.coverage.worst_rows, pool).added[0]
     cases = ((pool, {s: r for s, r in known.items() if s != needed},
@@ -504,20 +516,19 @@ def test_an_entry_pool_not_taken_says_why(caplog):
         with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
             fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
                         known=have, known_pool=known_pool)
-        said = [r.getMessage() for r in caplog.records if "is not taken" in r.getMessage()]
+        said = _said(caplog, "is not taken")
         assert len(said) == 1 and why in said[0], (why, said)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
         fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
                     known=known, known_pool=pool)
-    assert not [r for r in caplog.records if "is not taken" in r.getMessage()]
-    far = dataclasses.replace(facts, held=dataclasses.replace(  # taken, then too far below
-        facts.held, consumed_bytes=CONSUMED + 40 * 64 * KiB))
+    assert not _said(caplog, "is not taken")
+    far = _holding_more(facts, 40 * 64 * KiB)  # taken, then too far below
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
         fit_to_pool(driver, far, decide(far), decide, mode="enforce", attribute=False,
                     known=known, known_pool=pool)
-    said = [r.getMessage() for r in caplog.records if "own rounds run" in r.getMessage()]
+    said = _said(caplog, "own rounds run")
     assert len(said) == 1 and "more than one rounding step below it" in said[0], said
 
 
@@ -536,14 +547,11 @@ def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
     bpt, gib = 32 * KiB, 1 << 30
     for name, value in (("LIMITS", limits), ("BPT", bpt), ("REQUESTED", 80 * gib)):
         monkeypatch.setattr(here, name, value)
-    consumed = 80 * gib - 1_376_256 * bpt + 5 * gib
-    driver, facts, first, fresh, _ = fitted_start(
-        lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB, consumed)
+    driver, facts, fresh, _, known = _entry_of_a_fitted_start(
+        lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB, 80 * gib - 1_376_256 * bpt + 5 * gib)
     fit = fresh.sweep.pool_fit
     assert fit is not None and fit.rounds == 2
-    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
-    smaller = dataclasses.replace(facts, held=dataclasses.replace(
-        facts.held, consumed_bytes=consumed + 400 * MiB))
+    smaller = _holding_more(facts, 400 * MiB)
     less = decide(smaller)
     driver.shapes.clear()
     again, _ = fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
@@ -561,12 +569,8 @@ def test_an_entry_pool_another_rank_refuses_says_so_on_this_rank(caplog):
 
     from worstcase_profiler.adapter.pool_fit import _entry_pool
 
-    driver, facts, first, fresh, _ = fitted_start(per_request, CONSUMED)
-    pool = fresh.sweep.pool_fit.pool_tokens
-    known = {r.shape: r for r in core.kept_readings(fresh.sweep)}
-    smaller = dataclasses.replace(facts, held=dataclasses.replace(
-        facts.held, consumed_bytes=CONSUMED + 4 * 64 * KiB))
-    tokens = usable(decide(smaller).budget.budget_bytes)
+    _, facts, _, pool, known = _entry_of_a_fitted_start()
+    tokens = usable(decide(_holding_more(facts, 4 * 64 * KiB)).budget.budget_bytes)
     assert _entry_pool(facts.limits, facts.sweep, tokens, known, pool, lambda v: v) == pool
     for other, why in (([1], "another rank's entry holds no fitted pool"),
                        ([0, pool - 16, 1], "the ranks' entries planned for different pools"),
@@ -576,6 +580,6 @@ def test_an_entry_pool_another_rank_refuses_says_so_on_this_rank(caplog):
         with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
             got = _entry_pool(facts.limits, facts.sweep, tokens, known, pool,
                               lambda v: max(v, next(script)))
-        said = [r.getMessage() for r in caplog.records if "is not taken" in r.getMessage()]
+        said = _said(caplog, "is not taken")
         assert got is None and len(said) == 1 and why in said[0], (why, said)
         assert next(script, None) is None  # every scripted agreement was asked for
