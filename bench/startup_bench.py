@@ -130,6 +130,7 @@ def shape_label(shape: dict) -> str | dict:
 
 
 def child(a) -> int:
+    """One start of --mode on the one --model (a --child's namespace); prints STARTUP {json}."""
     t0 = time.perf_counter()
     from vllm import LLM
 
@@ -149,7 +150,7 @@ def child(a) -> int:
         profiler = worstcase_config(str(report), cache_dir=a.cache_dir,
                                     **MODE_SETTINGS.get(a.mode, {}))
     extra = engine_kwargs(json.loads(a.engine_json or "{}"), profiler)
-    kwargs = dict(model=a.model, load_format="dummy", skip_tokenizer_init=True, seed=0,
+    kwargs = dict(model=a.model[0], load_format="dummy", skip_tokenizer_init=True, seed=0,
                   enforce_eager=not a.graphs, max_model_len=a.max_model_len,
                   max_num_batched_tokens=a.mnbt, gpu_memory_utilization=a.util,
                   kv_cache_dtype=a.kv_cache_dtype, **extra)
@@ -292,9 +293,7 @@ def run_mode(a, model: str, mode: str, cache_dir: str, passthrough: list[str],
 
 def child_main(argv: list[str]) -> int:
     """One start from its argv (--child ...), in this process: what a forked start runs."""
-    a = _parse(argv)
-    a.model = a.model[0]
-    return child(a)
+    return child(_parse(argv))
 
 
 def _parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -505,7 +504,6 @@ def print_table(results: dict) -> None:
 def main() -> int:
     a = _parse()
     if a.child:
-        a.model = a.model[0]
         return child(a)
     a.forking = import_for_forks() if a.fork else "off (--no-fork)"
     a.fork = a.forking.startswith("on")
