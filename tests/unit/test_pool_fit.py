@@ -536,8 +536,8 @@ def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
     """h100-run88's Qwen3.5 hybrid with graphs, in this module's fake terms: 784-token blocks, 3
     recurrent-state blocks and 8 blocks a request on a shared prefix, a 1,376,256-token plan, a
     first start fitted in 2 rounds, a restart left about 400 MB less. The pure logic takes the
-    entry's pool and every reading (the GPU restart did not: docs/cache.md; its cause is outside
-    fit_to_pool's arithmetic)."""
+    entry's pool and every reading (on the GPU the V2 runner's unbuildable mixed step kept it
+    from doing so: the next test)."""
     import sys
 
     here = sys.modules[__name__]
@@ -558,6 +558,42 @@ def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
                            known=known, known_pool=fit.pool_tokens)
     assert again.sweep.pool_fit.pool_tokens == fit.pool_tokens
     assert again.sweep.pool_fit.reused == len(again.sweep.pool_fit.steps) > 0
+
+
+def test_the_entry_pool_is_taken_where_its_plan_adds_a_shape_the_runner_cannot_build(
+        monkeypatch, caplog):
+    """h100-run89 (the hybrid's restart with graphs, e39dec6's log line): "its plan adds 1
+    shape(s) the entry has no reading of (first: mixed rows=8192 ctx=123220 reqs=341)". vLLM's V2
+    runner cannot build a hybrid's mixed step (core/sweep.cannot_build), so the first start's fit
+    skipped it and its entry has no reading of it: the entry's pool is taken all the same, and
+    the round skips that shape as the first start's did."""
+    import logging
+    import sys
+
+    here = sys.modules[__name__]
+    limits = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
+                    block_size=784, kv_capacity_tokens=1_376_256, prefix_caching=True,
+                    state_request_tokens=2352, prefix_request_tokens=6272)
+    for name, value in (("LIMITS", limits), ("BPT", 32 * KiB), ("REQUESTED", 80 << 30)):
+        monkeypatch.setattr(here, name, value)
+    monkeypatch.setattr(FakeDriver, "cannot_build", lambda self, shape: (
+        "the V2 runner builds no mixed step on a hybrid" if shape.kind == "mixed" else None))
+    driver, facts, fresh, pool, known = _entry_of_a_fitted_start(
+        lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB,
+        (80 << 30) - 1_376_256 * 32 * KiB + (5 << 30))
+    added = core.replan(facts.limits, facts.sweep.coverage.worst_rows, pool).added
+    assert any(s.kind == "mixed" for s in added)  # the shape no entry has a reading of
+    assert not any(s.kind == "mixed" for s in known)
+    smaller = _holding_more(facts, 400 * MiB)
+    driver.shapes.clear()
+    with caplog.at_level(logging.INFO, logger="vllm.wcprof"):
+        again, _ = fit_to_pool(driver, smaller, decide(smaller), decide, mode="enforce",
+                               attribute=False, known=known, known_pool=pool)
+    assert not _said(caplog, "is not taken")
+    fit = again.sweep.pool_fit
+    assert fit.pool_tokens == pool and fit.reused == len(fit.steps) > 0
+    assert set(driver.shapes) <= set(known)  # no step measured but the two taken ones again
+    assert any(s.kind == "mixed" for s, _ in again.sweep.skipped)
 
 
 def test_an_entry_pool_another_rank_refuses_says_so_on_this_rank(caplog):

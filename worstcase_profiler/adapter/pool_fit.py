@@ -59,7 +59,8 @@ def fit_to_pool(driver, facts: Measured, decided: Decided, decide: Callable[[Mea
 
     `known_pool`: the pool the entry's last fit planned for (CacheEntry.pool_fit_pool_tokens).
     Where this start's budget leaves a pool at most one rounding step smaller and every shape of
-    that pool's plan is known on every rank, the fit plans for the entry's pool in one round and
+    that pool's plan is known on every rank (or one the driver cannot build, skipped as the
+    entry's own fit skipped it), the fit plans for the entry's pool in one round and
     measures none of its shapes (_entry_pool): that plan bounds every step the smaller pool
     forms (as a kept sweep plan for a larger pool does, core/cache.pool_reuse), and the
     allocation is what its transient leaves, held at that pool or below: a little less KV than
@@ -168,7 +169,7 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
     best: tuple[Measured, Decided] | None = None
     counted: tuple[Shape, ...] = ()
     tokens = usable(decided.budget.budget_bytes)
-    entry_pool = _entry_pool(limits, sweep, tokens, known, known_pool, agree)
+    entry_pool = _entry_pool(limits, sweep, tokens, known, known_pool, agree, driver=driver)
     if entry_pool is not None:
         log.info("[wcprof] pool fit: this start's budget leaves %d tokens, below the %d the "
                  "cached fit planned for; planning for those (their plan bounds every step the "
@@ -231,11 +232,14 @@ def _rounds(driver, facts: Measured, decided: Decided, decide: Callable[[Measure
 
 
 def _entry_pool(limits, sweep, tokens: int, known: Mapping[Shape, StepResult],
-                known_pool: int | None, agree: Callable[[int], int]) -> int | None:
+                known_pool: int | None, agree: Callable[[int], int], *, driver=None
+                ) -> int | None:
     """The pool the entry's fit planned for, where this start plans for it instead of its own
     `tokens` (its first round's pool): every rank has it (the same value), it lies above `tokens`
     and below the sweep's planned pool, its plan drops the sweep's worst step (a fit was needed
-    there too), and every shape that plan adds is known on every rank. Else None (the rounds
+    there too), and every shape that plan adds is known on every rank or one `driver` cannot
+    build (core/sweep.cannot_build: skipped in the round as in the entry's own fit, which has
+    no reading of it either; no driver: every shape needs a reading). Else None (the rounds
     plan for `tokens`), and where the entry had a pool, the log says why it was not taken.
     Whether its transient leaves this start a pool near it is _rounds' check, once it is
     decided."""
@@ -258,7 +262,8 @@ def _entry_pool(limits, sweep, tokens: int, known: Mapping[Shape, StepResult],
                          f"{limits.kv_capacity_tokens}: it must lie between")
         return None
     fitted = core.replan(limits, sweep.coverage.worst_rows, pool)
-    unknown = [] if fitted is None else [s for s in fitted.added if s not in known]
+    unknown = [] if fitted is None else [
+        s for s in fitted.added if s not in known and cannot_build(driver, s) is None]
     ok = fitted is not None and sweep.worst.shape in fitted.dropped and not unknown
     if agree(int(not ok)) == 0:
         return pool
