@@ -20,8 +20,8 @@ For each model, fresh processes one after the other, the same engine arguments e
 --modes picks the modes and their order (default: stock, worstcase-cold, worstcase-warm);
 --export-to copies the cache the cold start wrote into a directory (`wcprof cache export`), for
 another host's worstcase-imported.
---repeat N runs --modes N times over, interleaved (stock, cold, warm, stock, cold, warm: drift
-hits every mode alike), each round's cold start on an empty cache of its own and its warm start
+--repeat N runs --modes N times over, interleaved and rotated (stock, cold, warm, then cold,
+warm, stock: drift hits every mode alike, and no mode is always a round's first start), each round's cold start on an empty cache of its own and its warm start
 on what that cold start wrote, and compares medians. A warm or imported start that did not reuse
 the cache (status other than hit) counts as an error, not as a cached start. A warm start finds
 the entry its round's cold start wrote, which this host's key signed (trust "host": it replays
@@ -98,10 +98,29 @@ def engine_kwargs(family_extra: dict, profiler_config: dict | None) -> dict:
     return out
 
 
+CACHED_MODES = ("worstcase-warm", "worstcase-imported")
+"""Modes that start on what their round's worstcase-cold stored: they run after it."""
+
+
 def start_order(modes: list[str], repeat: int) -> list[tuple[int, str]]:
-    """(round, mode) in the order the starts run: --modes, `repeat` rounds over, interleaved.
-    Each round has its own sweep cache: its cold start sweeps, its cached starts reuse that."""
-    return [(i, m) for i in range(max(1, repeat)) for m in modes]
+    """(round, mode) in the order the starts run: --modes, `repeat` rounds over, interleaved,
+    each round a rotation of --modes, in turn, among those that keep every cached mode after its
+    round's cold start (stock, cold, warm; then cold, warm, stock): no mode is always a round's
+    first start (h100-run89: with graphs each round's first, stock, took 1.9-7.9 s longer than
+    the restart after it). Each round has its own sweep cache: its cold start sweeps, its cached
+    starts reuse that."""
+    def keeps_cache_order(order: list[str]) -> bool:
+        if "worstcase-cold" not in order:
+            return True
+        cold = order.index("worstcase-cold")
+        return all(i > cold for i, m in enumerate(order) if m in CACHED_MODES)
+
+    if not modes:
+        return []
+    # never empty: the rotation that starts at the cold start keeps the order
+    turns = [r for r in (modes[k:] + modes[:k] for k in range(len(modes)))
+             if keeps_cache_order(r)]
+    return [(i, m) for i in range(max(1, repeat)) for m in turns[i % len(turns)]]
 
 
 SLOWEST = 8
