@@ -282,6 +282,13 @@ def device_bytes_held(worker, meter, gc_generation: int = 2, clock=None, phase: 
     return meter.in_use()
 
 
+def exact(meter) -> bool:
+    """Whether `meter` reads the allocator's own counters (CUDA), not RSS with its noise: what
+    core/cache_trust.replays_on_cut and core/audits.warmup_to_remember take as `exact`. False
+    for no meter (a driver without one)."""
+    return getattr(meter, "device_kind", "") == "cuda"
+
+
 def reserved_bytes(meter) -> int:
     """What torch's caching allocator reserves on CUDA (its segments, live tensors or not); on
     the CPU what the process holds."""

@@ -60,7 +60,7 @@ from . import multimodal as mm
 from . import workspace as ws
 from .facts import (agree_max_fn, cudagraph_applied, engine_facts, limits_of, requested_bytes,
                     sibling_hits_serialize, stock_rerun_why, world_rank)
-from .meters import device_bytes_held, gc_frozen, meter_for, non_torch, reserved_bytes
+from .meters import device_bytes_held, exact, gc_frozen, meter_for, non_torch, reserved_bytes
 from .runner import V1Driver, is_v2_runner
 from .runner_v2 import V2Driver
 
@@ -918,7 +918,7 @@ def after_warm_up(worker, settings: ProfilerSettings, warm_up_seconds: float = 0
                 residue=residue, spare=prof.admission.budget_bytes - prof.admission.kv_cache_bytes)
             remember = warmup_to_remember(
                 resident=resident, graphs=graphs, reserve=prof.admission.cudagraph_bytes,
-                residue=residue, ok=audit.verdict == "ok", exact=meter.device_kind == "cuda")
+                residue=residue, ok=audit.verdict == "ok", exact=exact(meter))
             startup = session.measurements.get("startup_transient")
             if startup is not None:
                 audit, over = with_startup(

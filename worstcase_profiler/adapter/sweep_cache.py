@@ -22,6 +22,7 @@ from ..core.types import (CacheUse, CutDownProof, EngineFacts, Shape, StepResult
 from ..settings import ProfilerSettings
 from ..sizes import fmt_bytes
 from .facts import sweep_facts
+from .meters import exact
 
 log = logging.getLogger("vllm.wcprof")
 
@@ -68,10 +69,9 @@ def sweep_or_reuse(driver, limits: Limits, tolerance: int, clock: PhaseTimer,
         # With a secret, the cache loads only entries whose signature it verified.
         # every rank runs the same steps (they hold collectives): one rank's re-check is all's
         recheck = bool(driver.agree_max(int(recheck_dominance(handle.trust))))
-        exact = getattr(getattr(driver, "meter", None), "device_kind", "") == "cuda"
         on_cut = cut_reading(entry.sweep, entry.sweep.worst.shape)
-        cut = not driver.agree_max(int(not replays_on_cut(handle.trust, entry.proof, on_cut,
-                                                          exact=exact)))
+        cut = not driver.agree_max(int(not replays_on_cut(
+            handle.trust, entry.proof, on_cut, exact=exact(getattr(driver, "meter", None)))))
         with clock("replay"):
             check = replay(driver, entry.sweep.worst.shape,
                            dominance_checks(limits, entry.sweep.worst.shape) if recheck else (),
