@@ -1051,3 +1051,34 @@ def test_sweep_or_reuse_replays_a_trusted_entry_on_its_cut_and_never_on_another_
     _, use, kept, _, _ = sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, entry, full)
     assert use.status == "hit" and use.replay_depth is None
     assert use.cached_need_bytes == sweep.worst.need_bytes
+
+
+def test_a_rank_whose_peer_refuses_the_cut_replays_on_the_full_model_too(tmp_path):
+    """The cut replay is agreed: where another rank cannot replay on the cut decoder (its entry
+    re-checked, its meter inexact), this rank, which could, replays its worst step on the full
+    model as well (both run the same steps, which hold collectives), judged against the full
+    model's figure. A fake world of two: agree_max returns the larger of this rank's value and
+    the other rank's, scripted per question."""
+    from worstcase_profiler.adapter.sweep_cache import CacheHandle, sweep_or_reuse
+    from worstcase_profiler.core.cache import CacheEntry, SweepCache
+    from worstcase_profiler.core.timing import PhaseTimer
+
+    sweep, _, proof = _self_checked(CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB))
+    entry = CacheEntry(key="k", facts={}, created_at="t", sweep=sweep, proof=proof)
+    handle = CacheHandle(SweepCache(tmp_path), "k", {}, trust="host")
+
+    def start(other_refuses_cut: bool):
+        drv = CutDriver(LIMITS, PREFILL_HEAVY, lambda s: 7 * MiB)
+        drv.meter = types.SimpleNamespace(device_kind="cuda", resolution_bytes=MiB,
+                                          allocator_slack_bytes=0)
+        # the other rank's answers: has an entry, no re-check, then the cut (1: it refuses)
+        other = iter([0, 0, int(other_refuses_cut)])
+        drv.agree_max = lambda v: max(v, next(other, 0))
+        return sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, entry,
+                              lambda: pytest.fail("the entry is reused, nothing sweeps"))
+
+    _, alone, _, _, _ = start(False)
+    assert alone.status == "hit" and alone.replay_depth == "1 layer"
+    _, use, kept, _, _ = start(True)
+    assert use.status == "hit" and kept is entry and use.replay_depth is None
+    assert use.cached_need_bytes == sweep.worst.need_bytes > alone.cached_need_bytes
