@@ -21,8 +21,9 @@ For each model, fresh processes one after the other, the same engine arguments e
 --export-to copies the cache the cold start wrote into a directory (`wcprof cache export`), for
 another host's worstcase-imported.
 --repeat N runs --modes N times over, interleaved and rotated (stock, cold, warm, then cold,
-warm, stock: drift hits every mode alike, and no mode is always a round's first start), each round's cold start on an empty cache of its own and its warm start
-on what that cold start wrote, and compares medians. A warm or imported start that did not reuse
+warm, stock: drift hits every mode alike, and no mode is always a round's first start; with the
+default modes an even N starts stock first in half the rounds), each round's cold start on an
+empty cache of its own and its warm start on what that cold start wrote, and compares medians. A warm or imported start that did not reuse
 the cache (status other than hit) counts as an error, not as a cached start. A warm start finds
 the entry its round's cold start wrote, which this host's key signed (trust "host": it replays
 its worst step only); an imported one is re-checked against the plan's heaviest shapes
@@ -107,7 +108,8 @@ def start_order(modes: list[str], repeat: int) -> list[tuple[int, str]]:
     each round a rotation of --modes, in turn, among those that keep every cached mode after its
     round's cold start (stock, cold, warm; then cold, warm, stock): no mode is always a round's
     first start (h100-run89: with graphs each round's first, stock, took 1.9-7.9 s longer than
-    the restart after it). Each round has its own sweep cache: its cold start sweeps, its cached
+    the restart after it). The default modes have two such rotations: an even --repeat gives
+    each the same number of rounds. Each round has its own sweep cache: its cold start sweeps, its cached
     starts reuse that."""
     def keeps_cache_order(order: list[str]) -> bool:
         if "worstcase-cold" not in order:
@@ -390,7 +392,7 @@ def bench_model(a, name: str, model: str, engine: dict, passthrough: list[str],
         if not why and from_cold and "worstcase-cold" in a.order and \
                 not any(r.get("cache") == "stored" for r in entry["runs"]
                         if r.get("round") == rnd and r["mode"] == "worstcase-cold"):
-            why = "this round's first start stored no sweep to restart from"
+            why = "this round's cold start stored no sweep to restart from"
         if why:
             entry["runs"].append({"mode": mode, "round": rnd, "not_run": why})
             continue

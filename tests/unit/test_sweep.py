@@ -1059,6 +1059,8 @@ def test_a_rank_whose_peer_refuses_the_cut_replays_on_the_full_model_too(tmp_pat
     model as well (both run the same steps, which hold collectives), judged against the full
     model's figure. A fake world of two: agree_max returns the larger of this rank's value and
     the other rank's, scripted per question."""
+    import pytest
+
     from worstcase_profiler.adapter.sweep_cache import CacheHandle, sweep_or_reuse
     from worstcase_profiler.core.cache import CacheEntry, SweepCache
     from worstcase_profiler.core.timing import PhaseTimer
@@ -1072,10 +1074,17 @@ def test_a_rank_whose_peer_refuses_the_cut_replays_on_the_full_model_too(tmp_pat
         drv.meter = types.SimpleNamespace(device_kind="cuda", resolution_bytes=MiB,
                                           allocator_slack_bytes=0)
         # the other rank's answers: has an entry, no re-check, then the cut (1: it refuses)
-        other = iter([0, 0, int(other_refuses_cut)])
-        drv.agree_max = lambda v: max(v, next(other, 0))
-        return sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, entry,
-                              lambda: pytest.fail("the entry is reused, nothing sweeps"))
+        other, asked = iter([0, 0, int(other_refuses_cut)]), []
+
+        def agree_max(v: int) -> int:
+            asked.append(v)
+            return max(v, next(other, 0))
+
+        drv.agree_max = agree_max
+        got = sweep_or_reuse(drv, LIMITS, MiB, PhaseTimer(), handle, entry,
+                             lambda: pytest.fail("the entry is reused, nothing sweeps"))
+        assert len(asked) == 4  # entry, re-check, cut, verdict: the script's order
+        return got
 
     _, alone, _, _, _ = start(False)
     assert alone.status == "hit" and alone.replay_depth == "1 layer"

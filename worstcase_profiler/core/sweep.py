@@ -61,7 +61,10 @@ class StepDriver(Protocol):
 
     def cannot_build(self, shape: Shape) -> str | None:
         """Why this runner cannot build `shape` as a synthetic step (None: it can). Optional:
-        a driver without it builds every shape."""
+        a driver without it builds every shape. Asked outside provisional_kv() too (a restart
+        deciding whether to take its entry's fitted pool, adapter/pool_fit._entry_pool), so it
+        reads the configuration and limits, not what a step has set up; a shape it refuses is
+        skipped there as the start's own pool fit would skip it."""
         ...
 
     def cut_down(self, prefix: bool = False) -> AbstractContextManager[str]:
