@@ -532,30 +532,33 @@ def test_an_entry_pool_not_taken_says_why(caplog):
     assert len(said) == 1 and "more than one rounding step below it" in said[0], said
 
 
-def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
-    """h100-run88's Qwen3.5 hybrid with graphs, in this module's fake terms: 784-token blocks, 3
-    recurrent-state blocks and 8 blocks a request on a shared prefix, a 1,376,256-token plan, a
-    first start fitted in 2 rounds, a restart left about 400 MB less. The pure logic takes the
-    entry's pool and every reading (on the GPU the V2 runner's unbuildable mixed step kept it
-    from doing so: the next test)."""
+def _hybrid_h100_geometry(monkeypatch):
+    """h100-run88/89's Qwen3.5 hybrid with graphs, in this module's fake terms (784-token blocks,
+    3 recurrent-state blocks and 8 blocks a request on a shared prefix, a 1,376,256-token plan,
+    80 GiB asked), fitted on a first start: _entry_of_a_fitted_start's tuple."""
     import sys
 
     here = sys.modules[__name__]
     limits = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
                     block_size=784, kv_capacity_tokens=1_376_256, prefix_caching=True,
                     state_request_tokens=2352, prefix_request_tokens=6272)
-    bpt, gib = 32 * KiB, 1 << 30
-    for name, value in (("LIMITS", limits), ("BPT", bpt), ("REQUESTED", 80 * gib)):
+    for name, value in (("LIMITS", limits), ("BPT", 32 * KiB), ("REQUESTED", 80 << 30)):
         monkeypatch.setattr(here, name, value)
-    driver, facts, fresh, _, known = _entry_of_a_fitted_start(
-        lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB, 80 * gib - 1_376_256 * bpt + 5 * gib)
+    return _entry_of_a_fitted_start(lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB,
+                                    (80 << 30) - 1_376_256 * 32 * KiB + (5 << 30))
+
+
+def test_the_entry_pool_is_taken_on_the_hybrids_h100_geometry(monkeypatch):
+    """A first start fitted in 2 rounds, a restart left about 400 MB less: the pure logic takes
+    the entry's pool and every reading (on the GPU the V2 runner's unbuildable mixed step kept
+    it from doing so: the next test)."""
+    driver, facts, fresh, _, known = _hybrid_h100_geometry(monkeypatch)
     fit = fresh.sweep.pool_fit
     assert fit is not None and fit.rounds == 2
     smaller = _holding_more(facts, 400 * MiB)
-    less = decide(smaller)
     driver.shapes.clear()
-    again, _ = fit_to_pool(driver, smaller, less, decide, mode="enforce", attribute=False,
-                           known=known, known_pool=fit.pool_tokens)
+    again, _ = fit_to_pool(driver, smaller, decide(smaller), decide, mode="enforce",
+                           attribute=False, known=known, known_pool=fit.pool_tokens)
     assert again.sweep.pool_fit.pool_tokens == fit.pool_tokens
     assert again.sweep.pool_fit.reused == len(again.sweep.pool_fit.steps) > 0
 
@@ -568,19 +571,10 @@ def test_the_entry_pool_is_taken_where_its_plan_adds_a_shape_the_runner_cannot_b
     skipped it and its entry has no reading of it: the entry's pool is taken all the same, and
     the round skips that shape as the first start's did."""
     import logging
-    import sys
 
-    here = sys.modules[__name__]
-    limits = Limits(max_model_len=131072, max_num_batched_tokens=8192, max_num_seqs=1024,
-                    block_size=784, kv_capacity_tokens=1_376_256, prefix_caching=True,
-                    state_request_tokens=2352, prefix_request_tokens=6272)
-    for name, value in (("LIMITS", limits), ("BPT", 32 * KiB), ("REQUESTED", 80 << 30)):
-        monkeypatch.setattr(here, name, value)
     monkeypatch.setattr(FakeDriver, "cannot_build", lambda self, shape: (
         "the V2 runner builds no mixed step on a hybrid" if shape.kind == "mixed" else None))
-    driver, facts, fresh, pool, known = _entry_of_a_fitted_start(
-        lambda s: s.num_reqs * 8 * MiB + s.rows * 64 * KiB,
-        (80 << 30) - 1_376_256 * 32 * KiB + (5 << 30))
+    driver, facts, fresh, pool, known = _hybrid_h100_geometry(monkeypatch)
     added = core.replan(facts.limits, facts.sweep.coverage.worst_rows, pool).added
     assert any(s.kind == "mixed" for s in added)  # the shape no entry has a reading of
     assert not any(s.kind == "mixed" for s in known)
