@@ -23,8 +23,9 @@ another host's worstcase-imported.
 --repeat N runs --modes N times over, interleaved and rotated (stock, cold, warm, then cold,
 warm, stock: drift hits every mode alike, and no mode is always a round's first start; with the
 default modes an even N starts stock first in half the rounds), each round's cold start on an
-empty cache of its own and its warm start on what that cold start wrote, and compares medians. A warm or imported start that did not reuse
-the cache (status other than hit) counts as an error, not as a cached start. A warm start finds
+empty cache of its own and its warm start on what that cold start wrote, and compares medians.
+A warm or imported start that did not reuse the cache (status other than hit) counts as an
+error, not as a cached start. A warm start finds
 the entry its round's cold start wrote, which this host's key signed (trust "host": it replays
 its worst step only); an imported one is re-checked against the plan's heaviest shapes
 (docs/cache.md). --signed signs the cache as a fleet sharing one does; the table's cache column
@@ -109,8 +110,8 @@ def start_order(modes: list[str], repeat: int) -> list[tuple[int, str]]:
     round's cold start (stock, cold, warm; then cold, warm, stock): no mode is always a round's
     first start (h100-run89: with graphs each round's first, stock, took 1.9-7.9 s longer than
     the restart after it). The default modes have two such rotations: an even --repeat gives
-    each the same number of rounds. Each round has its own sweep cache: its cold start sweeps, its cached
-    starts reuse that."""
+    each the same number of rounds. Each round has its own sweep cache: its cold start sweeps,
+    its cached starts reuse that."""
     def keeps_cache_order(order: list[str]) -> bool:
         if "worstcase-cold" not in order:
             return True
