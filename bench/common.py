@@ -28,7 +28,8 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str |
     """Run an engine subprocess (engine_env, from the repository root) that prints its result as
     one line `MARKER {json}`: that JSON plus wall_s and, under log_key, up to log_lines output
     lines holding log_match (or any of a tuple of them; where more do, the first half and the
-    last); or {"error", "wall_s", "tail"} when it timed out, failed or printed no such line.
+    last); or {"error", "wall_s", "tail"} when it failed or printed no such line, with
+    "timed_out": True as well where it ran past timeout_s.
     `forked`: a function of an argv (cmd[2:], cmd being [python, script, *argv]) returning an exit
     code, run in a fork of this process instead of a fresh interpreter (run_forked)."""
     t0 = time.perf_counter()
@@ -45,7 +46,7 @@ def run_child(cmd: list[str], marker: str, *, timeout_s: float, log_match: str |
             out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
     wall = time.perf_counter() - t0
     if rc is None:
-        return {"error": f"timed out after {timeout_s:.0f}s", "wall_s": wall,
+        return {"error": f"timed out after {timeout_s:.0f}s", "timed_out": True, "wall_s": wall,
                 "tail": out.splitlines()[-30:]}
     lines = [ln for ln in out.splitlines() if ln.startswith(marker + " ")]
     if rc != 0 or not lines:

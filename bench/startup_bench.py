@@ -439,7 +439,7 @@ def prime(a, model: str, passthrough: list[str], engine: dict, results: dict) ->
         out = {"mode": mode, "wall_s": run.get("wall_s"),
                **({"boot_s": run["boot_s"]} if "boot_s" in run else
                   {"error": run.get("error", "no boot time")})}
-        if "boot_s" in run or str(run.get("error", "")).startswith("timed out"):
+        if "boot_s" in run or run.get("timed_out"):
             break
     return out
 

@@ -139,7 +139,8 @@ def test_the_prime_is_a_worst_case_start_on_a_cache_of_its_own_or_else_a_stock_o
     # a prime that timed out is not made again as a stock one (its time would be spent twice)
     made.clear()
     monkeypatch.setattr(startup_bench, "run_mode", lambda a, model, mode, *r, **k: (
-        made.append(mode) or {"mode": mode, "wall_s": 300.0, "error": "timed out after 300s"}))
+        made.append(mode) or {"mode": mode, "wall_s": 300.0, "error": "timed out after 300s",
+                              "timed_out": True}))
     assert startup_bench.prime(refused, "/m", [], {}, {"models": {}})["mode"] == "worstcase-cold"
     assert made == ["worstcase-cold"]
 
