@@ -92,10 +92,11 @@ def run_forked(fn, argv: list[str], timeout_s: float) -> tuple[int | None, str]:
             os.environ.update(engine_env())
             rc = fn(argv)
             rc = 0 if rc is None else rc  # as an interpreter exits from a script's end
-        except SystemExit as e:
-            rc = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
-            if not isinstance(e.code, int) and e.code is not None:
-                print(e.code, file=sys.stderr)  # as the interpreter prints sys.exit("why")
+        except SystemExit as e:  # as the interpreter exits on sys.exit(code)
+            rc = 0 if e.code is None else e.code
+            if not isinstance(rc, int):
+                print(rc, file=sys.stderr)  # sys.exit("why"): printed, exit code 1
+                rc = 1
         except BaseException:  # noqa: BLE001 - the child reports every failure as its output
             traceback.print_exc()
         finally:
