@@ -409,3 +409,23 @@ def test_a_worst_case_prime_that_ended_is_the_next_starts_estimate_never_above_t
     assert startup_bench.expected_start_s(results, 150.0) == 150.0
     results["models"]["m"]["runs"] = [{"wall_s": 30.0}]
     assert startup_bench.expected_start_s(results, 150.0) == 30.0
+
+
+def test_startup_costs_splits_a_first_starts_extra_time_into_its_named_parts(capsys):
+    """bench/startup_costs.py on a committed run (h100-run89's Llama with graphs): first minus
+    stock split into the report's parts, and against the restart what they leave unnamed."""
+    import startup_costs
+
+    path = ROOT / "docs/results/h100-run89/startup-llama8b-graphs.json"
+    [(fam, forward, stock, first, restart)] = startup_costs.starts(str(path))
+    assert (fam, forward) == ("llama8b", "graphs")
+    parts = startup_costs.named_parts(first, restart)
+    assert parts["eager"] == first["sweep_split"]["eager_rereads"] > 0
+    assert startup_costs.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    extra = first["boot_s"] - stock["boot_s"]
+    assert f"| {extra:.2f} |" in out and f"| {extra - sum(parts.values()):.2f} |" in out
+    gap = first["boot_s"] - restart["boot_s"]
+    unnamed = gap - sum(parts.values()) + restart["profiler_s"]
+    assert out.rstrip().endswith(f"| {unnamed:.2f} |")
+    assert startup_costs.main([]) == 2
